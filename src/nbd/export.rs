@@ -1,0 +1,162 @@
+//! Exports: the drives a listener serves, looked up by name at handshake.
+//!
+//! The table is read at handshake time only (an `RwLock` is fine there); the
+//! data path holds an `Arc<Export>` and touches only its atomics.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::proto::*;
+use crate::backend::Backend;
+
+/// One NBD export: a named backend plus its live state.
+pub struct Export {
+    /// The export name clients ask for (the drive name).
+    pub name: String,
+    /// Free text shown by `nbdinfo --list` and NBD_INFO_DESCRIPTION.
+    pub description: String,
+    /// Where the bytes live.
+    pub backend: Arc<dyn Backend>,
+    /// Write/trim/zero fail with EPERM while set; checked on every request so
+    /// `ramd lock` takes effect on open connections at once.
+    read_only: AtomicBool,
+    /// Connections in the transmission phase on this export.
+    connections: AtomicUsize,
+}
+
+impl Export {
+    pub fn new(name: &str, description: &str, backend: Arc<dyn Backend>, read_only: bool) -> Self {
+        Export {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            backend,
+            read_only: AtomicBool::new(read_only),
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Relaxed)
+    }
+
+    pub fn set_read_only(&self, ro: bool) {
+        self.read_only.store(ro, Ordering::Relaxed);
+    }
+
+    /// Open transmission-phase connections.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection until the guard drops.
+    pub fn connect(self: &Arc<Self>) -> ConnectionGuard {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard(self.clone())
+    }
+
+    /// Transmission flags for this export as it is now.
+    pub fn transmission_flags(&self) -> u16 {
+        let caps = self.backend.capabilities();
+        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_DF;
+        if self.is_read_only() {
+            f |= TFLAG_READ_ONLY;
+        }
+        if caps.can_flush {
+            f |= TFLAG_SEND_FLUSH;
+        }
+        if caps.can_fua {
+            f |= TFLAG_SEND_FUA;
+        }
+        if caps.can_trim {
+            f |= TFLAG_SEND_TRIM;
+        }
+        if caps.can_zero {
+            f |= TFLAG_SEND_WRITE_ZEROES;
+            if caps.can_fast_zero {
+                f |= TFLAG_SEND_FAST_ZERO;
+            }
+        }
+        if caps.can_multi_conn {
+            f |= TFLAG_CAN_MULTI_CONN;
+        }
+        if caps.can_cache {
+            f |= TFLAG_SEND_CACHE;
+        }
+        f
+    }
+}
+
+/// Decrements the export's connection count on drop.
+pub struct ConnectionGuard(Arc<Export>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The exports of a server, by name. The first export added is the default
+/// one, served to clients that ask for the empty name "".
+#[derive(Default)]
+pub struct ExportTable {
+    inner: RwLock<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_name: BTreeMap<String, Arc<Export>>,
+    default: Option<String>,
+}
+
+impl ExportTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an export; false when the name is taken.
+    pub fn insert(&self, export: Arc<Export>) -> bool {
+        let mut t = self.inner.write();
+        if t.by_name.contains_key(&export.name) {
+            return false;
+        }
+        if t.default.is_none() {
+            t.default = Some(export.name.clone());
+        }
+        t.by_name.insert(export.name.clone(), export);
+        true
+    }
+
+    /// Removes an export (open connections keep their `Arc` until they end).
+    pub fn remove(&self, name: &str) -> Option<Arc<Export>> {
+        let mut t = self.inner.write();
+        let e = t.by_name.remove(name);
+        if t.default.as_deref() == Some(name) {
+            t.default = t.by_name.keys().next().cloned();
+        }
+        e
+    }
+
+    /// Looks up a name; "" is the default export.
+    pub fn get(&self, name: &str) -> Option<Arc<Export>> {
+        let t = self.inner.read();
+        let name = if name.is_empty() {
+            t.default.as_deref()?
+        } else {
+            name
+        };
+        t.by_name.get(name).cloned()
+    }
+
+    /// Every export, sorted by name.
+    pub fn list(&self) -> Vec<Arc<Export>> {
+        self.inner.read().by_name.values().cloned().collect()
+    }
+
+    /// Names, for error messages.
+    pub fn names(&self) -> Vec<String> {
+        self.inner.read().by_name.keys().cloned().collect()
+    }
+}

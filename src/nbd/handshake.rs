@@ -1,0 +1,256 @@
+//! The fixed-newstyle handshake: greeting, then options until the client
+//! picks an export (NBD_OPT_GO / NBD_OPT_EXPORT_NAME) or leaves.
+//!
+//! Blocking I/O on one connection; all parsing is in `proto`. Malformed option
+//! data is answered with NBD_REP_ERR_INVALID and the handshake continues;
+//! unknown options get NBD_REP_ERR_UNSUP; a bad magic or an unsupported
+//! client ends the connection. Options longer than `MAX_OPTION_BYTES` are
+//! drained without being stored and answered with NBD_REP_ERR_TOO_BIG.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use super::export::{Export, ExportTable};
+use super::proto::*;
+
+/// The block sizes advertised: any alignment works, 4 KiB is best.
+pub const MIN_BLOCK_BYTES: u32 = 1;
+pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
+
+/// What the handshake agreed on.
+pub struct Negotiated {
+    pub export: Arc<Export>,
+    /// NBD_OPT_STRUCTURED_REPLY was acknowledged.
+    pub structured: bool,
+    /// base:allocation was selected for this export.
+    pub base_allocation: bool,
+}
+
+/// Why a handshake ended without a transmission phase.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("client aborted the handshake")]
+    Aborted,
+    #[error("client asked for unknown export '{0}' with NBD_OPT_EXPORT_NAME")]
+    UnknownExport(String),
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// State kept across options.
+struct Session<'a> {
+    exports: &'a ExportTable,
+    structured: bool,
+    /// Export for which base:allocation was set (contexts are per export).
+    meta_export: Option<String>,
+    no_zeroes: bool,
+    out: Vec<u8>,
+}
+
+/// Runs the handshake on `stream`.
+pub fn negotiate<S: Read + Write>(
+    stream: &mut S,
+    exports: &ExportTable,
+) -> Result<Negotiated, HandshakeError> {
+    let mut s = Session {
+        exports,
+        structured: false,
+        meta_export: None,
+        no_zeroes: false,
+        out: Vec::with_capacity(256),
+    };
+    encode_greeting(&mut s.out);
+    stream.write_all(&s.out)?;
+    s.out.clear();
+    let mut flags = [0u8; 4];
+    stream.read_exact(&mut flags)?;
+    s.no_zeroes = check_client_flags(u32::from_be_bytes(flags))?;
+
+    let mut header = [0u8; OPTION_HEADER_BYTES];
+    loop {
+        stream.read_exact(&mut header)?;
+        let Parse::Done(h, _) = parse_option_header(&header)? else {
+            unreachable!("a full header was read");
+        };
+        if h.len > MAX_OPTION_BYTES {
+            io::copy(&mut (&mut *stream).take(h.len as u64), &mut io::sink())?;
+            if h.option == OPT_EXPORT_NAME {
+                return Err(HandshakeError::UnknownExport("<oversized name>".into()));
+            }
+            let msg = format!(
+                "option data of {} bytes exceeds the {MAX_OPTION_BYTES}-byte limit",
+                h.len
+            );
+            s.error(h.option, REP_ERR_TOO_BIG, &msg);
+        } else {
+            let mut data = vec![0u8; h.len as usize];
+            stream.read_exact(&mut data)?;
+            match s.option(h.option, &data)? {
+                Some(done) => {
+                    stream.write_all(&s.out)?;
+                    return Ok(done);
+                }
+                None if h.option == OPT_ABORT => {
+                    // Best effort: the client may already have gone.
+                    let _ = stream.write_all(&s.out);
+                    return Err(HandshakeError::Aborted);
+                }
+                None => {}
+            }
+        }
+        stream.write_all(&s.out)?;
+        s.out.clear();
+    }
+}
+
+impl Session<'_> {
+    fn reply(&mut self, option: u32, kind: u32, data: &[u8]) {
+        encode_option_reply(&mut self.out, option, kind, data);
+    }
+
+    fn error(&mut self, option: u32, kind: u32, message: &str) {
+        tracing::debug!(option, kind, message, "option refused");
+        self.reply(option, kind, message.as_bytes());
+    }
+
+    fn unknown_export(&mut self, option: u32, name: &str) {
+        let msg = format!(
+            "no export named '{name}'; available: {}",
+            self.exports.names().join(", ")
+        );
+        self.error(option, REP_ERR_UNKNOWN, &msg);
+    }
+
+    /// Handles one option; `Some` when the transmission phase starts.
+    fn option(&mut self, option: u32, data: &[u8]) -> Result<Option<Negotiated>, HandshakeError> {
+        match option {
+            OPT_EXPORT_NAME => {
+                let name =
+                    parse_export_name(data).map_err(|e| HandshakeError::UnknownExport(e.0))?;
+                let Some(export) = self.exports.get(&name) else {
+                    return Err(HandshakeError::UnknownExport(name));
+                };
+                let flags = export.transmission_flags();
+                encode_export_name_reply(
+                    &mut self.out,
+                    export.backend.size(),
+                    flags,
+                    self.no_zeroes,
+                );
+                return Ok(Some(self.finish(export)));
+            }
+            OPT_ABORT => self.reply(option, REP_ACK, &[]),
+            OPT_LIST => {
+                if !data.is_empty() {
+                    self.error(option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
+                } else {
+                    for e in self.exports.list() {
+                        let d = encode_rep_server(&e.name, &e.description);
+                        self.reply(option, REP_SERVER, &d);
+                    }
+                    self.reply(option, REP_ACK, &[]);
+                }
+            }
+            OPT_STARTTLS => {
+                // TLS arrives in a later release; this is where it plugs in.
+                self.error(option, REP_ERR_UNSUP, "TLS is not supported by this server");
+            }
+            OPT_INFO | OPT_GO => match parse_info_request(data) {
+                Err(e) => self.error(option, REP_ERR_INVALID, &e.0),
+                Ok(req) => match self.exports.get(&req.name) {
+                    None => self.unknown_export(option, &req.name),
+                    Some(export) => {
+                        let flags = export.transmission_flags();
+                        let size = export.backend.size();
+                        self.reply(option, REP_INFO, &encode_info_export(size, flags));
+                        for r in req.requests {
+                            match r {
+                                INFO_NAME => {
+                                    let d = encode_info_string(INFO_NAME, &export.name);
+                                    self.reply(option, REP_INFO, &d);
+                                }
+                                INFO_DESCRIPTION => {
+                                    let d =
+                                        encode_info_string(INFO_DESCRIPTION, &export.description);
+                                    self.reply(option, REP_INFO, &d);
+                                }
+                                _ => {} // unknown or already sent: ignored per spec
+                            }
+                        }
+                        let bs = encode_info_block_size(
+                            MIN_BLOCK_BYTES,
+                            PREFERRED_BLOCK_BYTES,
+                            MAX_PAYLOAD_BYTES,
+                        );
+                        self.reply(option, REP_INFO, &bs);
+                        self.reply(option, REP_ACK, &[]);
+                        if option == OPT_GO {
+                            // Contexts were chosen for one export name; a
+                            // different one (or the default alias) voids them.
+                            if self.meta_export.as_deref() != Some(req.name.as_str()) {
+                                self.meta_export = None;
+                            }
+                            return Ok(Some(self.finish(export)));
+                        }
+                    }
+                },
+            },
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    self.error(
+                        option,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
+                } else {
+                    self.structured = true;
+                    self.reply(option, REP_ACK, &[]);
+                }
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta(option, data),
+            other => {
+                let msg = format!("option {other} is not supported by this server");
+                self.error(other, REP_ERR_UNSUP, &msg);
+            }
+        }
+        Ok(None)
+    }
+
+    fn meta(&mut self, option: u32, data: &[u8]) {
+        let set = option == OPT_SET_META_CONTEXT;
+        if set && !self.structured {
+            let msg = "negotiate NBD_OPT_STRUCTURED_REPLY before NBD_OPT_SET_META_CONTEXT";
+            return self.error(option, REP_ERR_INVALID, msg);
+        }
+        let req = match parse_meta_request(data) {
+            Ok(r) => r,
+            Err(e) => return self.error(option, REP_ERR_INVALID, &e.0),
+        };
+        if self.exports.get(&req.export).is_none() {
+            return self.unknown_export(option, &req.export);
+        }
+        let wanted = if set {
+            req.queries.iter().any(|q| meta_query_matches(q, false))
+        } else {
+            req.queries.is_empty() || req.queries.iter().any(|q| meta_query_matches(q, true))
+        };
+        if wanted {
+            let d = encode_rep_meta_context(META_BASE_ALLOCATION_ID, META_BASE_ALLOCATION);
+            self.reply(option, REP_META_CONTEXT, &d);
+        }
+        if set {
+            self.meta_export = wanted.then_some(req.export);
+        }
+        self.reply(option, REP_ACK, &[]);
+    }
+
+    fn finish(&mut self, export: Arc<Export>) -> Negotiated {
+        Negotiated {
+            base_allocation: self.structured && self.meta_export.is_some(),
+            structured: self.structured,
+            export,
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Listeners and connections.
+//!
+//! One accept thread polls every listener (the unix socket always, TCP
+//! addresses when configured). Each accepted connection gets its own thread:
+//! the handshake, then the transmission loop with blocking I/O. A thread per
+//! connection, not an async task, because the data path is synchronous RAM
+//! work and a blocking `read` costs one syscall per batch where a readiness
+//! loop costs two or three. The connection cap bounds the threads.
+//!
+//! Shutdown: stop accepting, then shut down the *read* half of every live
+//! socket. Each connection finishes the requests already received, writes
+//! their replies, sees end-of-file and exits; `run` returns when all are gone.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::conn;
+use super::export::ExportTable;
+use super::handshake::{self, HandshakeError};
+
+/// How the server listens and what it allows.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The unix socket path (always served).
+    pub unix_socket: PathBuf,
+    /// TCP addresses to listen on as well.
+    pub tcp: Vec<SocketAddr>,
+    /// Most connections served at once; further ones are closed at accept.
+    pub max_connections: usize,
+    /// A client must finish each handshake read within this time.
+    pub handshake_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(unix_socket: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            unix_socket: unix_socket.into(),
+            tcp: Vec::new(),
+            max_connections: 256,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A connected client socket of either kind.
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    #[inline]
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    #[inline]
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    fn fd(&self) -> RawFd {
+        match self {
+            Listener::Unix(l) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+}
+
+/// State shared by the accept thread, connection threads and shutdown.
+struct Shared {
+    exports: Arc<ExportTable>,
+    config: ServerConfig,
+    stopping: AtomicBool,
+    /// Read-shutdown handles of live connections, by id.
+    live: Mutex<HashMap<u64, Stream>>,
+    /// Signalled when `live` becomes empty.
+    drained: Condvar,
+    next_id: AtomicU64,
+}
+
+/// A bound NBD server. `run` serves until `ShutdownHandle::shutdown`.
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<Listener>,
+    tcp_addrs: Vec<SocketAddr>,
+}
+
+/// Stops a running server from any thread.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Stops accepting and ends every connection after its pending requests.
+    pub fn shutdown(&self) {
+        self.0.stopping.store(true, Ordering::SeqCst);
+        for s in self.0.live.lock().values() {
+            let _ = s.shutdown(Shutdown::Read);
+        }
+    }
+}
+
+impl Server {
+    /// Binds the unix socket (replacing a stale one, refusing a live one)
+    /// and the TCP addresses.
+    pub fn bind(config: ServerConfig, exports: Arc<ExportTable>) -> io::Result<Server> {
+        let mut listeners = vec![Listener::Unix(bind_unix(&config.unix_socket)?)];
+        let mut tcp_addrs = Vec::new();
+        for addr in &config.tcp {
+            let l = TcpListener::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+            tcp_addrs.push(l.local_addr()?);
+            listeners.push(Listener::Tcp(l));
+        }
+        for l in &listeners {
+            set_nonblocking(l.fd())?;
+        }
+        Ok(Server {
+            shared: Arc::new(Shared {
+                exports,
+                config,
+                stopping: AtomicBool::new(false),
+                live: Mutex::new(HashMap::new()),
+                drained: Condvar::new(),
+                next_id: AtomicU64::new(0),
+            }),
+            listeners,
+            tcp_addrs,
+        })
+    }
+
+    /// The TCP addresses actually bound (useful with port 0).
+    pub fn tcp_addrs(&self) -> &[SocketAddr] {
+        &self.tcp_addrs
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.clone())
+    }
+
+    /// Serves until shut down, then waits for every connection to finish and
+    /// removes the unix socket.
+    pub fn run(self) -> io::Result<()> {
+        let mut fds: Vec<libc::pollfd> = self
+            .listeners
+            .iter()
+            .map(|l| libc::pollfd {
+                fd: l.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        while !self.shared.stopping.load(Ordering::SeqCst) {
+            // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd
+            // whose length is passed alongside; the fds stay open meanwhile.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 200) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for (i, l) in self.listeners.iter().enumerate() {
+                if fds[i].revents == 0 {
+                    continue;
+                }
+                loop {
+                    match l.accept() {
+                        Ok(stream) => self.start(stream),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            // EMFILE and friends: log, back off, keep serving.
+                            tracing::warn!("accept failed: {e}");
+                            std::thread::sleep(Duration::from_millis(50));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let mut live = self.shared.live.lock();
+        while !live.is_empty() {
+            self.shared.drained.wait(&mut live);
+        }
+        drop(live);
+        let _ = std::fs::remove_file(&self.shared.config.unix_socket);
+        Ok(())
+    }
+
+    fn start(&self, stream: Stream) {
+        let shared = &self.shared;
+        if let Err(e) = clear_nonblocking(stream.fd()) {
+            tracing::warn!("cannot configure accepted socket: {e}");
+            return;
+        }
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut live = shared.live.lock();
+            if live.len() >= shared.config.max_connections {
+                tracing::warn!(
+                    "connection refused: the limit of {} connections is reached (raise --max-connections)",
+                    shared.config.max_connections
+                );
+                return;
+            }
+            match stream.try_clone() {
+                Ok(handle) => live.insert(id, handle),
+                Err(e) => {
+                    tracing::warn!("cannot track connection: {e}");
+                    return;
+                }
+            };
+        }
+        let shared2 = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&shared2, stream, id);
+                let mut live = shared2.live.lock();
+                live.remove(&id);
+                if live.is_empty() {
+                    shared2.drained.notify_all();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a connection thread: {e}");
+            shared.live.lock().remove(&id);
+        }
+    }
+}
+
+fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
+    if shared.stopping.load(Ordering::SeqCst) {
+        return;
+    }
+    let _ = stream.set_read_timeout(Some(shared.config.handshake_timeout));
+    let neg = match handshake::negotiate(&mut stream, &shared.exports) {
+        Ok(n) => n,
+        Err(HandshakeError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(conn = id, "client left during the handshake");
+            return;
+        }
+        Err(HandshakeError::Aborted) => {
+            tracing::debug!(
+                conn = id,
+                "client aborted the handshake (listing or probing)"
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::info!(conn = id, "handshake ended: {e}");
+            return;
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+    let export = neg.export.clone();
+    let _counted = export.connect();
+    tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
+    match conn::transmission(&mut stream, &neg) {
+        Ok(()) => tracing::debug!(conn = id, "disconnected"),
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            tracing::warn!(conn = id, export = %export.name, "closing connection: {e}")
+        }
+        Err(e) => tracing::debug!(conn = id, "connection ended: {e}"),
+    }
+}
+
+/// Binds a unix socket, removing a stale file left by a dead server but
+/// refusing to steal the socket of a live one.
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "{} is in use by a running server; stop it or choose another --socket",
+                    path.display()
+                ),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display())))
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    fcntl_nonblock(fd, true)
+}
+
+fn clear_nonblocking(fd: RawFd) -> io::Result<()> {
+    fcntl_nonblock(fd, false)
+}
+
+fn fcntl_nonblock(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on an fd we own; no memory is passed.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let new = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        if libc::fcntl(fd, libc::F_SETFL, new) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

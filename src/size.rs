@@ -1,0 +1,112 @@
+//! Human sizes: parsing `512`, `4K`, `4KiB`, `1.5G`, `2GiB` (binary units)
+//! and printing bytes back as `1.5 GiB`.
+
+/// Parses a size. Units are binary (K = KiB = 1024). Fractions are allowed
+/// with a unit and must come out to a whole number of bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty size: expected a number with an optional unit, like 4G".into());
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        other => {
+            return Err(format!(
+                "unknown size unit '{other}' in '{t}': use B, K, M, G, T or P (binary, e.g. 512, 4K, 1.5G, 2GiB)"
+            ))
+        }
+    };
+    let bad = || {
+        format!("'{t}' is not a size: expected a number with an optional unit, like 512, 4K, 1.5G")
+    };
+    if num.is_empty() || num.matches('.').count() > 1 {
+        return Err(bad());
+    }
+    let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
+    let int: u128 = if int_part.is_empty() {
+        0
+    } else {
+        int_part.parse().map_err(|_| bad())?
+    };
+    let mut bytes = int << shift;
+    if !frac_part.is_empty() {
+        let digits = frac_part.len() as u32;
+        if digits > 18 {
+            return Err(bad());
+        }
+        let frac: u128 = frac_part.parse().map_err(|_| bad())?;
+        let scale = 10u128.pow(digits);
+        let frac_bytes = frac << shift;
+        if frac_bytes % scale != 0 {
+            return Err(format!("'{t}' is not a whole number of bytes"));
+        }
+        bytes += frac_bytes / scale;
+    }
+    u64::try_from(bytes).map_err(|_| format!("'{t}' is too large"))
+}
+
+/// Formats bytes with a binary unit: `0 B`, `512 B`, `4 KiB`, `1.5 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    let mut value = bytes as f64;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        let num = format!("{value:.2}");
+        let num = num.trim_end_matches('0').trim_end_matches('.');
+        format!("{num} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size(" 1m ").unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn rejects_nonsense() {
+        for bad in [
+            "",
+            "12Q",
+            "G",
+            "1.2.3K",
+            "-1",
+            "1.0000001K",
+            "99999999999P",
+            "0x10",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(4096), "4 KiB");
+        assert_eq!(format_size(3 << 29), "1.5 GiB");
+        assert_eq!(format_size(1 << 30), "1 GiB");
+    }
+}

@@ -1,0 +1,167 @@
+//! A fixed-size bitmap of atomic words, one bit per page.
+//!
+//! Bits are set and cleared with atomic read-modify-write operations so that
+//! threads holding locks on *different* chunks can update bits that share a
+//! word. Readers that hold no lock (extents, dirty-set snapshots) see each word
+//! atomically; a run spanning words is not a single snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One bit per page, `len` bits.
+pub struct AtomicBitmap {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl AtomicBitmap {
+    /// A bitmap of `len` bits, all clear.
+    pub fn new(len: usize) -> Self {
+        let words = (0..len.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        AtomicBitmap { words, len }
+    }
+
+    /// Number of bits.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the bitmap holds no bits.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bit at `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> bool {
+        debug_assert!(i < self.len);
+        self.words[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    }
+
+    /// Sets bit `i`; returns its previous value. Skips the write (and the cache
+    /// line invalidation it costs) when the bit is already set.
+    #[inline]
+    pub fn set(&self, i: usize) -> bool {
+        debug_assert!(i < self.len);
+        let w = &self.words[i / 64];
+        let mask = 1u64 << (i % 64);
+        if w.load(Ordering::Relaxed) & mask != 0 {
+            return true;
+        }
+        w.fetch_or(mask, Ordering::AcqRel) & mask != 0
+    }
+
+    /// Clears bit `i`; returns its previous value.
+    #[inline]
+    pub fn clear(&self, i: usize) -> bool {
+        debug_assert!(i < self.len);
+        let w = &self.words[i / 64];
+        let mask = 1u64 << (i % 64);
+        if w.load(Ordering::Relaxed) & mask == 0 {
+            return false;
+        }
+        w.fetch_and(!mask, Ordering::AcqRel) & mask != 0
+    }
+
+    /// Sets every bit in `[start, end)`.
+    pub fn set_range(&self, start: usize, end: usize) {
+        self.update_range(start, end, |w, m| {
+            if w.load(Ordering::Relaxed) & m != m {
+                w.fetch_or(m, Ordering::AcqRel);
+            }
+        });
+    }
+
+    /// Number of set bits in `[start, end)`.
+    pub fn count_range(&self, start: usize, end: usize) -> usize {
+        let mut n = 0;
+        self.update_range(start, end, |w, m| {
+            n += (w.load(Ordering::Acquire) & m).count_ones() as usize;
+        });
+        n
+    }
+
+    /// Applies `f(word, mask)` to each word overlapping `[start, end)`, with
+    /// `mask` selecting the bits of the word inside the range.
+    fn update_range(&self, start: usize, end: usize, mut f: impl FnMut(&AtomicU64, u64)) {
+        debug_assert!(start <= end && end <= self.len);
+        let mut i = start;
+        while i < end {
+            let bit = i % 64;
+            let n = (64 - bit).min(end - i);
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << bit
+            };
+            f(&self.words[i / 64], mask);
+            i += n;
+        }
+    }
+
+    /// Index of the first bit in `[start, end)` whose value is `value`, or `end`.
+    pub fn find(&self, start: usize, end: usize, value: bool) -> usize {
+        debug_assert!(start <= end && end <= self.len);
+        let mut i = start;
+        while i < end {
+            let word = self.words[i / 64].load(Ordering::Acquire);
+            let word = if value { word } else { !word };
+            let masked = word >> (i % 64);
+            if masked != 0 {
+                let found = i + masked.trailing_zeros() as usize;
+                return found.min(end);
+            }
+            i = (i / 64 + 1) * 64;
+        }
+        end
+    }
+
+    /// Atomically swaps each word with zero and returns the old words: the
+    /// bits set at the moment each word was taken.
+    pub fn take(&self) -> Vec<u64> {
+        self.words
+            .iter()
+            .map(|w| w.swap(0, Ordering::AcqRel))
+            .collect()
+    }
+
+    /// Total set bits.
+    pub fn count(&self) -> usize {
+        self.words
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_clear_find() {
+        let b = AtomicBitmap::new(200);
+        assert!(!b.set(3));
+        assert!(b.set(3));
+        assert!(b.get(3));
+        assert_eq!(b.find(0, 200, true), 3);
+        assert_eq!(b.find(4, 200, true), 200);
+        b.set_range(60, 130);
+        assert_eq!(b.count_range(0, 200), 71);
+        assert_eq!(b.find(60, 200, false), 130);
+        assert_eq!(b.find(0, 50, false), 0);
+        assert!(b.clear(3));
+        assert!(!b.clear(3));
+        assert_eq!(b.find(0, 200, true), 60);
+        let taken = b.take();
+        assert_eq!(taken.iter().map(|w| w.count_ones()).sum::<u32>(), 70);
+        assert_eq!(b.count(), 0);
+    }
+
+    #[test]
+    fn find_respects_end() {
+        let b = AtomicBitmap::new(128);
+        b.set(100);
+        assert_eq!(b.find(0, 90, true), 90);
+        assert_eq!(b.find(0, 101, true), 100);
+    }
+}

@@ -1,0 +1,111 @@
+//! Memory accounting: a per-drive limit and the daemon-wide budget.
+//!
+//! A budget is a counter of bytes in use and a limit. `try_reserve` succeeds
+//! only when the new total stays within the limit, so the counter never
+//! exceeds it, whatever the interleaving. Only page *allocations* and *frees*
+//! touch a budget; overwrites and reads never do, so the shared counter is off
+//! the hot path of an allocated drive.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Fraction of `MemAvailable` (at daemon start) used as the default
+/// daemon-wide budget. RAM drives exist to use memory, but the rest of the
+/// system (page cache, the programs using the drive) must keep room.
+pub const DEFAULT_BUDGET_PERCENT: u64 = 75;
+
+/// A byte counter with a hard limit.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit_bytes: AtomicU64,
+    used_bytes: AtomicU64,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit_bytes` (`u64::MAX` for none).
+    pub fn new(limit_bytes: u64) -> Self {
+        MemoryBudget {
+            limit_bytes: AtomicU64::new(limit_bytes),
+            used_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The default daemon budget: [`DEFAULT_BUDGET_PERCENT`] of MemAvailable,
+    /// or of MemTotal when MemAvailable cannot be read.
+    pub fn default_daemon() -> Self {
+        MemoryBudget::new(default_budget_bytes())
+    }
+
+    /// Reserves `bytes`; false (and nothing reserved) when that would pass the
+    /// limit.
+    #[inline]
+    pub fn try_reserve(&self, bytes: u64) -> bool {
+        let limit = self.limit_bytes.load(Ordering::Relaxed);
+        self.used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&n| n <= limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` reserved earlier.
+    #[inline]
+    pub fn release(&self, bytes: u64) {
+        let prev = self.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        debug_assert!(prev >= bytes, "budget released more than reserved");
+    }
+
+    /// Bytes in use.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes.load(Ordering::Acquire)
+    }
+
+    /// The limit in bytes (`u64::MAX` when unlimited).
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Changes the limit. Memory already in use above a lowered limit stays;
+    /// only new reservations are refused.
+    pub fn set_limit_bytes(&self, limit: u64) {
+        self.limit_bytes.store(limit, Ordering::Relaxed);
+    }
+}
+
+/// Reads `MemAvailable` (falling back to `MemTotal`) from /proc/meminfo and
+/// returns [`DEFAULT_BUDGET_PERCENT`] of it.
+pub fn default_budget_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    };
+    let avail = field("MemAvailable:")
+        .or_else(|| field("MemTotal:"))
+        .unwrap_or(1 << 30);
+    avail / 100 * DEFAULT_BUDGET_PERCENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_up_to_limit() {
+        let b = MemoryBudget::new(10);
+        assert!(b.try_reserve(6));
+        assert!(!b.try_reserve(5));
+        assert!(b.try_reserve(4));
+        assert_eq!(b.used_bytes(), 10);
+        b.release(10);
+        assert_eq!(b.used_bytes(), 0);
+        assert!(!b.try_reserve(u64::MAX));
+    }
+
+    #[test]
+    fn default_is_positive() {
+        assert!(default_budget_bytes() > 0);
+    }
+}

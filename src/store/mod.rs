@@ -1,0 +1,689 @@
+//! The RAM store: a sparse, page-granular, lock-striped block of memory.
+//!
+//! # Layout
+//!
+//! ```text
+//!  drive bytes  0 ──────────────── 64 MiB ─────────────── 128 MiB ──── size
+//!               │    segment 0       │     segment 1        │  ...
+//!  segment      ├ Region: 64 MiB of reserved address space (mmap NORESERVE)
+//!               ├ allocated: 1 bit / 4 KiB page  (16384 bits = 2 KiB)
+//!               ├ dirty:     1 bit / 4 KiB page  (2 KiB)
+//!               └ locks:     1 RwLock / 64 KiB chunk (1024 x 8 B = 8 KiB)
+//! ```
+//!
+//! Metadata is 12 KiB per 64 MiB segment: 0.018% of the drive size.
+//!
+//! # Invariants
+//!
+//! - A page's `allocated` bit is set iff the page may hold non-zero bytes and
+//!   is charged to the drive and daemon budgets. Pages with a clear bit are
+//!   never read from memory (reads fill zeroes, so no page fault maps them),
+//!   and every page whose bit is cleared is handed back to the OS first.
+//! - Bytes are only read or written under the lock of the chunk that holds
+//!   them: shared for reads, exclusive for writes, zeroes, trims and shrinks.
+//!   Locks are per 64 KiB chunk, so unrelated requests never contend and there
+//!   is no drive-wide lock on the data path.
+//! - Every operation re-checks the drive size *under* the chunk lock, so a
+//!   request validated before a concurrent shrink fails with `OutOfRange`
+//!   instead of touching memory the shrink released.
+//! - The segment table is swapped atomically (`ArcSwap`) on resize. A grow
+//!   publishes segments before the new size; a shrink publishes the new size,
+//!   frees the memory beyond it chunk by chunk, then drops the segments.
+//!
+//! # The dirty set
+//!
+//! A write (or zero or trim) sets the dirty bits of the pages it changed
+//! *after* changing them and before it returns, still under the chunk lock.
+//! [`RamStore::take_dirty`] swaps each bitmap word with zero atomically. So:
+//! every change that completed before `take_dirty` began is in the returned
+//! set; a change racing with it is either in the returned set or still marked
+//! for the next one, never lost. Reading the pages of the returned set (under
+//! their chunk locks) yields their contents at least as new as the take.
+
+pub mod bitmap;
+pub mod budget;
+pub mod region;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+
+use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
+use bitmap::AtomicBitmap;
+pub use budget::MemoryBudget;
+use region::Region;
+
+/// Bytes per page: the unit of allocation, trim and the bitmaps.
+pub const PAGE_BYTES: u64 = 4096;
+/// Bytes per lock stripe.
+pub const CHUNK_BYTES: u64 = 64 * 1024;
+/// Bytes per segment (one mapping).
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// The largest drive: 256 TiB (bounded by address space, not memory).
+pub const MAX_DRIVE_BYTES: u64 = 256 << 40;
+
+const PAGES_PER_SEGMENT: usize = (SEGMENT_BYTES / PAGE_BYTES) as usize;
+const CHUNKS_PER_SEGMENT: usize = (SEGMENT_BYTES / CHUNK_BYTES) as usize;
+/// Runs of at least this many fresh pages are committed with one
+/// `MADV_POPULATE_WRITE` instead of one page fault each.
+const POPULATE_MIN_PAGES: usize = 4;
+/// Cap on extents per `extents()` call (the reply covers a prefix).
+const MAX_EXTENTS: usize = 16 * 1024;
+
+/// One 64 MiB piece of the drive.
+struct Segment {
+    /// The memory; committed page by page on first write.
+    region: Region,
+    /// Pages that hold data and are charged to the budgets.
+    allocated: AtomicBitmap,
+    /// Pages changed since the last `take_dirty`.
+    dirty: AtomicBitmap,
+    /// One lock per 64 KiB chunk: shared for reads, exclusive for changes.
+    /// A parking_lot lock, not a std one: 8 bytes and no syscall uncontended.
+    locks: Box<[RwLock<()>]>,
+}
+
+impl Segment {
+    fn new() -> std::io::Result<Segment> {
+        Ok(Segment {
+            region: Region::new(SEGMENT_BYTES as usize)?,
+            allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
+            dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
+            locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
+        })
+    }
+}
+
+/// The pages changed since the previous take: one bit per page, pages
+/// numbered from the start of the drive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirtyPages {
+    words: Vec<u64>,
+}
+
+impl DirtyPages {
+    /// Page indices in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.words.iter().enumerate().flat_map(|(wi, &w)| {
+            let mut w = w;
+            std::iter::from_fn(move || {
+                if w == 0 {
+                    return None;
+                }
+                let b = w.trailing_zeros() as u64;
+                w &= w - 1;
+                Some(wi as u64 * 64 + b)
+            })
+        })
+    }
+
+    /// Number of dirty pages.
+    pub fn count(&self) -> u64 {
+        self.words.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
+    /// True when no page is dirty.
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+}
+
+/// A RAM drive's storage.
+pub struct RamStore {
+    /// Current size in bytes. Loaded (Acquire) before the segment table.
+    size: AtomicU64,
+    /// The segments covering `size`, swapped whole on resize.
+    segments: ArcSwap<Vec<Arc<Segment>>>,
+    /// This drive's memory: `used` = allocated pages, `limit` = mem-limit.
+    drive_mem: MemoryBudget,
+    /// The daemon-wide budget shared by all drives.
+    global_mem: Arc<MemoryBudget>,
+    /// Serialises resizes (never taken on the data path).
+    resize_lock: Mutex<()>,
+}
+
+/// How a chunk is locked for an operation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Shared,
+    Exclusive,
+}
+
+/// Where bytes to store come from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Data(&'a [u8]),
+    Zeroes,
+}
+
+impl RamStore {
+    /// A drive of `size_bytes`, charging its pages to `global_mem` and to its
+    /// own `mem_limit_bytes` (None: only the drive size bounds it).
+    pub fn new(
+        size_bytes: u64,
+        mem_limit_bytes: Option<u64>,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<RamStore> {
+        if size_bytes > MAX_DRIVE_BYTES {
+            return Err(Error::Invalid(format!(
+                "drive size {size_bytes} exceeds the maximum of {MAX_DRIVE_BYTES} bytes"
+            )));
+        }
+        if region::page_size() as u64 != PAGE_BYTES {
+            return Err(Error::NotSupported("an OS page size other than 4 KiB"));
+        }
+        let store = RamStore {
+            size: AtomicU64::new(0),
+            segments: ArcSwap::from_pointee(Vec::new()),
+            drive_mem: MemoryBudget::new(mem_limit_bytes.unwrap_or(u64::MAX)),
+            global_mem,
+            resize_lock: Mutex::new(()),
+        };
+        store.resize(size_bytes)?;
+        Ok(store)
+    }
+
+    /// Bytes of memory this drive holds (allocated pages).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.drive_mem.used_bytes()
+    }
+
+    /// The drive's memory limit (`u64::MAX` when unlimited).
+    pub fn mem_limit_bytes(&self) -> u64 {
+        self.drive_mem.limit_bytes()
+    }
+
+    /// Changes the drive's memory limit (None: unlimited).
+    pub fn set_mem_limit_bytes(&self, limit: Option<u64>) {
+        self.drive_mem.set_limit_bytes(limit.unwrap_or(u64::MAX));
+    }
+
+    /// Bytes of metadata (bitmaps, locks, tables) this drive keeps.
+    pub fn metadata_bytes(&self) -> u64 {
+        let segs = self.segments.load().len() as u64;
+        let per_seg = std::mem::size_of::<Segment>() as u64
+            + 2 * (PAGES_PER_SEGMENT as u64 / 8)
+            + (CHUNKS_PER_SEGMENT * std::mem::size_of::<RwLock<()>>()) as u64;
+        segs * (per_seg + std::mem::size_of::<Arc<Segment>>() as u64)
+    }
+
+    /// Takes the set of pages changed since the last call (see module docs
+    /// for the guarantee with respect to concurrent writers).
+    pub fn take_dirty(&self) -> DirtyPages {
+        let segs = self.segments.load();
+        let mut words = Vec::with_capacity(segs.len() * PAGES_PER_SEGMENT / 64);
+        for seg in segs.iter() {
+            words.extend(seg.dirty.take());
+        }
+        DirtyPages { words }
+    }
+
+    /// Number of pages currently marked dirty.
+    pub fn dirty_pages(&self) -> u64 {
+        self.segments
+            .load()
+            .iter()
+            .map(|s| s.dirty.count() as u64)
+            .sum()
+    }
+
+    /// Grows or shrinks the drive. Shrinking releases the memory beyond the
+    /// new end; growing adds zero-filled space.
+    pub fn resize(&self, new_size: u64) -> Result<()> {
+        if new_size > MAX_DRIVE_BYTES {
+            return Err(Error::Invalid(format!(
+                "drive size {new_size} exceeds the maximum of {MAX_DRIVE_BYTES} bytes"
+            )));
+        }
+        let _guard = self.resize_lock.lock();
+        let old_size = self.size.load(Ordering::Acquire);
+        let want_segs = new_size.div_ceil(SEGMENT_BYTES) as usize;
+        if new_size >= old_size {
+            let old = self.segments.load_full();
+            if want_segs > old.len() {
+                let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
+                while segs.len() < want_segs {
+                    segs.push(Arc::new(Segment::new()?));
+                }
+                self.segments.store(Arc::new(segs));
+            }
+            self.size.store(new_size, Ordering::Release);
+        } else {
+            self.size.store(new_size, Ordering::Release);
+            self.release_tail(new_size, old_size);
+            let segs = self.segments.load_full();
+            if segs.len() > want_segs {
+                self.segments.store(Arc::new(segs[..want_segs].to_vec()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees everything in `[new_size, old_size)` after a shrink, zeroing
+    /// the tail of the page that holds the new end.
+    fn release_tail(&self, new_size: u64, old_size: u64) {
+        let segs = self.segments.load();
+        let mut chunk_start = new_size / CHUNK_BYTES * CHUNK_BYTES;
+        while chunk_start < old_size {
+            let seg = &segs[(chunk_start / SEGMENT_BYTES) as usize];
+            let seg_off = (chunk_start % SEGMENT_BYTES) as usize;
+            let _lock = seg.locks[seg_off / CHUNK_BYTES as usize].write();
+            let from = new_size.max(chunk_start);
+            let to = (chunk_start + CHUNK_BYTES).min(old_size.next_multiple_of(PAGE_BYTES));
+            if from < to {
+                let seg_base = chunk_start / SEGMENT_BYTES * SEGMENT_BYTES;
+                let (so, eo) = (from - seg_base, to - seg_base);
+                let freed = self.discard_in_chunk(seg, so as usize, (eo - so) as usize);
+                // Beyond the end nothing is dirty: those pages no longer exist.
+                for p in so.div_ceil(PAGE_BYTES)..eo.div_ceil(PAGE_BYTES) {
+                    seg.dirty.clear(p as usize);
+                }
+                self.release_mem(freed);
+            }
+            chunk_start += CHUNK_BYTES;
+        }
+    }
+
+    /// Charges `bytes` of new pages to the drive and the daemon.
+    fn reserve_mem(&self, bytes: u64) -> Result<()> {
+        if !self.drive_mem.try_reserve(bytes) {
+            return Err(Error::NoSpace(format!(
+                "drive memory limit of {} bytes reached ({} in use)",
+                self.drive_mem.limit_bytes(),
+                self.drive_mem.used_bytes()
+            )));
+        }
+        if !self.global_mem.try_reserve(bytes) {
+            self.drive_mem.release(bytes);
+            return Err(Error::NoSpace(format!(
+                "daemon memory budget of {} bytes reached ({} in use)",
+                self.global_mem.limit_bytes(),
+                self.global_mem.used_bytes()
+            )));
+        }
+        Ok(())
+    }
+
+    fn release_mem(&self, bytes: u64) {
+        if bytes > 0 {
+            self.drive_mem.release(bytes);
+            self.global_mem.release(bytes);
+        }
+    }
+
+    /// Runs `f(segment, offset in segment, len, offset in request)` over each
+    /// chunk-sized piece of `[offset, offset+len)`, holding that chunk's lock
+    /// and re-checking the size under it.
+    #[inline]
+    fn for_each_chunk(
+        &self,
+        offset: u64,
+        len: u64,
+        access: Access,
+        mut f: impl FnMut(&Segment, usize, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
+        let segs = self.segments.load();
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let n = (CHUNK_BYTES - pos % CHUNK_BYTES).min(end - pos);
+            let Some(seg) = segs.get((pos / SEGMENT_BYTES) as usize) else {
+                return Err(self.out_of_range(offset, len));
+            };
+            let so = (pos % SEGMENT_BYTES) as usize;
+            let lock = &seg.locks[so / CHUNK_BYTES as usize];
+            let (_r, _w);
+            if access == Access::Shared {
+                _r = lock.read();
+            } else {
+                _w = lock.write();
+            }
+            if pos + n > self.size.load(Ordering::Acquire) {
+                return Err(self.out_of_range(offset, len));
+            }
+            f(seg, so, n as usize, (pos - offset) as usize)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn out_of_range(&self, offset: u64, len: u64) -> Error {
+        Error::OutOfRange {
+            offset,
+            len,
+            size: self.size.load(Ordering::Acquire),
+        }
+    }
+
+    /// Stores `src` at segment offset `so` (within one chunk, lock held).
+    fn store_in_chunk(&self, seg: &Segment, so: usize, n: usize, src: Source<'_>) -> Result<()> {
+        let page = PAGE_BYTES as usize;
+        let (p0, p1) = (so / page, (so + n).div_ceil(page));
+        let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
+        if fresh > 0 {
+            self.reserve_mem((fresh * page) as u64)?;
+            if fresh >= POPULATE_MIN_PAGES {
+                seg.region.populate(p0 * page, (p1 - p0) * page);
+            }
+        }
+        let dst = seg.region.ptr(so);
+        match src {
+            // SAFETY: `dst..dst+n` lies inside the segment (so + n <= chunk
+            // end <= SEGMENT_BYTES); we hold this chunk's exclusive lock, so no
+            // other thread accesses these bytes; `data` is a distinct buffer.
+            Source::Data(data) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n) },
+            // SAFETY: same range and lock as above.
+            Source::Zeroes => unsafe { std::ptr::write_bytes(dst, 0, n) },
+        }
+        if fresh > 0 {
+            seg.allocated.set_range(p0, p1);
+        }
+        seg.dirty.set_range(p0, p1);
+        Ok(())
+    }
+
+    /// Copies segment bytes `[so, so+out.len())` into `out`, filling zeroes
+    /// for unallocated pages (which are never touched, so never faulted in).
+    fn load_in_chunk(&self, seg: &Segment, so: usize, out: &mut [u8]) {
+        let page = PAGE_BYTES as usize;
+        let end = so + out.len();
+        let mut pos = so;
+        while pos < end {
+            let p = pos / page;
+            let last_page = end.div_ceil(page);
+            let alloc = seg.allocated.get(p);
+            let run_end_page = seg.allocated.find(p, last_page, !alloc);
+            let run_end = (run_end_page * page).min(end);
+            let dst = &mut out[pos - so..run_end - so];
+            if alloc {
+                // SAFETY: the source range is inside the segment; we hold the
+                // chunk's shared lock so no writer changes it; `dst` is a
+                // separate buffer of exactly this length.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(seg.region.ptr(pos), dst.as_mut_ptr(), dst.len())
+                };
+            } else {
+                dst.fill(0);
+            }
+            pos = run_end;
+        }
+    }
+
+    /// Makes `[so, so+n)` read as zero, releasing whole allocated pages.
+    /// Returns the bytes released. Caller holds the chunk's exclusive lock.
+    fn discard_in_chunk(&self, seg: &Segment, so: usize, n: usize) -> u64 {
+        let page = PAGE_BYTES as usize;
+        let end = so + n;
+        let full_start = so.next_multiple_of(page);
+        let full_end = end / page * page;
+        let mut freed = 0u64;
+        // Partial pages at either edge: zero the covered bytes in place.
+        let head_end = full_start.min(end);
+        let tail_start = full_end.max(head_end);
+        for (a, b) in [(so, head_end), (tail_start, end)] {
+            if a < b && seg.allocated.get(a / page) {
+                // SAFETY: inside the segment; exclusive chunk lock held.
+                unsafe { std::ptr::write_bytes(seg.region.ptr(a), 0, b - a) };
+            }
+        }
+        // Whole pages: hand allocated runs back to the OS.
+        if full_start < full_end {
+            let (pe, mut p) = (full_end / page, full_start / page);
+            while p < pe {
+                let start = seg.allocated.find(p, pe, true);
+                if start == pe {
+                    break;
+                }
+                let stop = seg.allocated.find(start, pe, false);
+                seg.region.release(start * page, (stop - start) * page);
+                for q in start..stop {
+                    seg.allocated.clear(q);
+                }
+                freed += ((stop - start) * page) as u64;
+                p = stop;
+            }
+        }
+        freed
+    }
+}
+
+impl Backend for RamStore {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.for_each_chunk(
+            offset,
+            buf.len() as u64,
+            Access::Shared,
+            |seg, so, n, at| {
+                self.load_in_chunk(seg, so, &mut buf[at..at + n]);
+                Ok(())
+            },
+        )
+    }
+
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
+        self.for_each_chunk(
+            offset,
+            data.len() as u64,
+            Access::Exclusive,
+            |seg, so, n, at| self.store_in_chunk(seg, so, n, Source::Data(&data[at..at + n])),
+        )
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
+        if !may_trim {
+            return self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, _| {
+                self.store_in_chunk(seg, so, n, Source::Zeroes)
+            });
+        }
+        self.trim(offset, len)
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        let mut freed = 0;
+        let r = self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, _| {
+            freed += self.discard_in_chunk(seg, so, n);
+            let page = PAGE_BYTES as usize;
+            seg.dirty.set_range(so / page, (so + n).div_ceil(page));
+            Ok(())
+        });
+        self.release_mem(freed);
+        r
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(offset, len, self.size())?;
+        let segs = self.segments.load();
+        let mut out: Vec<Extent> = Vec::new();
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end && out.len() < MAX_EXTENTS {
+            let Some(seg) = segs.get((pos / SEGMENT_BYTES) as usize) else {
+                return Err(self.out_of_range(offset, len));
+            };
+            let seg_base = pos / SEGMENT_BYTES * SEGMENT_BYTES;
+            let seg_end = (seg_base + SEGMENT_BYTES).min(end);
+            let p = ((pos - seg_base) / PAGE_BYTES) as usize;
+            let last = ((seg_end - seg_base).div_ceil(PAGE_BYTES)) as usize;
+            let alloc = seg.allocated.get(p);
+            let stop = seg.allocated.find(p, last, !alloc);
+            let run_end = (seg_base + stop as u64 * PAGE_BYTES).min(end);
+            let hole = !alloc;
+            match out.last_mut() {
+                Some(e) if e.hole == hole => e.len += run_end - pos,
+                _ => out.push(Extent {
+                    len: run_end - pos,
+                    hole,
+                    zero: hole,
+                }),
+            }
+            pos = run_end;
+        }
+        Ok(out)
+    }
+
+    fn capabilities(&self) -> Caps {
+        Caps {
+            can_trim: true,
+            can_zero: true,
+            can_fast_zero: true,
+            can_fua: true,
+            can_flush: true,
+            can_multi_conn: true,
+            can_extents: true,
+            can_cache: true,
+        }
+    }
+}
+
+impl Drop for RamStore {
+    fn drop(&mut self) {
+        // The segments unmap themselves; give their pages back to the budget.
+        self.global_mem.release(self.drive_mem.used_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(size: u64) -> RamStore {
+        RamStore::new(size, None, Arc::new(MemoryBudget::new(u64::MAX))).unwrap()
+    }
+
+    #[test]
+    fn unwritten_reads_zero_without_allocating() {
+        let s = store(1 << 20);
+        let mut buf = vec![1u8; 8192];
+        s.read(4096, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(s.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn unaligned_write_read_and_trim() {
+        let s = store(1 << 20);
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8 | 1).collect();
+        s.write(4000, &data, false).unwrap();
+        assert_eq!(s.allocated_bytes(), 4 * PAGE_BYTES);
+        let mut back = vec![0u8; data.len()];
+        s.read(4000, &mut back).unwrap();
+        assert_eq!(back, data);
+        s.trim(4096, 8192).unwrap();
+        assert_eq!(s.allocated_bytes(), 2 * PAGE_BYTES);
+        s.read(4000, &mut back).unwrap();
+        assert!(back[96..96 + 8192].iter().all(|&b| b == 0));
+        assert_eq!(back[..96], data[..96]);
+    }
+
+    #[test]
+    fn out_of_range_is_an_error() {
+        let s = store(4096 * 3);
+        let mut buf = [0u8; 2];
+        assert!(matches!(
+            s.read(4096 * 3 - 1, &mut buf),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(s.write(u64::MAX, &buf, false).is_err());
+        assert!(s.trim(0, 4096 * 3 + 1).is_err());
+    }
+
+    #[test]
+    fn memory_limits_give_enospc() {
+        let global = Arc::new(MemoryBudget::new(3 * PAGE_BYTES));
+        let a = RamStore::new(1 << 20, Some(2 * PAGE_BYTES), global.clone()).unwrap();
+        let b = RamStore::new(1 << 20, None, global.clone()).unwrap();
+        a.write(0, &[1; 8192], false).unwrap();
+        assert!(matches!(a.write(8192, &[1], false), Err(Error::NoSpace(_))));
+        // Overwrites of allocated pages keep working.
+        a.write(100, &[2; 100], false).unwrap();
+        b.write(0, &[1; 4096], false).unwrap();
+        assert!(matches!(b.write(4096, &[1], false), Err(Error::NoSpace(_))));
+        assert_eq!(global.used_bytes(), 3 * PAGE_BYTES);
+        drop(a);
+        assert_eq!(global.used_bytes(), PAGE_BYTES);
+        b.write(4096, &[1], false).unwrap();
+    }
+
+    #[test]
+    fn extents_report_holes() {
+        let s = store(1 << 20);
+        s.write(8192, &[1; 4096], false).unwrap();
+        let e = s.extents(0, 1 << 20).unwrap();
+        assert_eq!(
+            e,
+            vec![
+                Extent {
+                    len: 8192,
+                    hole: true,
+                    zero: true
+                },
+                Extent {
+                    len: 4096,
+                    hole: false,
+                    zero: false
+                },
+                Extent {
+                    len: (1 << 20) - 12288,
+                    hole: true,
+                    zero: true
+                },
+            ]
+        );
+        let e = s.extents(8200, 10).unwrap();
+        assert_eq!(
+            e,
+            vec![Extent {
+                len: 10,
+                hole: false,
+                zero: false
+            }]
+        );
+    }
+
+    #[test]
+    fn shrink_frees_and_grow_reads_zero() {
+        let s = store(SEGMENT_BYTES * 2);
+        s.write(SEGMENT_BYTES + 10, &[7; 9000], false).unwrap();
+        s.write(5000, &[9; 100], false).unwrap();
+        s.resize(5050).unwrap();
+        assert_eq!(s.allocated_bytes(), PAGE_BYTES);
+        s.resize(SEGMENT_BYTES * 2).unwrap();
+        let mut buf = vec![1u8; 200];
+        s.read(5000, &mut buf).unwrap();
+        assert!(buf[..50].iter().all(|&b| b == 9));
+        assert!(buf[50..].iter().all(|&b| b == 0));
+        let mut buf = vec![1u8; 9000];
+        s.read(SEGMENT_BYTES + 10, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn dirty_set_is_taken_once() {
+        let s = store(1 << 20);
+        s.write(4096 * 3 + 5, &[1; 4096], false).unwrap();
+        s.trim(4096 * 10, 4096).unwrap();
+        let d = s.take_dirty();
+        assert_eq!(d.iter().collect::<Vec<_>>(), vec![3, 4, 10]);
+        assert!(s.take_dirty().is_empty());
+    }
+
+    #[test]
+    fn zero_no_hole_keeps_allocation() {
+        let s = store(1 << 20);
+        s.write_zeroes(0, 3 * 4096, false).unwrap();
+        assert_eq!(s.allocated_bytes(), 3 * PAGE_BYTES);
+        s.write_zeroes(0, 3 * 4096, true).unwrap();
+        assert_eq!(s.allocated_bytes(), 0);
+    }
+}
