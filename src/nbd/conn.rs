@@ -33,6 +33,9 @@ const IN_DEFAULT_BYTES: usize = 512 * 1024;
 const IN_SHRINK_BYTES: usize = 4 << 20;
 /// Replies are written once this many bytes are pending.
 const OUT_FLUSH_BYTES: usize = 1 << 20;
+/// WRITEs at least this long whose payload has not fully arrived are received
+/// straight into the store (one copy fewer than buffering them).
+const DIRECT_WRITE_MIN_BYTES: usize = 128 * 1024;
 
 /// What to do after a request.
 #[derive(PartialEq, Eq)]
@@ -94,6 +97,20 @@ pub fn transmission<S: Read + Write>(stream: &mut S, neg: &Negotiated) -> io::Re
                 continue;
             }
             let total = REQUEST_HEADER_BYTES + req.payload_len();
+            if end - start < total
+                && req.command == CMD_WRITE
+                && req.len as usize >= DIRECT_WRITE_MIN_BYTES
+                && conn.validate(&req).is_ok()
+            {
+                // A large WRITE whose payload is still arriving: receive it
+                // straight into the store instead of buffering it first.
+                stream.write_all(&conn.out)?;
+                conn.out.clear();
+                let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
+                discard = conn.direct_write(&req, buffered, stream)?;
+                (start, end) = (0, 0);
+                continue;
+            }
             if end - start < total {
                 if inbuf.len() - start < total {
                     // Make room for the whole request at the front.
@@ -267,6 +284,48 @@ impl Conn<'_> {
             Err(e) => self.reply_backend_error(req, &e),
         }
         Next::Continue
+    }
+
+    /// Runs a validated WRITE whose payload starts with `buffered` and
+    /// continues on `stream`, letting the backend place the bytes. Returns
+    /// how many payload bytes remain unread on the stream (non-zero only when
+    /// the backend refused part-way; the caller discards them). A stream
+    /// error is returned as is: the connection cannot go on.
+    fn direct_write<S: Read>(
+        &mut self,
+        req: &Request,
+        buffered: &[u8],
+        stream: &mut S,
+    ) -> io::Result<u64> {
+        let len = req.len as usize;
+        let mut taken = 0usize;
+        let mut stream_failed = false;
+        let result = self.backend.write_from(
+            req.offset,
+            len,
+            req.flags & CMD_FLAG_FUA != 0,
+            &mut |dst: &mut [u8]| {
+                let rest = &buffered[taken.min(buffered.len())..];
+                let from_buf = rest.len().min(dst.len());
+                dst[..from_buf].copy_from_slice(&rest[..from_buf]);
+                let r = stream.read_exact(&mut dst[from_buf..]);
+                stream_failed = r.is_err();
+                r?;
+                taken += dst.len();
+                Ok(())
+            },
+        );
+        match result {
+            Ok(()) => {
+                encode_simple_reply(&mut self.out, req.cookie, 0);
+                Ok(0)
+            }
+            Err(crate::backend::Error::Io(e)) if stream_failed => Err(e),
+            Err(e) => {
+                self.reply_backend_error(req, &e);
+                Ok((len - taken.max(buffered.len())) as u64)
+            }
+        }
     }
 
     fn flush_if_fua(&self, req: &Request) -> crate::backend::Result<()> {

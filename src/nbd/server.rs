@@ -148,6 +148,9 @@ pub struct Server {
     shared: Arc<Shared>,
     listeners: Vec<Listener>,
     tcp_addrs: Vec<SocketAddr>,
+    /// (device, inode) of the socket file we bound: on exit we remove the
+    /// path only if it is still ours, not a successor's.
+    socket_id: (u64, u64),
 }
 
 /// Stops a running server from any thread.
@@ -169,6 +172,7 @@ impl Server {
     /// and the TCP addresses.
     pub fn bind(config: ServerConfig, exports: Arc<ExportTable>) -> io::Result<Server> {
         let mut listeners = vec![Listener::Unix(bind_unix(&config.unix_socket)?)];
+        let socket_id = file_id(&config.unix_socket)?;
         let mut tcp_addrs = Vec::new();
         for addr in &config.tcp {
             let l = TcpListener::bind(addr)
@@ -190,6 +194,7 @@ impl Server {
             }),
             listeners,
             tcp_addrs,
+            socket_id,
         })
     }
 
@@ -249,7 +254,10 @@ impl Server {
             self.shared.drained.wait(&mut live);
         }
         drop(live);
-        let _ = std::fs::remove_file(&self.shared.config.unix_socket);
+        let path = &self.shared.config.unix_socket;
+        if file_id(path).ok() == Some(self.socket_id) {
+            let _ = std::fs::remove_file(path);
+        }
         Ok(())
     }
 
@@ -281,16 +289,27 @@ impl Server {
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-conn-{id}"))
             .spawn(move || {
+                // Deregisters on return *and* on panic, so shutdown never
+                // waits for a connection that is gone.
+                let _registered = Registered(&shared2, id);
                 serve_connection(&shared2, stream, id);
-                let mut live = shared2.live.lock();
-                live.remove(&id);
-                if live.is_empty() {
-                    shared2.drained.notify_all();
-                }
             });
         if let Err(e) = spawned {
             tracing::warn!("cannot start a connection thread: {e}");
             shared.live.lock().remove(&id);
+        }
+    }
+}
+
+/// Removes a connection from the live set when dropped.
+struct Registered<'a>(&'a Shared, u64);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let mut live = self.0.live.lock();
+        live.remove(&self.1);
+        if live.is_empty() {
+            self.0.drained.notify_all();
         }
     }
 }
@@ -353,6 +372,12 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     }
     UnixListener::bind(path)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display())))
+}
+
+fn file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)?;
+    Ok((m.dev(), m.ino()))
 }
 
 fn set_nonblocking(fd: RawFd) -> io::Result<()> {

@@ -152,10 +152,11 @@ enum Access {
 }
 
 /// Where bytes to store come from.
-#[derive(Clone, Copy)]
-enum Source<'a> {
+enum Source<'a, 'f> {
     Data(&'a [u8]),
     Zeroes,
+    /// A producer writing straight into the drive's memory.
+    Fill(&'f mut dyn FnMut(&mut [u8]) -> std::io::Result<()>),
 }
 
 impl RamStore {
@@ -359,7 +360,13 @@ impl RamStore {
     }
 
     /// Stores `src` at segment offset `so` (within one chunk, lock held).
-    fn store_in_chunk(&self, seg: &Segment, so: usize, n: usize, src: Source<'_>) -> Result<()> {
+    fn store_in_chunk(
+        &self,
+        seg: &Segment,
+        so: usize,
+        n: usize,
+        src: Source<'_, '_>,
+    ) -> Result<()> {
         let page = PAGE_BYTES as usize;
         let (p0, p1) = (so / page, (so + n).div_ceil(page));
         let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
@@ -370,6 +377,7 @@ impl RamStore {
             }
         }
         let dst = seg.region.ptr(so);
+        let mut filled = Ok(());
         match src {
             // SAFETY: `dst..dst+n` lies inside the segment (so + n <= chunk
             // end <= SEGMENT_BYTES); we hold this chunk's exclusive lock, so no
@@ -377,12 +385,21 @@ impl RamStore {
             Source::Data(data) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n) },
             // SAFETY: same range and lock as above.
             Source::Zeroes => unsafe { std::ptr::write_bytes(dst, 0, n) },
+            Source::Fill(fill) => {
+                // SAFETY: same range and lock as above. Mapped memory is
+                // always initialised (zeroes or earlier data), and no other
+                // reference to these bytes exists while the lock is held.
+                let slice = unsafe { std::slice::from_raw_parts_mut(dst, n) };
+                filled = fill(slice);
+            }
         }
+        // Pages are marked even when a fill failed part-way: they may hold
+        // new bytes and are charged either way.
         if fresh > 0 {
             seg.allocated.set_range(p0, p1);
         }
         seg.dirty.set_range(p0, p1);
-        Ok(())
+        Ok(filled?)
     }
 
     /// Copies segment bytes `[so, so+out.len())` into `out`, filling zeroes
@@ -474,6 +491,18 @@ impl Backend for RamStore {
             Access::Exclusive,
             |seg, so, n, at| self.store_in_chunk(seg, so, n, Source::Data(&data[at..at + n])),
         )
+    }
+
+    fn write_from(
+        &self,
+        offset: u64,
+        len: usize,
+        _fua: bool,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<()> {
+        self.for_each_chunk(offset, len as u64, Access::Exclusive, |seg, so, n, _| {
+            self.store_in_chunk(seg, so, n, Source::Fill(&mut *fill))
+        })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
