@@ -95,23 +95,6 @@ pub trait Backend: Send + Sync {
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>>;
     /// What this backend supports.
     fn capabilities(&self) -> Caps;
-    /// Stores `len` bytes at `offset` that `fill` produces, letting it write
-    /// straight into the backend's memory where the backend can (the NBD
-    /// server receives large WRITE payloads from the socket this way, saving
-    /// a copy). `fill` is called with consecutive slices covering the range
-    /// in order; its error aborts the write, which may then be partly done.
-    /// The default buffers the data and calls [`Backend::write`].
-    fn write_from(
-        &self,
-        offset: u64,
-        len: usize,
-        fua: bool,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> Result<()> {
-        let mut buf = vec![0u8; len];
-        fill(&mut buf)?;
-        self.write(offset, &buf, fua)
-    }
     /// Prefetch a range (NBD_CMD_CACHE). RAM is always resident.
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         check_range(offset, len, self.size())

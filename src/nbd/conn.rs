@@ -33,9 +33,12 @@ const IN_DEFAULT_BYTES: usize = 512 * 1024;
 const IN_SHRINK_BYTES: usize = 4 << 20;
 /// Replies are written once this many bytes are pending.
 const OUT_FLUSH_BYTES: usize = 1 << 20;
-/// WRITEs at least this long whose payload has not fully arrived are received
-/// straight into the store (one copy fewer than buffering them).
-const DIRECT_WRITE_MIN_BYTES: usize = 128 * 1024;
+/// WRITEs at least this long whose payload has not fully arrived are streamed
+/// through a small bounce buffer instead of being gathered whole in `inbuf`.
+const STREAMED_WRITE_MIN_BYTES: usize = 128 * 1024;
+/// Piece size of a streamed WRITE: the store's lock chunk, small enough that
+/// the bounce buffer stays in L2 and the copy out of it is cheap.
+const PIECE_BYTES: usize = 64 * 1024;
 
 /// What to do after a request.
 #[derive(PartialEq, Eq)]
@@ -66,6 +69,7 @@ pub fn transmission<S: Read + Write>(stream: &mut S, neg: &Negotiated) -> io::Re
         structured: neg.structured,
         base_allocation: neg.base_allocation,
         out: Vec::with_capacity(OUT_FLUSH_BYTES + 64 * 1024),
+        bounce: vec![0u8; PIECE_BYTES],
     };
     let mut inbuf = vec![0u8; IN_DEFAULT_BYTES];
     let (mut start, mut end) = (0usize, 0usize);
@@ -99,15 +103,15 @@ pub fn transmission<S: Read + Write>(stream: &mut S, neg: &Negotiated) -> io::Re
             let total = REQUEST_HEADER_BYTES + req.payload_len();
             if end - start < total
                 && req.command == CMD_WRITE
-                && req.len as usize >= DIRECT_WRITE_MIN_BYTES
+                && req.len as usize >= STREAMED_WRITE_MIN_BYTES
                 && conn.validate(&req).is_ok()
             {
-                // A large WRITE whose payload is still arriving: receive it
-                // straight into the store instead of buffering it first.
+                // A large WRITE whose payload is still arriving: stream it
+                // into the store piece by piece instead of gathering it.
                 stream.write_all(&conn.out)?;
                 conn.out.clear();
                 let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
-                discard = conn.direct_write(&req, buffered, stream)?;
+                discard = conn.streamed_write(&req, buffered, stream)?;
                 (start, end) = (0, 0);
                 continue;
             }
@@ -176,20 +180,25 @@ struct Conn<'a> {
     base_allocation: bool,
     /// Replies not yet written.
     out: Vec<u8>,
+    /// One piece of a streamed WRITE, received before any lock is taken.
+    bounce: Vec<u8>,
 }
 
 impl Conn<'_> {
     /// Checks a request before any backend sees it: command, flags, access,
     /// size and range. The one place requests are validated.
     fn validate(&self, req: &Request) -> Result<(), Refusal> {
-        let allowed = match req.command {
-            CMD_READ => CMD_FLAG_DF,
-            CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
-            CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
-            CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
-            CMD_FLUSH | CMD_CACHE | CMD_DISC => 0,
-            other => return Err(refuse(EINVAL, format!("unknown command {other}"))),
-        };
+        // FUA is valid on every command (the spec: a server that offers
+        // SEND_FUA must accept it everywhere); it only matters for writes.
+        let allowed = CMD_FLAG_FUA
+            | match req.command {
+                CMD_READ => CMD_FLAG_DF,
+                CMD_WRITE | CMD_TRIM => 0,
+                CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+                CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+                CMD_FLUSH | CMD_CACHE | CMD_DISC => 0,
+                other => return Err(refuse(EINVAL, format!("unknown command {other}"))),
+            };
         if req.flags & !allowed != 0 {
             return Err(refuse(
                 EINVAL,
@@ -287,45 +296,45 @@ impl Conn<'_> {
     }
 
     /// Runs a validated WRITE whose payload starts with `buffered` and
-    /// continues on `stream`, letting the backend place the bytes. Returns
-    /// how many payload bytes remain unread on the stream (non-zero only when
-    /// the backend refused part-way; the caller discards them). A stream
-    /// error is returned as is: the connection cannot go on.
-    fn direct_write<S: Read>(
+    /// continues on `stream`, in pieces of at most `PIECE_BYTES` aligned to
+    /// the store's 64 KiB lock chunks. Each piece not yet buffered is read
+    /// into a cache-hot bounce buffer first and only then written, so no
+    /// store lock is ever held while waiting on the client: a stalled client
+    /// cannot block other connections. Returns how many payload bytes remain
+    /// unread on the stream (non-zero only when the backend refused part-way;
+    /// the caller discards them). A stream error ends the connection.
+    fn streamed_write<S: Read>(
         &mut self,
         req: &Request,
         buffered: &[u8],
         stream: &mut S,
     ) -> io::Result<u64> {
         let len = req.len as usize;
-        let mut taken = 0usize;
-        let mut stream_failed = false;
-        let result = self.backend.write_from(
-            req.offset,
-            len,
-            req.flags & CMD_FLAG_FUA != 0,
-            &mut |dst: &mut [u8]| {
-                let rest = &buffered[taken.min(buffered.len())..];
-                let from_buf = rest.len().min(dst.len());
-                dst[..from_buf].copy_from_slice(&rest[..from_buf]);
-                let r = stream.read_exact(&mut dst[from_buf..]);
-                stream_failed = r.is_err();
-                r?;
-                taken += dst.len();
-                Ok(())
-            },
-        );
-        match result {
-            Ok(()) => {
-                encode_simple_reply(&mut self.out, req.cookie, 0);
-                Ok(0)
-            }
-            Err(crate::backend::Error::Io(e)) if stream_failed => Err(e),
-            Err(e) => {
+        let fua = req.flags & CMD_FLAG_FUA != 0;
+        let mut done = 0usize;
+        while done < len {
+            let offset = req.offset + done as u64;
+            let n = (PIECE_BYTES - (offset % PIECE_BYTES as u64) as usize).min(len - done);
+            let piece: &[u8] = if done + n <= buffered.len() {
+                &buffered[done..done + n]
+            } else {
+                // The piece may start inside the buffered part or past it.
+                let rest = &buffered[done.min(buffered.len())..];
+                self.bounce[..rest.len()].copy_from_slice(rest);
+                let from_buf = rest.len();
+                stream.read_exact(&mut self.bounce[from_buf..n])?;
+                &self.bounce[..n]
+            };
+            // FUA on the last piece covers the earlier ones too.
+            let result = self.backend.write(offset, piece, fua && done + n == len);
+            if let Err(e) = result {
                 self.reply_backend_error(req, &e);
-                Ok((len - taken.max(buffered.len())) as u64)
+                return Ok((len - (done + n).max(buffered.len())) as u64);
             }
+            done += n;
         }
+        encode_simple_reply(&mut self.out, req.cookie, 0);
+        Ok(0)
     }
 
     fn flush_if_fua(&self, req: &Request) -> crate::backend::Result<()> {

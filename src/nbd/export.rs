@@ -57,10 +57,15 @@ impl Export {
         ConnectionGuard(self.clone())
     }
 
-    /// Transmission flags for this export as it is now.
-    pub fn transmission_flags(&self) -> u16 {
+    /// Transmission flags for this export as it is now. DF is offered only
+    /// when structured replies were negotiated (the spec requires it clear
+    /// otherwise).
+    pub fn transmission_flags(&self, structured: bool) -> u16 {
         let caps = self.backend.capabilities();
-        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_DF;
+        let mut f = TFLAG_HAS_FLAGS;
+        if structured {
+            f |= TFLAG_SEND_DF;
+        }
         if self.is_read_only() {
             f |= TFLAG_READ_ONLY;
         }

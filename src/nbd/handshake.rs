@@ -132,7 +132,7 @@ impl Session<'_> {
                 let Some(export) = self.exports.get(&name) else {
                     return Err(HandshakeError::UnknownExport(name));
                 };
-                let flags = export.transmission_flags();
+                let flags = export.transmission_flags(self.structured);
                 encode_export_name_reply(
                     &mut self.out,
                     export.backend.size(),
@@ -162,7 +162,7 @@ impl Session<'_> {
                 Ok(req) => match self.exports.get(&req.name) {
                     None => self.unknown_export(option, &req.name),
                     Some(export) => {
-                        let flags = export.transmission_flags();
+                        let flags = export.transmission_flags(self.structured);
                         let size = export.backend.size();
                         self.reply(option, REP_INFO, &encode_info_export(size, flags));
                         for r in req.requests {
@@ -220,6 +220,10 @@ impl Session<'_> {
 
     fn meta(&mut self, option: u32, data: &[u8]) {
         let set = option == OPT_SET_META_CONTEXT;
+        if set {
+            // The spec: SET replaces the selection even when it fails.
+            self.meta_export = None;
+        }
         if set && !self.structured {
             let msg = "negotiate NBD_OPT_STRUCTURED_REPLY before NBD_OPT_SET_META_CONTEXT";
             return self.error(option, REP_ERR_INVALID, msg);

@@ -42,6 +42,7 @@
 
 pub mod bitmap;
 pub mod budget;
+mod prefault;
 pub mod region;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +54,8 @@ use parking_lot::{Mutex, RwLock};
 use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
 use bitmap::AtomicBitmap;
 pub use budget::MemoryBudget;
+use prefault::Prefaulter;
+pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
 
 /// Bytes per page: the unit of allocation, trim and the bitmaps.
@@ -80,17 +83,45 @@ struct Segment {
     allocated: AtomicBitmap,
     /// Pages changed since the last `take_dirty`.
     dirty: AtomicBitmap,
+    /// Allocated pages the prefaulter committed that nobody has written yet:
+    /// they read as zero and are reported as holes.
+    zeroed: AtomicBitmap,
     /// One lock per 64 KiB chunk: shared for reads, exclusive for changes.
     /// A parking_lot lock, not a std one: 8 bytes and no syscall uncontended.
     locks: Box<[RwLock<()>]>,
 }
 
 impl Segment {
+    /// A page reads as a hole when nothing backs it or the prefaulter
+    /// committed it and nobody has written it since.
+    fn is_hole(&self, p: usize) -> bool {
+        !self.allocated.get(p) || self.zeroed.get(p)
+    }
+
+    /// First page in `[p, last)` whose hole state differs from `hole`.
+    fn find_hole_change(&self, p: usize, last: usize, hole: bool) -> usize {
+        if !hole {
+            // Data ends at the first unallocated or zeroed page.
+            let a = self.allocated.find(p, last, false);
+            return a.min(self.zeroed.find(p, last, true));
+        }
+        // A hole ends at the first allocated page that is not zeroed.
+        let mut q = p;
+        loop {
+            let a = self.allocated.find(q, last, true);
+            if a == last || !self.zeroed.get(a) {
+                return a;
+            }
+            q = self.zeroed.find(a, last, false);
+        }
+    }
+
     fn new() -> std::io::Result<Segment> {
         Ok(Segment {
             region: Region::new(SEGMENT_BYTES as usize)?,
             allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
             dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
+            zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
             locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
         })
     }
@@ -130,8 +161,23 @@ impl DirtyPages {
     }
 }
 
-/// A RAM drive's storage.
+/// A RAM drive's storage: the shared state plus the drive's prefaulter.
+/// Dereferences to [`StoreState`] for the drive's own methods.
 pub struct RamStore {
+    state: Arc<StoreState>,
+    /// Commits pages ahead of sequential fills (None if it could not start).
+    prefaulter: Option<Prefaulter>,
+}
+
+impl std::ops::Deref for RamStore {
+    type Target = StoreState;
+    fn deref(&self) -> &StoreState {
+        &self.state
+    }
+}
+
+/// The state of a RAM drive, shared with its prefaulter thread.
+pub struct StoreState {
     /// Current size in bytes. Loaded (Acquire) before the segment table.
     size: AtomicU64,
     /// The segments covering `size`, swapped whole on resize.
@@ -142,6 +188,9 @@ pub struct RamStore {
     global_mem: Arc<MemoryBudget>,
     /// Serialises resizes (never taken on the data path).
     resize_lock: Mutex<()>,
+    /// End of the last write that committed new pages: a write starting
+    /// here continues a sequential fill (a prefaulter hint).
+    fill_end: AtomicU64,
 }
 
 /// How a chunk is locked for an operation.
@@ -152,21 +201,54 @@ enum Access {
 }
 
 /// Where bytes to store come from.
-enum Source<'a, 'f> {
+#[derive(Clone, Copy)]
+enum Source<'a> {
     Data(&'a [u8]),
     Zeroes,
-    /// A producer writing straight into the drive's memory.
-    Fill(&'f mut dyn FnMut(&mut [u8]) -> std::io::Result<()>),
+}
+
+/// How a drive is set up beyond its size.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions {
+    /// Most memory the drive may hold (None: only its size bounds it).
+    pub mem_limit_bytes: Option<u64>,
+    /// Commit pages ahead of sequential fills on a background thread (see
+    /// `prefault.rs`). Off, a page is committed only when written.
+    pub prefault: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            mem_limit_bytes: None,
+            prefault: true,
+        }
+    }
 }
 
 impl RamStore {
     /// A drive of `size_bytes`, charging its pages to `global_mem` and to its
-    /// own `mem_limit_bytes` (None: only the drive size bounds it).
+    /// own `mem_limit_bytes` (None: only the drive size bounds it), with the
+    /// prefaulter on.
     pub fn new(
         size_bytes: u64,
         mem_limit_bytes: Option<u64>,
         global_mem: Arc<MemoryBudget>,
     ) -> Result<RamStore> {
+        let opts = StoreOptions {
+            mem_limit_bytes,
+            ..StoreOptions::default()
+        };
+        RamStore::with_options(size_bytes, opts, global_mem)
+    }
+
+    /// A drive of `size_bytes` set up by `opts`.
+    pub fn with_options(
+        size_bytes: u64,
+        opts: StoreOptions,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<RamStore> {
+        let mem_limit_bytes = opts.mem_limit_bytes;
         if size_bytes > MAX_DRIVE_BYTES {
             return Err(Error::Invalid(format!(
                 "drive size {size_bytes} exceeds the maximum of {MAX_DRIVE_BYTES} bytes"
@@ -175,17 +257,48 @@ impl RamStore {
         if region::page_size() as u64 != PAGE_BYTES {
             return Err(Error::NotSupported("an OS page size other than 4 KiB"));
         }
-        let store = RamStore {
+        let state = Arc::new(StoreState {
             size: AtomicU64::new(0),
             segments: ArcSwap::from_pointee(Vec::new()),
             drive_mem: MemoryBudget::new(mem_limit_bytes.unwrap_or(u64::MAX)),
             global_mem,
             resize_lock: Mutex::new(()),
+            fill_end: AtomicU64::new(u64::MAX),
+        });
+        state.resize(size_bytes)?;
+        let prefaulter = if opts.prefault {
+            Prefaulter::spawn(Arc::downgrade(&state))
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "no prefaulter for this drive (first writes will be slower): {e}"
+                    )
+                })
+                .ok()
+        } else {
+            None
         };
-        store.resize(size_bytes)?;
-        Ok(store)
+        Ok(RamStore { state, prefaulter })
     }
 
+    /// After a successful write of `[offset, offset+len)` that committed
+    /// `fresh` new bytes: when it continues the previous fresh write, the
+    /// drive is being filled sequentially, so ask for pages ahead.
+    #[inline]
+    fn note_fill(&self, offset: u64, len: u64, fresh: bool) {
+        if !fresh {
+            return;
+        }
+        let end = offset + len;
+        let prev = self.state.fill_end.swap(end, Ordering::Relaxed);
+        if prev == offset {
+            if let Some(p) = &self.prefaulter {
+                p.hint(end, self.state.size());
+            }
+        }
+    }
+}
+
+impl StoreState {
     /// Bytes of memory this drive holds (allocated pages).
     pub fn allocated_bytes(&self) -> u64 {
         self.drive_mem.used_bytes()
@@ -205,7 +318,7 @@ impl RamStore {
     pub fn metadata_bytes(&self) -> u64 {
         let segs = self.segments.load().len() as u64;
         let per_seg = std::mem::size_of::<Segment>() as u64
-            + 2 * (PAGES_PER_SEGMENT as u64 / 8)
+            + 3 * (PAGES_PER_SEGMENT as u64 / 8)
             + (CHUNKS_PER_SEGMENT * std::mem::size_of::<RwLock<()>>()) as u64;
         segs * (per_seg + std::mem::size_of::<Arc<Segment>>() as u64)
     }
@@ -276,7 +389,7 @@ impl RamStore {
             if from < to {
                 let seg_base = chunk_start / SEGMENT_BYTES * SEGMENT_BYTES;
                 let (so, eo) = (from - seg_base, to - seg_base);
-                let freed = self.discard_in_chunk(seg, so as usize, (eo - so) as usize);
+                let freed = self.discard_in_chunk(seg, so as usize, (eo - so) as usize, true);
                 // Beyond the end nothing is dirty: those pages no longer exist.
                 for p in so.div_ceil(PAGE_BYTES)..eo.div_ceil(PAGE_BYTES) {
                     seg.dirty.clear(p as usize);
@@ -351,6 +464,60 @@ impl RamStore {
         Ok(())
     }
 
+    /// Stores `src` over `[offset, offset+len)`; returns the bytes of pages
+    /// newly committed.
+    fn store_range(&self, offset: u64, len: u64, src: Source<'_>) -> Result<u64> {
+        let mut fresh = 0usize;
+        self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, at| {
+            let piece = match src {
+                Source::Data(d) => Source::Data(&d[at..at + n]),
+                Source::Zeroes => Source::Zeroes,
+            };
+            fresh += self.store_in_chunk(seg, so, n, piece)?;
+            Ok(())
+        })?;
+        Ok(fresh as u64 * PAGE_BYTES)
+    }
+
+    /// Commits the unallocated pages of `[from, to)` (clipped to the drive)
+    /// as zero pages, chunk by chunk, while both budgets keep
+    /// `margin_bytes` of headroom. Returns the bytes committed.
+    fn prefault(&self, from: u64, to: u64, margin_bytes: u64) -> u64 {
+        let page = PAGE_BYTES as usize;
+        let to = to.min(self.size());
+        let mut pos = from;
+        let mut committed = 0;
+        while pos < to {
+            let n = (CHUNK_BYTES - pos % CHUNK_BYTES).min(to - pos);
+            let r = self.for_each_chunk(pos, n, Access::Exclusive, |seg, so, n, _| {
+                let (p0, p1) = (so / page, (so + n).div_ceil(page));
+                let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
+                if fresh == 0 {
+                    return Ok(());
+                }
+                let bytes = (fresh * page) as u64;
+                let room = |b: &MemoryBudget| b.limit_bytes().saturating_sub(b.used_bytes());
+                if room(&self.drive_mem).min(room(&self.global_mem)) < bytes + margin_bytes {
+                    return Err(Error::NoSpace("prefault margin".into()));
+                }
+                self.reserve_mem(bytes)?;
+                seg.region.populate(p0 * page, (p1 - p0) * page);
+                for p in p0..p1 {
+                    if !seg.allocated.set(p) {
+                        seg.zeroed.set(p);
+                    }
+                }
+                committed += bytes;
+                Ok(())
+            });
+            if r.is_err() {
+                break;
+            }
+            pos += n;
+        }
+        committed
+    }
+
     fn out_of_range(&self, offset: u64, len: u64) -> Error {
         Error::OutOfRange {
             offset,
@@ -360,13 +527,8 @@ impl RamStore {
     }
 
     /// Stores `src` at segment offset `so` (within one chunk, lock held).
-    fn store_in_chunk(
-        &self,
-        seg: &Segment,
-        so: usize,
-        n: usize,
-        src: Source<'_, '_>,
-    ) -> Result<()> {
+    /// Returns the number of pages newly committed.
+    fn store_in_chunk(&self, seg: &Segment, so: usize, n: usize, src: Source<'_>) -> Result<usize> {
         let page = PAGE_BYTES as usize;
         let (p0, p1) = (so / page, (so + n).div_ceil(page));
         let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
@@ -377,7 +539,6 @@ impl RamStore {
             }
         }
         let dst = seg.region.ptr(so);
-        let mut filled = Ok(());
         match src {
             // SAFETY: `dst..dst+n` lies inside the segment (so + n <= chunk
             // end <= SEGMENT_BYTES); we hold this chunk's exclusive lock, so no
@@ -385,21 +546,17 @@ impl RamStore {
             Source::Data(data) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n) },
             // SAFETY: same range and lock as above.
             Source::Zeroes => unsafe { std::ptr::write_bytes(dst, 0, n) },
-            Source::Fill(fill) => {
-                // SAFETY: same range and lock as above. Mapped memory is
-                // always initialised (zeroes or earlier data), and no other
-                // reference to these bytes exists while the lock is held.
-                let slice = unsafe { std::slice::from_raw_parts_mut(dst, n) };
-                filled = fill(slice);
-            }
         }
-        // Pages are marked even when a fill failed part-way: they may hold
-        // new bytes and are charged either way.
         if fresh > 0 {
             seg.allocated.set_range(p0, p1);
         }
+        if seg.zeroed.count_range(p0, p1) > 0 {
+            for p in p0..p1 {
+                seg.zeroed.clear(p);
+            }
+        }
         seg.dirty.set_range(p0, p1);
-        Ok(filled?)
+        Ok(fresh)
     }
 
     /// Copies segment bytes `[so, so+out.len())` into `out`, filling zeroes
@@ -430,12 +587,19 @@ impl RamStore {
     }
 
     /// Makes `[so, so+n)` read as zero, releasing whole allocated pages.
-    /// Returns the bytes released. Caller holds the chunk's exclusive lock.
-    fn discard_in_chunk(&self, seg: &Segment, so: usize, n: usize) -> u64 {
+    /// With `to_drive_end`, the range ends at the end of the drive, so the
+    /// partial page there is wholly covered (bytes past the end are zero)
+    /// and is released too. Returns the bytes released. Caller holds the
+    /// chunk's exclusive lock.
+    fn discard_in_chunk(&self, seg: &Segment, so: usize, n: usize, to_drive_end: bool) -> u64 {
         let page = PAGE_BYTES as usize;
         let end = so + n;
         let full_start = so.next_multiple_of(page);
-        let full_end = end / page * page;
+        let full_end = if to_drive_end {
+            end.next_multiple_of(page)
+        } else {
+            end / page * page
+        };
         let mut freed = 0u64;
         // Partial pages at either edge: zero the covered bytes in place.
         let head_end = full_start.min(end);
@@ -458,6 +622,7 @@ impl RamStore {
                 seg.region.release(start * page, (stop - start) * page);
                 for q in start..stop {
                     seg.allocated.clear(q);
+                    seg.zeroed.clear(q);
                 }
                 freed += ((stop - start) * page) as u64;
                 p = stop;
@@ -467,7 +632,7 @@ impl RamStore {
     }
 }
 
-impl Backend for RamStore {
+impl Backend for StoreState {
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
     }
@@ -485,39 +650,23 @@ impl Backend for RamStore {
     }
 
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
-        self.for_each_chunk(
-            offset,
-            data.len() as u64,
-            Access::Exclusive,
-            |seg, so, n, at| self.store_in_chunk(seg, so, n, Source::Data(&data[at..at + n])),
-        )
-    }
-
-    fn write_from(
-        &self,
-        offset: u64,
-        len: usize,
-        _fua: bool,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> Result<()> {
-        self.for_each_chunk(offset, len as u64, Access::Exclusive, |seg, so, n, _| {
-            self.store_in_chunk(seg, so, n, Source::Fill(&mut *fill))
-        })
+        self.store_range(offset, data.len() as u64, Source::Data(data))
+            .map(drop)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
         if !may_trim {
-            return self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, _| {
-                self.store_in_chunk(seg, so, n, Source::Zeroes)
-            });
+            return self.store_range(offset, len, Source::Zeroes).map(drop);
         }
         self.trim(offset, len)
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<()> {
         let mut freed = 0;
-        let r = self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, _| {
-            freed += self.discard_in_chunk(seg, so, n);
+        let size = self.size();
+        let r = self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, at| {
+            let to_drive_end = offset + (at + n) as u64 == size;
+            freed += self.discard_in_chunk(seg, so, n, to_drive_end);
             let page = PAGE_BYTES as usize;
             seg.dirty.set_range(so / page, (so + n).div_ceil(page));
             Ok(())
@@ -544,10 +693,9 @@ impl Backend for RamStore {
             let seg_end = (seg_base + SEGMENT_BYTES).min(end);
             let p = ((pos - seg_base) / PAGE_BYTES) as usize;
             let last = ((seg_end - seg_base).div_ceil(PAGE_BYTES)) as usize;
-            let alloc = seg.allocated.get(p);
-            let stop = seg.allocated.find(p, last, !alloc);
+            let hole = seg.is_hole(p);
+            let stop = seg.find_hole_change(p, last, hole);
             let run_end = (seg_base + stop as u64 * PAGE_BYTES).min(end);
-            let hole = !alloc;
             match out.last_mut() {
                 Some(e) if e.hole == hole => e.len += run_end - pos,
                 _ => out.push(Extent {
@@ -575,7 +723,39 @@ impl Backend for RamStore {
     }
 }
 
-impl Drop for RamStore {
+/// The drive as a backend: the state's data path plus prefault hints.
+impl Backend for RamStore {
+    fn size(&self) -> u64 {
+        self.state.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.state.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
+        let fresh = self
+            .state
+            .store_range(offset, data.len() as u64, Source::Data(data))?;
+        self.note_fill(offset, data.len() as u64, fresh > 0);
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
+        self.state.write_zeroes(offset, len, may_trim)
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.state.trim(offset, len)
+    }
+    fn flush(&self) -> Result<()> {
+        self.state.flush()
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.state.extents(offset, len)
+    }
+    fn capabilities(&self) -> Caps {
+        self.state.capabilities()
+    }
+}
+
+impl Drop for StoreState {
     fn drop(&mut self) {
         // The segments unmap themselves; give their pages back to the budget.
         self.global_mem.release(self.drive_mem.used_bytes());
