@@ -14,9 +14,15 @@
 //! and one `write` returns all their replies. Replies may be sent in any
 //! order by the protocol; we send them in request order.
 //!
-//! Bounds: the input buffer grows to hold one whole WRITE (at most 32 MiB
-//! plus a header) and shrinks back when idle; output is written out whenever
-//! it passes `OUT_FLUSH_BYTES`. A WRITE larger than 32 MiB is refused with
+//! Large WRITEs (128 KiB and more) whose payload has not fully arrived are
+//! streamed: each 64 KiB piece is received into a bounce buffer that stays
+//! in L2, then written to the store. The payload is never gathered whole
+//! (saving a cold copy), and no store lock is held while waiting for the
+//! client, so a client that stalls mid-payload delays nobody else.
+//!
+//! Bounds: the input buffer grows to hold one whole smaller request when
+//! needed and shrinks back when idle; output is written out whenever it
+//! passes `OUT_FLUSH_BYTES`. A WRITE larger than 32 MiB is refused with
 //! EINVAL and its payload drained without being stored, so the stream stays
 //! in sync and the connection goes on.
 
