@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs the client tools the integration tests drive (tests/clients.rs:
+# qemu-img/qemu-io, nbdinfo/nbdcopy/nbdfuse, nbdsh, fio with its nbd engine,
+# losetup, mount, mkfs.ext4, fusermount3) plus the peer servers the benches
+# compare against (nbdkit, nbd-server), on Debian 12, as root.
+#
+# Idempotent and fast when nothing is missing: apt is not touched at all
+# then. Otherwise one `apt-get update` and one `apt-get install`.
+set -euo pipefail
+
+# Debian 12 packages. There is no separate nbdfuse package on Debian 12: the
+# nbdfuse binary ships in libnbd-bin. losetup and mount are in `mount`.
+packages=(
+    qemu-utils     # qemu-img, qemu-io
+    libnbd-bin     # nbdinfo, nbdcopy, nbdfuse
+    python3-libnbd # nbdsh and Python's nbd module
+    fio            # built with the libnbd ioengine on Debian
+    nbdkit
+    nbd-server
+    fuse3          # fusermount3
+    e2fsprogs      # mkfs.ext4, e2fsck
+    util-linux
+    mount          # mount, umount, losetup
+    procps         # pgrep, ps
+    coreutils      # sha256sum, sync, cp
+)
+tools=(
+    qemu-img qemu-io nbdinfo nbdcopy nbdfuse nbdsh fio nbdkit nbd-server
+    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum
+)
+
+# The tests run tools with the system directories first on PATH (so a
+# pyenv python3 earlier on PATH cannot hide Debian's nbd module): check the
+# same way.
+export PATH="/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
+
+missing() {
+    local t
+    for t in "${tools[@]}"; do
+        command -v "$t" >/dev/null 2>&1 || { echo "$t"; return 0; }
+    done
+    /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || { echo "python3 nbd module"; return 0; }
+    fio --enghelp=nbd 2>/dev/null | grep -q uri || { echo "fio nbd ioengine"; return 0; }
+    return 1
+}
+
+if ! what=$(missing); then
+    echo "test-deps: all test tools are installed"
+    exit 0
+fi
+echo "test-deps: missing $what; installing ${packages[*]}"
+if [ "$(id -u)" != 0 ]; then
+    echo "test-deps: must run as root to install packages (apt-get)" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends "${packages[@]}"
+if what=$(missing); then
+    echo "test-deps: still missing after install: $what" >&2
+    exit 1
+fi
+echo "test-deps: all test tools are installed"

@@ -1,0 +1,445 @@
+//! Helpers shared by the integration tests that drive a real `ramd serve`
+//! process with the command-line NBD clients users run (nbdinfo, qemu-img,
+//! nbdsh, fio, nbdfuse, ...).
+//!
+//! Everything here is bounded: every child process gets a timeout and every
+//! wait a deadline, so a hung tool or daemon fails the test with a message
+//! instead of hanging `cargo test`.
+
+// Each integration-test crate that includes this module uses a subset of it.
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Set to 1 to skip (instead of fail) tests whose tools are not installed.
+pub const SKIP_ENV: &str = "RAMD_SKIP_MISSING_TOOLS";
+
+/// Default limit for one client-tool run. Generous: the machine may be busy
+/// running other tests; nothing here takes more than a few seconds when idle.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long the daemon may take to create its socket or to exit on SIGTERM.
+pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The Debian 12 package that provides each tool the tests use. The message
+/// for a missing tool names it, and scripts/test-deps.sh installs them all.
+fn package_for(tool: &str) -> &'static str {
+    match tool {
+        "qemu-img" | "qemu-io" => "qemu-utils",
+        "nbdinfo" | "nbdcopy" | "nbdfuse" => "libnbd-bin",
+        "nbdsh" => "python3-libnbd",
+        "fio" => "fio",
+        "losetup" | "mount" | "umount" => "mount",
+        "mkfs.ext4" | "e2fsck" => "e2fsprogs",
+        "fusermount3" => "fuse3",
+        "sha256sum" | "cp" | "sync" => "coreutils",
+        other => panic!("test bug: no package known for tool '{other}'"),
+    }
+}
+
+/// The PATH children run with: the system directories first, then the
+/// caller's PATH. System first because a pyenv (or similar) `python3` earlier
+/// on PATH lacks Debian's `nbd` module, and nbdsh is a shell script that runs
+/// plain `python3 -m nbd`; the sbin directories because losetup, mkfs.ext4
+/// and e2fsck live there and may be missing from a non-login PATH.
+pub fn child_path() -> OsString {
+    let mut dirs = vec![
+        PathBuf::from("/usr/sbin"),
+        PathBuf::from("/usr/bin"),
+        PathBuf::from("/sbin"),
+        PathBuf::from("/bin"),
+    ];
+    if let Some(p) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    std::env::join_paths(dirs).expect("PATH entries contain no ':'")
+}
+
+fn find_tool(tool: &str) -> Option<PathBuf> {
+    std::env::split_paths(&child_path())
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// A command for a client tool, run with [`child_path`].
+pub fn tool(name: &str) -> Command {
+    let mut c = Command::new(name);
+    c.env("PATH", child_path());
+    c
+}
+
+/// The `ramd` binary under test.
+pub fn ramd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ramd"))
+}
+
+/// Reports a missing prerequisite: panics (a missing tool must not look like a
+/// pass), or with RAMD_SKIP_MISSING_TOOLS=1 prints a skip notice and returns
+/// false so the test can return early.
+#[track_caller]
+fn prerequisite_missing(message: &str) -> bool {
+    if std::env::var(SKIP_ENV).as_deref() == Ok("1") {
+        eprintln!("SKIPPED: {message} ({SKIP_ENV}=1)");
+        return false;
+    }
+    panic!("{message} (or run scripts/test-deps.sh; set {SKIP_ENV}=1 to skip such tests)");
+}
+
+/// True when every tool is installed. Otherwise fails the test, or skips it
+/// (returns false) when RAMD_SKIP_MISSING_TOOLS=1. Use as
+/// `if !require(&["nbdinfo"]) { return; }`.
+#[track_caller]
+pub fn require(tools: &[&str]) -> bool {
+    for &t in tools {
+        let package = package_for(t);
+        if find_tool(t).is_none() {
+            return prerequisite_missing(&format!(
+                "missing tool {t}: install with apt-get install {package}"
+            ));
+        }
+        // Upstream fio builds may lack the libnbd engine the fio tests use.
+        if t == "fio" {
+            let help = try_run(tool("fio").arg("--enghelp=nbd"), TOOL_TIMEOUT);
+            if !help.is_ok_and(|o| o.stdout.contains("uri")) {
+                return prerequisite_missing(
+                    "missing tool fio with the nbd ioengine: install with apt-get install fio",
+                );
+            }
+        }
+    }
+    true
+}
+
+/// True when the test can attach block devices: root, /dev/fuse and loop
+/// devices. Fails or skips like [`require`].
+#[track_caller]
+pub fn require_root_block_devices() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return prerequisite_missing("this test needs root (it uses losetup and mount)");
+    }
+    for (dev, hint) in [
+        (
+            "/dev/fuse",
+            "load the fuse module or give the container /dev/fuse",
+        ),
+        (
+            "/dev/loop-control",
+            "load the loop module or give the container loop devices",
+        ),
+    ] {
+        if !Path::new(dev).exists() {
+            return prerequisite_missing(&format!("missing {dev}: {hint}"));
+        }
+    }
+    true
+}
+
+/// What a finished child printed, and how it ended.
+#[derive(Debug)]
+pub struct Output {
+    pub cmdline: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// Asserts the command succeeded.
+    #[track_caller]
+    pub fn ok(self) -> Output {
+        assert!(self.status.success(), "command failed: {self}");
+        self
+    }
+
+    /// Asserts the command failed (non-zero exit).
+    #[track_caller]
+    pub fn failed(self) -> Output {
+        assert!(
+            !self.status.success(),
+            "command succeeded but should have failed: {self}"
+        );
+        self
+    }
+
+    /// The exit code; panics when the child was killed by a signal.
+    #[track_caller]
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("killed by a signal: {self}"))
+    }
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}\n  status: {}\n  stdout:\n{}\n  stderr:\n{}",
+            self.cmdline, self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Waits for `child` at most `timeout`; None when it is still running.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() >= deadline => return None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("cannot wait for child {}: {e}", child.id()),
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds; panics after `timeout`.
+#[track_caller]
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_all(mut f: File) -> String {
+    let mut bytes = Vec::new();
+    let _ = f
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| f.read_to_end(&mut bytes));
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `program arg...` for messages, quoting only arguments that need it
+/// (Command's Debug form also prints the PATH we set, which is noise).
+pub fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| {
+            let a = a.to_string_lossy();
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_=+/.,:@%".contains(c));
+            if plain {
+                a.into_owned()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `cmd` to completion with stdin closed, capturing its output; an Err
+/// (with whatever it printed) when it cannot start or outlives `timeout`.
+/// Never panics, so it is safe in `Drop` during unwinding.
+pub fn try_run(cmd: &mut Command, timeout: Duration) -> Result<Output, String> {
+    let cmdline = describe(cmd);
+    // Files, not pipes: a chatty child can never block on a full pipe while
+    // we poll for its exit.
+    let capture = || tempfile::tempfile().map_err(|e| format!("cannot create a temp file: {e}"));
+    let (out, err) = (capture()?, capture()?);
+    let clone = |f: &File| {
+        f.try_clone()
+            .map_err(|e| format!("cannot dup a temp file: {e}"))
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(clone(&out)?)
+        .stderr(clone(&err)?);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {cmdline}: {e}"))?;
+    let Some(status) = wait_timeout(&mut child, timeout) else {
+        let _ = child.kill();
+        // Bounded: a child stuck in the kernel (say, on a hung FUSE mount)
+        // cannot die until that I/O ends; leave it rather than hang too.
+        let _ = wait_timeout(&mut child, Duration::from_secs(5));
+        return Err(format!(
+            "{cmdline} did not finish within {timeout:?}\n  stdout:\n{}\n  stderr:\n{}",
+            read_all(out),
+            read_all(err)
+        ));
+    };
+    Ok(Output {
+        cmdline,
+        status,
+        stdout: read_all(out),
+        stderr: read_all(err),
+    })
+}
+
+/// [`try_run`] with [`TOOL_TIMEOUT`], panicking when the command cannot run
+/// or hangs. The exit status is left to the caller (`.ok()`, `.failed()`).
+#[track_caller]
+pub fn run(cmd: &mut Command) -> Output {
+    try_run(cmd, TOOL_TIMEOUT).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A child that is killed (and reaped, bounded) when the guard drops, so a
+/// failing test leaves no background load running.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = wait_timeout(&mut self.0, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Sends `sig` to a child process.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    // SAFETY: kill has no memory preconditions; the pid is our own child,
+    // not yet reaped, so it cannot name an unrelated process.
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*): incompressible test data
+/// without a `rand` dependency, reproducible from the seed.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A running `ramd serve` in its own temporary directory (which also holds
+/// the socket, its log and any files the test makes). Dropping it stops the
+/// daemon: SIGTERM, a bounded wait, then SIGKILL.
+pub struct Daemon {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts `ramd serve` with one `--drive` per spec and waits for its socket.
+    #[track_caller]
+    pub fn start(drives: &[&str]) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("ramd-clients-")
+            .tempdir()
+            .expect("create a temp dir");
+        let socket = dir.path().join("nbd.sock");
+        let log = File::create(dir.path().join("ramd.log")).expect("create the daemon log");
+        let mut cmd = ramd();
+        cmd.arg("serve").arg("--socket").arg(&socket);
+        for d in drives {
+            cmd.args(["--drive", d]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup the log"))
+            .stderr(log);
+        let child = cmd.spawn().expect("spawn ramd serve");
+        let mut d = Daemon {
+            dir,
+            socket,
+            child: Some(child),
+        };
+        let socket = d.socket.clone();
+        wait_until("ramd to create its socket", DAEMON_TIMEOUT, || {
+            if let Some(status) = d.child_mut().try_wait().expect("try_wait ramd") {
+                panic!("ramd exited early with {status}; log:\n{}", d.log());
+            }
+            socket.exists()
+        });
+        d
+    }
+
+    fn child_mut(&mut self) -> &mut Child {
+        self.child.as_mut().expect("ramd was already stopped")
+    }
+
+    /// The temporary directory the daemon and the test share.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("ramd is running").id()
+    }
+
+    /// The NBD URI of an export ("" is the default export).
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("ramd.log")).unwrap_or_default()
+    }
+
+    /// True while the daemon process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().expect("try_wait ramd").is_none(),
+            None => false,
+        }
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the daemon to exit.
+    #[track_caller]
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = self.pid();
+        signal(pid, libc::SIGTERM);
+        match wait_timeout(self.child_mut(), DAEMON_TIMEOUT) {
+            Some(status) => {
+                self.child = None;
+                status
+            }
+            None => {
+                signal(pid, libc::SIGKILL);
+                let _ = self.child_mut().wait();
+                self.child = None;
+                panic!(
+                    "ramd did not exit within {DAEMON_TIMEOUT:?} of SIGTERM; log:\n{}",
+                    self.log()
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The test failed: the daemon's side of the story helps.
+            eprintln!(
+                "--- ramd log ({}) ---\n{}",
+                self.dir().display(),
+                self.log()
+            );
+        }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        signal(child.id(), libc::SIGTERM);
+        if wait_timeout(&mut child, DAEMON_TIMEOUT).is_none() {
+            eprintln!("ramd ignored SIGTERM; killing it");
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
