@@ -262,6 +262,15 @@ fn nbdinfo_json_reports_size_flags_block_sizes_and_contexts() {
         .ok()
         .stdout;
     assert_eq!(json_value(&ro, "is_read_only"), Some("true"), "{ro}");
+    // Like nbdkit and qemu-nbd: nothing that changes data is offered.
+    for key in ["can_trim", "can_zero", "can_fua"] {
+        assert_eq!(
+            json_value(&ro, key),
+            Some("false"),
+            "{key} in:
+{ro}"
+        );
+    }
     assert_eq!(json_value(&ro, "export-size"), Some("1048576"), "{ro}");
 
     // The scriptable forms: --size, and --can/--is exit codes.

@@ -976,6 +976,11 @@ fn assert_flags(flags: u16, read_only: bool, structured: bool) {
             | TFLAG_CAN_MULTI_CONN
             | TFLAG_SEND_CACHE;
         assert_eq!(flags & want, want, "flags {flags:#x}");
+    } else {
+        // Nothing that changes data is offered on a read-only export.
+        let none =
+            TFLAG_SEND_FUA | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+        assert_eq!(flags & none, 0, "read-only flags {flags:#x}");
     }
     // SEND_DF must be clear without structured replies: checked only by
     // `send_df_is_advertised_only_with_structured_replies`, so one bug

@@ -66,19 +66,22 @@ impl Export {
         if structured {
             f |= TFLAG_SEND_DF;
         }
-        if self.is_read_only() {
+        // A read-only export offers no way to change data (the requests
+        // would only earn EPERM): no FUA, TRIM or WRITE_ZEROES.
+        let writable = !self.is_read_only();
+        if !writable {
             f |= TFLAG_READ_ONLY;
         }
         if caps.can_flush {
             f |= TFLAG_SEND_FLUSH;
         }
-        if caps.can_fua {
+        if caps.can_fua && writable {
             f |= TFLAG_SEND_FUA;
         }
-        if caps.can_trim {
+        if caps.can_trim && writable {
             f |= TFLAG_SEND_TRIM;
         }
-        if caps.can_zero {
+        if caps.can_zero && writable {
             f |= TFLAG_SEND_WRITE_ZEROES;
             if caps.can_fast_zero {
                 f |= TFLAG_SEND_FAST_ZERO;
