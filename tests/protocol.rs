@@ -1591,10 +1591,18 @@ fn large_write_beyond_memory_limit_is_enospc_and_drained() {
 /// they read and write the same range meanwhile.
 #[test]
 fn stalled_writer_does_not_block_other_connections() {
+    // 1 MiB is gathered whole, 8 MiB is streamed: both paths must not hold
+    // a store lock while waiting for the client.
+    for size in [MIB, 8 * MIB] {
+        stalled_writer_case(size);
+    }
+}
+
+fn stalled_writer_case(size: u64) {
     let server = TestServer::start();
     let mut stalled = server.open("ram0", SIMPLE);
-    let data = pattern(MIB as usize, 8);
-    let w = stalled.send(CMD_WRITE, 0, 0, MIB as u32, &data[..100_000]);
+    let data = pattern(size as usize, 8);
+    let w = stalled.send(CMD_WRITE, 0, 0, size as u32, &data[..100_000]);
     stalled.wait_until_consumed();
     // Let its connection thread reach the wait for the rest of the payload.
     thread::sleep(Duration::from_millis(50));
@@ -1602,7 +1610,7 @@ fn stalled_writer_does_not_block_other_connections() {
     // The read must not wait for the stalled client. What it sees of a write
     // still in flight is old or new bytes (the spec leaves overlapping
     // unacknowledged requests unordered), never anything else.
-    let seen = other.read(0, MIB as u32);
+    let seen = other.read(0, size as u32);
     for (i, (&got, &new)) in seen.iter().zip(&data).enumerate() {
         assert!(
             got == 0 || got == new,
@@ -1615,7 +1623,7 @@ fn stalled_writer_does_not_block_other_connections() {
     let (cookie, reply) = stalled.recv();
     assert_eq!(cookie, w);
     reply.ok();
-    assert!(other.read(0, MIB as u32) == data);
+    assert!(other.read(0, size as u32) == data);
 }
 
 // ------------------------------------------------------------------- errors
