@@ -42,7 +42,7 @@ pub struct ServerConfig {
     /// A client must finish each handshake read within this time.
     pub handshake_timeout: Duration,
     /// Microseconds a connection polls for its next request before it
-    /// blocks (see `conn::poll_then_read`); 0 blocks at once.
+    /// blocks (see `conn::Poller`); 0 blocks at once.
     pub poll_us: u32,
 }
 
