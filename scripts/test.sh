@@ -7,4 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/test-deps.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
-cargo test --locked --no-fail-fast "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log"
+# One closing line over every test binary.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "ramd tests: %d passed, %d failed\n", p, f }' "$log"

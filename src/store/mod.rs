@@ -280,9 +280,10 @@ impl RamStore {
         Ok(RamStore { state, prefaulter })
     }
 
-    /// After a successful write of `[offset, offset+len)` that committed
-    /// `fresh` new bytes: when it continues the previous fresh write, the
-    /// drive is being filled sequentially, so ask for pages ahead.
+    /// After a successful write of `[offset, offset+len)`; `fresh` when it
+    /// filled empty pages (new, or prefaulted). When it continues the
+    /// previous such write, the drive is being filled sequentially, so ask
+    /// for pages ahead.
     #[inline]
     fn note_fill(&self, offset: u64, len: u64, fresh: bool) {
         if !fresh {
@@ -465,7 +466,7 @@ impl StoreState {
     }
 
     /// Stores `src` over `[offset, offset+len)`; returns the bytes of pages
-    /// newly committed.
+    /// that were empty before (see `store_in_chunk`).
     fn store_range(&self, offset: u64, len: u64, src: Source<'_>) -> Result<u64> {
         let mut fresh = 0usize;
         self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, at| {
@@ -527,7 +528,8 @@ impl StoreState {
     }
 
     /// Stores `src` at segment offset `so` (within one chunk, lock held).
-    /// Returns the number of pages newly committed.
+    /// Returns the number of pages that were empty before: newly committed,
+    /// or committed by the prefaulter and not yet written.
     fn store_in_chunk(&self, seg: &Segment, so: usize, n: usize, src: Source<'_>) -> Result<usize> {
         let page = PAGE_BYTES as usize;
         let (p0, p1) = (so / page, (so + n).div_ceil(page));
@@ -550,13 +552,14 @@ impl StoreState {
         if fresh > 0 {
             seg.allocated.set_range(p0, p1);
         }
-        if seg.zeroed.count_range(p0, p1) > 0 {
+        let prefaulted = seg.zeroed.count_range(p0, p1);
+        if prefaulted > 0 {
             for p in p0..p1 {
                 seg.zeroed.clear(p);
             }
         }
         seg.dirty.set_range(p0, p1);
-        Ok(fresh)
+        Ok(fresh + prefaulted)
     }
 
     /// Copies segment bytes `[so, so+out.len())` into `out`, filling zeroes
