@@ -635,12 +635,14 @@ impl StoreState {
     }
 }
 
-impl Backend for StoreState {
-    fn size(&self) -> u64 {
+/// The data path. `RamStore` exposes it as a [`Backend`], adding prefault
+/// hints to writes.
+impl StoreState {
+    pub fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
     }
 
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.for_each_chunk(
             offset,
             buf.len() as u64,
@@ -652,19 +654,14 @@ impl Backend for StoreState {
         )
     }
 
-    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
-        self.store_range(offset, data.len() as u64, Source::Data(data))
-            .map(drop)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
         if !may_trim {
             return self.store_range(offset, len, Source::Zeroes).map(drop);
         }
         self.trim(offset, len)
     }
 
-    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
         let mut freed = 0;
         let size = self.size();
         let r = self.for_each_chunk(offset, len, Access::Exclusive, |seg, so, n, at| {
@@ -678,11 +675,11 @@ impl Backend for StoreState {
         r
     }
 
-    fn flush(&self) -> Result<()> {
+    pub fn flush(&self) -> Result<()> {
         Ok(())
     }
 
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         check_range(offset, len, self.size())?;
         let segs = self.segments.load();
         let mut out: Vec<Extent> = Vec::new();
@@ -712,7 +709,7 @@ impl Backend for StoreState {
         Ok(out)
     }
 
-    fn capabilities(&self) -> Caps {
+    pub fn capabilities(&self) -> Caps {
         Caps {
             can_trim: true,
             can_zero: true,
