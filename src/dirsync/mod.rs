@@ -2,3 +2,7 @@
 pub mod meta;
 pub mod mountinfo;
 pub mod sync;
+pub mod lock;
+pub mod mounts;
+pub mod guard;
+pub mod state;
