@@ -6,3 +6,4 @@ pub mod lock;
 pub mod mounts;
 pub mod guard;
 pub mod state;
+pub mod recovery;
