@@ -7,3 +7,5 @@ pub mod mounts;
 pub mod guard;
 pub mod state;
 pub mod recovery;
+pub mod manager;
+pub mod schedule;
