@@ -172,10 +172,14 @@ fn overlay_escape(p: &Path) -> String {
 
 /// Mounts an overlay at `target`: `lower` read-only below, `upper` and
 /// `work` (same filesystem) above. Redirects, metacopy and the inode index
-/// are off: the lower dir is a plain directory we also write to.
+/// are off: the lower dir is a plain directory we also write to. `xino=on`
+/// makes inode numbers consistent across layers, so hard links made in RAM
+/// to files from the disk show the same inode under every name (without it
+/// the names of such a link report different inodes and a sync could not
+/// see that they are linked).
 pub fn mount_overlay(target: &Path, tag: &str, lower: &Path, upper: &Path, work: &Path) -> Result<(), MountError> {
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off",
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=on",
         overlay_escape(lower),
         overlay_escape(upper),
         overlay_escape(work)
