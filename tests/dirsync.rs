@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ramd::dirsync::guard::{GuardError, UsageLevel};
-use ramd::dirsync::manager::{AddRequest, DirError, DirManager, ManagerConfig, RecoverOutcome, StopOutcome};
+use ramd::dirsync::manager::{
+    AddRequest, DirError, DirManager, ManagerConfig, RecoverOutcome, StopOutcome,
+};
 use ramd::dirsync::meta::read_xattrs;
 use ramd::dirsync::mountinfo;
 use ramd::dirsync::mounts::MountMode;
@@ -50,7 +52,8 @@ struct Scratch {
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dirsync-{name}-{}", std::process::id()));
+        let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dirsync-{name}-{}", std::process::id()));
         let s = Scratch { base };
         s.cleanup();
         std::fs::create_dir_all(&s.base).unwrap();
@@ -71,7 +74,9 @@ impl Scratch {
     fn cleanup(&self) {
         // Several rounds: lazy unmounts of stacked mounts reveal the next.
         for _ in 0..5 {
-            let Ok(mounts) = mountinfo::read() else { return };
+            let Ok(mounts) = mountinfo::read() else {
+                return;
+            };
             let under = mountinfo::mounts_under(&mounts, &self.base);
             if under.is_empty() {
                 break;
@@ -117,21 +122,38 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Snap> {
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = root.join(&rel);
-        let mut names: Vec<OsString> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut names: Vec<OsString> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         names.sort();
         for name in names {
             let r = rel.join(&name);
             let p = root.join(&r);
             let m = std::fs::symlink_metadata(&p).unwrap();
             let kind = m.mode() & libc::S_IFMT;
-            let link_group = (m.nlink() > 1 && !m.is_dir()).then(|| inodes.entry((m.dev(), m.ino())).or_insert(r.clone()).clone());
-            let content = m.is_file().then(|| crc32c::crc32c(&std::fs::read(&p).unwrap()));
-            let target = m.file_type().is_symlink().then(|| std::fs::read_link(&p).unwrap().into_os_string());
+            let link_group = (m.nlink() > 1 && !m.is_dir()).then(|| {
+                inodes
+                    .entry((m.dev(), m.ino()))
+                    .or_insert(r.clone())
+                    .clone()
+            });
+            let content = m
+                .is_file()
+                .then(|| crc32c::crc32c(&std::fs::read(&p).unwrap()));
+            let target = m
+                .file_type()
+                .is_symlink()
+                .then(|| std::fs::read_link(&p).unwrap().into_os_string());
             out.insert(
                 r.clone(),
                 Snap {
                     kind,
-                    perm: if m.file_type().is_symlink() { 0 } else { m.mode() & 0o7777 },
+                    perm: if m.file_type().is_symlink() {
+                        0
+                    } else {
+                        m.mode() & 0o7777
+                    },
                     uid: m.uid(),
                     gid: m.gid(),
                     mtime: (!m.is_dir()).then(|| (m.mtime(), m.mtime_nsec())),
@@ -156,7 +178,13 @@ fn assert_same_tree(a: &Path, b: &Path) {
     let (sa, sb) = (snapshot(a), snapshot(b));
     let ka: Vec<_> = sa.keys().collect();
     let kb: Vec<_> = sb.keys().collect();
-    assert_eq!(ka, kb, "entries differ between {} and {}", a.display(), b.display());
+    assert_eq!(
+        ka,
+        kb,
+        "entries differ between {} and {}",
+        a.display(),
+        b.display()
+    );
     for (k, va) in &sa {
         assert_eq!(Some(va), sb.get(k), "{} differs", k.display());
     }
@@ -175,7 +203,10 @@ fn make_tree(root: &Path) {
         p
     };
     for i in 0..30 {
-        w(&format!("a/b/f{i:02}"), format!("file {i} ").repeat(i * 40 + 1).as_bytes());
+        w(
+            &format!("a/b/f{i:02}"),
+            format!("file {i} ").repeat(i * 40 + 1).as_bytes(),
+        );
     }
     w("empty-file", b"");
     std::fs::create_dir_all(root.join("empty-dir")).unwrap();
@@ -202,7 +233,7 @@ fn make_tree(root: &Path) {
     drop(sparse);
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &root.join("fifo"),
+        root.join("fifo"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o640),
         0,
@@ -210,8 +241,14 @@ fn make_tree(root: &Path) {
     .unwrap();
     let old = w("old-file", b"from long ago");
     let t = rustix::fs::Timestamps {
-        last_access: rustix::fs::Timespec { tv_sec: 1_000_000_000, tv_nsec: 123 },
-        last_modification: rustix::fs::Timespec { tv_sec: 1_000_000_000, tv_nsec: 456_789 },
+        last_access: rustix::fs::Timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 456_789,
+        },
     };
     rustix::fs::utimensat(rustix::fs::CWD, &old, &t, rustix::fs::AtFlags::empty()).unwrap();
 }
@@ -230,7 +267,11 @@ fn change_tree(root: &Path) {
     std::fs::write(root.join("empty-dir"), b"a file where a directory was").unwrap();
     std::fs::remove_file(root.join("empty-file")).unwrap();
     std::fs::create_dir(root.join("empty-file")).unwrap();
-    std::fs::write(root.join("empty-file/inside"), b"a directory where a file was").unwrap();
+    std::fs::write(
+        root.join("empty-file/inside"),
+        b"a directory where a file was",
+    )
+    .unwrap();
     // Break one hard link, add another.
     std::fs::remove_file(root.join("a/third-name")).unwrap();
     std::fs::write(root.join("a/third-name"), b"now separate").unwrap();
@@ -238,12 +279,17 @@ fn change_tree(root: &Path) {
     std::fs::remove_dir_all(root.join("other")).unwrap();
     std::fs::remove_file(root.join("links/dangling")).unwrap();
     std::os::unix::fs::symlink("elsewhere", root.join("links/dangling")).unwrap();
-    let f = File::options().write(true).open(root.join("sparse")).unwrap();
+    let f = File::options()
+        .write(true)
+        .open(root.join("sparse"))
+        .unwrap();
     f.write_all_at(b"middle", 20 << 20).unwrap();
 }
 
 fn disk_view(s: &Scratch, m: &DirManager, path: &Path) -> PathBuf {
-    s.path("run/dirs").join(m.info(path).unwrap().id).join("disk")
+    s.path("run/dirs")
+        .join(m.info(path).unwrap().id)
+        .join("disk")
 }
 
 fn fs_type_at(path: &Path) -> Option<String> {
@@ -263,7 +309,11 @@ fn round_trip(mode: MountMode) {
     req.mode = mode;
     let info = m.add(req).unwrap();
     assert_eq!(info.mode, mode);
-    let want_fs = if mode == MountMode::Tmpfs { "tmpfs" } else { "overlay" };
+    let want_fs = if mode == MountMode::Tmpfs {
+        "tmpfs"
+    } else {
+        "overlay"
+    };
     assert_eq!(fs_type_at(&dir).as_deref(), Some(want_fs));
     // Programs see the same tree, attributes and all.
     assert_same_tree(&dir, &reference);
@@ -273,12 +323,23 @@ fn round_trip(mode: MountMode) {
     change_tree(&dir);
     let report = m.sync(&dir).unwrap();
     assert!(report.complete(), "{report:?}");
-    assert!(report.files_copied > 0 && report.entries_deleted > 0, "{report:?}");
+    assert!(
+        report.files_copied > 0 && report.entries_deleted > 0,
+        "{report:?}"
+    );
     let disk = disk_view(&s, &m, &dir);
     assert_same_tree(&dir, &disk);
     // Nothing changed: nothing copied.
     let again = m.sync(&dir).unwrap();
-    assert_eq!((again.files_copied, again.entries_deleted, again.dirs_created), (0, 0, 0), "{again:?}");
+    assert_eq!(
+        (
+            again.files_copied,
+            again.entries_deleted,
+            again.dirs_created
+        ),
+        (0, 0, 0),
+        "{again:?}"
+    );
     assert!(again.unchanged > 30);
 
     // One more change, then remove: a normal directory with the latest content.
@@ -286,14 +347,26 @@ fn round_trip(mode: MountMode) {
     let in_ram = s.mkdir("in-ram");
     sync_tree(&dir, &in_ram, &SyncOptions::to_ram()).unwrap();
     let out = m.remove(&dir, false).unwrap();
-    assert!(matches!(out, StopOutcome::Released { lazy_unmount: false, .. }), "{out:?}");
+    assert!(
+        matches!(
+            out,
+            StopOutcome::Released {
+                lazy_unmount: false,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
     assert_eq!(fs_type_at(&dir), None, "still mounted");
     assert_same_tree(&dir, &in_ram);
     // 64 MiB with three small data spots (overlay copy-up allocates 1 MiB
     // around each): still sparse after the trip.
     assert!(std::fs::metadata(dir.join("sparse")).unwrap().blocks() * 512 < 8 << 20);
     assert!(m.list().is_empty());
-    assert!(!s.path(&format!("run/dirs/{}", info.id)).exists(), "runtime dir left behind");
+    assert!(
+        !s.path(&format!("run/dirs/{}", info.id)).exists(),
+        "runtime dir left behind"
+    );
     // No RAM mounts of ours remain (the overlay upper is freed).
     let mounts = mountinfo::read().unwrap();
     assert!(mountinfo::mounts_under(&mounts, &s.base).is_empty());
@@ -326,7 +399,14 @@ fn file_changing_during_sync_is_never_copied_torn() {
     let s = Scratch::new("torn");
     let src = s.mkdir("src");
     let dst = s.mkdir("dst");
-    rustix::mount::mount("ramd-test", &src, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+    rustix::mount::mount(
+        "ramd-test",
+        &src,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .unwrap();
     // A 4 MiB file the writer rewrites front to back, over and over, with
     // the next byte value: at any instant it is a run of the new value
     // followed by a run of the previous one. A torn copy (parts read at
@@ -406,20 +486,33 @@ fn version(k: u64) -> BTreeMap<PathBuf, Want> {
         let cv = (1..=k).rev().find(|kk| (i + kk) % 3 == 0).unwrap_or(0);
         let dir = format!("d{}", i % 4);
         v.insert(PathBuf::from(&dir), Want::Dir);
-        let body = format!("file {i} content-version {cv};").repeat(((i * 37 + cv * 11) % 300 + 1) as usize);
+        let body = format!("file {i} content-version {cv};")
+            .repeat(((i * 37 + cv * 11) % 300 + 1) as usize);
         let perm = if (i + cv) % 2 == 0 { 0o644 } else { 0o600 };
-        v.insert(PathBuf::from(format!("{dir}/f{i}")), Want::File(body.into_bytes(), perm));
+        v.insert(
+            PathBuf::from(format!("{dir}/f{i}")),
+            Want::File(body.into_bytes(), perm),
+        );
     }
     // A big file: gives the kill time to land in the middle of a copy.
     v.insert("big".into(), Want::File(vec![k as u8; 3 << 20], 0o644));
     // Directory on even versions, file on odd ones.
     if k % 2 == 0 {
         v.insert("swap".into(), Want::Dir);
-        v.insert("swap/inner".into(), Want::File(format!("inner {k}").into_bytes(), 0o644));
+        v.insert(
+            "swap/inner".into(),
+            Want::File(format!("inner {k}").into_bytes(), 0o644),
+        );
         v.insert("swap/deeper".into(), Want::Dir);
-        v.insert("swap/deeper/x".into(), Want::File(format!("x {k}").into_bytes(), 0o644));
+        v.insert(
+            "swap/deeper/x".into(),
+            Want::File(format!("x {k}").into_bytes(), 0o644),
+        );
     } else {
-        v.insert("swap".into(), Want::File(format!("swap file {k}").into_bytes(), 0o644));
+        v.insert(
+            "swap".into(),
+            Want::File(format!("swap file {k}").into_bytes(), 0o644),
+        );
     }
     v.insert("link".into(), Want::Link(format!("target-{k}")));
     v
@@ -454,7 +547,8 @@ fn apply(root: &Path, want: &BTreeMap<PathBuf, Want>) {
                 if have.get(p) != Some(w) {
                     let _ = std::fs::remove_file(&full);
                     std::fs::write(&full, data).unwrap();
-                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(*perm)).unwrap();
+                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(*perm))
+                        .unwrap();
                 }
             }
             Want::Link(t) => {
@@ -484,7 +578,12 @@ fn read_state(root: &Path) -> BTreeMap<PathBuf, Want> {
                 stack.push(r.clone());
                 Want::Dir
             } else if m.file_type().is_symlink() {
-                Want::Link(std::fs::read_link(&p).unwrap().to_string_lossy().into_owned())
+                Want::Link(
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                )
             } else {
                 Want::File(std::fs::read(&p).unwrap(), m.mode() & 0o7777)
             };
@@ -514,10 +613,16 @@ fn internal_leftovers(root: &Path) -> Vec<PathBuf> {
 /// sync durably, note "done k"; until killed.
 #[test]
 fn crash_child_entry() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+    let Ok(dir) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let dir = PathBuf::from(dir);
     let (src, dst, progress) = (dir.join("src"), dir.join("dst"), dir.join("progress"));
-    let base: u64 = std::fs::read_to_string(dir.join("base")).unwrap().trim().parse().unwrap();
+    let base: u64 = std::fs::read_to_string(dir.join("base"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     for k in base + 1.. {
         apply(&src, &version(k));
         note(&progress, &format!("start {k}\n"));
@@ -535,7 +640,12 @@ fn note(path: &Path, text: &str) {
 
 /// Paths whose state differs between two trees (for readable failures).
 fn differing(a: &BTreeMap<PathBuf, Want>, b: &BTreeMap<PathBuf, Want>) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = a.keys().chain(b.keys()).filter(|p| a.get(*p) != b.get(*p)).cloned().collect();
+    let mut v: Vec<PathBuf> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|p| a.get(*p) != b.get(*p))
+        .cloned()
+        .collect();
     v.dedup();
     v
 }
@@ -555,11 +665,24 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
     let s = Scratch::new("kill9");
     let src = s.mkdir("src");
     let dst = s.mkdir("dst");
-    rustix::mount::mount("ramd-test", &src, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+    rustix::mount::mount(
+        "ramd-test",
+        &src,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .unwrap();
     let seed = std::env::var("RAMD_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
     eprintln!("crash test seed {seed} (replay with RAMD_CRASH_SEED={seed})");
     let mut rng = seed;
     let mut base = 0u64;
@@ -570,7 +693,12 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
         std::fs::write(s.path("base"), format!("{base}\n")).unwrap();
         let _ = std::fs::remove_file(s.path("progress"));
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash_child_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, &s.base)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -591,11 +719,16 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
         let on_disk = read_state(&dst);
         if state == "done" {
             let want = version(k);
-            assert!(on_disk == want, "round {rounds} (seed {seed}): finished sync {k} not on disk; differing: {:?}", differing(&on_disk, &want));
+            assert!(
+                on_disk == want,
+                "round {rounds} (seed {seed}): finished sync {k} not on disk; differing: {:?}",
+                differing(&on_disk, &want)
+            );
         } else {
             mid_sync += 1;
             let (old, new) = (version(k - 1), version(k));
-            let mut paths: Vec<&PathBuf> = old.keys().chain(new.keys()).chain(on_disk.keys()).collect();
+            let mut paths: Vec<&PathBuf> =
+                old.keys().chain(new.keys()).chain(on_disk.keys()).collect();
             paths.sort();
             paths.dedup();
             for p in paths {
@@ -610,14 +743,21 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
                     p.display(),
                     k - 1,
                     got.map(|w| match w {
-                        Want::File(d, m) => format!("file {} bytes mode {m:o}: {:?}", d.len(), String::from_utf8_lossy(&d[..d.len().min(60)])),
+                        Want::File(d, m) => format!(
+                            "file {} bytes mode {m:o}: {:?}",
+                            d.len(),
+                            String::from_utf8_lossy(&d[..d.len().min(60)])
+                        ),
                         other => format!("{other:?}"),
                     })
                 );
             }
             // A new directory appears whole.
             if on_disk.get(Path::new("swap")) == Some(&Want::Dir) {
-                assert!(on_disk.contains_key(Path::new("swap/deeper/x")), "half directory on disk");
+                assert!(
+                    on_disk.contains_key(Path::new("swap/deeper/x")),
+                    "half directory on disk"
+                );
             }
         }
         // The next sync finishes the job and cleans up what the kill left.
@@ -625,11 +765,22 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
         apply(&src, &version(base));
         sync_tree(&src, &dst, &SyncOptions::default()).unwrap();
         let (got, want) = (read_state(&dst), version(base));
-        assert!(got == want, "round {rounds}: differing after the recovery sync: {:?}", differing(&got, &want));
-        assert!(internal_leftovers(&dst).is_empty(), "{:?}", internal_leftovers(&dst));
+        assert!(
+            got == want,
+            "round {rounds}: differing after the recovery sync: {:?}",
+            differing(&got, &want)
+        );
+        assert!(
+            internal_leftovers(&dst).is_empty(),
+            "{:?}",
+            internal_leftovers(&dst)
+        );
     }
     eprintln!("{rounds} kills, {mid_sync} in the middle of a sync");
-    assert!(mid_sync >= rounds / 4, "too few kills landed mid-sync ({mid_sync}/{rounds})");
+    assert!(
+        mid_sync >= rounds / 4,
+        "too few kills landed mid-sync ({mid_sync}/{rounds})"
+    );
 }
 
 // ---- crash, reboot, limits, refusals ---------------------------------------
@@ -656,21 +807,40 @@ fn daemon_crash_keeps_ram_content_as_recovery_copy() {
         let out = m.recover_all();
         assert_eq!(out.len(), 1);
         let outcome = out.into_iter().next().unwrap().1.unwrap();
-        let RecoverOutcome::Recovered { copy } = outcome else { panic!("{outcome:?}") };
-        assert_eq!(std::fs::read(copy.join(format!("unsynced-{round}"))).unwrap(), b"only in RAM");
+        let RecoverOutcome::Recovered { copy } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(
+            std::fs::read(copy.join(format!("unsynced-{round}"))).unwrap(),
+            b"only in RAM"
+        );
         // PATH was restored from the on-disk copy, and is ours again.
         assert!(!dir.join(format!("unsynced-{round}")).exists());
         assert_eq!(std::fs::read(dir.join("synced")).unwrap(), b"on disk");
         assert_eq!(fs_type_at(&dir).as_deref(), Some("tmpfs"));
         let info = m.info(&dir).unwrap();
-        assert_eq!(info.recovery_copies.len(), (round as usize).min(2), "generations bounded");
-        assert!(info.notes.iter().any(|n| n.contains("recovery") || n.contains("saved")), "{:?}", info.notes);
+        assert_eq!(
+            info.recovery_copies.len(),
+            (round as usize).min(2),
+            "generations bounded"
+        );
+        assert!(
+            info.notes
+                .iter()
+                .any(|n| n.contains("recovery") || n.contains("saved")),
+            "{:?}",
+            info.notes
+        );
         // Only one layer of our mounts at PATH: the stale one was detached.
         let mounts = mountinfo::read().unwrap();
         assert_eq!(mounts.iter().filter(|x| x.mount_point == dir).count(), 1);
         // Each copy is a dated directory.
         for c in &info.recovery_copies {
-            assert!(c.path.file_name().unwrap().to_string_lossy().ends_with('Z'), "{}", c.path.display());
+            assert!(
+                c.path.file_name().unwrap().to_string_lossy().ends_with('Z'),
+                "{}",
+                c.path.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(1100)); // distinct timestamps
     }
@@ -713,7 +883,10 @@ fn reboot_restores_from_disk_before_mounting() {
     assert!(m.info(&dir).unwrap().recovery_copies.is_empty());
     // Clean stop, then start: restored again, no recovery copy.
     let stopped = m.shutdown();
-    assert!(matches!(stopped[0].1, Ok(StopOutcome::Released { .. })), "{stopped:?}");
+    assert!(
+        matches!(stopped[0].1, Ok(StopOutcome::Released { .. })),
+        "{stopped:?}"
+    );
     assert_eq!(fs_type_at(&dir), None);
     let m = DirManager::open(s.manager_config()).unwrap();
     assert!(matches!(m.recover_all()[0].1, Ok(RecoverOutcome::Restored)));
@@ -737,15 +910,24 @@ fn stop_with_files_open_for_writing_hands_over() {
     assert!(err.to_string().contains("fuser"), "{err}");
     // ...and stop syncs and leaves it mounted for the next daemon.
     let out = m.shutdown();
-    assert!(matches!(out[0].1, Ok(StopOutcome::HandedOver { .. })), "{out:?}");
+    assert!(
+        matches!(out[0].1, Ok(StopOutcome::HandedOver { .. })),
+        "{out:?}"
+    );
     open.write_all(b", after stop").unwrap();
     drop(open);
     let m = DirManager::open(s.manager_config()).unwrap();
     assert!(matches!(m.recover_all()[0].1, Ok(RecoverOutcome::Adopted)));
     m.sync(&dir).unwrap();
-    assert_eq!(std::fs::read(disk_view(&s, &m, &dir).join("open")).unwrap(), b"before stop, after stop");
+    assert_eq!(
+        std::fs::read(disk_view(&s, &m, &dir).join("open")).unwrap(),
+        b"before stop, after stop"
+    );
     m.remove(&dir, false).unwrap();
-    assert_eq!(std::fs::read(dir.join("open")).unwrap(), b"before stop, after stop");
+    assert_eq!(
+        std::fs::read(dir.join("open")).unwrap(),
+        b"before stop, after stop"
+    );
 }
 
 #[test]
@@ -761,7 +943,10 @@ fn size_limit_warnings_and_full_tmpfs() {
     let mut too_small = AddRequest::new(&dir);
     too_small.size_limit_bytes = Some(128 << 10);
     let err = m.add(too_small).unwrap_err();
-    assert!(matches!(err, DirError::Guard(GuardError::TooBig { .. })), "{err}");
+    assert!(
+        matches!(err, DirError::Guard(GuardError::TooBig { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("raise the size limit"), "{err}");
     assert_eq!(fs_type_at(&dir), None);
 
@@ -800,26 +985,44 @@ fn refusals_and_the_lock() {
     let mp = s.mkdir("data/mp");
     rustix::mount::mount("x", &mp, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
     let err = m.add(AddRequest::new(&mp)).unwrap_err();
-    assert!(matches!(err, DirError::Guard(GuardError::MountPoint { .. })), "{err}");
+    assert!(
+        matches!(err, DirError::Guard(GuardError::MountPoint { .. })),
+        "{err}"
+    );
     // A directory on tmpfs.
     let on_tmpfs = mp.join("inner");
     std::fs::create_dir(&on_tmpfs).unwrap();
     let err = m.add(AddRequest::new(&on_tmpfs)).unwrap_err();
-    assert!(matches!(err, DirError::Guard(GuardError::InRam { .. })), "{err}");
+    assert!(
+        matches!(err, DirError::Guard(GuardError::InRam { .. })),
+        "{err}"
+    );
     // Not owned as expected.
     let dir = s.mkdir("data/mine");
     let mut req = AddRequest::new(&dir);
     req.expected_uid = Some(4321);
-    assert!(matches!(m.add(req).unwrap_err(), DirError::Guard(GuardError::Owner { .. })));
+    assert!(matches!(
+        m.add(req).unwrap_err(),
+        DirError::Guard(GuardError::Owner { .. })
+    ));
     // ramd's own state inside.
     let err = m.add(AddRequest::new(&s.base)).unwrap_err();
-    assert!(matches!(err, DirError::Guard(GuardError::OwnFiles { .. })), "{err}");
+    assert!(
+        matches!(err, DirError::Guard(GuardError::OwnFiles { .. })),
+        "{err}"
+    );
     // Managed twice, nested.
     m.add(AddRequest::new(&dir)).unwrap();
-    assert!(matches!(m.add(AddRequest::new(&dir)).unwrap_err(), DirError::AlreadyManaged(_)));
+    assert!(matches!(
+        m.add(AddRequest::new(&dir)).unwrap_err(),
+        DirError::AlreadyManaged(_)
+    ));
     let nested = dir.join("sub");
     std::fs::create_dir(&nested).unwrap();
-    assert!(matches!(m.add(AddRequest::new(&nested)).unwrap_err(), DirError::Guard(GuardError::Overlaps { .. })));
+    assert!(matches!(
+        m.add(AddRequest::new(&nested)).unwrap_err(),
+        DirError::Guard(GuardError::Overlaps { .. })
+    ));
     // A second daemon (own runtime dir, same records) cannot take it over.
     std::fs::create_dir_all(s.path("state2")).unwrap();
     std::fs::copy(s.path("state/dirs/dirs.state"), s.path("state2/dirs.state")).unwrap();
@@ -827,7 +1030,11 @@ fn refusals_and_the_lock() {
     let out = other.recover_all();
     let err = out[0].1.as_ref().unwrap_err();
     assert_eq!(err.code(), "locked", "{err}");
-    assert!(err.to_string().contains(&format!("pid {}", std::process::id())), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
     // The first one is unaffected.
     std::fs::write(dir.join("still-works"), b"yes").unwrap();
     m.sync(&dir).unwrap();

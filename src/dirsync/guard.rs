@@ -24,8 +24,8 @@ const RAMFS_MAGIC: i64 = 0x8584_58f6;
 /// Directories never to put in RAM: the system would break, or they are
 /// virtual already.
 const FORBIDDEN: &[&str] = &[
-    "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys",
-    "/usr", "/var", "/var/lib",
+    "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin",
+    "/sys", "/usr", "/var", "/var/lib",
 ];
 
 /// Why a directory cannot be added.
@@ -41,7 +41,9 @@ pub enum GuardError {
     #[error("{path} is a system directory; only directories below it can be kept in RAM")]
     Forbidden { path: PathBuf },
     /// the directory holds ramd's own files
-    #[error("{path} contains or is inside ramd's own {what} directory {dir}; choose another directory")]
+    #[error(
+        "{path} contains or is inside ramd's own {what} directory {dir}; choose another directory"
+    )]
     OwnFiles {
         path: PathBuf,
         what: &'static str,
@@ -59,19 +61,34 @@ pub enum GuardError {
     InRam { path: PathBuf },
     /// wrong owner
     #[error("{path} is owned by uid {actual}, expected uid {expected}; refusing to manage another user's directory")]
-    Owner { path: PathBuf, actual: u32, expected: u32 },
+    Owner {
+        path: PathBuf,
+        actual: u32,
+        expected: u32,
+    },
     /// overlaps a managed directory
     #[error("{path} overlaps {other}, which is already kept in RAM; remove that one first")]
     Overlaps { path: PathBuf, other: PathBuf },
     /// content larger than the limit
     #[error("{path} holds {need} but the size limit is {limit}; raise the size limit (or use overlay mode)")]
-    TooBig { path: PathBuf, need: String, limit: String },
+    TooBig {
+        path: PathBuf,
+        need: String,
+        limit: String,
+    },
     /// content larger than available memory
     #[error("{path} holds {need} but only {avail} of memory is available; free memory or use overlay mode")]
-    NoMemory { path: PathBuf, need: String, avail: String },
+    NoMemory {
+        path: PathBuf,
+        need: String,
+        avail: String,
+    },
     /// I/O error while checking
     #[error("cannot check {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// mount table unreadable
     #[error(transparent)]
     MountInfo(#[from] mountinfo::MountInfoError),
@@ -192,7 +209,12 @@ pub fn content_bytes(dir: &Path) -> std::io::Result<u64> {
 }
 
 /// For tmpfs mode: the content must fit the limit and available memory.
-pub fn check_size(path: &Path, need_bytes: u64, limit_bytes: Option<u64>, mem_available_bytes: u64) -> Result<(), GuardError> {
+pub fn check_size(
+    path: &Path,
+    need_bytes: u64,
+    limit_bytes: Option<u64>,
+    mem_available_bytes: u64,
+) -> Result<(), GuardError> {
     if let Some(limit) = limit_bytes {
         if need_bytes > limit {
             return Err(GuardError::TooBig {
@@ -270,7 +292,13 @@ impl Usage {
 
     /// The fuller of space and inodes, in percent (0-100).
     pub fn percent(&self) -> u64 {
-        let p = |u: u64, t: u64| if t == 0 { 0 } else { (u as u128 * 100 / t as u128) as u64 };
+        let p = |u: u64, t: u64| {
+            if t == 0 {
+                0
+            } else {
+                (u as u128 * 100 / t as u128) as u64
+            }
+        };
         p(self.used_bytes, self.total_bytes).max(p(self.used_inodes, self.total_inodes))
     }
 
@@ -297,7 +325,9 @@ pub struct UsageTracker {
 
 impl Default for UsageTracker {
     fn default() -> Self {
-        UsageTracker { level: UsageLevel::Ok }
+        UsageTracker {
+            level: UsageLevel::Ok,
+        }
     }
 }
 
@@ -361,7 +391,15 @@ mod tests {
             ..usage(1)
         };
         assert_eq!(inodes_full.level(), UsageLevel::Full);
-        assert_eq!(Usage { total_bytes: 0, total_inodes: 0, ..usage(0) }.level(), UsageLevel::Ok);
+        assert_eq!(
+            Usage {
+                total_bytes: 0,
+                total_inodes: 0,
+                ..usage(0)
+            }
+            .level(),
+            UsageLevel::Ok
+        );
     }
 
     #[test]
@@ -383,7 +421,10 @@ mod tests {
         assert!(check_size(p, 10, Some(10), 100).is_ok());
         let e = check_size(p, 11, Some(10), 100).unwrap_err().to_string();
         assert!(e.contains("raise the size limit"), "{e}");
-        assert!(matches!(check_size(p, 200, None, 100), Err(GuardError::NoMemory { .. })));
+        assert!(matches!(
+            check_size(p, 200, None, 100),
+            Err(GuardError::NoMemory { .. })
+        ));
     }
 
     #[test]
@@ -398,9 +439,18 @@ mod tests {
                 own_dirs: &own,
             })
         };
-        assert!(matches!(check(Path::new("/dev/shm")), Err(GuardError::MountPoint { .. }) | Err(GuardError::InRam { .. })));
-        assert!(matches!(check(Path::new("/usr")), Err(GuardError::Forbidden { .. })));
-        assert!(matches!(check(Path::new("/nonexistent-ramd")), Err(GuardError::NotADirectory { .. })));
+        assert!(matches!(
+            check(Path::new("/dev/shm")),
+            Err(GuardError::MountPoint { .. }) | Err(GuardError::InRam { .. })
+        ));
+        assert!(matches!(
+            check(Path::new("/usr")),
+            Err(GuardError::Forbidden { .. })
+        ));
+        assert!(matches!(
+            check(Path::new("/nonexistent-ramd")),
+            Err(GuardError::NotADirectory { .. })
+        ));
         let d = tempfile::tempdir().unwrap();
         let link = d.path().join("l");
         std::os::unix::fs::symlink(d.path(), &link).unwrap();
@@ -414,7 +464,17 @@ mod tests {
             own_dirs: &own,
         })
         .unwrap_err();
-        assert!(matches!(err, GuardError::Owner { actual: _, expected: 4242, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                GuardError::Owner {
+                    actual: _,
+                    expected: 4242,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let inner = ok.join("sub");
         std::fs::create_dir(&inner).unwrap();
         let err = check_add(&AddCheck {

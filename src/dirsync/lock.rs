@@ -108,7 +108,10 @@ mod tests {
         let a = DirLock::acquire(File::open(dir.path()).unwrap(), dir.path()).unwrap();
         let err = DirLock::acquire(File::open(dir.path()).unwrap(), dir.path()).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
         drop(a);
         DirLock::acquire(File::open(dir.path()).unwrap(), dir.path()).unwrap();
     }

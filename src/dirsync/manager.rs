@@ -215,7 +215,10 @@ pub enum RecoverOutcome {
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum StopOutcome {
     /// Synced and unmounted: PATH is a normal directory again.
-    Released { report: SyncReport, lazy_unmount: bool },
+    Released {
+        report: SyncReport,
+        lazy_unmount: bool,
+    },
     /// Files were open for writing: synced and left mounted for the next
     /// daemon (handover marker written).
     HandedOver { report: SyncReport },
@@ -284,7 +287,10 @@ pub struct DirManager {
 }
 
 fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
 }
 
 /// A stable, mount-option-safe id: the directory name (sanitized, at most
@@ -295,7 +301,13 @@ pub fn dir_id(path: &Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(32)
         .collect();
     let name = name.trim_start_matches('.');
@@ -370,7 +382,9 @@ impl DirManager {
                 notes: Vec::new(),
             }),
         });
-        self.dirs.lock().insert(m.record.config.path.clone(), m.clone());
+        self.dirs
+            .lock()
+            .insert(m.record.config.path.clone(), m.clone());
         m
     }
 
@@ -392,10 +406,18 @@ impl DirManager {
             )));
         }
         if req.recovery_generations == 0 {
-            return Err(DirError::Invalid("recovery generations must be at least 1".into()));
+            return Err(DirError::Invalid(
+                "recovery generations must be at least 1".into(),
+            ));
         }
         let path = req.path.clone();
-        let managed: Vec<PathBuf> = self.records.lock().dirs.iter().map(|r| r.config.path.clone()).collect();
+        let managed: Vec<PathBuf> = self
+            .records
+            .lock()
+            .dirs
+            .iter()
+            .map(|r| r.config.path.clone())
+            .collect();
         if managed.contains(&path) {
             return Err(DirError::AlreadyManaged(path));
         }
@@ -403,14 +425,28 @@ impl DirManager {
             path: &path,
             expected_uid: req.expected_uid,
             managed: &managed,
-            own_dirs: &[("runtime", self.cfg.run_dir.clone()), ("state", self.cfg.state_dir.clone())],
+            own_dirs: &[
+                ("runtime", self.cfg.run_dir.clone()),
+                ("state", self.cfg.state_dir.clone()),
+            ],
         })?;
         if req.mode == MountMode::Tmpfs {
             let need = guard::content_bytes(&path).map_err(io_err("measure", &path))?;
-            guard::check_size(&path, need, req.size_limit_bytes, guard::mem_available_bytes())?;
+            guard::check_size(
+                &path,
+                need,
+                req.size_limit_bytes,
+                guard::mem_available_bytes(),
+            )?;
         }
         let mut id = dir_id(&path);
-        let taken: Vec<String> = self.records.lock().dirs.iter().map(|r| r.id.clone()).collect();
+        let taken: Vec<String> = self
+            .records
+            .lock()
+            .dirs
+            .iter()
+            .map(|r| r.id.clone())
+            .collect();
         let mut n = 1;
         while taken.contains(&id) {
             n += 1;
@@ -479,13 +515,17 @@ impl DirManager {
             mounts::mount_tmpfs(&layout.ram(), &layout.tag, cfg.size_limit_bytes, 0o700)?;
             match cfg.mode {
                 MountMode::Tmpfs => {
-                    let report = sync::sync_tree(&disk, &layout.ram(), &SyncOptions::to_ram()).map_err(|e| match e {
-                        SyncError::NoSpace { .. } => DirError::RamFull {
-                            path: cfg.path.clone(),
-                            limit: cfg.size_limit_bytes.map(format_size).unwrap_or_else(|| "(tmpfs default)".into()),
-                        },
-                        e => e.into(),
-                    })?;
+                    let report = sync::sync_tree(&disk, &layout.ram(), &SyncOptions::to_ram())
+                        .map_err(|e| match e {
+                            SyncError::NoSpace { .. } => DirError::RamFull {
+                                path: cfg.path.clone(),
+                                limit: cfg
+                                    .size_limit_bytes
+                                    .map(format_size)
+                                    .unwrap_or_else(|| "(tmpfs default)".into()),
+                            },
+                            e => e.into(),
+                        })?;
                     tracing::info!(
                         path = %cfg.path.display(),
                         files = report.files_copied,
@@ -504,9 +544,17 @@ impl DirManager {
                     }
                     // The merged root is the upper root: give it PATH's attributes.
                     let x = meta::read_xattrs(&disk).map_err(io_err("read xattrs of", &disk))?;
-                    meta::write_xattrs(&layout.upper(), &x).map_err(io_err("set xattrs on", &layout.upper()))?;
-                    meta::apply_attributes(&layout.upper(), &root).map_err(io_err("set attributes on", &layout.upper()))?;
-                    mounts::mount_overlay(&cfg.path, &layout.tag, &disk, &layout.upper(), &layout.work())?;
+                    meta::write_xattrs(&layout.upper(), &x)
+                        .map_err(io_err("set xattrs on", &layout.upper()))?;
+                    meta::apply_attributes(&layout.upper(), &root)
+                        .map_err(io_err("set attributes on", &layout.upper()))?;
+                    mounts::mount_overlay(
+                        &cfg.path,
+                        &layout.tag,
+                        &disk,
+                        &layout.upper(),
+                        &layout.work(),
+                    )?;
                     mounts::bind_private(&cfg.path, &layout.view())?;
                 }
             }
@@ -556,7 +604,10 @@ impl DirManager {
                 return Err(DirError::NotActive {
                     path: m.record.config.path.clone(),
                     status: live.status.name(),
-                    reason: live.last_error.clone().unwrap_or_else(|| "not ready".into()),
+                    reason: live
+                        .last_error
+                        .clone()
+                        .unwrap_or_else(|| "not ready".into()),
                 });
             }
         }
@@ -624,15 +675,23 @@ impl DirManager {
     }
 
     /// Sync and unmount (or hand over). The op lock is held by the caller.
-    fn release(&self, m: &Managed, force: bool, handover_if_busy: bool) -> Result<StopOutcome, DirError> {
+    fn release(
+        &self,
+        m: &Managed,
+        force: bool,
+        handover_if_busy: bool,
+    ) -> Result<StopOutcome, DirError> {
         let path = &m.record.config.path;
         let read_only = match mounts::remount_read_only(path) {
             Ok(()) => true,
             Err(MountError::Busy { .. }) if handover_if_busy => {
                 let report = self.run_sync(m)?;
                 let marker = m.layout.handover();
-                std::fs::write(&marker, format!("pid {} at {} ms\n", std::process::id(), now_unix_ms()))
-                    .map_err(io_err("write", &marker))?;
+                std::fs::write(
+                    &marker,
+                    format!("pid {} at {} ms\n", std::process::id(), now_unix_ms()),
+                )
+                .map_err(io_err("write", &marker))?;
                 m.live.lock().lock = None;
                 tracing::warn!(path = %path.display(),
                     "files are open for writing: synced and left in RAM for the next ramd to take over");
@@ -731,7 +790,13 @@ impl DirManager {
         let layout = &m.layout;
         let path = &cfg.path;
         let mounts_now = mountinfo::read()?;
-        let situation = recovery::classify(&mounts_now, path, layout, cfg.mode, layout.handover().exists());
+        let situation = recovery::classify(
+            &mounts_now,
+            path,
+            layout,
+            cfg.mode,
+            layout.handover().exists(),
+        );
         match situation {
             Situation::Covered(fs_type, source_name) => Err(DirError::Covered {
                 path: path.clone(),
@@ -740,7 +805,8 @@ impl DirManager {
             }),
             Situation::Adopt => {
                 let lock = if mounts::is_mount_point(&layout.disk())? {
-                    let dir = std::fs::File::open(layout.disk()).map_err(io_err("open", &layout.disk()))?;
+                    let dir = std::fs::File::open(layout.disk())
+                        .map_err(io_err("open", &layout.disk()))?;
                     DirLock::acquire(dir, path)?
                 } else {
                     self.attach_and_lock(path, layout)?
@@ -799,8 +865,12 @@ impl DirManager {
             if m.live.lock().status != DirStatus::Active {
                 continue;
             }
-            let Ok(u) = Usage::of(&m.layout.ram()) else { continue };
-            let Some(level) = m.live.lock().usage.update(&u) else { continue };
+            let Ok(u) = Usage::of(&m.layout.ram()) else {
+                continue;
+            };
+            let Some(level) = m.live.lock().usage.update(&u) else {
+                continue;
+            };
             let path = m.record.config.path.display().to_string();
             let (used, total) = (format_size(u.used_bytes), format_size(u.total_bytes));
             match level {
@@ -867,7 +937,11 @@ mod tests {
         assert!(a.starts_with("cache-"), "{a}");
         assert_ne!(a, dir_id(Path::new("/home/v/.cache")));
         let odd = dir_id(Path::new("/x/a b,c:d"));
-        assert!(odd.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)), "{odd}");
+        assert!(
+            odd.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+            "{odd}"
+        );
         assert_eq!(dir_id(Path::new("/")).len(), 8);
     }
 }

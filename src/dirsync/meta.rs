@@ -191,7 +191,12 @@ pub fn write_xattrs(path: &Path, want: &Xattrs) -> io::Result<u64> {
         if have.iter().any(|(n, v)| n == name && v == value) {
             continue;
         }
-        match rustix::fs::lsetxattr(path, name.as_os_str(), value, rustix::fs::XattrFlags::empty()) {
+        match rustix::fs::lsetxattr(
+            path,
+            name.as_os_str(),
+            value,
+            rustix::fs::XattrFlags::empty(),
+        ) {
             Ok(()) => {}
             Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::PERM) => dropped += 1,
             Err(e) => return Err(e.into()),
@@ -218,7 +223,12 @@ pub fn apply_attributes(path: &Path, m: &Meta) -> io::Result<()> {
         AtFlags::SYMLINK_NOFOLLOW,
     )?;
     if m.kind != Kind::Symlink {
-        rustix::fs::chmodat(CWD, path, rustix::fs::Mode::from_raw_mode(m.perm), AtFlags::empty())?;
+        rustix::fs::chmodat(
+            CWD,
+            path,
+            rustix::fs::Mode::from_raw_mode(m.perm),
+            AtFlags::empty(),
+        )?;
     }
     set_times(path, m)
 }
@@ -348,13 +358,28 @@ mod tests {
     fn sparse_copy_keeps_holes_and_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let src_path = dir.path().join("src");
-        let src = File::options().create(true).read(true).write(true).open(&src_path).unwrap();
+        let src = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&src_path)
+            .unwrap();
         src.set_len(8 << 20).unwrap();
         src.write_all_at(b"head", 0).unwrap();
         src.write_all_at(&[7u8; 5000], 4 << 20).unwrap();
-        let dst = File::options().create(true).read(true).write(true).open(dir.path().join("dst")).unwrap();
+        let dst = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(dir.path().join("dst"))
+            .unwrap();
         let (written, crc) = copy_data(&src, &dst, 8 << 20).unwrap();
-        assert!(written < 1 << 20, "holes were copied as data: {written} bytes");
+        assert!(
+            written < 1 << 20,
+            "holes were copied as data: {written} bytes"
+        );
         assert_eq!(crc, checksum_data(&src, 8 << 20).unwrap());
         assert_eq!(crc, checksum_data(&dst, 8 << 20).unwrap());
         let a = std::fs::read(&src_path).unwrap();
@@ -366,7 +391,13 @@ mod tests {
     #[test]
     fn checksum_sees_changes() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = File::options().create(true).read(true).write(true).open(dir.path().join("f")).unwrap();
+        let mut f = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(dir.path().join("f"))
+            .unwrap();
         f.write_all(b"hello world").unwrap();
         let a = checksum_data(&f, 11).unwrap();
         f.write_all_at(b"J", 6).unwrap();

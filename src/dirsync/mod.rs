@@ -1,11 +1,11 @@
 //! Directories in RAM with crash-safe sync back to disk.
+pub mod guard;
+pub mod lock;
+pub mod manager;
 pub mod meta;
 pub mod mountinfo;
-pub mod sync;
-pub mod lock;
 pub mod mounts;
-pub mod guard;
-pub mod state;
 pub mod recovery;
-pub mod manager;
 pub mod schedule;
+pub mod state;
+pub mod sync;

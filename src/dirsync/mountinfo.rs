@@ -166,12 +166,20 @@ mod tests {
         assert_eq!(top.fs_type, "overlay");
         assert!(top_mount_at(&m, Path::new("/home/u")).is_none());
         let under = mounts_under(&m, Path::new("/home/u"));
-        assert_eq!(under.iter().map(|m| m.mount_id).collect::<Vec<_>>(), [41, 40]);
+        assert_eq!(
+            under.iter().map(|m| m.mount_id).collect::<Vec<_>>(),
+            [41, 40]
+        );
     }
 
     #[test]
     fn rejects_malformed_lines() {
-        for bad in ["x", "1 2 3 4 5 6", "a 1 0:1 / / rw - ext4 /dev/x rw", "1 1 0:1 / / - ext4"] {
+        for bad in [
+            "x",
+            "1 2 3 4 5 6",
+            "a 1 0:1 / / rw - ext4 /dev/x rw",
+            "1 1 0:1 / / - ext4",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} parsed");
         }
     }

@@ -106,7 +106,10 @@ impl Layout {
     }
 }
 
-fn failed<'a>(what: &'static str, target: &'a Path) -> impl FnOnce(rustix::io::Errno) -> MountError + 'a {
+fn failed<'a>(
+    what: &'static str,
+    target: &'a Path,
+) -> impl FnOnce(rustix::io::Errno) -> MountError + 'a {
     move |e| MountError::Failed {
         what,
         target: target.to_path_buf(),
@@ -146,7 +149,12 @@ pub fn bind(src: &Path, target: &Path) -> Result<(), MountError> {
 }
 
 /// Mounts a tmpfs tagged `tag` at `target`.
-pub fn mount_tmpfs(target: &Path, tag: &str, size_limit_bytes: Option<u64>, root_mode: u32) -> Result<(), MountError> {
+pub fn mount_tmpfs(
+    target: &Path,
+    tag: &str,
+    size_limit_bytes: Option<u64>,
+    root_mode: u32,
+) -> Result<(), MountError> {
     ensure_dir(target)?;
     let mut opts = format!("mode={:o}", root_mode & 0o7777);
     if let Some(size) = size_limit_bytes {
@@ -177,7 +185,13 @@ fn overlay_escape(p: &Path) -> String {
 /// to files from the disk show the same inode under every name (without it
 /// the names of such a link report different inodes and a sync could not
 /// see that they are linked).
-pub fn mount_overlay(target: &Path, tag: &str, lower: &Path, upper: &Path, work: &Path) -> Result<(), MountError> {
+pub fn mount_overlay(
+    target: &Path,
+    tag: &str,
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+) -> Result<(), MountError> {
     let opts = format!(
         "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=on",
         overlay_escape(lower),
@@ -203,13 +217,18 @@ pub fn remount_read_only(target: &Path) -> Result<(), MountError> {
 
 /// Makes the mount at `target` writable again (undoes [`remount_read_only`]).
 pub fn remount_read_write(target: &Path) -> Result<(), MountError> {
-    rustix::mount::mount_remount(target, MountFlags::BIND, "").map_err(failed("remount read-write", target))
+    rustix::mount::mount_remount(target, MountFlags::BIND, "")
+        .map_err(failed("remount read-write", target))
 }
 
 /// Unmounts the top mount at `target`; with `lazy`, detaches it even while
 /// busy (it goes away when the last user closes its files).
 pub fn unmount(target: &Path, lazy: bool) -> Result<(), MountError> {
-    let flags = if lazy { UnmountFlags::DETACH } else { UnmountFlags::empty() };
+    let flags = if lazy {
+        UnmountFlags::DETACH
+    } else {
+        UnmountFlags::empty()
+    };
     match rustix::mount::unmount(target, flags | UnmountFlags::NOFOLLOW) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::BUSY) => Err(MountError::Busy {
@@ -225,7 +244,10 @@ pub fn detach_all_under(path: &Path) -> Result<usize, MountError> {
     let mounts = mountinfo::read()?;
     let under = mountinfo::mounts_under(&mounts, path);
     for m in &under {
-        let _ = rustix::mount::unmount(&m.mount_point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+        let _ = rustix::mount::unmount(
+            &m.mount_point,
+            UnmountFlags::DETACH | UnmountFlags::NOFOLLOW,
+        );
     }
     Ok(under.len())
 }
@@ -284,6 +306,9 @@ mod tests {
         let l = Layout::new(Path::new("/run/ramd/dirs"), "cache-0a1b2c3d");
         assert_eq!(l.disk(), Path::new("/run/ramd/dirs/cache-0a1b2c3d/disk"));
         assert_eq!(l.tag, "ramd-dir:cache-0a1b2c3d");
-        assert_eq!(l.upper(), Path::new("/run/ramd/dirs/cache-0a1b2c3d/ram/upper"));
+        assert_eq!(
+            l.upper(),
+            Path::new("/run/ramd/dirs/cache-0a1b2c3d/ram/upper")
+        );
     }
 }

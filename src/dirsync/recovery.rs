@@ -63,7 +63,13 @@ pub enum Situation {
 }
 
 /// Classifies from the mount table and whether the handover marker exists.
-pub fn classify(mounts: &[Mount], path: &Path, layout: &Layout, mode: MountMode, handover: bool) -> Situation {
+pub fn classify(
+    mounts: &[Mount],
+    path: &Path,
+    layout: &Layout,
+    mode: MountMode,
+    handover: bool,
+) -> Situation {
     let ours = |m: &Mount| m.source == layout.tag;
     match mountinfo::top_mount_at(mounts, path) {
         Some(m) if ours(m) => {
@@ -166,7 +172,11 @@ pub fn list_copies(dir: &Path) -> Vec<RecoveryCopy> {
 
 /// Copies `src` into a new dated copy under `dir` (durably); returns its
 /// path and what the copy did.
-pub fn make_copy(src: &Path, dir: &Path, now_unix_s: u64) -> Result<(PathBuf, SyncReport), RecoveryError> {
+pub fn make_copy(
+    src: &Path,
+    dir: &Path,
+    now_unix_s: u64,
+) -> Result<(PathBuf, SyncReport), RecoveryError> {
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
         move |source| RecoveryError::Io { what, path, source }
@@ -185,9 +195,11 @@ pub fn make_copy(src: &Path, dir: &Path, now_unix_s: u64) -> Result<(PathBuf, Sy
         std::fs::remove_dir_all(&partial).map_err(io("remove", &partial))?;
     }
     std::fs::create_dir(&partial).map_err(io("create", &partial))?;
-    let report = sync::sync_tree(src, &partial, &SyncOptions::default()).map_err(|source| RecoveryError::Copy {
-        dir: dir.to_path_buf(),
-        source,
+    let report = sync::sync_tree(src, &partial, &SyncOptions::default()).map_err(|source| {
+        RecoveryError::Copy {
+            dir: dir.to_path_buf(),
+            source,
+        }
     })?;
     std::fs::rename(&partial, &final_path).map_err(io("rename", &partial))?;
     std::fs::File::open(dir)
@@ -201,7 +213,9 @@ pub fn make_copy(src: &Path, dir: &Path, now_unix_s: u64) -> Result<(PathBuf, Sy
 pub fn prune(dir: &Path, keep: u32) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().ends_with(".partial") && std::fs::remove_dir_all(e.path()).is_ok() {
+        if e.file_name().to_string_lossy().ends_with(".partial")
+            && std::fs::remove_dir_all(e.path()).is_ok()
+        {
             removed.push(e.path());
         }
     }
@@ -224,11 +238,28 @@ mod tests {
         assert_eq!(timestamp_name(0), "19700101T000000Z");
         assert_eq!(timestamp_name(951_782_400), "20000229T000000Z");
         assert_eq!(timestamp_name(1_700_000_000), "20231114T221320Z");
-        for t in [0u64, 59, 86_399, 951_782_400, 1_700_000_000, 4_102_444_800 + 12_345] {
+        for t in [
+            0u64,
+            59,
+            86_399,
+            951_782_400,
+            1_700_000_000,
+            4_102_444_800 + 12_345,
+        ] {
             assert_eq!(parse_timestamp_name(&timestamp_name(t)), Some(t), "{t}");
         }
-        assert_eq!(parse_timestamp_name("20231114T221320Z-2"), Some(1_700_000_000));
-        for bad in ["", "x", "20231314T221320Z", "20231114X221320Z", "20231114T221320Z.partial", "2023111T4221320Z"] {
+        assert_eq!(
+            parse_timestamp_name("20231114T221320Z-2"),
+            Some(1_700_000_000)
+        );
+        for bad in [
+            "",
+            "x",
+            "20231314T221320Z",
+            "20231114X221320Z",
+            "20231114T221320Z.partial",
+            "2023111T4221320Z",
+        ] {
             assert_eq!(parse_timestamp_name(bad), None, "{bad}");
         }
     }
@@ -248,7 +279,10 @@ mod tests {
         let removed = prune(&rec, 2);
         assert_eq!(removed.len(), 3, "{removed:?}");
         let left = list_copies(&rec);
-        assert_eq!(left.iter().map(|c| c.created_unix_s).collect::<Vec<_>>(), [200, 300]);
+        assert_eq!(
+            left.iter().map(|c| c.created_unix_s).collect::<Vec<_>>(),
+            [200, 300]
+        );
         assert_eq!(std::fs::read(left[1].path.join("f")).unwrap(), b"data");
     }
 
@@ -261,13 +295,31 @@ mod tests {
         let p = Path::new("/home/u/c");
         let parse = |t: String| mountinfo::parse(&t).unwrap();
         let none = parse(line(1, "/", "ext4", "/dev/vda"));
-        assert_eq!(classify(&none, p, &layout, MountMode::Tmpfs, false), Situation::Fresh);
-        let at_path = parse(line(1, "/", "ext4", "/dev/vda") + &line(2, "/home/u/c", "tmpfs", "ramd-dir:c-1"));
-        assert_eq!(classify(&at_path, p, &layout, MountMode::Tmpfs, false), Situation::Stale(StaleSource::Path));
-        assert_eq!(classify(&at_path, p, &layout, MountMode::Tmpfs, true), Situation::Adopt);
-        let only_ram = parse(line(1, "/", "ext4", "/dev/vda") + &line(3, "/run/ramd/dirs/c-1/ram", "tmpfs", "ramd-dir:c-1"));
-        assert_eq!(classify(&only_ram, p, &layout, MountMode::Overlay, false), Situation::Stale(StaleSource::Upper));
-        let other = parse(line(1, "/", "ext4", "/dev/vda") + &line(2, "/home/u/c", "tmpfs", "tmpfs"));
+        assert_eq!(
+            classify(&none, p, &layout, MountMode::Tmpfs, false),
+            Situation::Fresh
+        );
+        let at_path = parse(
+            line(1, "/", "ext4", "/dev/vda") + &line(2, "/home/u/c", "tmpfs", "ramd-dir:c-1"),
+        );
+        assert_eq!(
+            classify(&at_path, p, &layout, MountMode::Tmpfs, false),
+            Situation::Stale(StaleSource::Path)
+        );
+        assert_eq!(
+            classify(&at_path, p, &layout, MountMode::Tmpfs, true),
+            Situation::Adopt
+        );
+        let only_ram = parse(
+            line(1, "/", "ext4", "/dev/vda")
+                + &line(3, "/run/ramd/dirs/c-1/ram", "tmpfs", "ramd-dir:c-1"),
+        );
+        assert_eq!(
+            classify(&only_ram, p, &layout, MountMode::Overlay, false),
+            Situation::Stale(StaleSource::Upper)
+        );
+        let other =
+            parse(line(1, "/", "ext4", "/dev/vda") + &line(2, "/home/u/c", "tmpfs", "tmpfs"));
         assert_eq!(
             classify(&other, p, &layout, MountMode::Tmpfs, false),
             Situation::Covered("tmpfs".into(), "tmpfs".into())

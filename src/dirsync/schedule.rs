@@ -151,7 +151,11 @@ impl SyncWorker {
 
     /// Schedules a directory just added.
     pub fn add(&self, path: &Path, interval: Duration) {
-        self.shared.scheduler.lock().0.add(path, interval, Instant::now());
+        self.shared
+            .scheduler
+            .lock()
+            .0
+            .add(path, interval, Instant::now());
         self.shared.wake.notify_one();
     }
 
@@ -220,7 +224,10 @@ fn run(manager: Arc<DirManager>, shared: Arc<Shared>) {
                 if !due.is_empty() || now >= next_usage_check {
                     break due;
                 }
-                let until = g.0.next_due().unwrap_or(next_usage_check).min(next_usage_check);
+                let until =
+                    g.0.next_due()
+                        .unwrap_or(next_usage_check)
+                        .min(next_usage_check);
                 shared.wake.wait_until(&mut g, until);
             }
         };
@@ -263,9 +270,15 @@ mod tests {
         // At 60 s both are due; /a is more overdue (due at 20 s).
         assert_eq!(s.due(t0 + s60), [PathBuf::from("/a"), PathBuf::from("/b")]);
         s.failed(Path::new("/b"), t0 + s60);
-        assert_eq!(s.due(t0 + s60 + RETRY_AFTER_FAILURE.min(s60)), [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(
+            s.due(t0 + s60 + RETRY_AFTER_FAILURE.min(s60)),
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
         s.set_interval(Path::new("/b"), Duration::from_secs(1), t0 + s60);
-        assert_eq!(s.due(t0 + s60 + Duration::from_secs(1)), [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(
+            s.due(t0 + s60 + Duration::from_secs(1)),
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
         s.remove(Path::new("/a"));
         assert_eq!(s.len(), 1);
     }

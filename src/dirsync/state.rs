@@ -100,7 +100,10 @@ pub enum DecodeError {
 /// Decodes file bytes, checking magic, version, length and checksum.
 pub fn decode(bytes: &[u8]) -> Result<DirsState, DecodeError> {
     let bad = |r: &str| DecodeError::Corrupt(r.to_string());
-    let nl1 = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| bad("no header"))?;
+    let nl1 = bytes
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| bad("no header"))?;
     let line1 = std::str::from_utf8(&bytes[..nl1]).map_err(|_| bad("header is not text"))?;
     let version = line1
         .strip_prefix(MAGIC)
@@ -110,7 +113,10 @@ pub fn decode(bytes: &[u8]) -> Result<DirsState, DecodeError> {
         return Err(DecodeError::TooNew(version));
     }
     let rest = &bytes[nl1 + 1..];
-    let nl2 = rest.iter().position(|&b| b == b'\n').ok_or_else(|| bad("no checksum line"))?;
+    let nl2 = rest
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| bad("no checksum line"))?;
     let line2 = std::str::from_utf8(&rest[..nl2]).map_err(|_| bad("checksum line is not text"))?;
     let f: Vec<&str> = line2.split(' ').collect();
     let (crc, len) = match f.as_slice() {
@@ -122,7 +128,10 @@ pub fn decode(bytes: &[u8]) -> Result<DirsState, DecodeError> {
     };
     let body = &rest[nl2 + 1..];
     if body.len() != len {
-        return Err(bad(&format!("body is {} bytes, header says {len} (torn write?)", body.len())));
+        return Err(bad(&format!(
+            "body is {} bytes, header says {len} (torn write?)",
+            body.len()
+        )));
     }
     if crc32c::crc32c(body) != crc {
         return Err(bad("checksum mismatch"));
@@ -139,7 +148,9 @@ pub struct StateFile {
 
 impl StateFile {
     pub fn new(dir: &Path) -> StateFile {
-        StateFile { dir: dir.to_path_buf() }
+        StateFile {
+            dir: dir.to_path_buf(),
+        }
     }
 
     pub fn path(&self) -> PathBuf {
@@ -156,8 +167,16 @@ impl StateFile {
         let path = self.path();
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((DirsState::default(), None)),
-            Err(source) => return Err(StateError::Io { what: "read", path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((DirsState::default(), None))
+            }
+            Err(source) => {
+                return Err(StateError::Io {
+                    what: "read",
+                    path,
+                    source,
+                })
+            }
         };
         match decode(&bytes) {
             Ok(s) => Ok((s, None)),
@@ -229,7 +248,10 @@ mod tests {
     #[test]
     fn round_trip() {
         assert_eq!(decode(&encode(&sample())).unwrap(), sample());
-        assert_eq!(decode(&encode(&DirsState::default())).unwrap(), DirsState::default());
+        assert_eq!(
+            decode(&encode(&DirsState::default())).unwrap(),
+            DirsState::default()
+        );
     }
 
     #[test]
@@ -243,7 +265,10 @@ mod tests {
             b[i] ^= 0x20;
             // A flip may still decode only if it lands in insignificant
             // whitespace of the header... which the format has none of.
-            assert!(decode(&b).is_err() || decode(&b).unwrap() == sample(), "flip at {i}");
+            assert!(
+                decode(&b).is_err() || decode(&b).unwrap() == sample(),
+                "flip at {i}"
+            );
         }
     }
 

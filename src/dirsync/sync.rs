@@ -177,7 +177,9 @@ fn rd(path: &Path) -> impl FnOnce(io::Error) -> SyncError + '_ {
 
 fn wr(path: &Path) -> impl FnOnce(io::Error) -> SyncError + '_ {
     move |source| {
-        if source.raw_os_error() == Some(libc::ENOSPC) || source.raw_os_error() == Some(libc::EDQUOT) {
+        if source.raw_os_error() == Some(libc::ENOSPC)
+            || source.raw_os_error() == Some(libc::EDQUOT)
+        {
             SyncError::NoSpace {
                 path: path.to_path_buf(),
             }
@@ -425,9 +427,8 @@ impl Engine<'_> {
         entries_change: bool,
     ) -> Result<(), SyncError> {
         let sx = meta::read_xattrs(s).map_err(rd(s))?;
-        let same = !entries_change
-            && sm.same_attributes(dm)
-            && meta::read_xattrs(d).map_err(rd(d))? == sx;
+        let same =
+            !entries_change && sm.same_attributes(dm) && meta::read_xattrs(d).map_err(rd(d))? == sx;
         if !same {
             self.dir_attrs.push((d.to_path_buf(), sm.clone(), sx));
         }
@@ -587,7 +588,13 @@ impl Engine<'_> {
         Ok(true)
     }
 
-    fn copy_file(&mut self, s: &Path, t: &Path, r: &Path, listed: &Meta) -> Result<bool, SyncError> {
+    fn copy_file(
+        &mut self,
+        s: &Path,
+        t: &Path,
+        r: &Path,
+        listed: &Meta,
+    ) -> Result<bool, SyncError> {
         for attempt in 0..=self.opts.retries {
             let src = match File::options()
                 .read(true)
@@ -716,7 +723,9 @@ impl Engine<'_> {
 }
 
 fn parent_of(p: &Path) -> PathBuf {
-    p.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"))
+    p.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"))
 }
 
 /// True when `ctime` is within `window` of now (or in the future).
@@ -744,7 +753,13 @@ mod tests {
     fn recent() {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         assert!(is_recent((now.as_secs() as i64, 0), Duration::from_secs(2)));
-        assert!(is_recent((now.as_secs() as i64 + 100, 0), Duration::from_secs(1)));
-        assert!(!is_recent((now.as_secs() as i64 - 100, 0), Duration::from_secs(1)));
+        assert!(is_recent(
+            (now.as_secs() as i64 + 100, 0),
+            Duration::from_secs(1)
+        ));
+        assert!(!is_recent(
+            (now.as_secs() as i64 - 100, 0),
+            Duration::from_secs(1)
+        ));
     }
 }
