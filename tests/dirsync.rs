@@ -1048,3 +1048,45 @@ fn refusals_and_the_lock() {
     bad.sync_interval_ms = 5;
     assert_eq!(m.add(bad).unwrap_err().code(), "invalid_argument");
 }
+
+#[test]
+fn worker_syncs_on_interval_before_suspend_and_on_stop() {
+    if !require_root() {
+        return;
+    }
+    use ramd::dirsync::schedule::SyncWorker;
+    let s = Scratch::new("worker");
+    let dir = s.mkdir("data/sched");
+    let m = Arc::new(DirManager::open(s.manager_config()).unwrap());
+    let mut req = AddRequest::new(&dir);
+    req.sync_interval_ms = 1000;
+    m.add(req).unwrap();
+    let worker = SyncWorker::start(m.clone());
+    let disk = disk_view(&s, &m, &dir);
+    std::fs::write(dir.join("periodic"), b"synced by the interval").unwrap();
+    // Bounded wait for the periodic sync (no timing assertion: only a deadline).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !disk.join("periodic").exists() {
+        assert!(Instant::now() < deadline, "no periodic sync within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(dir.join("suspend"), b"synced before suspend").unwrap();
+    let out = worker.before_suspend();
+    assert!(out.iter().all(|(_, r)| r.is_ok()), "{out:?}");
+    assert!(disk.join("suspend").exists());
+    std::fs::write(dir.join("stop"), b"synced on stop").unwrap();
+    let stopped = worker.stop();
+    assert!(
+        matches!(stopped[0].1, Ok(StopOutcome::Released { .. })),
+        "{stopped:?}"
+    );
+    assert_eq!(fs_type_at(&dir), None);
+    assert_eq!(std::fs::read(dir.join("stop")).unwrap(), b"synced on stop");
+    // Still recorded: the next start restores it.
+    let m2 = DirManager::open(s.manager_config()).unwrap();
+    assert!(matches!(
+        m2.recover_all()[0].1,
+        Ok(RecoverOutcome::Restored)
+    ));
+    m2.remove(&dir, false).unwrap();
+}

@@ -284,6 +284,9 @@ pub struct DirManager {
     records: Mutex<DirsState>,
     /// Managed directories by path.
     dirs: Mutex<BTreeMap<PathBuf, Arc<Managed>>>,
+    /// Serializes adds (check, record, insert, fill), so two adds of one
+    /// path cannot both pass the checks. Syncs and listings do not take it.
+    adding: Mutex<()>,
 }
 
 fn now_unix_ms() -> u64 {
@@ -333,6 +336,7 @@ impl DirManager {
             state_file,
             records: Mutex::new(state),
             dirs: Mutex::new(BTreeMap::new()),
+            adding: Mutex::new(()),
         })
     }
 
@@ -410,6 +414,7 @@ impl DirManager {
                 "recovery generations must be at least 1".into(),
             ));
         }
+        let _adding = self.adding.lock();
         let path = req.path.clone();
         let managed: Vec<PathBuf> = self
             .records
@@ -484,7 +489,8 @@ impl DirManager {
             }
             Err(e) => {
                 self.dirs.lock().remove(&path);
-                let _ = self.save_records(|s| s.dirs.retain(|r| r.config.path != path));
+                let id = record.id.clone();
+                let _ = self.save_records(|s| s.dirs.retain(|r| r.id != id));
                 Err(e)
             }
         }
