@@ -26,3 +26,4 @@ pub mod nbd;
 pub mod paths;
 pub mod size;
 pub mod store;
+pub mod metrics;
