@@ -27,3 +27,7 @@ pub mod paths;
 pub mod size;
 pub mod store;
 pub mod metrics;
+pub mod api;
+pub mod attach;
+pub mod cli;
+pub mod daemon;
