@@ -298,7 +298,7 @@ fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), AttachError> {
     let busy = || {
         AttachError::Busy(format!(
             "{} is busy: something still uses the drive's file. Unmount the filesystem on it and detach its loop device first \
-             (losetup -j {} shows it; then umount and losetup -d)",
+             (`losetup -j FILE` under {} shows the device; then umount it and losetup -d it)",
             mountpoint.display(),
             mountpoint.display(),
         ))

@@ -12,6 +12,10 @@ pub fn table(header: &[&str], right: &[usize]) -> Table {
     t.load_style(presets::NOTHING)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(header.to_vec());
+    for c in t.column_iter_mut() {
+        // Two spaces between columns, none at the left edge.
+        c.set_padding((0, 2));
+    }
     for &i in right {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);

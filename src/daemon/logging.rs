@@ -7,11 +7,13 @@ use super::LogFormat;
 /// Installs the global subscriber. `level` wins over RUST_LOG; the default
 /// is `info`.
 pub fn init(level: Option<&str>, format: LogFormat) {
-    let filter = match level {
-        Some(l) => tracing_subscriber::EnvFilter::new(l),
-        None => tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    let spec = match level {
+        Some(l) => l.to_owned(),
+        None => std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
     };
+    // fuser's own mount layer logs an unmount it retries after ours (which
+    // already happened) as an error; ramd reports mounts itself.
+    let filter = tracing_subscriber::EnvFilter::new(format!("{spec},fuser=warn,fuser::mnt=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -122,6 +122,16 @@ pub struct Drive {
     pub attachments: Mutex<Vec<PathBuf>>,
 }
 
+impl std::fmt::Debug for Drive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drive")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("size_bytes", &self.size_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drive {
     pub fn size_bytes(&self) -> u64 {
         self.store.size()

@@ -95,6 +95,12 @@ fn family<M: EncodeMetric>(
     };
     let ty: MetricType = first.1.metric_type();
     let mut m = enc.encode_descriptor(name, help, unit.as_ref(), ty)?;
+    if let [(labels, metric)] = &series[..] {
+        if labels.is_empty() {
+            // A single unlabelled series: `name value`, not `name{} value`.
+            return metric.encode(m);
+        }
+    }
     for (labels, metric) in &series {
         metric.encode(m.encode_family(labels)?)?;
     }
