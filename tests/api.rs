@@ -169,7 +169,7 @@ fn drives_lifecycle_and_every_error() {
     api.expect("PATCH", one, "/v1/drives/a", Some("{}"), 422, Some("invalid_request"));
     api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"1Z"}"#), 422, Some("invalid_size"));
     api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"sise":"1M"}"#), 400, Some("unknown_field"));
-    api.expect("PATCH", one, "/v1/drives/a", Some("[1,2"), 400, Some("bad_json"));
+    api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"#), 400, Some("bad_json"));
     api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"10G"}"#), 507, Some("over_budget"));
     api.expect("PATCH", one, "/v1/drives/zz", Some(r#"{"size":"1M"}"#), 404, Some("drive_not_found"));
 

@@ -7,9 +7,10 @@
 //!   (both change under the registry mutex, table after registry on
 //!   create, table first on delete).
 //! - The daemon budget is never promised twice: the sum of every drive's
-//!   commitment (`min(size, mem_limit)` plus its metadata) stays within the
-//!   budget unless a drive was created with `overcommit`, and even then its
-//!   metadata must fit.
+//!   commitment (`min(size, mem_limit)` plus its metadata; only metadata for
+//!   a drive created with `overcommit`) stays within the budget. An
+//!   overcommitted drive relies on the budget's hard limit at write time
+//!   (ENOSPC), never on the host's memory.
 //! - The registry mutex is a plain (parking_lot) one, never held across an
 //!   `.await`: API handlers call in from `spawn_blocking`.
 //!
@@ -147,9 +148,14 @@ impl Drive {
         self.export.connections()
     }
 
-    /// Budget this drive may take: its reachable memory plus metadata.
+    /// Budget promised to this drive: its reachable memory plus metadata,
+    /// or only its metadata when it was created with overcommit.
     fn commitment(&self) -> u64 {
-        commitment(self.size_bytes(), self.mem_limit_bytes())
+        if *self.overcommit.lock() {
+            metadata_estimate(self.size_bytes())
+        } else {
+            commitment(self.size_bytes(), self.mem_limit_bytes())
+        }
     }
 }
 
@@ -286,10 +292,10 @@ impl Registry {
         let need = commitment(size, mem_limit);
         if need > room {
             return Err(RegistryError::OverBudget(format!(
-                "drive '{name}' could hold {} but only {} of the daemon's {} memory budget is unpromised; \
+                "drive '{name}' could hold {} (plus {} of metadata) but only {} of the daemon's {} memory budget is unpromised; \
                  choose a smaller size, cap its memory with mem-limit, allow overcommit (writes past the budget then fail with ENOSPC), \
                  or start the daemon with a larger --mem-budget",
-                format_size(need), format_size(room), format_size(limit)
+                format_size(need - meta), format_size(meta), format_size(room), format_size(limit)
             )));
         }
         Ok(())

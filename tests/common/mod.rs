@@ -519,11 +519,11 @@ pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> (u16
     let mut s = std::os::unix::net::UnixStream::connect(socket)
         .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
     s.set_read_timeout(Some(TOOL_TIMEOUT)).unwrap();
-    let body = body.unwrap_or("");
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n");
-    if !body.is_empty() || matches!(method, "POST" | "PATCH" | "PUT") {
+    if body.is_some() {
         req.push_str("Content-Type: application/json\r\n");
     }
+    let body = body.unwrap_or("");
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).unwrap();
     let mut raw = Vec::new();
