@@ -254,13 +254,15 @@ impl Collector for SampleCollector {
             for (d, t) in &recorded {
                 for timed in Timed::ALL {
                     let h = t.latency(timed);
+                    // The encoder wants per-bucket counts (it sums them).
                     let cum = h.cumulative_at(&bounds_ns);
-                    let buckets: Vec<(f64, u64)> = bounds_ns
-                        .iter()
-                        .zip(cum)
-                        .map(|(&b, n)| ((b + 1) as f64 / 1e9, n))
-                        .chain(std::iter::once((f64::INFINITY, h.count())))
-                        .collect();
+                    let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(bounds_ns.len() + 1);
+                    let mut prev = 0;
+                    for (&b, n) in bounds_ns.iter().zip(cum) {
+                        buckets.push(((b + 1) as f64 / 1e9, n - prev));
+                        prev = n;
+                    }
+                    buckets.push((f64::INFINITY, h.count() - prev));
                     let labels = with(d, "op", timed.name());
                     m.encode_family(&labels)?.encode_histogram::<Labels>(
                         h.sum_ns as f64 / 1e9,
