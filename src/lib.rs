@@ -21,13 +21,13 @@
 //! `Backend` call → reply encoded into the connection's output buffer → one
 //! `write` per batch.
 
+pub mod api;
+pub mod attach;
 pub mod backend;
+pub mod cli;
+pub mod daemon;
+pub mod metrics;
 pub mod nbd;
 pub mod paths;
 pub mod size;
 pub mod store;
-pub mod metrics;
-pub mod api;
-pub mod attach;
-pub mod cli;
-pub mod daemon;

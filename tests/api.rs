@@ -72,8 +72,14 @@ fn openapi_documents_exactly_the_routes_the_router_serves() {
         .collect();
     let missing: Vec<_> = served.difference(&documented).collect();
     let extra: Vec<_> = documented.difference(&served).collect();
-    assert!(missing.is_empty(), "routes missing from docs/openapi.yaml: {missing:?}");
-    assert!(extra.is_empty(), "docs/openapi.yaml documents routes the router lacks: {extra:?}");
+    assert!(
+        missing.is_empty(),
+        "routes missing from docs/openapi.yaml: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "docs/openapi.yaml documents routes the router lacks: {extra:?}"
+    );
 }
 
 #[test]
@@ -91,8 +97,7 @@ fn every_documented_route_answers_and_unknown_ones_get_json_errors() {
         assert_ne!(v["error"]["code"], "no_such_route", "{method} {path}");
         assert_ne!(status, 405, "{method} {path}");
     }
-    let (s, v) = (api.d.http("GET", "/v1/nothing", None), ());
-    let _ = v;
+    let s = api.d.http("GET", "/v1/nothing", None);
     assert_eq!(s.0, 404);
     let e: Value = serde_json::from_str(&s.1).unwrap();
     assert_eq!(e["error"]["code"], "no_such_route");
@@ -118,10 +123,20 @@ fn drives_lifecycle_and_every_error() {
     assert_eq!(list["drives"], json!([]));
 
     // Create: sizes as text or bytes.
-    let a = api.expect("POST", d, d, Some(r#"{"name":"a","size":"16M"}"#), 201, None);
+    let a = api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"a","size":"16M"}"#),
+        201,
+        None,
+    );
     assert_eq!(a["size_bytes"], 16u64 << 20);
     assert_eq!(a["origin"], "api");
-    assert!(a["uri"].as_str().unwrap().starts_with("nbd+unix:///a?socket="));
+    assert!(a["uri"]
+        .as_str()
+        .unwrap()
+        .starts_with("nbd+unix:///a?socket="));
     let b = api.expect(
         "POST",
         d,
@@ -130,60 +145,257 @@ fn drives_lifecycle_and_every_error() {
         201,
         None,
     );
-    assert_eq!((b["mem_limit_bytes"].clone(), b["read_only"].clone()), (json!(65536), json!(true)));
+    assert_eq!(
+        (b["mem_limit_bytes"].clone(), b["read_only"].clone()),
+        (json!(65536), json!(true))
+    );
     let got = api.expect("GET", one, "/v1/drives/a", None, 200, None);
     assert_eq!(got["name"], "a");
     let list = api.expect("GET", d, d, None, 200, None);
-    let names: Vec<&str> = list["drives"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = list["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["a", "b"]);
 
     // Create errors.
-    api.expect("POST", d, d, Some(r#"{"name":"x","size":"#), 400, Some("bad_json"));
-    api.expect("POST", d, d, Some(r#"{"name":"x","size":"1M","colour":"red"}"#), 400, Some("unknown_field"));
-    let v = api.expect("POST", d, d, Some(r#"{"name":"x","size":"12Q"}"#), 422, Some("invalid_size"));
-    assert!(v["error"]["message"].as_str().unwrap().contains("12Q"), "{v}");
-    api.expect("POST", d, d, Some(r#"{"name":"x","size":0}"#), 422, Some("invalid_size"));
-    api.expect("POST", d, d, Some(r#"{"name":"Bad Name","size":"1M"}"#), 422, Some("invalid_name"));
-    api.expect("POST", d, d, Some(r#"{"name":"-x","size":"1M"}"#), 422, Some("invalid_name"));
-    api.expect("POST", d, d, Some(r#"{"name":"a","size":"1M"}"#), 409, Some("drive_exists"));
-    let v = api.expect("POST", d, d, Some(r#"{"name":"huge","size":"1G"}"#), 507, Some("over_budget"));
-    assert!(v["error"]["message"].as_str().unwrap().contains("mem-budget"), "{v}");
-    api.expect("POST", d, d, Some(r#"{"name":"x"}"#), 422, Some("invalid_request"));
-    api.expect("POST", d, d, Some(r#"{"name":"x","size":true}"#), 422, Some("invalid_request"));
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x","size":"#),
+        400,
+        Some("bad_json"),
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x","size":"1M","colour":"red"}"#),
+        400,
+        Some("unknown_field"),
+    );
+    let v = api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x","size":"12Q"}"#),
+        422,
+        Some("invalid_size"),
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("12Q"),
+        "{v}"
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x","size":0}"#),
+        422,
+        Some("invalid_size"),
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"Bad Name","size":"1M"}"#),
+        422,
+        Some("invalid_name"),
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"-x","size":"1M"}"#),
+        422,
+        Some("invalid_name"),
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"a","size":"1M"}"#),
+        409,
+        Some("drive_exists"),
+    );
+    let v = api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"huge","size":"1G"}"#),
+        507,
+        Some("over_budget"),
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mem-budget"),
+        "{v}"
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x"}"#),
+        422,
+        Some("invalid_request"),
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x","size":true}"#),
+        422,
+        Some("invalid_request"),
+    );
     // A limit or overcommit makes a big drive fit.
-    api.expect("POST", d, d, Some(r#"{"name":"capped","size":"1G","mem_limit":"32M"}"#), 201, None);
-    api.expect("POST", d, d, Some(r#"{"name":"thin","size":"1G","overcommit":true}"#), 201, None);
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"capped","size":"1G","mem_limit":"32M"}"#),
+        201,
+        None,
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"thin","size":"1G","overcommit":true}"#),
+        201,
+        None,
+    );
     let (s, body) = api.d.http("POST", d, None);
     assert_eq!(s, 415, "{body}");
 
     // Patch: grow, lock, unlock, limits.
-    let v = api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"32M"}"#), 200, None);
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"size":"32M"}"#),
+        200,
+        None,
+    );
     assert_eq!(v["size_bytes"], 32u64 << 20);
-    assert!(v.get("notice").is_none(), "API drives are not ephemeral: {v}");
-    let v = api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"read_only":true}"#), 200, None);
+    assert!(
+        v.get("notice").is_none(),
+        "API drives are not ephemeral: {v}"
+    );
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"read_only":true}"#),
+        200,
+        None,
+    );
     assert_eq!(v["read_only"], true);
-    let v = api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"read_only":false,"mem_limit":"8M"}"#), 200, None);
-    assert_eq!((v["read_only"].clone(), v["mem_limit_bytes"].clone()), (json!(false), json!(8u64 << 20)));
-    let v = api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"mem_limit":"none"}"#), 200, None);
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"read_only":false,"mem_limit":"8M"}"#),
+        200,
+        None,
+    );
+    assert_eq!(
+        (v["read_only"].clone(), v["mem_limit_bytes"].clone()),
+        (json!(false), json!(8u64 << 20))
+    );
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"mem_limit":"none"}"#),
+        200,
+        None,
+    );
     assert_eq!(v["mem_limit_bytes"], Value::Null);
-    api.expect("PATCH", one, "/v1/drives/a", Some("{}"), 422, Some("invalid_request"));
-    api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"1Z"}"#), 422, Some("invalid_size"));
-    api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"sise":"1M"}"#), 400, Some("unknown_field"));
-    api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"#), 400, Some("bad_json"));
-    api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"10G"}"#), 507, Some("over_budget"));
-    api.expect("PATCH", one, "/v1/drives/zz", Some(r#"{"size":"1M"}"#), 404, Some("drive_not_found"));
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some("{}"),
+        422,
+        Some("invalid_request"),
+    );
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"size":"1Z"}"#),
+        422,
+        Some("invalid_size"),
+    );
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"sise":"1M"}"#),
+        400,
+        Some("unknown_field"),
+    );
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"size":"#),
+        400,
+        Some("bad_json"),
+    );
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"size":"10G"}"#),
+        507,
+        Some("over_budget"),
+    );
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/zz",
+        Some(r#"{"size":"1M"}"#),
+        404,
+        Some("drive_not_found"),
+    );
 
     // Shrinking below data needs force.
     let uri = api.d.http("GET", "/v1/drives/a", None).1;
-    let uri = serde_json::from_str::<Value>(&uri).unwrap()["uri"].as_str().unwrap().to_owned();
+    let uri = serde_json::from_str::<Value>(&uri).unwrap()["uri"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     python(
         "import nbd,sys\nh=nbd.NBD()\nh.connect_uri(sys.argv[1])\nh.pwrite(b'x'*4096, 20<<20)\nh.shutdown()\n",
         &[&uri],
     )
     .ok();
-    let v = api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"8M"}"#), 409, Some("data_beyond_size"));
-    assert!(v["error"]["message"].as_str().unwrap().contains("force"), "{v}");
-    let v = api.expect("PATCH", one, "/v1/drives/a", Some(r#"{"size":"8M","force":true}"#), 200, None);
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"size":"8M"}"#),
+        409,
+        Some("data_beyond_size"),
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("force"),
+        "{v}"
+    );
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/a",
+        Some(r#"{"size":"8M","force":true}"#),
+        200,
+        None,
+    );
     assert_eq!(v["size_bytes"], 8u64 << 20);
 
     // Delete with an open connection needs force and says how many.
@@ -204,17 +416,55 @@ fn drives_lifecycle_and_every_error() {
         v["connections"] == 1
     });
     let v = api.expect("DELETE", one, "/v1/drives/a", None, 409, Some("drive_busy"));
-    assert!(v["error"]["message"].as_str().unwrap().contains("1 open NBD connection"), "{v}");
-    api.expect("DELETE", one, "/v1/drives/a?forse=true", None, 400, Some("unknown_field"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 open NBD connection"),
+        "{v}"
+    );
+    api.expect(
+        "DELETE",
+        one,
+        "/v1/drives/a?forse=true",
+        None,
+        400,
+        Some("unknown_field"),
+    );
     let v = api.expect("DELETE", one, "/v1/drives/a?force=true", None, 200, None);
-    assert_eq!((v["name"].clone(), v["closed_connections"].clone()), (json!("a"), json!(1)));
-    wait_until("the daemon to close the client", Duration::from_secs(30), || {
-        let v: Value = serde_json::from_str(&api.d.http("GET", "/v1/stats", None).1).unwrap();
-        v["drives"].as_array().unwrap().iter().all(|x| x["name"] != "a")
-    });
+    assert_eq!(
+        (v["name"].clone(), v["closed_connections"].clone()),
+        (json!("a"), json!(1))
+    );
+    wait_until(
+        "the daemon to close the client",
+        Duration::from_secs(30),
+        || {
+            let v: Value = serde_json::from_str(&api.d.http("GET", "/v1/stats", None).1).unwrap();
+            v["drives"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|x| x["name"] != "a")
+        },
+    );
     let _ = holder.0.kill();
-    api.expect("DELETE", one, "/v1/drives/a", None, 404, Some("drive_not_found"));
-    api.expect("GET", one, "/v1/drives/a", None, 404, Some("drive_not_found"));
+    api.expect(
+        "DELETE",
+        one,
+        "/v1/drives/a",
+        None,
+        404,
+        Some("drive_not_found"),
+    );
+    api.expect(
+        "GET",
+        one,
+        "/v1/drives/a",
+        None,
+        404,
+        Some("drive_not_found"),
+    );
     let v = api.expect("DELETE", one, "/v1/drives/b", None, 200, None);
     assert_eq!(v["closed_connections"], 0);
 
@@ -223,27 +473,75 @@ fn drives_lifecycle_and_every_error() {
     let v = api.expect("GET", st, "/v1/drives/capped/stats", None, 200, None);
     assert_eq!(v["name"], "capped");
     assert!(v["totals"]["ops"].is_object(), "{v}");
-    api.expect("GET", st, "/v1/drives/nope/stats", None, 404, Some("drive_not_found"));
+    api.expect(
+        "GET",
+        st,
+        "/v1/drives/nope/stats",
+        None,
+        404,
+        Some("drive_not_found"),
+    );
     let v = api.expect("GET", "/v1/stats", "/v1/stats", None, 200, None);
     assert_eq!(v["drives"].as_array().unwrap().len(), 2);
     let (s, text) = api.d.http("GET", "/metrics", None);
     assert_eq!(s, 200);
-    assert!(text.contains("ramd_drive_size_bytes{drive=\"capped\"} 1073741824"), "{text}");
+    assert!(
+        text.contains("ramd_drive_size_bytes{drive=\"capped\"} 1073741824"),
+        "{text}"
+    );
 
     // Attachments: errors (the real mount is in tests/attach.rs).
     let at = "/v1/attachments";
     let v = api.expect("GET", at, at, None, 200, None);
     assert_eq!(v["attachments"], json!([]));
-    api.expect("POST", at, at, Some(r#"{"drive":"capped","mountpoint":"relative/dir"}"#), 422, Some("bad_mountpoint"));
+    api.expect(
+        "POST",
+        at,
+        at,
+        Some(r#"{"drive":"capped","mountpoint":"relative/dir"}"#),
+        422,
+        Some("bad_mountpoint"),
+    );
     let missing = api.d.dir().join("no-such-dir");
     let body = json!({"drive": "capped", "mountpoint": missing}).to_string();
     let v = api.expect("POST", at, at, Some(&body), 422, Some("bad_mountpoint"));
-    assert!(v["error"]["message"].as_str().unwrap().contains("mkdir"), "{v}");
-    api.expect("POST", at, at, Some(r#"{"drive":"nope","mountpoint":"/tmp"}"#), 404, Some("drive_not_found"));
-    api.expect("POST", at, at, Some(r#"{"drive":"capped","mountpoint":"/tmp","ro":1}"#), 400, Some("unknown_field"));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("mkdir"),
+        "{v}"
+    );
+    api.expect(
+        "POST",
+        at,
+        at,
+        Some(r#"{"drive":"nope","mountpoint":"/tmp"}"#),
+        404,
+        Some("drive_not_found"),
+    );
+    api.expect(
+        "POST",
+        at,
+        at,
+        Some(r#"{"drive":"capped","mountpoint":"/tmp","ro":1}"#),
+        400,
+        Some("unknown_field"),
+    );
     let del = "/v1/attachments/{id}";
-    api.expect("DELETE", del, "/v1/attachments/99", None, 404, Some("attachment_not_found"));
-    api.expect("DELETE", del, "/v1/attachments/abc", None, 404, Some("attachment_not_found"));
+    api.expect(
+        "DELETE",
+        del,
+        "/v1/attachments/99",
+        None,
+        404,
+        Some("attachment_not_found"),
+    );
+    api.expect(
+        "DELETE",
+        del,
+        "/v1/attachments/abc",
+        None,
+        404,
+        Some("attachment_not_found"),
+    );
 }
 
 #[test]
@@ -292,7 +590,11 @@ fn concurrent_creates_and_deletes_stay_consistent() {
     let (_, list) = api.call("GET", "/v1/drives", "/v1/drives", None);
     let left = list["drives"].as_array().unwrap();
     let shared_left = left.iter().filter(|d| d["name"] == "shared").count() as u64;
-    assert_eq!(left.len() as u64, shared_left, "private drives left: {list}");
+    assert_eq!(
+        left.len() as u64,
+        shared_left,
+        "private drives left: {list}"
+    );
     assert_eq!(
         created.load(Ordering::SeqCst),
         deleted.load(Ordering::SeqCst) + shared_left,
@@ -300,5 +602,9 @@ fn concurrent_creates_and_deletes_stay_consistent() {
     );
     let (_, h) = api.call("GET", "/v1/health", "/v1/health", None);
     let committed = h["memory_budget"]["committed_bytes"].as_u64().unwrap();
-    assert_eq!(committed > 0, shared_left == 1, "budget promises leaked: {h}");
+    assert_eq!(
+        committed > 0,
+        shared_left == 1,
+        "budget promises leaked: {h}"
+    );
 }

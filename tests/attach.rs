@@ -57,15 +57,25 @@ impl Drop for Stack {
 }
 
 fn sums(dir: &Path) -> String {
-    run(tool("sha256sum").args(["a.bin", "b.bin", "sub/c.txt"]).current_dir(dir))
-        .ok()
-        .stdout
+    run(tool("sha256sum")
+        .args(["a.bin", "b.bin", "sub/c.txt"])
+        .current_dir(dir))
+    .ok()
+    .stdout
 }
 
 #[test]
 fn ext4_on_an_attached_drive_survives_detach_and_reattach() {
-    if !require(&["losetup", "mount", "umount", "mkfs.ext4", "e2fsck", "sha256sum", "fusermount3"])
-        || !require_root_block_devices()
+    if !require(&[
+        "losetup",
+        "mount",
+        "umount",
+        "mkfs.ext4",
+        "e2fsck",
+        "sha256sum",
+        "fstrim",
+        "fusermount3",
+    ]) || !require_root_block_devices()
     {
         return;
     }
@@ -80,7 +90,11 @@ fn ext4_on_an_attached_drive_survives_detach_and_reattach() {
     // Attach through the CLI: the file appears with the drive's size.
     let out = run(d.cli().args(["attach", "ram0", fuse_s])).ok();
     let file = fuse.join("ram0");
-    assert!(out.stdout.contains(&format!("attached ram0 as {}", file.display())), "{out}");
+    assert!(
+        out.stdout
+            .contains(&format!("attached ram0 as {}", file.display())),
+        "{out}"
+    );
     assert!(out.stdout.contains("losetup -f --show"), "{out}");
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 128 << 20);
     let (status, body) = d.http("GET", "/v1/attachments", None);
@@ -124,11 +138,17 @@ fn ext4_on_an_attached_drive_survives_detach_and_reattach() {
     let (status, resp) = d.http("POST", "/v1/attachments", Some(&body));
     spec.check("POST", "/v1/attachments", status, &resp);
     assert_eq!(status, 201, "{resp}");
-    let id = serde_json::from_str::<Value>(&resp).unwrap()["id"].as_u64().unwrap();
+    let id = serde_json::from_str::<Value>(&resp).unwrap()["id"]
+        .as_u64()
+        .unwrap();
     let mut stack = Stack::new(&file, &mnt);
     run(tool("e2fsck").args(["-f", "-n", stack.dev()])).ok();
     stack.mount();
-    assert_eq!(sums(&mnt), before, "files changed across detach and re-attach");
+    assert_eq!(
+        sums(&mnt),
+        before,
+        "files changed across detach and re-attach"
+    );
     // Discard through the loop device returns memory (fstrim → punch hole).
     let used = |d: &Daemon| -> u64 {
         let v: Value = serde_json::from_str(&d.http("GET", "/v1/drives/ram0", None).1).unwrap();
@@ -137,7 +157,10 @@ fn ext4_on_an_attached_drive_survives_detach_and_reattach() {
     let full = used(&d);
     std::fs::remove_file(mnt.join("a.bin")).unwrap();
     run(tool("fstrim").arg(&mnt)).ok();
-    assert!(used(&d) < full, "fstrim freed nothing ({full} bytes before)");
+    assert!(
+        used(&d) < full,
+        "fstrim freed nothing ({full} bytes before)"
+    );
     stack.teardown();
     let (status, resp) = d.http("DELETE", &format!("/v1/attachments/{id}"), None);
     spec.check("DELETE", "/v1/attachments/{id}", status, &resp);

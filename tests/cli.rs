@@ -44,7 +44,12 @@ fn rows(table: &str) -> Vec<Vec<String>> {
 fn daemon_not_running_says_so_and_how_to_start_it() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("api.sock");
-    for args in [&["list"][..], &["info", "x"], &["create", "a", "--size", "1M"], &["stats"]] {
+    for args in [
+        &["list"][..],
+        &["info", "x"],
+        &["create", "a", "--size", "1M"],
+        &["stats"],
+    ] {
         let out = run(ramd().env("RAMD_API_SOCKET", &sock).args(args)).failed();
         assert_eq!(out.code(), 1, "{out}");
         assert!(out.stderr.contains("daemon is not running"), "{out}");
@@ -55,12 +60,27 @@ fn daemon_not_running_says_so_and_how_to_start_it() {
 
 #[test]
 fn usage_errors_exit_2_help_exits_0() {
-    for args in [&["bogus"][..], &["create"], &["create", "x"], &["resize", "x"], &["stats", "--count", "2"]] {
+    for args in [
+        &["bogus"][..],
+        &["create"],
+        &["create", "x"],
+        &["resize", "x"],
+        &["stats", "--count", "2"],
+    ] {
         let out = run(ramd().args(args)).failed();
         assert_eq!(out.code(), 2, "{out}");
     }
     let out = run(ramd().arg("--help")).ok();
-    for word in ["daemon", "create", "list", "stats", "attach", "detach", "completions", "man"] {
+    for word in [
+        "daemon",
+        "create",
+        "list",
+        "stats",
+        "attach",
+        "detach",
+        "completions",
+        "man",
+    ] {
         assert!(out.stdout.contains(word), "--help lacks {word}: {out}");
     }
     let out = run(ramd().args(["create", "--help"])).ok();
@@ -74,23 +94,55 @@ fn every_command_prints_a_table_and_json() {
 
     // create
     let out = cli_ok(&d, &["create", "db", "--size", "16M", "--mem-limit", "8M"]);
-    assert!(out.contains("created db (16 MiB) at nbd+unix:///db?socket="), "{out}");
-    let v = cli_json(&d, &["create", "ro", "--size", "1M", "--read-only", "--json"]);
-    assert_eq!((v["name"].as_str(), v["read_only"].as_bool()), (Some("ro"), Some(true)));
+    assert!(
+        out.contains("created db (16 MiB) at nbd+unix:///db?socket="),
+        "{out}"
+    );
+    let v = cli_json(
+        &d,
+        &["create", "ro", "--size", "1M", "--read-only", "--json"],
+    );
+    assert_eq!(
+        (v["name"].as_str(), v["read_only"].as_bool()),
+        (Some("ro"), Some(true))
+    );
     cli_fails(&d, &["create", "db", "--size", "1M"], 1, "already exists");
-    cli_fails(&d, &["create", "x", "--size", "12Q"], 1, "unknown size unit");
-    cli_fails(&d, &["create", "Bad", "--size", "1M"], 1, "invalid drive name");
+    cli_fails(
+        &d,
+        &["create", "x", "--size", "12Q"],
+        1,
+        "unknown size unit",
+    );
+    cli_fails(
+        &d,
+        &["create", "Bad", "--size", "1M"],
+        1,
+        "invalid drive name",
+    );
 
     // list
     let table = cli_ok(&d, &["list"]);
     let r = rows(&table);
-    assert_eq!(r[0], ["NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI"], "{table}");
+    assert_eq!(
+        r[0],
+        ["NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI"],
+        "{table}"
+    );
     assert_eq!(r.len(), 4, "{table}");
-    assert_eq!(&r[1][..6], ["db", "16 MiB", "0 B", "8 MiB", "rw", "0"], "{table}");
+    assert_eq!(
+        &r[1][..6],
+        ["db", "16 MiB", "0 B", "8 MiB", "rw", "0"],
+        "{table}"
+    );
     assert_eq!(&r[2][..5], ["ram0", "64 MiB", "0 B", "-", "rw"], "{table}");
     assert_eq!(&r[3][..5], ["ro", "1 MiB", "0 B", "-", "ro"], "{table}");
     let v = cli_json(&d, &["list", "--json"]);
-    let names: Vec<&str> = v["drives"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["db", "ram0", "ro"]);
 
     // info
@@ -101,7 +153,10 @@ fn every_command_prints_a_table_and_json() {
     assert_eq!(v["size_bytes"], 16u64 << 20);
     cli_fails(&d, &["info", "nope"], 1, "no drive named 'nope'");
     let table = cli_ok(&d, &["info"]);
-    assert!(table.contains("memory budget") && table.contains("api socket"), "{table}");
+    assert!(
+        table.contains("memory budget") && table.contains("api socket"),
+        "{table}"
+    );
     let v = cli_json(&d, &["info", "--json"]);
     assert_eq!(v["status"], "ok");
     assert_eq!(v["drives"], 3);
@@ -109,7 +164,11 @@ fn every_command_prints_a_table_and_json() {
     // stats
     let table = cli_ok(&d, &["stats"]);
     let r = rows(&table);
-    assert_eq!(r[0][..4], ["NAME", "IOPS R/W", "MiB/s R/W", "READ p50/p99"], "{table}");
+    assert_eq!(
+        r[0][..4],
+        ["NAME", "IOPS R/W", "MiB/s R/W", "READ p50/p99"],
+        "{table}"
+    );
     assert!(table.contains("budget:"), "{table}");
     let v = cli_json(&d, &["stats", "--json"]);
     assert_eq!(v["drives"].as_array().unwrap().len(), 3);
@@ -138,13 +197,21 @@ fn every_command_prints_a_table_and_json() {
     assert_eq!(v["read_only"], false);
     // A drive from the daemon's command line: the change is ephemeral.
     let out = run(d.cli().args(["lock", "ram0"])).ok();
-    assert!(out.stderr.contains("lasts until the daemon restarts"), "{out}");
+    assert!(
+        out.stderr.contains("lasts until the daemon restarts"),
+        "{out}"
+    );
 
     // attachments (listing only; tests/attach.rs mounts)
     assert!(cli_ok(&d, &["attach", "--list"]).contains("no attachments"));
     let v = cli_json(&d, &["attach", "--list", "--json"]);
     assert_eq!(v["attachments"], serde_json::json!([]));
-    cli_fails(&d, &["detach", d.dir().to_str().unwrap()], 1, "nothing is attached");
+    cli_fails(
+        &d,
+        &["detach", d.dir().to_str().unwrap()],
+        1,
+        "nothing is attached",
+    );
 
     // delete
     let out = cli_ok(&d, &["delete", "db"]);
@@ -159,14 +226,20 @@ fn every_command_prints_a_table_and_json() {
 #[test]
 fn completions_and_man_page_generate() {
     let out = run(ramd().args(["completions", "bash"])).ok();
-    assert!(out.stdout.contains("_ramd()") && out.stdout.contains("attach"), "{out}");
+    assert!(
+        out.stdout.contains("_ramd()") && out.stdout.contains("attach"),
+        "{out}"
+    );
     let out = run(ramd().args(["completions", "zsh"])).ok();
     assert!(out.stdout.contains("#compdef ramd"), "{out}");
     let out = run(ramd().args(["completions", "fish"])).ok();
     assert!(out.stdout.contains("complete -c ramd"), "{out}");
     run(ramd().args(["completions", "tcsh"])).failed();
     let out = run(ramd().arg("man")).ok();
-    assert!(out.stdout.starts_with(".ie") || out.stdout.contains(".TH ramd"), "{out}");
+    assert!(
+        out.stdout.starts_with(".ie") || out.stdout.contains(".TH ramd"),
+        "{out}"
+    );
     assert!(out.stdout.contains("create"), "{out}");
     let dir = tempfile::tempdir().unwrap();
     run(ramd().args(["man", "--dir"]).arg(dir.path())).ok();

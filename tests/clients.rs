@@ -1022,7 +1022,15 @@ fn bad_command_lines_give_clear_errors() {
     }
     // Two drives with one name.
     let out = run(ramd()
-        .args(["serve", "--no-config", "--drive", "a=1M", "--drive", "a=2M", "--socket"])
+        .args([
+            "serve",
+            "--no-config",
+            "--drive",
+            "a=1M",
+            "--drive",
+            "a=2M",
+            "--socket",
+        ])
         .arg(&socket))
     .failed();
     assert!(out.stderr.contains("given twice"), "{out}");

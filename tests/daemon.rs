@@ -41,7 +41,11 @@ read_only = true
 "#,
     );
     let d = Daemon::launch(
-        &["daemon".into(), "--config".into(), cfg.display().to_string()],
+        &[
+            "daemon".into(),
+            "--config".into(),
+            cfg.display().to_string(),
+        ],
         &[],
     );
     let (_, body) = d.http("GET", "/v1/drives", None);
@@ -69,10 +73,22 @@ fn bad_config_fails_with_file_line_and_reason() {
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("api.sock");
     for (text, want) in [
-        ("[daemon]\nmax_connections = 4\nturbo = true\n", ":3:1: unknown field `turbo`"),
-        ("[[drive]]\nname = \"a\"\nsize = \"12Q\"\n", ":3:8: unknown size unit"),
-        ("[[drive]]\nname = \"A\"\nsize = \"1G\"\n", ":2:8: invalid drive name 'A'"),
-        ("[[drive]]\nname = \"a\"\nsize = 1\n\n[[drive]]\nname = \"a\"\nsize = 2\n", ":6:8: drive 'a' is declared twice"),
+        (
+            "[daemon]\nmax_connections = 4\nturbo = true\n",
+            ":3:1: unknown field `turbo`",
+        ),
+        (
+            "[[drive]]\nname = \"a\"\nsize = \"12Q\"\n",
+            ":3:8: unknown size unit",
+        ),
+        (
+            "[[drive]]\nname = \"A\"\nsize = \"1G\"\n",
+            ":2:8: invalid drive name 'A'",
+        ),
+        (
+            "[[drive]]\nname = \"a\"\nsize = 1\n\n[[drive]]\nname = \"a\"\nsize = 2\n",
+            ":6:8: drive 'a' is declared twice",
+        ),
         ("[daemon]\nnbd_listen = [\"no-port\"]\n", ":2:"),
         ("[daemon\n", ":1:"),
     ] {
@@ -88,7 +104,10 @@ fn bad_config_fails_with_file_line_and_reason() {
         assert!(out.stderr.contains(&want), "want {want:?} in: {out}");
         assert!(!api.exists(), "the daemon started anyway: {out}");
     }
-    let out = run(ramd().args(["daemon", "--config"]).arg(dir.path().join("missing.toml"))).failed();
+    let out = run(ramd()
+        .args(["daemon", "--config"])
+        .arg(dir.path().join("missing.toml")))
+    .failed();
     assert!(out.stderr.contains("cannot read config"), "{out}");
 }
 
@@ -115,7 +134,11 @@ fn api_socket_is_private_and_removed_at_exit_and_json_logs_parse() {
         &["daemon".into(), "--log-format".into(), "json".into()],
         &[],
     );
-    let mode = std::fs::metadata(d.api_socket()).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(d.api_socket())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600, "API socket mode {mode:o}");
     let (api, nbd) = (d.api_socket().to_owned(), d.socket().to_owned());
     let status = d.terminate();
@@ -224,13 +247,27 @@ fn sigterm_with_requests_in_flight_ends_without_a_torn_reply() {
     // The connection ended by the server closing it between replies: libnbd
     // sees end-of-file, never a malformed (torn) reply.
     let err = v["error"].as_str().unwrap_or("").to_ascii_lowercase();
-    for torn in ["magic", "unexpected", "cookie", "handle", "protocol", "unknown"] {
+    for torn in [
+        "magic",
+        "unexpected",
+        "cookie",
+        "handle",
+        "protocol",
+        "unknown",
+    ] {
         assert!(!err.contains(torn), "a torn reply: {v}");
     }
     assert!(
-        ["dead", "disconnect", "closed", "eof", "reset", "not connected"]
-            .iter()
-            .any(|w| err.contains(w)),
+        [
+            "dead",
+            "disconnect",
+            "closed",
+            "eof",
+            "reset",
+            "not connected"
+        ]
+        .iter()
+        .any(|w| err.contains(w)),
         "the connection should end by the server closing it: {v}"
     );
     assert!(wait_timeout(&mut client.0, Duration::from_secs(30)).is_some());

@@ -66,12 +66,25 @@ fn counters_move_by_exactly_the_io_issued() {
         ("cache", 0, 0),
     ] {
         assert_eq!(delta(&after, &before, "ops", op), ops, "{op} ops: {after}");
-        assert_eq!(delta(&after, &before, "bytes", op), bytes, "{op} bytes: {after}");
+        assert_eq!(
+            delta(&after, &before, "bytes", op),
+            bytes,
+            "{op} bytes: {after}"
+        );
     }
     assert_eq!(delta(&after, &before, "errors", "EINVAL"), 1, "{after}");
-    let errors: u64 = after["errors"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    let errors: u64 = after["errors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
     assert_eq!(errors, 1, "{after}");
-    assert_eq!(after["connections_opened"].as_u64().unwrap() - before["connections_opened"].as_u64().unwrap(), 1);
+    assert_eq!(
+        after["connections_opened"].as_u64().unwrap()
+            - before["connections_opened"].as_u64().unwrap(),
+        1
+    );
     // Every timed request is in its histogram.
     let count = |v: &Value, op: &str| v["latency"][op]["count"].as_u64().unwrap();
     assert_eq!(count(&after, "read") - count(&before, "read"), 6);
@@ -85,10 +98,22 @@ fn counters_move_by_exactly_the_io_issued() {
 
     // /metrics says the same.
     let (_, text) = d.http("GET", "/metrics", None);
-    assert!(text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"write\"} 11\n"), "{text}");
-    assert!(text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 40960\n"), "{text}");
-    assert!(text.contains("ramd_drive_errors_total{drive=\"ram0\",errno=\"EINVAL\"} 1\n"), "{text}");
-    assert!(text.contains("ramd_drive_request_duration_seconds_count{drive=\"ram0\",op=\"flush\"} 3\n"), "{text}");
+    assert!(
+        text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"write\"} 11\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 40960\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ramd_drive_errors_total{drive=\"ram0\",errno=\"EINVAL\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ramd_drive_request_duration_seconds_count{drive=\"ram0\",op=\"flush\"} 3\n"),
+        "{text}"
+    );
 }
 
 /// Parses the file argv[1] with prometheus_client's OpenMetrics parser and prints
@@ -137,7 +162,9 @@ fn metrics_parse_as_prometheus_text() {
         ("ramd_memory_budget_limit_bytes", "gauge"),
     ] {
         assert!(
-            families.iter().any(|(n, t, s)| n == name && t == ty && *s > 0),
+            families
+                .iter()
+                .any(|(n, t, s)| n == name && t == ty && *s > 0),
             "no {ty} {name} in {families:?}\n{text}"
         );
     }
@@ -149,7 +176,13 @@ fn metrics_off_records_nothing_but_memory() {
         return;
     }
     let d = Daemon::launch(
-        &["serve".into(), "--drive".into(), "ram0=4M".into(), "--metrics".into(), "off".into()],
+        &[
+            "serve".into(),
+            "--drive".into(),
+            "ram0=4M".into(),
+            "--metrics".into(),
+            "off".into(),
+        ],
         &[],
     );
     python(WORKLOAD, &[&d.uri("ram0")]).ok();
@@ -158,7 +191,10 @@ fn metrics_off_records_nothing_but_memory() {
     assert_eq!(v["totals"], Value::Null, "{v}");
     assert!(v["allocated_bytes"].as_u64().unwrap() > 0, "{v}");
     let (_, text) = d.http("GET", "/metrics", None);
-    assert!(text.contains("ramd_metrics_enabled 0") || text.contains("ramd_metrics_enabled{} 0"), "{text}");
+    assert!(
+        text.contains("ramd_metrics_enabled 0") || text.contains("ramd_metrics_enabled{} 0"),
+        "{text}"
+    );
     assert!(!text.contains("ramd_drive_requests_total"), "{text}");
     let out = run(d.cli().arg("stats")).ok();
     assert!(out.stdout.contains("metrics are off"), "{out}");

@@ -78,21 +78,28 @@ impl Client {
     }
 
     /// Sends one request; returns the status and body of a success.
-    fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Vec<u8>, ClientError> {
+    fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, ClientError> {
         let socket = self.socket.clone();
         let fut = async {
-            let stream = tokio::net::UnixStream::connect(&socket).await.map_err(|e| {
-                use std::io::ErrorKind as K;
-                match e.kind() {
-                    K::NotFound | K::ConnectionRefused => ClientError::NotRunning {
-                        socket: socket.clone(),
-                    },
-                    K::PermissionDenied => ClientError::PermissionDenied {
-                        socket: socket.clone(),
-                    },
-                    _ => self.transport(e),
-                }
-            })?;
+            let stream = tokio::net::UnixStream::connect(&socket)
+                .await
+                .map_err(|e| {
+                    use std::io::ErrorKind as K;
+                    match e.kind() {
+                        K::NotFound | K::ConnectionRefused => ClientError::NotRunning {
+                            socket: socket.clone(),
+                        },
+                        K::PermissionDenied => ClientError::PermissionDenied {
+                            socket: socket.clone(),
+                        },
+                        _ => self.transport(e),
+                    }
+                })?;
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .map_err(|e| self.transport(e))?;
@@ -165,7 +172,11 @@ impl Client {
     }
 
     pub fn drive(&self, name: &str) -> Result<DriveInfo, ClientError> {
-        self.call(Method::GET, &format!("/v1/drives/{}", enc(name)), None::<&()>)
+        self.call(
+            Method::GET,
+            &format!("/v1/drives/{}", enc(name)),
+            None::<&()>,
+        )
     }
 
     pub fn create_drive(&self, req: &CreateDrive) -> Result<DriveInfo, ClientError> {
@@ -173,7 +184,11 @@ impl Client {
     }
 
     pub fn patch_drive(&self, name: &str, req: &PatchDrive) -> Result<DriveInfo, ClientError> {
-        self.call(Method::PATCH, &format!("/v1/drives/{}", enc(name)), Some(req))
+        self.call(
+            Method::PATCH,
+            &format!("/v1/drives/{}", enc(name)),
+            Some(req),
+        )
     }
 
     pub fn delete_drive(&self, name: &str, force: bool) -> Result<Deleted, ClientError> {
@@ -206,7 +221,11 @@ impl Client {
     }
 
     pub fn detach(&self, id: u64) -> Result<AttachmentInfo, ClientError> {
-        self.call(Method::DELETE, &format!("/v1/attachments/{id}"), None::<&()>)
+        self.call(
+            Method::DELETE,
+            &format!("/v1/attachments/{id}"),
+            None::<&()>,
+        )
     }
 
     /// `/metrics` as text.

@@ -9,7 +9,9 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::types::{CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, SizeValue};
+use super::types::{
+    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, SizeValue,
+};
 use super::{blocking, ApiError};
 use crate::daemon::registry::{Drive, DriveChange, Origin};
 use crate::daemon::spec::{check_name, parse_drive_size, DriveSpec, SpecError};
@@ -52,7 +54,12 @@ fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
 }
 
 pub async fn list(State(d): State<Arc<Daemon>>) -> Json<DriveList> {
-    let drives = d.registry.list().iter().map(|x| info(&d, x, None)).collect();
+    let drives = d
+        .registry
+        .list()
+        .iter()
+        .map(|x| info(&d, x, None))
+        .collect();
     Json(DriveList { drives })
 }
 

@@ -61,7 +61,10 @@ async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "no_such_route",
-        format!("no route {method} {}; the routes are listed in docs/api.md", uri.path()),
+        format!(
+            "no route {method} {}; the routes are listed in docs/api.md",
+            uri.path()
+        ),
     )
 }
 

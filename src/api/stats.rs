@@ -37,7 +37,10 @@ fn latencies(t: &Totals) -> BTreeMap<String, Latency> {
 
 fn totals(t: &Totals) -> StatsTotals {
     StatsTotals {
-        ops: Op::ALL.iter().map(|&o| (o.name().to_owned(), t.ops(o))).collect(),
+        ops: Op::ALL
+            .iter()
+            .map(|&o| (o.name().to_owned(), t.ops(o)))
+            .collect(),
         bytes: Op::ALL
             .iter()
             .map(|&o| (o.name().to_owned(), t.bytes(o)))

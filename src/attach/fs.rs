@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 
 use crate::backend::{Backend, Error as BackendError};
@@ -76,7 +76,11 @@ impl DriveFs {
         let (kind, perm, size, nlink) = if ino == ROOT_INO {
             (FileType::Directory, 0o555, 0, 2)
         } else {
-            let perm = if self.export.is_read_only() { 0o400 } else { 0o600 };
+            let perm = if self.export.is_read_only() {
+                0o400
+            } else {
+                0o600
+            };
             (FileType::RegularFile, perm, self.backend().size(), 1)
         };
         FileAttr {
@@ -243,9 +247,7 @@ impl Filesystem for DriveFs {
         }
         let result = self.check_write(offset, data.len() as u64).and_then(|off| {
             let sync = flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
-            self.backend()
-                .write(off, data, sync)
-                .map_err(|e| errno(&e))
+            self.backend().write(off, data, sync).map_err(|e| errno(&e))
         });
         self.record(Op::Write, data.len() as u64, result, started);
         match result {
@@ -259,7 +261,14 @@ impl Filesystem for DriveFs {
         reply.ok();
     }
 
-    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let started = Instant::now();
         let result = self.backend().flush().map_err(|e| errno(&e));
         self.record(Op::Flush, 0, result, started);

@@ -117,7 +117,11 @@ impl Attachments {
 
     /// Mounts `drive` at `mountpoint` (an existing, empty-or-not directory
     /// that is not already a mount point).
-    pub fn attach(&self, drive: Arc<Drive>, mountpoint: &Path) -> Result<AttachmentInfo, AttachError> {
+    pub fn attach(
+        &self,
+        drive: Arc<Drive>,
+        mountpoint: &Path,
+    ) -> Result<AttachmentInfo, AttachError> {
         if !mountpoint.is_absolute() {
             return Err(AttachError::BadMountpoint(format!(
                 "mountpoint {} must be an absolute path",
@@ -145,7 +149,11 @@ impl Attachments {
             .canonicalize()
             .map_err(|e| AttachError::BadMountpoint(format!("{}: {e}", mountpoint.display())))?;
         let mut inner = self.inner.lock();
-        if let Some(a) = inner.by_id.values().find(|a| a.info.mountpoint == mountpoint) {
+        if let Some(a) = inner
+            .by_id
+            .values()
+            .find(|a| a.info.mountpoint == mountpoint)
+        {
             return Err(AttachError::AlreadyAttached(format!(
                 "drive '{}' is already attached at {}; run `ramd detach {}` first",
                 a.info.drive,

@@ -188,9 +188,7 @@ pub enum Command {
     /// Print a shell completion script.
     ///
     /// Example: ramd completions bash > /etc/bash_completion.d/ramd
-    Completions {
-        shell: clap_complete::Shell,
-    },
+    Completions { shell: clap_complete::Shell },
 
     /// Print the man page (roff), or write one page per command into DIR.
     ///

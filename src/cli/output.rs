@@ -71,7 +71,9 @@ pub fn drive_list(drives: &[DriveInfo]) -> String {
         return "no drives (create one with: ramd create NAME --size 1G)\n".into();
     }
     let mut t = table(
-        &["NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI"],
+        &[
+            "NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI",
+        ],
         &[1, 2, 3, 5],
     );
     for d in drives {
@@ -102,7 +104,10 @@ pub fn drive_info(d: &DriveInfo) -> String {
     row("name", d.name.clone());
     row("kind", d.kind.clone());
     row("state", d.state.clone());
-    row("size", format!("{} ({} bytes)", format_size(d.size_bytes), d.size_bytes));
+    row(
+        "size",
+        format!("{} ({} bytes)", format_size(d.size_bytes), d.size_bytes),
+    );
     row(
         "memory",
         format!(
@@ -113,7 +118,15 @@ pub fn drive_info(d: &DriveInfo) -> String {
                 .unwrap_or_default()
         ),
     );
-    row("mode", if d.read_only { "read-only" } else { "read-write" }.into());
+    row(
+        "mode",
+        if d.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        }
+        .into(),
+    );
     row("overcommit", if d.overcommit { "yes" } else { "no" }.into());
     row("connections", d.connections.to_string());
     row(
@@ -152,14 +165,20 @@ pub fn daemon_info(h: &Health) -> String {
             format_size(h.memory_budget.limit_bytes)
         ),
     );
-    row("metrics", if h.metrics_enabled { "on" } else { "off" }.into());
+    row(
+        "metrics",
+        if h.metrics_enabled { "on" } else { "off" }.into(),
+    );
     row("api socket", h.api_socket.clone());
     row("nbd socket", h.nbd_socket.clone());
     for a in &h.nbd_tcp {
         row("nbd tcp", a.clone());
     }
     row("state dir", h.state_dir.clone());
-    row("config", h.config_file.clone().unwrap_or_else(|| "-".into()));
+    row(
+        "config",
+        h.config_file.clone().unwrap_or_else(|| "-".into()),
+    );
     render(&t)
 }
 
@@ -208,7 +227,11 @@ fn stats_row(d: &DriveStats) -> Vec<String> {
     let (iops, mibs, r, w, f) = match &d.rates {
         Some(r) => (
             format!("{}/{}", count_rate(r.read_iops), count_rate(r.write_iops)),
-            format!("{}/{}", mib_s(r.read_bytes_per_s), mib_s(r.write_bytes_per_s)),
+            format!(
+                "{}/{}",
+                mib_s(r.read_bytes_per_s),
+                mib_s(r.write_bytes_per_s)
+            ),
             lat_pair(r.latency.get("read")),
             lat_pair(r.latency.get("write")),
             lat_pair(r.latency.get("flush")),

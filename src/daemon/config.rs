@@ -256,7 +256,10 @@ read_only = true
         let e = err("[[drive]]\nname = \"A\"\nsize = \"1G\"\n");
         assert!(e.starts_with("ramd.toml:2:8: invalid drive name"), "{e}");
         let e = err("[[drive]]\nname = \"a\"\nsize = \"1G\"\n[[drive]]\nname = \"a\"\nsize = 1\n");
-        assert!(e.starts_with("ramd.toml:5:8: drive 'a' is declared twice"), "{e}");
+        assert!(
+            e.starts_with("ramd.toml:5:8: drive 'a' is declared twice"),
+            "{e}"
+        );
         let e = err("[[drive]]\nname = \"a\"\nsize = 0\n");
         assert!(e.starts_with("ramd.toml:3:8: "), "{e}");
         let e = err("[daemon\n");

@@ -94,7 +94,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("api.sock");
         let first = PidLock::acquire(&sock).unwrap();
-        let e = PidLock::acquire(&sock).err().expect("second lock must fail");
+        let e = PidLock::acquire(&sock)
+            .err()
+            .expect("second lock must fail");
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("pid {}", std::process::id())),

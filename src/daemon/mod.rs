@@ -129,10 +129,7 @@ pub enum DaemonError {
     Lock(#[from] LockError),
     /// A start-up drive could not be created.
     #[error("cannot create drive '{name}': {source}")]
-    Drive {
-        name: String,
-        source: RegistryError,
-    },
+    Drive { name: String, source: RegistryError },
     /// The NBD listeners could not be bound.
     #[error("cannot start the NBD server: {0}")]
     Nbd(std::io::Error),
@@ -326,7 +323,11 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => MemoryBudget::default_daemon(),
     });
     let exports = Arc::new(ExportTable::new());
-    let registry = Arc::new(Registry::new(exports.clone(), budget.clone(), settings.metrics));
+    let registry = Arc::new(Registry::new(
+        exports.clone(),
+        budget.clone(),
+        settings.metrics,
+    ));
     for (spec, origin) in &settings.drives {
         registry
             .create(spec, origin.clone())
@@ -346,7 +347,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let tcp_addrs = server.tcp_addrs().to_vec();
 
     let api_listener = bind_api(&settings.api_socket)?;
-    api_listener.set_nonblocking(true).map_err(DaemonError::Start)?;
+    api_listener
+        .set_nonblocking(true)
+        .map_err(DaemonError::Start)?;
 
     let daemon = Arc::new(Daemon {
         registry: registry.clone(),
@@ -448,7 +451,11 @@ fn announce(d: &Daemon) {
             "drive {} ({}{}) at {}",
             drive.name,
             format_size(drive.size_bytes()),
-            if drive.export.is_read_only() { ", read-only" } else { "" },
+            if drive.export.is_read_only() {
+                ", read-only"
+            } else {
+                ""
+            },
             d.unix_uri(&drive.name)
         );
         for uri in d.tcp_uris(&drive.name) {

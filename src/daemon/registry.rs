@@ -222,7 +222,11 @@ pub struct DriveChange {
 }
 
 impl Registry {
-    pub fn new(exports: Arc<ExportTable>, budget: Arc<MemoryBudget>, metrics_enabled: bool) -> Self {
+    pub fn new(
+        exports: Arc<ExportTable>,
+        budget: Arc<MemoryBudget>,
+        metrics_enabled: bool,
+    ) -> Self {
         Registry {
             drives: Mutex::new(BTreeMap::new()),
             exports,
@@ -305,7 +309,9 @@ impl Registry {
     pub fn create(&self, spec: &DriveSpec, origin: Origin) -> Result<Arc<Drive>, RegistryError> {
         check_name(&spec.name)?;
         if spec.size_bytes == 0 {
-            return Err(SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into());
+            return Err(
+                SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into(),
+            );
         }
         if spec.size_bytes > MAX_DRIVE_BYTES {
             return Err(SpecError::InvalidSize(format!(
@@ -381,12 +387,12 @@ impl Registry {
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
         let size = change.size_bytes.unwrap_or(drive.size_bytes());
-        let limit = change
-            .mem_limit_bytes
-            .unwrap_or(drive.mem_limit_bytes());
+        let limit = change.mem_limit_bytes.unwrap_or(drive.mem_limit_bytes());
         if let Some(new_size) = change.size_bytes {
             if new_size == 0 {
-                return Err(SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into());
+                return Err(
+                    SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into(),
+                );
             }
             if new_size > MAX_DRIVE_BYTES {
                 return Err(SpecError::InvalidSize(format!(
@@ -534,7 +540,10 @@ mod tests {
             size_bytes: Some(90 << 20),
             ..Default::default()
         };
-        assert!(matches!(r.change("a", &grow), Err(RegistryError::OverBudget(_))));
+        assert!(matches!(
+            r.change("a", &grow),
+            Err(RegistryError::OverBudget(_))
+        ));
     }
 
     #[test]
@@ -573,6 +582,9 @@ mod tests {
         assert!(matches!(r.get("a"), Err(RegistryError::NotFound(_))));
         assert!(d.export.is_closed());
         drop(guard);
-        assert!(matches!(r.delete("a", true), Err(RegistryError::NotFound(_))));
+        assert!(matches!(
+            r.delete("a", true),
+            Err(RegistryError::NotFound(_))
+        ));
     }
 }

@@ -86,8 +86,8 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
             None if opt == "overcommit" => d.overcommit = true,
             _ => {
                 return Err(SpecError::Malformed(format!(
-                    "'{spec}': unknown option '{opt}' (known: mem-limit=SIZE, read-only, overcommit)"
-                )))
+                "'{spec}': unknown option '{opt}' (known: mem-limit=SIZE, read-only, overcommit)"
+            )))
             }
         }
     }
@@ -112,11 +112,23 @@ mod tests {
     fn drive_specs() {
         let d = parse_drive_spec("db=4G,mem-limit=1G,ro").unwrap();
         assert_eq!(
-            (d.name.as_str(), d.size_bytes, d.mem_limit_bytes, d.read_only),
+            (
+                d.name.as_str(),
+                d.size_bytes,
+                d.mem_limit_bytes,
+                d.read_only
+            ),
             ("db", 4 << 30, Some(1 << 30), true)
         );
         assert!(parse_drive_spec("x=1G,overcommit").unwrap().overcommit);
-        for bad in ["Bad=1G", "x=12Q", "x", "x=0", "x=1G,turbo", "x=1G,mem-limit=z"] {
+        for bad in [
+            "Bad=1G",
+            "x=12Q",
+            "x",
+            "x=0",
+            "x=1G,turbo",
+            "x=1G,mem-limit=z",
+        ] {
             assert!(parse_drive_spec(bad).is_err(), "{bad}");
         }
     }

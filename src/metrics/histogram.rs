@@ -78,7 +78,12 @@ impl Default for Histogram {
 
 impl std::fmt::Debug for Histogram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Histogram(count {}, sum {} ns)", self.count(), self.sum_ns)
+        write!(
+            f,
+            "Histogram(count {}, sum {} ns)",
+            self.count(),
+            self.sum_ns
+        )
     }
 }
 
@@ -219,7 +224,10 @@ mod tests {
         assert_eq!(h.count(), 10_000);
         for (q, truth) in [(0.5, 5_000_000u64), (0.9, 9_000_000), (0.99, 9_900_000)] {
             let got = h.quantile_ns(q).unwrap();
-            assert!(got >= truth && got <= truth + truth / 16, "q{q}: {got} vs {truth}");
+            assert!(
+                got >= truth && got <= truth + truth / 16,
+                "q{q}: {got} vs {truth}"
+            );
         }
         assert_eq!(Histogram::default().quantile_ns(0.5), None);
         assert_eq!(h.sum_ns, (1..=10_000u64).map(|v| v * 1000).sum::<u64>());

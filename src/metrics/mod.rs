@@ -43,8 +43,8 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-pub use histogram::Histogram;
 use histogram::AtomicHistogram;
+pub use histogram::Histogram;
 
 /// Request types counted separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -307,7 +307,8 @@ mod tests {
         assert!(text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"read\"} 3\n"));
         assert!(text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 12288\n"));
         assert!(text.contains("ramd_drive_mem_limit_bytes{drive=\"ram0\"} 1048576\n"));
-        assert!(text.contains("ramd_drive_request_duration_seconds_count{drive=\"ram0\",op=\"read\"} 3\n"));
+        assert!(text
+            .contains("ramd_drive_request_duration_seconds_count{drive=\"ram0\",op=\"read\"} 3\n"));
         // 3 us lies in the (2048 ns, 4096 ns] bucket.
         assert!(text.contains("ramd_drive_request_duration_seconds_bucket{le=\"0.000002048\",drive=\"ram0\",op=\"read\"} 0\n")
             || text.contains("le=\"2.048e-6\""), "{text}");

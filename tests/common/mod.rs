@@ -37,6 +37,7 @@ fn package_for(tool: &str) -> &'static str {
         "nbdsh" => "python3-libnbd",
         "fio" => "fio",
         "losetup" | "mount" | "umount" => "mount",
+        "fstrim" => "util-linux",
         "mkfs.ext4" | "e2fsck" => "e2fsprogs",
         "fusermount3" => "fuse3",
         "sha256sum" | "cp" | "sync" => "coreutils",
@@ -535,9 +536,10 @@ pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> (u16
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status in {head}"));
-    let chunked = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
     let body = if chunked {
         let mut out = String::new();
         let mut r = rest;

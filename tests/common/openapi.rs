@@ -36,7 +36,9 @@ impl Spec {
         match v.get("$ref").and_then(Value::as_str) {
             Some(r) => {
                 let ptr = r.strip_prefix('#').expect("local $ref");
-                self.doc.pointer(ptr).unwrap_or_else(|| panic!("dangling $ref {r}"))
+                self.doc
+                    .pointer(ptr)
+                    .unwrap_or_else(|| panic!("dangling $ref {r}"))
             }
             None => v,
         }
@@ -47,7 +49,10 @@ impl Spec {
     #[track_caller]
     pub fn check(&self, method: &str, path: &str, status: u16, body: &str) {
         let op = &self.doc["paths"][path][method.to_ascii_lowercase()];
-        assert!(op.is_object(), "{method} {path} is not in docs/openapi.yaml");
+        assert!(
+            op.is_object(),
+            "{method} {path} is not in docs/openapi.yaml"
+        );
         let resp = &op["responses"][status.to_string()];
         assert!(
             resp.is_object(),
