@@ -17,6 +17,11 @@
 //!                     allocated/dirty bitmaps, memory budgets
 //! ```
 //!
+//! Around it: `daemon` (start-up, config, the drive registry that keeps
+//! drives and exports in step, shutdown), `api` (REST over a unix socket,
+//! and the client `cli` uses), `attach` (drives as FUSE files), `metrics`
+//! (per-connection counters that `nbd::conn` records into).
+//!
 //! A request flows: socket bytes → `proto::parse_request` → `conn` validate →
 //! `Backend` call → reply encoded into the connection's output buffer → one
 //! `write` per batch.
