@@ -16,7 +16,7 @@ trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 start() { # start DRIVE-SPEC...
   local args=()
   for d in "$@"; do args+=(--drive "$d"); done
-  "$bin" serve --socket "$tmp/nbd.sock" --log warn "${args[@]}" &
+  "$bin" serve --no-config --socket "$tmp/nbd.sock" --api-socket "$tmp/api.sock" --log warn "${args[@]}" &
   pid=$!
   for _ in $(seq 100); do [ -S "$tmp/nbd.sock" ] && return; sleep 0.05; done
   echo "ramd did not start" >&2; exit 1
@@ -27,7 +27,7 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$pid/status"; }
 start small=1M
 base=$(rss_kib)
 stop
-start small=1M big=16G
+start small=1M big=16G,overcommit
 with_big=$(rss_kib)
 stop
 meta_kib=$((with_big - base))

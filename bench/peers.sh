@@ -25,7 +25,7 @@ export NBDBENCH_RESULTS="$out"
 for i in $(seq 1 "$runs"); do
   echo "== run $i of $runs" >&2
   python3 "$nbdbench" peers --no-kernel --no-memcpy \
-    --extra "ramd=$bin serve --socket {sock} --drive ram0={size} --log warn" \
+    --extra "ramd=$bin serve --no-config --socket {sock} --api-socket {sock}.api --drive ram0={size} --log warn" \
     --out "$out/run$i.json" ${PEERS_ARGS:-}
 done
 python3 "$here/summarize.py" "$out"/run*.json | tee "$out/summary.md"

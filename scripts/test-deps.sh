@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the client tools the integration tests drive (tests/clients.rs:
 # qemu-img/qemu-io, nbdinfo/nbdcopy/nbdfuse, nbdsh, fio with its nbd engine,
-# losetup, mount, mkfs.ext4, fusermount3) plus the peer servers the benches
+# losetup, mount, mkfs.ext4, fusermount3; Python's prometheus_client for
+# tests/metrics.rs) plus the peer servers the benches
 # compare against (nbdkit, nbd-server), on Debian 12, as root.
 #
 # Idempotent and fast when nothing is missing: apt is not touched at all
@@ -14,6 +15,7 @@ packages=(
     qemu-utils     # qemu-img, qemu-io
     libnbd-bin     # nbdinfo, nbdcopy, nbdfuse
     python3-libnbd # nbdsh and Python's nbd module
+    python3-prometheus-client # parses /metrics in tests/metrics.rs
     fio            # built with the libnbd ioengine on Debian
     nbdkit
     nbd-server
@@ -26,7 +28,7 @@ packages=(
 )
 tools=(
     qemu-img qemu-io nbdinfo nbdcopy nbdfuse nbdsh fio nbdkit nbd-server
-    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum
+    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim
 )
 
 # The tests run tools with the system directories first on PATH (so a
@@ -40,6 +42,7 @@ missing() {
         command -v "$t" >/dev/null 2>&1 || { echo "$t"; return 0; }
     done
     /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || { echo "python3 nbd module"; return 0; }
+    /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || { echo "python3 prometheus_client module"; return 0; }
     fio --enghelp=nbd 2>/dev/null | grep -q uri || { echo "fio nbd ioengine"; return 0; }
     return 1
 }

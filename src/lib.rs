@@ -17,6 +17,11 @@
 //!                     allocated/dirty bitmaps, memory budgets
 //! ```
 //!
+//! Around it: `daemon` (start-up, config, the drive registry that keeps
+//! drives and exports in step, shutdown), `api` (REST over a unix socket,
+//! and the client `cli` uses), `attach` (drives as FUSE files), `metrics`
+//! (per-connection counters that `nbd::conn` records into).
+//!
 //! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or
 //! overlay mounted over them) and syncs them back to disk crash-safely.
 //!
@@ -24,8 +29,13 @@
 //! `Backend` call → reply encoded into the connection's output buffer → one
 //! `write` per batch.
 
+pub mod api;
+pub mod attach;
 pub mod backend;
+pub mod cli;
+pub mod daemon;
 pub mod dirsync;
+pub mod metrics;
 pub mod nbd;
 pub mod paths;
 pub mod size;

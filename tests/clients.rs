@@ -983,11 +983,15 @@ fn second_daemon_on_the_same_socket_is_refused() {
         return;
     }
     let mut d = Daemon::start(&["ram0=1M"]);
+    // Its own API socket, the first one's NBD socket: the NBD bind refuses.
     let out = run(ramd()
-        .args(["serve", "--drive", "x=1M", "--socket"])
-        .arg(d.socket()))
+        .args(["serve", "--no-config", "--drive", "x=1M", "--socket"])
+        .arg(d.socket())
+        .arg("--api-socket")
+        .arg(d.dir().join("other-api.sock")))
     .failed();
     assert!(out.stderr.contains("in use"), "{out}");
+    assert!(out.stderr.contains(&format!("pid {}", d.pid())), "{out}");
     // The first daemon is unharmed.
     assert!(d.is_running());
     assert!(d.socket().exists());
@@ -1001,13 +1005,13 @@ fn bad_command_lines_give_clear_errors() {
     let socket = dir.path().join("nbd.sock");
     for (drive, expect) in [
         ("x=12Q", &["x=12Q", "unknown size unit"][..]),
-        ("BAD=1G", &["BAD=1G", "invalid name 'BAD'"]),
+        ("BAD=1G", &["BAD=1G", "invalid drive name 'BAD'"]),
         ("x", &["expected NAME=SIZE"]),
         ("x=0", &["at least 1 byte"]),
         ("x=1G,turbo", &["unknown option 'turbo'"]),
     ] {
         let out = run(ramd()
-            .args(["serve", "--drive", drive, "--socket"])
+            .args(["serve", "--no-config", "--drive", drive, "--socket"])
             .arg(&socket))
         .failed();
         assert_eq!(out.code(), 1, "{out}");
@@ -1018,7 +1022,15 @@ fn bad_command_lines_give_clear_errors() {
     }
     // Two drives with one name.
     let out = run(ramd()
-        .args(["serve", "--drive", "a=1M", "--drive", "a=2M", "--socket"])
+        .args([
+            "serve",
+            "--no-config",
+            "--drive",
+            "a=1M",
+            "--drive",
+            "a=2M",
+            "--socket",
+        ])
         .arg(&socket))
     .failed();
     assert!(out.stderr.contains("given twice"), "{out}");

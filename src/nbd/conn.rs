@@ -32,6 +32,7 @@ use super::export::Export;
 use super::handshake::Negotiated;
 use super::proto::*;
 use crate::backend::Backend;
+use crate::metrics::{ConnRecorder, Op};
 
 /// Input buffer size while idle.
 const IN_DEFAULT_BYTES: usize = 512 * 1024;
@@ -87,6 +88,7 @@ pub fn transmission<S: Transport>(
         base_allocation: neg.base_allocation,
         out: Vec::with_capacity(OUT_FLUSH_BYTES + 64 * 1024),
         bounce: vec![0u8; PIECE_BYTES],
+        rec: neg.export.metrics.as_ref().map(|m| m.connection()),
     };
     let mut inbuf = vec![0u8; IN_DEFAULT_BYTES];
     let mut poller = Poller::new(poll_us);
@@ -110,7 +112,7 @@ pub fn transmission<S: Transport>(
                 Ok(Parse::Done(req, _)) => req,
                 Ok(Parse::Incomplete) => break,
                 Err(e) => {
-                    stream.write_all(&conn.out)?;
+                    conn.send(stream)?;
                     return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                 }
             };
@@ -150,8 +152,7 @@ pub fn transmission<S: Transport>(
             {
                 // A large WRITE whose payload is still arriving: stream it
                 // into the store piece by piece instead of gathering it.
-                stream.write_all(&conn.out)?;
-                conn.out.clear();
+                conn.send(stream)?;
                 let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
                 discard = conn.streamed_write(&req, buffered, stream)?;
                 (start, end) = (0, 0);
@@ -173,13 +174,11 @@ pub fn transmission<S: Transport>(
             batch += 1;
             start += total;
             if conn.out.len() >= OUT_FLUSH_BYTES {
-                stream.write_all(&conn.out)?;
-                conn.out.clear();
+                conn.send(stream)?;
             }
         }
         if !conn.out.is_empty() {
-            stream.write_all(&conn.out)?;
-            conn.out.clear();
+            conn.send(stream)?;
         }
         if next == Next::Disconnect {
             return Ok(());
@@ -200,6 +199,9 @@ pub fn transmission<S: Transport>(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
+        if let Some(r) = conn.rec.as_mut() {
+            r.batch_started();
+        }
         end += n;
     }
 }
@@ -344,9 +346,53 @@ struct Conn<'a> {
     out: Vec<u8>,
     /// One piece of a streamed WRITE, received before any lock is taken.
     bounce: Vec<u8>,
+    /// Counts requests and times batches; None when metrics are off.
+    rec: Option<ConnRecorder>,
+}
+
+/// The metrics kind of a command (None for DISC and unknown commands).
+#[inline]
+fn op_of(command: u16) -> Option<Op> {
+    Some(match command {
+        CMD_READ => Op::Read,
+        CMD_WRITE => Op::Write,
+        CMD_FLUSH => Op::Flush,
+        CMD_TRIM => Op::Trim,
+        CMD_WRITE_ZEROES => Op::WriteZeroes,
+        CMD_CACHE => Op::Cache,
+        CMD_BLOCK_STATUS => Op::BlockStatus,
+        _ => return None,
+    })
 }
 
 impl Conn<'_> {
+    /// Writes every pending reply and clears the buffer; their requests'
+    /// latency is recorded once the bytes are out.
+    #[inline]
+    fn send<S: Write>(&mut self, stream: &mut S) -> io::Result<()> {
+        stream.write_all(&self.out)?;
+        self.out.clear();
+        if let Some(r) = self.rec.as_mut() {
+            r.replies_sent();
+        }
+        Ok(())
+    }
+
+    /// Counts a successful request.
+    #[inline]
+    fn count_done(&mut self, req: &Request) {
+        if let Some(r) = self.rec.as_mut() {
+            if let Some(op) = op_of(req.command) {
+                let bytes = if req.command == CMD_FLUSH || req.command == CMD_BLOCK_STATUS {
+                    0
+                } else {
+                    req.len as u64
+                };
+                r.done(op, bytes);
+            }
+        }
+    }
+
     /// Checks a request before any backend sees it: command, flags, access,
     /// size and range. The one place requests are validated.
     fn validate(&self, req: &Request) -> Result<(), Refusal> {
@@ -451,7 +497,10 @@ impl Conn<'_> {
             _ => unreachable!("validate() refuses unknown commands"),
         };
         match result {
-            Ok(()) => encode_simple_reply(&mut self.out, req.cookie, 0),
+            Ok(()) => {
+                encode_simple_reply(&mut self.out, req.cookie, 0);
+                self.count_done(req);
+            }
             Err(e) => self.reply_backend_error(req, &e),
         }
         Next::Continue
@@ -496,6 +545,7 @@ impl Conn<'_> {
             done += n;
         }
         encode_simple_reply(&mut self.out, req.cookie, 0);
+        self.count_done(req);
         Ok(0)
     }
 
@@ -649,6 +699,7 @@ impl Conn<'_> {
         if self.structured {
             if len == 0 {
                 encode_structured_done(&mut self.out, req.cookie);
+                self.count_done(req);
                 return Next::Continue;
             }
             let flags = REPLY_FLAG_DONE;
@@ -668,9 +719,12 @@ impl Conn<'_> {
         // slice is undefined behaviour; the fill costs ~1% of a 4 KiB read.
         self.out.resize(data_at + len, 0);
         let result = self.backend.read(req.offset, &mut self.out[data_at..]);
-        if let Err(e) = result {
-            self.out.truncate(mark);
-            self.reply_backend_error(req, &e);
+        match result {
+            Ok(()) => self.count_done(req),
+            Err(e) => {
+                self.out.truncate(mark);
+                self.reply_backend_error(req, &e);
+            }
         }
         Next::Continue
     }
@@ -681,6 +735,7 @@ impl Conn<'_> {
                 let one = req.flags & CMD_FLAG_REQ_ONE != 0;
                 let id = META_BASE_ALLOCATION_ID;
                 encode_block_status(&mut self.out, req.cookie, id, &ext, req.len as u64, one);
+                self.count_done(req);
             }
             Ok(_) => self.reply_error(req, &refuse(EIO, "no extents returned")),
             Err(e) => self.reply_backend_error(req, &e),
@@ -694,6 +749,9 @@ impl Conn<'_> {
     }
 
     fn reply_error(&mut self, req: &Request, r: &Refusal) {
+        if let Some(rec) = self.rec.as_mut() {
+            rec.failed(op_of(req.command), r.errno);
+        }
         tracing::debug!(
             export = %self.export.name,
             command = command_name(req.command),

@@ -11,6 +11,7 @@ use parking_lot::RwLock;
 
 use super::proto::*;
 use crate::backend::Backend;
+use crate::metrics::DriveMetrics;
 
 /// One NBD export: a named backend plus its live state.
 pub struct Export {
@@ -25,6 +26,12 @@ pub struct Export {
     read_only: AtomicBool,
     /// Connections in the transmission phase on this export.
     connections: AtomicUsize,
+    /// Where connections record their requests; None when metrics are off
+    /// (the data path then skips recording and reads no clock).
+    pub metrics: Option<Arc<DriveMetrics>>,
+    /// Set when the drive is deleted: connections that finish their
+    /// handshake afterwards leave at once instead of serving a dead drive.
+    closed: AtomicBool,
 }
 
 impl Export {
@@ -35,7 +42,25 @@ impl Export {
             backend,
             read_only: AtomicBool::new(read_only),
             connections: AtomicUsize::new(0),
+            metrics: None,
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the export as gone (see `ShutdownHandle::close_export`).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// True once `close` was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Records every connection's requests into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<DriveMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn is_read_only(&self) -> bool {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::conn;
-use super::export::ExportTable;
+use super::export::{Export, ExportTable};
 use super::handshake::{self, HandshakeError};
 
 /// Default for `ServerConfig::poll_us`.
@@ -227,11 +227,20 @@ struct Shared {
     exports: Arc<ExportTable>,
     config: ServerConfig,
     stopping: AtomicBool,
-    /// Read-shutdown handles of live connections, by id.
-    live: Mutex<HashMap<u64, Stream>>,
+    /// Read-shutdown handles of live connections, by id, with the export
+    /// each one is attached to once its handshake is done.
+    live: Mutex<HashMap<u64, Live>>,
     /// Signalled when `live` becomes empty.
     drained: Condvar,
     next_id: AtomicU64,
+}
+
+/// A live connection as shutdown sees it.
+struct Live {
+    /// A clone of the connection's socket, to shut its read half.
+    stream: Stream,
+    /// The export it is attached to (None during the handshake).
+    export: Option<Arc<Export>>,
 }
 
 /// A bound NBD server. `run` serves until `ShutdownHandle::shutdown`.
@@ -252,9 +261,23 @@ impl ShutdownHandle {
     /// Stops accepting and ends every connection after its pending requests.
     pub fn shutdown(&self) {
         self.0.stopping.store(true, Ordering::SeqCst);
-        for s in self.0.live.lock().values() {
-            let _ = s.shutdown(Shutdown::Read);
+        for l in self.0.live.lock().values() {
+            let _ = l.stream.shutdown(Shutdown::Read);
         }
+    }
+
+    /// Ends every connection attached to `export` after its pending
+    /// requests (as `shutdown` does for all); returns how many there were.
+    /// Used when a drive is deleted with force.
+    pub fn close_export(&self, export: &Arc<Export>) -> usize {
+        let mut n = 0;
+        for l in self.0.live.lock().values() {
+            if l.export.as_ref().is_some_and(|e| Arc::ptr_eq(e, export)) {
+                let _ = l.stream.shutdown(Shutdown::Read);
+                n += 1;
+            }
+        }
+        n
     }
 }
 
@@ -370,7 +393,13 @@ impl Server {
                 return;
             }
             match stream.try_clone() {
-                Ok(handle) => live.insert(id, handle),
+                Ok(stream) => live.insert(
+                    id,
+                    Live {
+                        stream,
+                        export: None,
+                    },
+                ),
                 Err(e) => {
                     tracing::warn!("cannot track connection: {e}");
                     return;
@@ -432,6 +461,15 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     let _ = stream.set_read_timeout(None);
     let export = neg.export.clone();
     let _counted = export.connect();
+    if let Some(l) = shared.live.lock().get_mut(&id) {
+        l.export = Some(export.clone());
+    }
+    // Checked after registering: a delete either sees this connection in
+    // `live` and closes it, or closed the export before we looked.
+    if export.is_closed() {
+        tracing::debug!(conn = id, export = %export.name, "drive was deleted; closing");
+        return;
+    }
     tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
     match conn::transmission(&mut stream, &neg, shared.config.poll_us) {
         Ok(()) => tracing::debug!(conn = id, "disconnected"),
@@ -451,11 +489,15 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
         }
     }
     if path.exists() {
-        if UnixStream::connect(path).is_ok() {
+        if let Ok(s) = UnixStream::connect(path) {
+            let who = match peer_pid(&s) {
+                Some(pid) => format!("a running server (pid {pid})"),
+                None => "a running server".to_owned(),
+            };
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!(
-                    "{} is in use by a running server; stop it or choose another --socket",
+                    "{} is in use by {who}; stop it or choose another --socket",
                     path.display()
                 ),
             ));
@@ -464,6 +506,28 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     }
     UnixListener::bind(path)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display())))
+}
+
+/// The pid of the process at the other end of a unix socket (SO_PEERCRED).
+pub fn peer_pid(s: &UnixStream) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a valid
+    // ucred we own; the fd is open for the life of `s`.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
 /// Socket send buffer asked for each connection: a 1 MiB READ reply then

@@ -9,6 +9,8 @@
 // Each integration-test crate that includes this module uses a subset of it.
 #![allow(dead_code)]
 
+pub mod openapi;
+
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -35,6 +37,7 @@ fn package_for(tool: &str) -> &'static str {
         "nbdsh" => "python3-libnbd",
         "fio" => "fio",
         "losetup" | "mount" | "umount" => "mount",
+        "fstrim" => "util-linux",
         "mkfs.ext4" | "e2fsck" => "e2fsprogs",
         "fusermount3" => "fuse3",
         "sha256sum" | "cp" | "sync" => "coreutils",
@@ -113,6 +116,29 @@ pub fn require(tools: &[&str]) -> bool {
         }
     }
     true
+}
+
+/// True when `/usr/bin/python3` can import `module` (from Debian's
+/// `package`). Fails or skips like [`require`].
+#[track_caller]
+pub fn require_python_module(module: &str, package: &str) -> bool {
+    let ok = try_run(
+        tool("/usr/bin/python3").args(["-c", &format!("import {module}")]),
+        TOOL_TIMEOUT,
+    )
+    .is_ok_and(|o| o.status.success());
+    if ok {
+        return true;
+    }
+    prerequisite_missing(&format!(
+        "missing Python module {module}: install with apt-get install {package}"
+    ))
+}
+
+/// Runs a Python script with Debian's python3 (which has the nbd and
+/// prometheus_client modules), passing `args` as sys.argv[1:].
+pub fn python(script: &str, args: &[&str]) -> Output {
+    run(tool("/usr/bin/python3").arg("-c").arg(script).args(args))
 }
 
 /// True when the test can attach block devices: root, /dev/fuse and loop
@@ -321,47 +347,89 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// A running `ramd serve` in its own temporary directory (which also holds
-/// the socket, its log and any files the test makes). Dropping it stops the
+/// A running `ramd daemon` in its own temporary directory (which also holds
+/// the sockets, its log and any files the test makes). Dropping it stops the
 /// daemon: SIGTERM, a bounded wait, then SIGKILL.
 pub struct Daemon {
     dir: tempfile::TempDir,
     socket: PathBuf,
+    api_socket: PathBuf,
     child: Option<Child>,
 }
 
 impl Daemon {
-    /// Starts `ramd serve` with one `--drive` per spec and waits for its socket.
+    /// Starts `ramd serve` with one `--drive` per spec and waits for its
+    /// sockets (the NBD socket and API socket in the temp dir).
     #[track_caller]
     pub fn start(drives: &[&str]) -> Daemon {
+        let mut args = vec!["serve".to_owned()];
+        for d in drives {
+            args.push("--drive".into());
+            args.push((*d).into());
+        }
+        Daemon::launch(&args, &[])
+    }
+
+    /// Starts `ramd ARGS... --socket DIR/nbd.sock --api-socket DIR/api.sock
+    /// --no-config` (ARGS starts with `daemon` or `serve`) with extra
+    /// environment, and waits until the API socket exists.
+    #[track_caller]
+    pub fn launch(args: &[String], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::Builder::new()
-            .prefix("ramd-clients-")
+            .prefix("ramd-test-")
             .tempdir()
             .expect("create a temp dir");
         let socket = dir.path().join("nbd.sock");
+        let api_socket = dir.path().join("api.sock");
         let log = File::create(dir.path().join("ramd.log")).expect("create the daemon log");
         let mut cmd = ramd();
-        cmd.arg("serve").arg("--socket").arg(&socket);
-        for d in drives {
-            cmd.args(["--drive", d]);
+        cmd.args(args)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--api-socket")
+            .arg(&api_socket);
+        if !args.iter().any(|a| a == "--config") {
+            cmd.arg("--no-config");
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup the log"))
             .stderr(log);
-        let child = cmd.spawn().expect("spawn ramd serve");
+        let child = cmd.spawn().expect("spawn ramd");
         let mut d = Daemon {
             dir,
             socket,
+            api_socket,
             child: Some(child),
         };
-        let socket = d.socket.clone();
-        wait_until("ramd to create its socket", DAEMON_TIMEOUT, || {
+        let (nbd, api) = (d.socket.clone(), d.api_socket.clone());
+        wait_until("ramd to create its sockets", DAEMON_TIMEOUT, || {
             if let Some(status) = d.child_mut().try_wait().expect("try_wait ramd") {
                 panic!("ramd exited early with {status}; log:\n{}", d.log());
             }
-            socket.exists()
+            nbd.exists() && api.exists()
         });
         d
+    }
+
+    /// The API socket.
+    pub fn api_socket(&self) -> &Path {
+        &self.api_socket
+    }
+
+    /// A `ramd` client command aimed at this daemon.
+    pub fn cli(&self) -> Command {
+        let mut c = ramd();
+        c.env("RAMD_API_SOCKET", &self.api_socket);
+        c
+    }
+
+    /// One HTTP request to the API: (status, body).
+    #[track_caller]
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        http(&self.api_socket, method, path, body)
     }
 
     fn child_mut(&mut self) -> &mut Child {
@@ -442,4 +510,51 @@ impl Drop for Daemon {
             let _ = child.wait();
         }
     }
+}
+
+/// One HTTP/1.1 request over a unix socket (Connection: close): the
+/// status and the (de-chunked) body. Panics on transport errors.
+#[track_caller]
+pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+    s.set_read_timeout(Some(TOOL_TIMEOUT)).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n");
+    if body.is_some() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    let body = body.unwrap_or("");
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a header block");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head}"));
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let body = if chunked {
+        let mut out = String::new();
+        let mut r = rest;
+        loop {
+            let (len, tail) = r.split_once("\r\n").expect("chunk size line");
+            let n = usize::from_str_radix(len.trim(), 16).expect("hex chunk size");
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            r = &tail[n + 2..];
+        }
+        out
+    } else {
+        rest.to_owned()
+    };
+    (status, body)
 }

@@ -1,0 +1,257 @@
+//! The blocking API client the CLI uses: one HTTP/1.1 request per call over
+//! the daemon's unix socket (hyper on a small current-thread runtime).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{header, Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::types::*;
+
+/// Longest wait for one API call (drive creation of a huge drive, a mount).
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens on the socket.
+    #[error("the ramd daemon is not running (no API at {}). Start it with `ramd daemon` (or `systemctl start ramd`), or point to a running one with --api-socket / RAMD_API_SOCKET", socket.display())]
+    NotRunning { socket: PathBuf },
+    /// The socket belongs to another user.
+    #[error("permission denied on {}: the API socket is private to the daemon's user; run as that user (or root)", socket.display())]
+    PermissionDenied { socket: PathBuf },
+    /// The daemon refused the request.
+    #[error("{message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The exchange itself failed.
+    #[error("talking to the daemon at {}: {message}", socket.display())]
+    Transport { socket: PathBuf, message: String },
+}
+
+impl ClientError {
+    /// The API error code, if the daemon answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// A client of one daemon.
+pub struct Client {
+    socket: PathBuf,
+    /// Runs hyper's futures; one thread, no workers.
+    rt: tokio::runtime::Runtime,
+}
+
+impl Client {
+    pub fn new(socket: &Path) -> Client {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime starts");
+        Client {
+            socket: socket.to_owned(),
+            rt,
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn transport(&self, message: impl std::fmt::Display) -> ClientError {
+        ClientError::Transport {
+            socket: self.socket.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    /// Sends one request; returns the status and body of a success.
+    fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, ClientError> {
+        let socket = self.socket.clone();
+        let fut = async {
+            let stream = tokio::net::UnixStream::connect(&socket)
+                .await
+                .map_err(|e| {
+                    use std::io::ErrorKind as K;
+                    match e.kind() {
+                        K::NotFound | K::ConnectionRefused => ClientError::NotRunning {
+                            socket: socket.clone(),
+                        },
+                        K::PermissionDenied => ClientError::PermissionDenied {
+                            socket: socket.clone(),
+                        },
+                        _ => self.transport(e),
+                    }
+                })?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| self.transport(e))?;
+            tokio::spawn(conn);
+            let mut req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::HOST, "ramd");
+            if body.is_some() {
+                req = req.header(header::CONTENT_TYPE, "application/json");
+            }
+            let req = req
+                .body(Full::new(Bytes::from(body.unwrap_or_default())))
+                .map_err(|e| self.transport(e))?;
+            let res = sender
+                .send_request(req)
+                .await
+                .map_err(|e| self.transport(e))?;
+            let status = res.status();
+            let bytes = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| self.transport(e))?
+                .to_bytes();
+            Ok::<_, ClientError>((status, bytes))
+        };
+        let (status, bytes) = self
+            .rt
+            .block_on(async { tokio::time::timeout(TIMEOUT, fut).await })
+            .map_err(|_| self.transport(format!("no answer within {TIMEOUT:?}")))??;
+        if status.is_success() {
+            return Ok(bytes.to_vec());
+        }
+        Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(e) => ClientError::Api {
+                status: status.as_u16(),
+                code: e.error.code,
+                message: e.error.message,
+            },
+            Err(_) => ClientError::Api {
+                status: status.as_u16(),
+                code: status_code_name(status),
+                message: String::from_utf8_lossy(&bytes).into_owned(),
+            },
+        })
+    }
+
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| self.transport(e))?;
+        let bytes = self.send(method, path, body)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| self.transport(format!("unexpected answer: {e}")))
+    }
+
+    pub fn health(&self) -> Result<Health, ClientError> {
+        self.call(Method::GET, "/v1/health", None::<&()>)
+    }
+
+    pub fn list_drives(&self) -> Result<DriveList, ClientError> {
+        self.call(Method::GET, "/v1/drives", None::<&()>)
+    }
+
+    pub fn drive(&self, name: &str) -> Result<DriveInfo, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/drives/{}", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    pub fn create_drive(&self, req: &CreateDrive) -> Result<DriveInfo, ClientError> {
+        self.call(Method::POST, "/v1/drives", Some(req))
+    }
+
+    pub fn patch_drive(&self, name: &str, req: &PatchDrive) -> Result<DriveInfo, ClientError> {
+        self.call(
+            Method::PATCH,
+            &format!("/v1/drives/{}", enc(name)),
+            Some(req),
+        )
+    }
+
+    pub fn delete_drive(&self, name: &str, force: bool) -> Result<Deleted, ClientError> {
+        let q = if force { "?force=true" } else { "" };
+        self.call(
+            Method::DELETE,
+            &format!("/v1/drives/{}{q}", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    pub fn stats(&self) -> Result<StatsReport, ClientError> {
+        self.call(Method::GET, "/v1/stats", None::<&()>)
+    }
+
+    pub fn drive_stats(&self, name: &str) -> Result<DriveStats, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/drives/{}/stats", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    pub fn attachments(&self) -> Result<AttachmentList, ClientError> {
+        self.call(Method::GET, "/v1/attachments", None::<&()>)
+    }
+
+    pub fn attach(&self, req: &CreateAttachment) -> Result<AttachmentInfo, ClientError> {
+        self.call(Method::POST, "/v1/attachments", Some(req))
+    }
+
+    pub fn detach(&self, id: u64) -> Result<AttachmentInfo, ClientError> {
+        self.call(
+            Method::DELETE,
+            &format!("/v1/attachments/{id}"),
+            None::<&()>,
+        )
+    }
+
+    /// `/metrics` as text.
+    pub fn metrics_text(&self) -> Result<String, ClientError> {
+        let bytes = self.send(Method::GET, "/metrics", None)?;
+        String::from_utf8(bytes).map_err(|e| self.transport(e))
+    }
+}
+
+fn status_code_name(s: StatusCode) -> String {
+    s.canonical_reason()
+        .unwrap_or("error")
+        .to_ascii_lowercase()
+        .replace(' ', "_")
+}
+
+/// Percent-encodes a path segment (drive names are plain, but the CLI
+/// passes whatever the user typed and the daemon must see it intact).
+fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,155 @@
+//! `/v1/drives`: list, create, get, patch (resize, lock/unlock, memory
+//! limit), delete.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+
+use super::types::{
+    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, SizeValue,
+};
+use super::{blocking, ApiError};
+use crate::daemon::registry::{Drive, DriveChange, Origin};
+use crate::daemon::spec::{check_name, parse_drive_size, DriveSpec, SpecError};
+use crate::daemon::Daemon;
+use crate::size::parse_size;
+
+/// The API view of a drive.
+pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveInfo {
+    DriveInfo {
+        name: drive.name.clone(),
+        kind: drive.kind.name().into(),
+        state: drive.state.lock().name().into(),
+        size_bytes: drive.size_bytes(),
+        read_only: drive.export.is_read_only(),
+        mem_limit_bytes: drive.mem_limit_bytes(),
+        allocated_bytes: drive.store.allocated_bytes(),
+        overcommit: *drive.overcommit.lock(),
+        connections: drive.connections() as u64,
+        attachments: drive
+            .attachments
+            .lock()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        origin: drive.origin.name().into(),
+        created_unix_s: drive.created_unix_s,
+        uri: d.unix_uri(&drive.name),
+        tcp_uris: d.tcp_uris(&drive.name),
+        notice,
+    }
+}
+
+fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
+    match v {
+        SizeValue::Text(t) if matches!(t.trim(), "none" | "unlimited") => Ok(None),
+        v => parse_size(&v.as_text())
+            .map(Some)
+            .map_err(SpecError::InvalidSize),
+    }
+}
+
+pub async fn list(State(d): State<Arc<Daemon>>) -> Json<DriveList> {
+    let drives = d
+        .registry
+        .list()
+        .iter()
+        .map(|x| info(&d, x, None))
+        .collect();
+    Json(DriveList { drives })
+}
+
+pub async fn get(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+) -> Result<Json<DriveInfo>, ApiError> {
+    let drive = d.registry.get(&name)?;
+    Ok(Json(info(&d, &drive, None)))
+}
+
+pub async fn create(
+    State(d): State<Arc<Daemon>>,
+    body: Result<Json<CreateDrive>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let Json(req) = body?;
+    check_name(&req.name)?;
+    let spec = DriveSpec {
+        name: req.name.clone(),
+        size_bytes: parse_drive_size(&req.size.as_text())?,
+        mem_limit_bytes: match &req.mem_limit {
+            Some(v) => mem_limit(v)?,
+            None => None,
+        },
+        read_only: req.read_only,
+        overcommit: req.overcommit,
+    };
+    let d2 = d.clone();
+    let drive = blocking(move || Ok(d2.registry.create(&spec, Origin::Api)?)).await?;
+    let location = format!("/v1/drives/{}", drive.name);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(info(&d, &drive, None)),
+    ))
+}
+
+pub async fn patch(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    body: Result<Json<PatchDrive>, JsonRejection>,
+) -> Result<Json<DriveInfo>, ApiError> {
+    let Json(req) = body?;
+    if req.size.is_none() && req.read_only.is_none() && req.mem_limit.is_none() {
+        return Err(ApiError::invalid(
+            "nothing to change: give size, read_only or mem_limit",
+        ));
+    }
+    let change = DriveChange {
+        size_bytes: match &req.size {
+            Some(s) => Some(parse_drive_size(&s.as_text())?),
+            None => None,
+        },
+        read_only: req.read_only,
+        mem_limit_bytes: match &req.mem_limit {
+            Some(v) => Some(mem_limit(v)?),
+            None => None,
+        },
+        force: req.force,
+    };
+    let d2 = d.clone();
+    let drive = blocking(move || Ok(d2.registry.change(&name, &change)?)).await?;
+    let notice = drive.origin.ephemeral_notice(&drive.name);
+    Ok(Json(info(&d, &drive, notice)))
+}
+
+pub async fn delete(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    query: Result<Query<DeleteQuery>, QueryRejection>,
+) -> Result<Json<Deleted>, ApiError> {
+    let Query(q) = query?;
+    let d2 = d.clone();
+    blocking(move || {
+        if q.force {
+            // A forced delete detaches first; a busy mount stops it.
+            d2.registry.get(&name)?;
+            d2.attachments.detach_drive(&name)?;
+        }
+        let (drive, closed) = d2.registry.delete(&name, q.force)?;
+        Ok(Json(Deleted {
+            name: drive.name.clone(),
+            closed_connections: closed as u64,
+            notice: match &drive.origin {
+                Origin::Api => None,
+                o => o
+                    .ephemeral_notice(&drive.name)
+                    .map(|n| n.replace("this change", "the deletion")),
+            },
+        }))
+    })
+    .await
+}

@@ -1,0 +1,122 @@
+//! API errors: one JSON shape, a stable code and the right HTTP status.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::types::{ErrorBody, ErrorDetail};
+use crate::attach::AttachError;
+use crate::daemon::registry::RegistryError;
+use crate::daemon::spec::SpecError;
+
+/// An error response.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Stable code clients match on.
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<SpecError> for ApiError {
+    fn from(e: SpecError) -> Self {
+        let code = match e {
+            SpecError::InvalidName(_) => "invalid_name",
+            SpecError::InvalidSize(_) => "invalid_size",
+            SpecError::Malformed(_) => "invalid_request",
+        };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        use RegistryError as R;
+        let (status, code) = match &e {
+            R::Spec(s) => return s.clone().into(),
+            R::Exists(_) => (StatusCode::CONFLICT, "drive_exists"),
+            R::NotFound(_) => (StatusCode::NOT_FOUND, "drive_not_found"),
+            R::OverBudget(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
+            R::DataBeyondSize(_) => (StatusCode::CONFLICT, "data_beyond_size"),
+            R::Busy(_) => (StatusCode::CONFLICT, "drive_busy"),
+            R::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<AttachError> for ApiError {
+    fn from(e: AttachError) -> Self {
+        let (status, code) = match &e {
+            AttachError::BadMountpoint(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_mountpoint"),
+            AttachError::AlreadyAttached(_) => (StatusCode::CONFLICT, "already_attached"),
+            AttachError::NotFound(_) => (StatusCode::NOT_FOUND, "attachment_not_found"),
+            AttachError::Busy(_) => (StatusCode::CONFLICT, "mount_busy"),
+            AttachError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "attach_failed"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        let text = r.body_text();
+        match r {
+            JsonRejection::JsonSyntaxError(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_json", text)
+            }
+            JsonRejection::JsonDataError(_) if text.contains("unknown field") => {
+                ApiError::new(StatusCode::BAD_REQUEST, "unknown_field", text)
+            }
+            JsonRejection::JsonDataError(_) => ApiError::invalid(text),
+            JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("{text}: send the body with Content-Type: application/json"),
+            ),
+            _ => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", text),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        let text = r.body_text();
+        if text.contains("unknown field") {
+            ApiError::new(StatusCode::BAD_REQUEST, "unknown_field", text)
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_query", text)
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! `GET /v1/health`: is the daemon up, and where is everything.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+
+use super::types::{Budget, Health};
+use crate::daemon::Daemon;
+
+pub(crate) fn budget(d: &Daemon) -> Budget {
+    let b = d.registry.budget();
+    Budget {
+        limit_bytes: b.limit_bytes(),
+        used_bytes: b.used_bytes(),
+        committed_bytes: d.registry.committed_bytes(),
+    }
+}
+
+pub async fn get(State(d): State<Arc<Daemon>>) -> Json<Health> {
+    let s = &d.settings;
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        uptime_s: d.started.elapsed().as_secs_f64(),
+        started_unix_s: d.started_unix_s,
+        api_socket: s.api_socket.display().to_string(),
+        nbd_socket: s.nbd_socket.display().to_string(),
+        nbd_tcp: d.tcp_addrs.iter().map(|a| a.to_string()).collect(),
+        state_dir: s.state_dir.display().to_string(),
+        config_file: s.config_path.as_ref().map(|p| p.display().to_string()),
+        metrics_enabled: d.registry.metrics_enabled(),
+        drives: d.registry.list().len() as u64,
+        memory_budget: budget(&d),
+    })
+}

@@ -1,0 +1,36 @@
+//! `GET /metrics`: Prometheus / OpenMetrics text.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use crate::daemon::Daemon;
+use crate::metrics::prometheus::{encode, DaemonSample, DriveSample, CONTENT_TYPE};
+
+pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
+    let drives = d
+        .registry
+        .list()
+        .iter()
+        .map(|x| DriveSample {
+            name: x.name.clone(),
+            size_bytes: x.size_bytes(),
+            allocated_bytes: x.store.allocated_bytes(),
+            mem_limit_bytes: x.mem_limit_bytes(),
+            connections: (x.connections() + x.attachments.lock().len()) as u64,
+            read_only: x.export.is_read_only(),
+            totals: x.metrics.as_ref().map(|m| m.snapshot()),
+        })
+        .collect();
+    let b = d.registry.budget();
+    let sample = DaemonSample {
+        budget_used_bytes: b.used_bytes(),
+        budget_limit_bytes: b.limit_bytes(),
+        uptime_seconds: d.started.elapsed().as_secs_f64(),
+        metrics_enabled: d.registry.metrics_enabled(),
+        drives,
+    };
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], encode(sample))
+}

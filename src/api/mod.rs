@@ -1,0 +1,119 @@
+//! REST API v1 over the daemon's unix socket (axum on tokio).
+//!
+//! One file per resource: `drives`, `stats`, `health`, `attachments`,
+//! `metrics` (Prometheus); `types` holds the JSON bodies, `error` the one
+//! error shape, `client` the blocking client the CLI uses. The route table
+//! below is the single source of both the router and [`ROUTES`], which a
+//! test compares with docs/openapi.yaml.
+//!
+//! Handlers never hold a lock across `.await`: registry and mount work runs
+//! in `spawn_blocking`.
+
+pub mod attachments;
+pub mod client;
+pub mod drives;
+pub mod error;
+pub mod health;
+pub mod metrics;
+pub mod stats;
+pub mod types;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{OriginalUri, Request};
+use axum::http::{Method, StatusCode};
+use axum::Router;
+
+use crate::daemon::Daemon;
+pub use error::ApiError;
+
+/// Builds the router and the list of routes from one table.
+macro_rules! routes {
+    ($( $method:ident $path:literal => $handler:path ),* $(,)?) => {
+        /// Every route as (METHOD, path), exactly as the router serves them.
+        pub const ROUTES: &[(&str, &str)] = &[$( (stringify!($method), $path) ),*];
+
+        fn routes() -> Router<Arc<Daemon>> {
+            let r = Router::new();
+            $( let r = r.route($path, axum::routing::$method($handler)); )*
+            r
+        }
+    };
+}
+
+routes! {
+    get "/v1/health" => health::get,
+    get "/v1/drives" => drives::list,
+    post "/v1/drives" => drives::create,
+    get "/v1/drives/{name}" => drives::get,
+    patch "/v1/drives/{name}" => drives::patch,
+    delete "/v1/drives/{name}" => drives::delete,
+    get "/v1/drives/{name}/stats" => stats::drive,
+    get "/v1/stats" => stats::all,
+    get "/v1/attachments" => attachments::list,
+    post "/v1/attachments" => attachments::create,
+    delete "/v1/attachments/{id}" => attachments::delete,
+    get "/metrics" => metrics::get,
+}
+
+async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        format!(
+            "no route {method} {}; the routes are listed in docs/api.md",
+            uri.path()
+        ),
+    )
+}
+
+async fn wrong_method(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not support {method}; see docs/api.md", uri.path()),
+    )
+}
+
+/// The API router with its state.
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    routes()
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(log_request))
+        .with_state(daemon)
+}
+
+/// Logs each request at debug level, errors at info.
+async fn log_request(req: Request, next: axum::middleware::Next) -> axum::response::Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let res = next.run(req).await;
+    if res.status().is_client_error() || res.status().is_server_error() {
+        tracing::info!(%method, %path, status = res.status().as_u16(), "API request failed");
+    } else {
+        tracing::debug!(%method, %path, status = res.status().as_u16(), "API request");
+    }
+    res
+}
+
+/// Serves the API on `listener` until `stop` completes, then finishes the
+/// requests in flight.
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    daemon: Arc<Daemon>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(daemon))
+        .with_graceful_shutdown(stop)
+        .await
+}
+
+/// Runs blocking work (registry, mounts) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+}

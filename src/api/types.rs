@@ -1,0 +1,243 @@
+//! The JSON bodies of API v1, shared by the server and the client. Request
+//! bodies reject unknown fields, so a typo is an error, not a silent no-op
+//! (and fields added later are refused by older daemons, not ignored).
+//! docs/openapi.yaml describes the same shapes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A size in a request: a number of bytes or a human size ("4G").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    /// The text to parse (bytes become their decimal form).
+    pub fn as_text(&self) -> String {
+        match self {
+            SizeValue::Bytes(b) => b.to_string(),
+            SizeValue::Text(t) => t.clone(),
+        }
+    }
+}
+
+/// `POST /v1/drives`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDrive {
+    pub name: String,
+    pub size: SizeValue,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<SizeValue>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub overcommit: bool,
+}
+
+/// `PATCH /v1/drives/{name}`: absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchDrive {
+    /// New size (grow or shrink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<SizeValue>,
+    /// Lock (true) or unlock (false) for writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// New memory limit; "none" removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<SizeValue>,
+    /// Shrink even when it discards data.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+}
+
+/// `DELETE /v1/drives/{name}?force=true`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// A drive as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriveInfo {
+    pub name: String,
+    /// "ram" (later kinds: persistent, cache).
+    pub kind: String,
+    /// "ready" (later states: restoring, failed).
+    pub state: String,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// The drive's own memory limit; null when it has none.
+    pub mem_limit_bytes: Option<u64>,
+    /// Memory the drive holds now.
+    pub allocated_bytes: u64,
+    pub overcommit: bool,
+    /// Open NBD connections.
+    pub connections: u64,
+    /// Mountpoints where it is attached through FUSE.
+    pub attachments: Vec<String>,
+    /// "config", "command-line" or "api".
+    pub origin: String,
+    pub created_unix_s: u64,
+    /// NBD URI on the unix socket.
+    pub uri: String,
+    /// NBD URIs on TCP listeners.
+    pub tcp_uris: Vec<String>,
+    /// Set on changes to a drive the daemon re-creates at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+/// `GET /v1/drives`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DriveList {
+    pub drives: Vec<DriveInfo>,
+}
+
+/// `DELETE /v1/drives/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Deleted {
+    pub name: String,
+    /// NBD connections closed by a forced delete.
+    pub closed_connections: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+/// The daemon memory budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    pub limit_bytes: u64,
+    /// Memory all drives hold now.
+    pub used_bytes: u64,
+    /// Memory promised to drives (their sizes or limits, plus metadata).
+    pub committed_bytes: u64,
+}
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    /// "ok".
+    pub status: String,
+    pub version: String,
+    pub pid: u32,
+    pub uptime_s: f64,
+    pub started_unix_s: u64,
+    pub api_socket: String,
+    pub nbd_socket: String,
+    pub nbd_tcp: Vec<String>,
+    pub state_dir: String,
+    pub config_file: Option<String>,
+    pub metrics_enabled: bool,
+    pub drives: u64,
+    pub memory_budget: Budget,
+}
+
+/// Latency quantiles in microseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub mean_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p90_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+}
+
+/// Counters since the drive was created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsTotals {
+    /// Requests by op: read, write, flush, trim, write_zeroes, cache,
+    /// block_status.
+    pub ops: BTreeMap<String, u64>,
+    /// Bytes of successful requests by op.
+    pub bytes: BTreeMap<String, u64>,
+    /// Failed requests by errno name.
+    pub errors: BTreeMap<String, u64>,
+    pub connections_opened: u64,
+    /// By op: read, write, flush.
+    pub latency: BTreeMap<String, Latency>,
+}
+
+/// The last sampling interval (about one second).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsRates {
+    pub interval_s: f64,
+    /// Requests per second, all ops.
+    pub iops: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    /// Latency of the interval's requests by op: read, write, flush.
+    pub latency: BTreeMap<String, Latency>,
+}
+
+/// `GET /v1/drives/{name}/stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriveStats {
+    pub name: String,
+    pub size_bytes: u64,
+    pub allocated_bytes: u64,
+    pub mem_limit_bytes: Option<u64>,
+    pub connections: u64,
+    /// Null when metrics are off.
+    pub totals: Option<StatsTotals>,
+    /// Null when metrics are off or before the first full interval.
+    pub rates: Option<StatsRates>,
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsReport {
+    pub metrics_enabled: bool,
+    pub memory_budget: Budget,
+    pub drives: Vec<DriveStats>,
+}
+
+/// `POST /v1/attachments`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAttachment {
+    pub drive: String,
+    /// Absolute path of an existing directory.
+    pub mountpoint: String,
+}
+
+/// An attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentInfo {
+    pub id: u64,
+    pub drive: String,
+    pub mountpoint: String,
+    /// The file to hand to losetup.
+    pub file: String,
+}
+
+/// `GET /v1/attachments`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttachmentList {
+    pub attachments: Vec<AttachmentInfo>,
+}
+
+/// Every error body: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable (see docs/api.md).
+    pub code: String,
+    /// For people: what went wrong and what to do.
+    pub message: String,
+}

@@ -1,0 +1,354 @@
+//! `ramd attach`: drives exposed as files through FUSE, served inside the
+//! daemon so I/O goes straight to the drive (no NBD hop) and the CLI
+//! returns at once.
+//!
+//! ```text
+//!  ramd attach ram0 /mnt/x ──API──► Attachments::attach
+//!                                     ├ mount FUSE at /mnt/x (mount(2) as root,
+//!                                     │ fusermount3 otherwise; no libfuse)
+//!                                     └ thread "fuse-ram0": DriveFs serves /mnt/x/ram0
+//!  losetup -f --show /mnt/x/ram0 ──► /dev/loopN ──► mkfs.ext4, mount
+//! ```
+//!
+//! Detach unmounts first and only then forgets the attachment: an unmount
+//! refused because a loop device (or a process) still uses the file is
+//! reported as busy and changes nothing. Once unmounted, the kernel ends
+//! the FUSE session and its thread returns.
+//!
+//! # Invariants
+//!
+//! - An attachment is listed (here and in its drive's `attachments`) from
+//!   the moment its mount succeeded until it is unmounted.
+//! - The `Attachments` mutex is never held while waiting on the kernel for
+//!   anything but our own mount/unmount calls (which cannot depend on it).
+
+mod fs;
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use fuser::MountOption;
+use parking_lot::Mutex;
+
+use crate::daemon::registry::Drive;
+pub use fs::DriveFs;
+
+/// Why an attach or detach failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The mountpoint is unusable.
+    #[error("{0}")]
+    BadMountpoint(String),
+    /// Something is already attached there.
+    #[error("{0}")]
+    AlreadyAttached(String),
+    /// No attachment matches.
+    #[error("{0}")]
+    NotFound(String),
+    /// The unmount was refused because the file is in use.
+    #[error("{0}")]
+    Busy(String),
+    /// The kernel or fusermount3 refused.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A live attachment as listings show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentInfo {
+    pub id: u64,
+    pub drive: String,
+    pub mountpoint: PathBuf,
+    /// The file to hand to losetup: `mountpoint/drive`.
+    pub file: PathBuf,
+}
+
+struct Attachment {
+    info: AttachmentInfo,
+    drive: Arc<Drive>,
+    /// Runs the FUSE session; returns once the filesystem is unmounted.
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+/// Every attachment of the daemon.
+#[derive(Default)]
+pub struct Attachments {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    by_id: BTreeMap<u64, Attachment>,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True when `/etc/fuse.conf` lets users pass allow_root.
+fn user_allow_other() -> bool {
+    std::fs::read_to_string("/etc/fuse.conf")
+        .map(|t| t.lines().any(|l| l.trim() == "user_allow_other"))
+        .unwrap_or(false)
+}
+
+impl Attachments {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every attachment, by id.
+    pub fn list(&self) -> Vec<AttachmentInfo> {
+        self.inner
+            .lock()
+            .by_id
+            .values()
+            .map(|a| a.info.clone())
+            .collect()
+    }
+
+    /// Mounts `drive` at `mountpoint` (an existing, empty-or-not directory
+    /// that is not already a mount point).
+    pub fn attach(
+        &self,
+        drive: Arc<Drive>,
+        mountpoint: &Path,
+    ) -> Result<AttachmentInfo, AttachError> {
+        if !mountpoint.is_absolute() {
+            return Err(AttachError::BadMountpoint(format!(
+                "mountpoint {} must be an absolute path",
+                mountpoint.display()
+            )));
+        }
+        let meta = std::fs::metadata(mountpoint).map_err(|e| {
+            AttachError::BadMountpoint(format!(
+                "mountpoint {}: {e}{}",
+                mountpoint.display(),
+                if e.kind() == io::ErrorKind::NotFound {
+                    "; create it first (mkdir -p)"
+                } else {
+                    ""
+                }
+            ))
+        })?;
+        if !meta.is_dir() {
+            return Err(AttachError::BadMountpoint(format!(
+                "mountpoint {} is not a directory",
+                mountpoint.display()
+            )));
+        }
+        let mountpoint = mountpoint
+            .canonicalize()
+            .map_err(|e| AttachError::BadMountpoint(format!("{}: {e}", mountpoint.display())))?;
+        let mut inner = self.inner.lock();
+        if let Some(a) = inner
+            .by_id
+            .values()
+            .find(|a| a.info.mountpoint == mountpoint)
+        {
+            return Err(AttachError::AlreadyAttached(format!(
+                "drive '{}' is already attached at {}; run `ramd detach {}` first",
+                a.info.drive,
+                mountpoint.display(),
+                mountpoint.display()
+            )));
+        }
+        if let Some(parent) = mountpoint.parent() {
+            let parent_dev = std::fs::metadata(parent).map(|m| m.dev()).ok();
+            if parent_dev.is_some_and(|d| d != meta.dev()) {
+                return Err(AttachError::BadMountpoint(format!(
+                    "{} is already a mount point; pick an empty directory that is not mounted",
+                    mountpoint.display()
+                )));
+            }
+        }
+        let mut options = vec![
+            MountOption::FSName(format!("ramd:{}", drive.name)),
+            MountOption::Subtype("ramd".into()),
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::NoExec,
+        ];
+        if !is_root() && user_allow_other() {
+            // Let root's losetup open a file mounted by another user.
+            options.push(MountOption::AllowRoot);
+        }
+        let fs = DriveFs::new(drive.export.clone());
+        let mut session = fuser::Session::new(fs, &mountpoint, &options).map_err(|e| {
+            AttachError::Failed(format!(
+                "cannot mount FUSE at {}: {e}{}",
+                mountpoint.display(),
+                if is_root() {
+                    " (is /dev/fuse present?)"
+                } else {
+                    " (is fusermount3 installed (apt-get install fuse3) and /dev/fuse usable?)"
+                }
+            ))
+        })?;
+        let name = drive.name.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("fuse-{name}"))
+            .spawn(move || session.run())
+            .map_err(|e| AttachError::Failed(format!("cannot start the FUSE thread: {e}")))?;
+        inner.next_id += 1;
+        let info = AttachmentInfo {
+            id: inner.next_id,
+            drive: name.clone(),
+            file: mountpoint.join(&name),
+            mountpoint: mountpoint.clone(),
+        };
+        drive.attachments.lock().push(mountpoint.clone());
+        inner.by_id.insert(
+            info.id,
+            Attachment {
+                info: info.clone(),
+                drive,
+                thread: Some(thread),
+            },
+        );
+        tracing::info!(drive = %name, mountpoint = %mountpoint.display(), "attached");
+        Ok(info)
+    }
+
+    /// The attachment at `mountpoint` (canonicalized when it exists).
+    pub fn find(&self, mountpoint: &Path) -> Option<AttachmentInfo> {
+        let want = mountpoint
+            .canonicalize()
+            .unwrap_or_else(|_| mountpoint.to_owned());
+        self.inner
+            .lock()
+            .by_id
+            .values()
+            .find(|a| a.info.mountpoint == want || a.info.mountpoint == mountpoint)
+            .map(|a| a.info.clone())
+    }
+
+    /// Unmounts and forgets attachment `id`. A busy mount stays attached.
+    pub fn detach(&self, id: u64) -> Result<AttachmentInfo, AttachError> {
+        let mut inner = self.inner.lock();
+        let Some(a) = inner.by_id.get(&id) else {
+            return Err(AttachError::NotFound(format!(
+                "no attachment {id} (see `ramd attach --list`)"
+            )));
+        };
+        unmount(&a.info.mountpoint, false)?;
+        let mut a = inner.by_id.remove(&id).expect("present above");
+        drop(inner);
+        finish(&mut a);
+        tracing::info!(drive = %a.info.drive, mountpoint = %a.info.mountpoint.display(), "detached");
+        Ok(a.info)
+    }
+
+    /// Detaches every attachment of `drive` (for a forced delete); stops at
+    /// the first busy one.
+    pub fn detach_drive(&self, drive: &str) -> Result<Vec<AttachmentInfo>, AttachError> {
+        let ids: Vec<u64> = self
+            .inner
+            .lock()
+            .by_id
+            .values()
+            .filter(|a| a.info.drive == drive)
+            .map(|a| a.info.id)
+            .collect();
+        ids.into_iter().map(|id| self.detach(id)).collect()
+    }
+
+    /// At daemon exit: unmounts everything; a busy mount is detached lazily
+    /// (it disappears from the namespace; I/O through a loop device still
+    /// using it fails once the daemon has exited).
+    pub fn shutdown(&self) {
+        let all: Vec<Attachment> = std::mem::take(&mut self.inner.lock().by_id)
+            .into_values()
+            .collect();
+        for mut a in all {
+            let mp = a.info.mountpoint.clone();
+            match unmount(&mp, false) {
+                Ok(()) => finish(&mut a),
+                Err(e) => {
+                    tracing::error!(
+                        drive = %a.info.drive,
+                        "{e}; detaching lazily: I/O through it fails from now on"
+                    );
+                    let _ = unmount(&mp, true);
+                    a.drive.attachments.lock().retain(|p| p != &mp);
+                }
+            }
+        }
+    }
+}
+
+/// After a successful unmount: the session ends; join it and unlist.
+fn finish(a: &mut Attachment) {
+    if let Some(t) = a.thread.take() {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(drive = %a.info.drive, "FUSE session ended with: {e}"),
+            Err(_) => tracing::error!(drive = %a.info.drive, "FUSE thread panicked"),
+        }
+    }
+    a.drive
+        .attachments
+        .lock()
+        .retain(|p| p != &a.info.mountpoint);
+}
+
+/// Unmounts a FUSE mount: umount2 as root, fusermount3 otherwise. `lazy`
+/// detaches even when busy.
+fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), AttachError> {
+    let busy = || {
+        AttachError::Busy(format!(
+            "{} is busy: something still uses the drive's file. Unmount the filesystem on it and detach its loop device first \
+             (`losetup -j FILE` under {} shows the device; then umount it and losetup -d it)",
+            mountpoint.display(),
+            mountpoint.display(),
+        ))
+    };
+    if is_root() {
+        let c = CString::new(mountpoint.as_os_str().as_bytes())
+            .map_err(|_| AttachError::Failed("mountpoint contains a NUL byte".into()))?;
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EBUSY) => Err(busy()),
+            _ => Err(AttachError::Failed(format!(
+                "cannot unmount {}: {e}",
+                mountpoint.display()
+            ))),
+        };
+    }
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u").arg("-q");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd
+        .arg("--")
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| AttachError::Failed(format!("cannot run fusermount3: {e}")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("busy") {
+        Err(busy())
+    } else {
+        Err(AttachError::Failed(format!(
+            "fusermount3 -u {} failed: {}",
+            mountpoint.display(),
+            err.trim()
+        )))
+    }
+}

@@ -1,0 +1,526 @@
+//! The `ramd` command line (clap): `daemon` runs the server; every other
+//! command is a thin client of its REST API over the unix socket.
+//!
+//! Exit codes: 0 success, 1 the operation failed (including "daemon not
+//! running"), 2 usage error (clap's own).
+
+pub mod output;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::api::client::{Client, ClientError};
+use crate::api::types::{CreateAttachment, CreateDrive, PatchDrive, SizeValue};
+use crate::daemon::DaemonArgs;
+use crate::size::format_size;
+
+/// RAM drives served over NBD: create, resize, lock and delete them at run
+/// time, attach them as files, and watch them.
+///
+/// Start the daemon (serves a 1 GiB drive "ram0" by default):
+///   ramd daemon
+/// Then, in another shell:
+///   ramd list                          drives, sizes, memory, URIs
+///   ramd create db --size 4G           a new drive, served at once
+///   nbdinfo 'nbd+unix:///db?socket=/run/ramd/nbd.sock'
+///   mkdir -p /mnt/db && ramd attach db /mnt/db   (then losetup /mnt/db/db)
+///   ramd stats --watch                 IOPS, MiB/s, latency, memory
+///
+/// Docs: docs/cli.md, docs/api.md, docs/config.md, docs/attach.md.
+#[derive(Parser, Debug)]
+#[command(name = "ramd", version, propagate_version = true, verbatim_doc_comment)]
+pub struct Cli {
+    /// The daemon's API socket [default: $XDG_RUNTIME_DIR/ramd/api.sock, or
+    /// /run/ramd/api.sock for root, else /tmp/ramd-UID/api.sock].
+    #[arg(long, global = true, env = "RAMD_API_SOCKET", value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `--json` for commands that print data.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct JsonFlag {
+    /// Print JSON (the API's answer) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon in the foreground: drives, NBD listeners, REST API.
+    ///
+    /// Examples:
+    ///   ramd daemon                                # one 1 GiB drive "ram0"
+    ///   ramd daemon --drive db=4G --drive tmp=512M,mem-limit=256M
+    ///   ramd daemon --config /etc/ramd/ramd.toml --nbd-listen 127.0.0.1:10809
+    ///
+    /// Stops cleanly on SIGTERM/SIGINT: requests already received are
+    /// answered, then connections close. Under systemd (Type=notify) it
+    /// reports READY=1 and STOPPING=1.
+    #[command(visible_alias = "serve", verbatim_doc_comment)]
+    Daemon(DaemonArgs),
+
+    /// Create a drive and serve it at once.
+    ///
+    /// Example: ramd create db --size 4G --mem-limit 2G
+    Create {
+        /// Drive name: 1-64 of a-z 0-9 _ -, starting with a letter or digit.
+        name: String,
+        /// Size: 512, 4K, 1.5G, 2GiB (binary units).
+        #[arg(long, value_name = "SIZE")]
+        size: String,
+        /// Most memory the drive may hold; writes past it fail with ENOSPC.
+        #[arg(long, value_name = "SIZE")]
+        mem_limit: Option<String>,
+        /// Refuse writes from the start (unlock with `ramd unlock`).
+        #[arg(long)]
+        read_only: bool,
+        /// Allow a size beyond what the memory budget has left (writes
+        /// past the budget then fail with ENOSPC).
+        #[arg(long)]
+        overcommit: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// List drives: size, memory used, limit, mode, connections, URI.
+    List {
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Show one drive in detail, or the daemon when no name is given.
+    Info {
+        name: Option<String>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// IOPS, MiB/s, p50/p99 latency (last second) and memory per drive.
+    Stats {
+        /// Only this drive.
+        name: Option<String>,
+        /// Refresh once a second until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: stop after N refreshes.
+        #[arg(long, value_name = "N", requires = "watch")]
+        count: Option<u64>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Grow or shrink a drive. Shrinking below stored data needs --force.
+    ///
+    /// NBD clients see the new size when they reconnect.
+    Resize {
+        name: String,
+        /// New size: 512, 4K, 1.5G, 2GiB.
+        size: String,
+        /// Shrink even when it discards data beyond the new end.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Make a drive read-only (open connections too, at once).
+    Lock {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Make a read-only drive writable again.
+    Unlock {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Delete a drive and free its memory.
+    ///
+    /// A drive with open NBD connections or attachments is refused unless
+    /// --force, which closes the connections (after their pending
+    /// requests) and detaches it first.
+    Delete {
+        name: String,
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Expose a drive as a file MOUNTPOINT/NAME through FUSE.
+    ///
+    /// Then: dev=$(losetup -f --show MOUNTPOINT/NAME); mkfs.ext4 $dev;
+    /// mount $dev /mnt/data. Undo with `ramd detach MOUNTPOINT` after
+    /// umount and losetup -d. See docs/attach.md.
+    #[command(verbatim_doc_comment)]
+    Attach {
+        /// The drive.
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// An existing directory (not already a mount point).
+        #[arg(required_unless_present = "list")]
+        mountpoint: Option<PathBuf>,
+        /// List attachments instead.
+        #[arg(long, conflicts_with_all = ["name", "mountpoint"])]
+        list: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Undo `ramd attach` (unmount the FUSE file).
+    Detach {
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Print a shell completion script.
+    ///
+    /// Example: ramd completions bash > /etc/bash_completion.d/ramd
+    Completions { shell: clap_complete::Shell },
+
+    /// Print the man page (roff), or write one page per command into DIR.
+    ///
+    /// Example: ramd man | man -l -
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Why a command failed (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Daemon(#[from] crate::daemon::DaemonError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Parses the command line and runs it; the process exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // --help/--version print to stdout and exit 0; usage errors 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ramd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Other(e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
+fn notice(n: &Option<String>) {
+    if let Some(n) = n {
+        eprintln!("note: {n}");
+    }
+}
+
+fn size_value(text: &str) -> SizeValue {
+    SizeValue::Text(text.to_owned())
+}
+
+/// Runs a parsed command.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    let socket = cli
+        .api_socket
+        .clone()
+        .unwrap_or_else(crate::paths::api_socket);
+    let client = || Client::new(&socket);
+    match cli.command {
+        Command::Daemon(args) => {
+            let mut args = args;
+            if args.api_socket.is_none() {
+                args.api_socket = cli.api_socket.clone();
+            }
+            crate::daemon::run(args)?;
+        }
+        Command::Create {
+            name,
+            size,
+            mem_limit,
+            read_only,
+            overcommit,
+            out,
+        } => {
+            let d = client().create_drive(&CreateDrive {
+                name,
+                size: size_value(&size),
+                mem_limit: mem_limit.as_deref().map(size_value),
+                read_only,
+                overcommit,
+            })?;
+            if out.json {
+                return print_json(&d);
+            }
+            println!(
+                "created {} ({}{}) at {}",
+                d.name,
+                format_size(d.size_bytes),
+                if d.read_only { ", read-only" } else { "" },
+                d.uri
+            );
+            println!(
+                "attach as a file: mkdir -p /mnt/{n} && ramd attach {n} /mnt/{n}",
+                n = d.name
+            );
+        }
+        Command::List { out } => {
+            let list = client().list_drives()?;
+            if out.json {
+                return print_json(&list);
+            }
+            print!("{}", output::drive_list(&list.drives));
+        }
+        Command::Info { name, out } => match name {
+            Some(name) => {
+                let d = client().drive(&name)?;
+                if out.json {
+                    return print_json(&d);
+                }
+                print!("{}", output::drive_info(&d));
+            }
+            None => {
+                let h = client().health()?;
+                if out.json {
+                    return print_json(&h);
+                }
+                print!("{}", output::daemon_info(&h));
+            }
+        },
+        Command::Stats {
+            name,
+            watch,
+            count,
+            out,
+        } => stats(&client(), name.as_deref(), watch, count, out.json)?,
+        Command::Resize {
+            name,
+            size,
+            force,
+            out,
+        } => {
+            let d = client().patch_drive(
+                &name,
+                &PatchDrive {
+                    size: Some(size_value(&size)),
+                    force,
+                    ..Default::default()
+                },
+            )?;
+            if out.json {
+                return print_json(&d);
+            }
+            notice(&d.notice);
+            println!(
+                "{} is now {} (NBD clients see it when they reconnect)",
+                d.name,
+                format_size(d.size_bytes)
+            );
+        }
+        Command::Lock { ref name, out } | Command::Unlock { ref name, out } => {
+            let lock = matches!(cli.command, Command::Lock { .. });
+            let name = name.clone();
+            let d = client().patch_drive(
+                &name,
+                &PatchDrive {
+                    read_only: Some(lock),
+                    ..Default::default()
+                },
+            )?;
+            if out.json {
+                return print_json(&d);
+            }
+            notice(&d.notice);
+            println!(
+                "{} is {}",
+                d.name,
+                if d.read_only { "read-only" } else { "writable" }
+            );
+        }
+        Command::Delete { name, force, out } => {
+            let r = client().delete_drive(&name, force)?;
+            if out.json {
+                return print_json(&r);
+            }
+            notice(&r.notice);
+            if r.closed_connections > 0 {
+                println!(
+                    "deleted {} (closed {} connection{})",
+                    r.name,
+                    r.closed_connections,
+                    if r.closed_connections == 1 { "" } else { "s" }
+                );
+            } else {
+                println!("deleted {}", r.name);
+            }
+        }
+        Command::Attach {
+            name,
+            mountpoint,
+            list,
+            out,
+        } => {
+            let c = client();
+            if list {
+                let l = c.attachments()?;
+                if out.json {
+                    return print_json(&l);
+                }
+                if l.attachments.is_empty() {
+                    println!("no attachments");
+                    return Ok(());
+                }
+                let mut t = output::table(&["ID", "DRIVE", "MOUNTPOINT", "FILE"], &[0]);
+                for a in &l.attachments {
+                    t.add_row(vec![
+                        a.id.to_string(),
+                        a.drive.clone(),
+                        a.mountpoint.clone(),
+                        a.file.clone(),
+                    ]);
+                }
+                print!("{}", output::render(&t));
+                return Ok(());
+            }
+            let (Some(name), Some(mp)) = (name, mountpoint) else {
+                unreachable!("clap requires both without --list");
+            };
+            let mp = std::path::absolute(&mp)
+                .map_err(|e| CliError::Other(format!("{}: {e}", mp.display())))?;
+            let a = c.attach(&CreateAttachment {
+                drive: name,
+                mountpoint: mp.display().to_string(),
+            })?;
+            if out.json {
+                return print_json(&a);
+            }
+            println!("attached {} as {}", a.drive, a.file);
+            println!("next: dev=$(losetup -f --show {})", a.file);
+            println!("      mkfs.ext4 \"$dev\" && mkdir -p /mnt/data && mount \"$dev\" /mnt/data");
+            println!(
+                "undo: umount /mnt/data; losetup -d \"$dev\"; ramd detach {}",
+                a.mountpoint
+            );
+        }
+        Command::Detach { mountpoint, out } => {
+            let c = client();
+            let want = std::fs::canonicalize(&mountpoint)
+                .or_else(|_| std::path::absolute(&mountpoint))
+                .map_err(|e| CliError::Other(format!("{}: {e}", mountpoint.display())))?;
+            let list = c.attachments()?;
+            let Some(a) = list
+                .attachments
+                .iter()
+                .find(|a| std::path::Path::new(&a.mountpoint) == want)
+            else {
+                return Err(CliError::Other(format!(
+                    "nothing is attached at {} (see `ramd attach --list`)",
+                    want.display()
+                )));
+            };
+            let a = c.detach(a.id)?;
+            if out.json {
+                return print_json(&a);
+            }
+            println!("detached {} from {}", a.drive, a.mountpoint);
+        }
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "ramd", &mut std::io::stdout());
+        }
+        Command::Man { dir } => man(dir)?,
+    }
+    Ok(())
+}
+
+fn stats(
+    client: &Client,
+    name: Option<&str>,
+    watch: bool,
+    count: Option<u64>,
+    json: bool,
+) -> Result<(), CliError> {
+    let tty = std::io::stdout().is_terminal();
+    let mut shown = 0u64;
+    loop {
+        let mut report = client.stats()?;
+        if let Some(n) = name {
+            report.drives.retain(|d| d.name == n);
+            if report.drives.is_empty() {
+                return Err(ClientError::Api {
+                    status: 404,
+                    code: "drive_not_found".into(),
+                    message: format!("no drive named '{n}' (see `ramd list`)"),
+                }
+                .into());
+            }
+        }
+        let mut out = std::io::stdout().lock();
+        if json {
+            // One JSON document per refresh (one line each with --watch).
+            let text = if watch {
+                serde_json::to_string(&report)
+            } else {
+                serde_json::to_string_pretty(&report)
+            }
+            .map_err(|e| CliError::Other(e.to_string()))?;
+            let _ = writeln!(out, "{text}");
+        } else {
+            if watch && tty {
+                let _ = write!(out, "\x1b[H\x1b[2J");
+            }
+            let _ = write!(out, "{}", output::stats(&report));
+            if watch && !tty {
+                let _ = writeln!(out);
+            }
+        }
+        let _ = out.flush();
+        shown += 1;
+        if !watch || count.is_some_and(|c| shown >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn man(dir: Option<PathBuf>) -> Result<(), CliError> {
+    let cmd = Cli::command();
+    let io = |e: std::io::Error| CliError::Other(format!("cannot write the man page: {e}"));
+    match dir {
+        None => clap_mangen::Man::new(cmd)
+            .render(&mut std::io::stdout())
+            .map_err(io),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(io)?;
+            clap_mangen::generate_to(cmd, &dir).map_err(io)?;
+            println!("wrote man pages to {}", dir.display());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Human output: aligned tables with human sizes, rates and latencies
+//! (pure formatting; the commands decide what to print).
+
+use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
+
+use crate::api::types::{DriveInfo, DriveStats, Health, Latency, StatsReport};
+use crate::size::format_size;
+
+/// A borderless table, columns aligned, numbers right-aligned.
+pub fn table(header: &[&str], right: &[usize]) -> Table {
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    for c in t.column_iter_mut() {
+        // Two spaces between columns, none at the left edge.
+        c.set_padding((0, 2));
+    }
+    for &i in right {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// Removes the padding comfy-table leaves at line ends.
+pub fn render(t: &Table) -> String {
+    let mut out = String::new();
+    for line in t.to_string().lines() {
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `1.5 GiB`, or `-` for none.
+pub fn size_or_dash(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), format_size)
+}
+
+/// A latency in microseconds as `850µs`, `12.3ms`, `1.20s`.
+pub fn micros(us: Option<f64>) -> String {
+    match us {
+        None => "-".into(),
+        Some(us) if us < 1000.0 => format!("{us:.0}µs"),
+        Some(us) if us < 1_000_000.0 => format!("{:.1}ms", us / 1000.0),
+        Some(us) => format!("{:.2}s", us / 1_000_000.0),
+    }
+}
+
+/// A rate: `12.3k`, `980`, `1.20M`.
+pub fn count_rate(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Bytes per second as MiB/s with one decimal.
+pub fn mib_s(bytes_per_s: f64) -> String {
+    format!("{:.1}", bytes_per_s / (1 << 20) as f64)
+}
+
+/// `ramd list`.
+pub fn drive_list(drives: &[DriveInfo]) -> String {
+    if drives.is_empty() {
+        return "no drives (create one with: ramd create NAME --size 1G)\n".into();
+    }
+    let mut t = table(
+        &[
+            "NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI",
+        ],
+        &[1, 2, 3, 5],
+    );
+    for d in drives {
+        t.add_row(vec![
+            d.name.clone(),
+            format_size(d.size_bytes),
+            format_size(d.allocated_bytes),
+            size_or_dash(d.mem_limit_bytes),
+            if d.read_only { "ro" } else { "rw" }.into(),
+            d.connections.to_string(),
+            if d.attachments.is_empty() {
+                "-".into()
+            } else {
+                d.attachments.join(",")
+            },
+            d.uri.clone(),
+        ]);
+    }
+    render(&t)
+}
+
+/// `ramd info NAME`.
+pub fn drive_info(d: &DriveInfo) -> String {
+    let mut t = table(&["FIELD", "VALUE"], &[]);
+    let mut row = |k: &str, v: String| {
+        t.add_row(vec![k.to_owned(), v]);
+    };
+    row("name", d.name.clone());
+    row("kind", d.kind.clone());
+    row("state", d.state.clone());
+    row(
+        "size",
+        format!("{} ({} bytes)", format_size(d.size_bytes), d.size_bytes),
+    );
+    row(
+        "memory",
+        format!(
+            "{} allocated{}",
+            format_size(d.allocated_bytes),
+            d.mem_limit_bytes
+                .map(|l| format!(", limit {}", format_size(l)))
+                .unwrap_or_default()
+        ),
+    );
+    row(
+        "mode",
+        if d.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        }
+        .into(),
+    );
+    row("overcommit", if d.overcommit { "yes" } else { "no" }.into());
+    row("connections", d.connections.to_string());
+    row(
+        "attached at",
+        if d.attachments.is_empty() {
+            "-".into()
+        } else {
+            d.attachments.join(", ")
+        },
+    );
+    row("origin", d.origin.clone());
+    row("uri", d.uri.clone());
+    for u in &d.tcp_uris {
+        row("tcp uri", u.clone());
+    }
+    render(&t)
+}
+
+/// `ramd info` (no name): the daemon.
+pub fn daemon_info(h: &Health) -> String {
+    let mut t = table(&["FIELD", "VALUE"], &[]);
+    let mut row = |k: &str, v: String| {
+        t.add_row(vec![k.to_owned(), v]);
+    };
+    row("status", h.status.clone());
+    row("version", h.version.clone());
+    row("pid", h.pid.to_string());
+    row("uptime", format!("{:.0}s", h.uptime_s));
+    row("drives", h.drives.to_string());
+    row(
+        "memory budget",
+        format!(
+            "{} used, {} promised, {} limit",
+            format_size(h.memory_budget.used_bytes),
+            format_size(h.memory_budget.committed_bytes),
+            format_size(h.memory_budget.limit_bytes)
+        ),
+    );
+    row(
+        "metrics",
+        if h.metrics_enabled { "on" } else { "off" }.into(),
+    );
+    row("api socket", h.api_socket.clone());
+    row("nbd socket", h.nbd_socket.clone());
+    for a in &h.nbd_tcp {
+        row("nbd tcp", a.clone());
+    }
+    row("state dir", h.state_dir.clone());
+    row(
+        "config",
+        h.config_file.clone().unwrap_or_else(|| "-".into()),
+    );
+    render(&t)
+}
+
+fn lat_pair(l: Option<&Latency>) -> String {
+    match l {
+        Some(l) if l.count > 0 => format!("{}/{}", micros(l.p50_us), micros(l.p99_us)),
+        _ => "-".into(),
+    }
+}
+
+/// `ramd stats`: one row per drive, rates over the last second.
+pub fn stats(report: &StatsReport) -> String {
+    let mut out = String::new();
+    if !report.metrics_enabled {
+        out.push_str("metrics are off (daemon started with --metrics off): memory only\n");
+    }
+    let mut t = table(
+        &[
+            "NAME",
+            "IOPS R/W",
+            "MiB/s R/W",
+            "READ p50/p99",
+            "WRITE p50/p99",
+            "FLUSH p50/p99",
+            "MEMORY",
+            "CONNS",
+            "ERRORS",
+        ],
+        &[1, 2, 3, 4, 5, 7, 8],
+    );
+    for d in &report.drives {
+        t.add_row(stats_row(d));
+    }
+    out.push_str(&render(&t));
+    let b = &report.memory_budget;
+    out.push_str(&format!(
+        "budget: {} used of {} ({} promised to drives)\n",
+        format_size(b.used_bytes),
+        format_size(b.limit_bytes),
+        format_size(b.committed_bytes)
+    ));
+    out
+}
+
+fn stats_row(d: &DriveStats) -> Vec<String> {
+    let (iops, mibs, r, w, f) = match &d.rates {
+        Some(r) => (
+            format!("{}/{}", count_rate(r.read_iops), count_rate(r.write_iops)),
+            format!(
+                "{}/{}",
+                mib_s(r.read_bytes_per_s),
+                mib_s(r.write_bytes_per_s)
+            ),
+            lat_pair(r.latency.get("read")),
+            lat_pair(r.latency.get("write")),
+            lat_pair(r.latency.get("flush")),
+        ),
+        None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
+    };
+    let errors = d
+        .totals
+        .as_ref()
+        .map_or("-".into(), |t| t.errors.values().sum::<u64>().to_string());
+    vec![
+        d.name.clone(),
+        iops,
+        mibs,
+        r,
+        w,
+        f,
+        format!(
+            "{} / {}",
+            format_size(d.allocated_bytes),
+            format_size(d.size_bytes)
+        ),
+        d.connections.to_string(),
+        errors,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(micros(Some(850.0)), "850µs");
+        assert_eq!(micros(Some(12_345.0)), "12.3ms");
+        assert_eq!(micros(Some(1_200_000.0)), "1.20s");
+        assert_eq!(micros(None), "-");
+        assert_eq!(count_rate(12_345.0), "12.3k");
+        assert_eq!(count_rate(2_500_000.0), "2.50M");
+        assert_eq!(mib_s(3.0 * 1048576.0), "3.0");
+    }
+
+    #[test]
+    fn tables_align_without_trailing_spaces() {
+        let mut t = table(&["A", "NUMBER"], &[1]);
+        t.add_row(vec!["long-name", "1"]);
+        t.add_row(vec!["x", "12345"]);
+        let s = render(&t);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines.len(), 3, "{s}");
+        assert!(lines.iter().all(|l| !l.ends_with(' ')), "{s}");
+        // Right-aligned numbers end in the same column.
+        assert_eq!(lines[1].len(), lines[2].len(), "{s}");
+    }
+}

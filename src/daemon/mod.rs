@@ -1,0 +1,478 @@
+//! The daemon: one process holding every drive, the NBD listeners and the
+//! REST API.
+//!
+//! ```text
+//!  main thread ── start-up: settings (flags > config > defaults), pid lock,
+//!     │           drives, NBD bind, API bind ── READY=1 ── tokio runtime:
+//!     │                                                  API server + sampler
+//!  thread "nbd-accept"  NBD server: accept, one thread per connection
+//!  thread "signals"     sigwait(SIGINT, SIGTERM) ─► shutdown
+//! ```
+//!
+//! Shutdown (SIGTERM/SIGINT): STOPPING=1 to systemd; the API stops
+//! accepting and finishes the requests it has; the NBD server stops
+//! accepting, answers every request already received and closes each
+//! connection; FUSE attachments are unmounted; sockets and the pid lock
+//! are removed. Exit status 0.
+//!
+//! The NBD data path stays on plain threads with blocking I/O (measured
+//! faster than async for RAM requests); tokio runs only the API.
+
+pub mod config;
+pub mod lock;
+mod logging;
+pub mod registry;
+pub mod sampler;
+pub mod spec;
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::attach::Attachments;
+use crate::nbd::{ExportTable, Server, ServerConfig};
+use crate::size::{format_size, parse_size};
+use crate::store::MemoryBudget;
+pub use config::LogFormat;
+use config::{Config, ConfigError};
+use lock::{LockError, PidLock};
+use registry::{Origin, Registry, RegistryError};
+use sampler::Sampler;
+use spec::{parse_drive_spec, DriveSpec};
+
+/// `ramd daemon` (alias `serve`) flags. Each wins over its config key.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DaemonArgs {
+    /// Config file (TOML, see docs/config.md) [default: /etc/ramd/ramd.toml
+    /// when it exists].
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Ignore /etc/ramd/ramd.toml even when it exists.
+    #[arg(long, conflicts_with = "config")]
+    pub no_config: bool,
+
+    /// Put the API socket, NBD socket and lock file in DIR [default:
+    /// $XDG_RUNTIME_DIR/ramd, /run/ramd for root, else /tmp/ramd-UID].
+    #[arg(long, value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
+
+    /// REST API unix socket (mode 0600) [default: RUNTIME_DIR/api.sock].
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
+    /// NBD unix socket [default: RUNTIME_DIR/nbd.sock].
+    #[arg(long = "socket", visible_alias = "nbd-socket", value_name = "PATH")]
+    pub nbd_socket: Option<PathBuf>,
+
+    /// State directory (persistent drives) [default: $XDG_STATE_HOME/ramd,
+    /// /var/lib/ramd for root, else ~/.local/state/ramd].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Also serve NBD on this TCP address (e.g. 127.0.0.1:10809; no TLS:
+    /// trusted networks only). Repeatable.
+    #[arg(long = "nbd-listen", value_name = "ADDR")]
+    pub nbd_listen: Vec<SocketAddr>,
+
+    /// A drive to create at start: NAME=SIZE[,mem-limit=SIZE][,read-only]
+    /// [,overcommit]. Repeatable. Without any --drive and without drives in
+    /// the config, a 1 GiB drive "ram0" is created.
+    #[arg(long = "drive", value_name = "SPEC")]
+    pub drives: Vec<String>,
+
+    /// Start with no drive at all when none is given.
+    #[arg(long)]
+    pub no_default_drive: bool,
+
+    /// Memory all drives together may hold [default: 75% of MemAvailable].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub mem_budget: Option<u64>,
+
+    /// Most NBD connections served at once [default: 256].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+
+    /// Microseconds a connection polls for its next request before sleeping
+    /// (cuts QD1 latency on VMs; 0 disables) [default: 50].
+    #[arg(long, value_name = "US")]
+    pub poll_us: Option<u32>,
+
+    /// Record per-request metrics (on/off) [default: on].
+    #[arg(long, value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
+    pub metrics: Option<bool>,
+
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive
+    /// [default: info; env: RUST_LOG].
+    #[arg(long, value_name = "LEVEL")]
+    pub log: Option<String>,
+
+    /// Log format.
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Why the daemon could not start (or stopped with an error).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A `--drive` flag is malformed.
+    #[error("--drive {spec}: {reason}")]
+    DriveFlag { spec: String, reason: String },
+    /// A drive given twice.
+    #[error("drive '{0}' is given twice (in the config and/or --drive)")]
+    Duplicate(String),
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// A start-up drive could not be created.
+    #[error("cannot create drive '{name}': {source}")]
+    Drive { name: String, source: RegistryError },
+    /// The NBD listeners could not be bound.
+    #[error("cannot start the NBD server: {0}")]
+    Nbd(std::io::Error),
+    /// The API socket could not be bound.
+    #[error("cannot listen on the API socket {path}: {source}")]
+    Api {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Threads or the runtime could not start.
+    #[error("cannot start: {0}")]
+    Start(std::io::Error),
+}
+
+/// Settings after flags, config and defaults are merged.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub api_socket: PathBuf,
+    pub nbd_socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub nbd_listen: Vec<SocketAddr>,
+    /// None: the default fraction of MemAvailable.
+    pub mem_budget_bytes: Option<u64>,
+    pub max_connections: usize,
+    pub poll_us: u32,
+    pub metrics: bool,
+    pub log: Option<String>,
+    pub log_format: LogFormat,
+    /// Drives to create at start, with where each was declared.
+    pub drives: Vec<(DriveSpec, Origin)>,
+    /// The config file read, if any.
+    pub config_path: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Merges flags over the config over defaults.
+    pub fn resolve(args: &DaemonArgs) -> Result<Settings, DaemonError> {
+        let config = match (&args.config, args.no_config) {
+            (Some(path), _) => config::load(path)?,
+            (None, false) if Path::new(config::DEFAULT_CONFIG_PATH).exists() => {
+                config::load(Path::new(config::DEFAULT_CONFIG_PATH))?
+            }
+            _ => Config::default(),
+        };
+        let c = &config.daemon;
+        let runtime = args
+            .runtime_dir
+            .clone()
+            .unwrap_or_else(crate::paths::runtime_dir);
+        let in_runtime = |f: &str| runtime.join(f);
+        let mut drives: Vec<(DriveSpec, Origin)> = Vec::new();
+        let origin = config
+            .path
+            .clone()
+            .map_or(Origin::CommandLine, Origin::Config);
+        for d in &config.drives {
+            drives.push((d.clone(), origin.clone()));
+        }
+        for s in &args.drives {
+            let d = parse_drive_spec(s).map_err(|e| DaemonError::DriveFlag {
+                spec: s.clone(),
+                reason: e.to_string(),
+            })?;
+            if drives.iter().any(|(x, _)| x.name == d.name) {
+                return Err(DaemonError::Duplicate(d.name));
+            }
+            drives.push((d, Origin::CommandLine));
+        }
+        if drives.is_empty() && config.path.is_none() && !args.no_default_drive {
+            let d = parse_drive_spec("ram0=1G").expect("the default drive spec is valid");
+            drives.push((d, Origin::CommandLine));
+        }
+        Ok(Settings {
+            api_socket: args
+                .api_socket
+                .clone()
+                .or(c.api_socket.clone())
+                .unwrap_or_else(|| in_runtime("api.sock")),
+            nbd_socket: args
+                .nbd_socket
+                .clone()
+                .or(c.nbd_socket.clone())
+                .unwrap_or_else(|| in_runtime("nbd.sock")),
+            state_dir: args
+                .state_dir
+                .clone()
+                .or(c.state_dir.clone())
+                .unwrap_or_else(crate::paths::state_dir),
+            nbd_listen: if args.nbd_listen.is_empty() {
+                c.nbd_listen.clone().unwrap_or_default()
+            } else {
+                args.nbd_listen.clone()
+            },
+            mem_budget_bytes: args.mem_budget.or(c.mem_budget.map(|s| s.0)),
+            max_connections: args.max_connections.or(c.max_connections).unwrap_or(256),
+            poll_us: args
+                .poll_us
+                .or(c.poll_us)
+                .unwrap_or(crate::nbd::server::DEFAULT_POLL_US),
+            metrics: args.metrics.or(c.metrics).unwrap_or(true),
+            log: args.log.clone().or(c.log.clone()),
+            log_format: args.log_format.or(c.log_format).unwrap_or_default(),
+            drives,
+            config_path: config.path,
+        })
+    }
+}
+
+/// What the API handlers share: the running daemon.
+pub struct Daemon {
+    pub registry: Arc<Registry>,
+    pub attachments: Attachments,
+    pub settings: Settings,
+    /// TCP addresses actually bound (ports resolved).
+    pub tcp_addrs: Vec<SocketAddr>,
+    pub started: Instant,
+    pub started_unix_s: u64,
+    pub sampler: Arc<Sampler>,
+}
+
+impl Daemon {
+    /// The unix-socket NBD URI of a drive.
+    pub fn unix_uri(&self, name: &str) -> String {
+        format!(
+            "nbd+unix:///{name}?socket={}",
+            self.settings.nbd_socket.display()
+        )
+    }
+
+    /// The TCP NBD URIs of a drive (one per listener).
+    pub fn tcp_uris(&self, name: &str) -> Vec<String> {
+        self.tcp_addrs
+            .iter()
+            .map(|a| format!("nbd://{a}/{name}"))
+            .collect()
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread spawned after
+/// (call first), returning the set for `sigwait`.
+fn block_shutdown_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset before use;
+    // pthread_sigmask only changes this thread's mask (inherited by threads
+    // spawned later).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Binds the API socket with mode 0600 (no window where it is wider).
+fn bind_api(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError> {
+    let err = |source| DaemonError::Api {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+        }
+    }
+    // The pid lock is held: a socket file here is a dead daemon's.
+    if path.exists() {
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    // SAFETY: umask only swaps the process file-creation mask; start-up is
+    // single-threaded here, so no other thread creates files meanwhile.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    let signals = block_shutdown_signals();
+    let settings = Settings::resolve(&args)?;
+    logging::init(settings.log.as_deref(), settings.log_format);
+    let _lock = PidLock::acquire(&settings.api_socket)?;
+
+    let budget = Arc::new(match settings.mem_budget_bytes {
+        Some(b) => MemoryBudget::new(b),
+        None => MemoryBudget::default_daemon(),
+    });
+    let exports = Arc::new(ExportTable::new());
+    let registry = Arc::new(Registry::new(
+        exports.clone(),
+        budget.clone(),
+        settings.metrics,
+    ));
+    for (spec, origin) in &settings.drives {
+        registry
+            .create(spec, origin.clone())
+            .map_err(|source| DaemonError::Drive {
+                name: spec.name.clone(),
+                source,
+            })?;
+    }
+
+    let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
+    nbd_config.tcp = settings.nbd_listen.clone();
+    nbd_config.max_connections = settings.max_connections;
+    nbd_config.poll_us = settings.poll_us;
+    let server = Server::bind(nbd_config, exports).map_err(DaemonError::Nbd)?;
+    let nbd_handle = server.shutdown_handle();
+    registry.set_nbd(nbd_handle.clone());
+    let tcp_addrs = server.tcp_addrs().to_vec();
+
+    let api_listener = bind_api(&settings.api_socket)?;
+    api_listener
+        .set_nonblocking(true)
+        .map_err(DaemonError::Start)?;
+
+    let daemon = Arc::new(Daemon {
+        registry: registry.clone(),
+        attachments: Attachments::new(),
+        settings: settings.clone(),
+        tcp_addrs,
+        started: Instant::now(),
+        started_unix_s: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        sampler: Arc::new(Sampler::new()),
+    });
+
+    let nbd_thread = std::thread::Builder::new()
+        .name("nbd-accept".into())
+        .spawn(move || server.run())
+        .map_err(DaemonError::Start)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ramd-api")
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Start)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `signals` is an initialised sigset and `sig` a valid
+            // out pointer; the signals are blocked in every thread.
+            unsafe { libc::sigwait(&signals, &mut sig) };
+            tracing::info!("signal {sig}: finishing open requests and shutting down");
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+            let _ = stop_tx.send(true);
+        })
+        .map_err(DaemonError::Start)?;
+
+    announce(&daemon);
+    let served = runtime.block_on(async {
+        let listener = tokio::net::UnixListener::from_std(api_listener)?;
+        tokio::spawn(daemon.sampler.clone().run(daemon.registry.clone()));
+        let _ = sd_notify::notify(
+            false,
+            &[
+                sd_notify::NotifyState::Ready,
+                sd_notify::NotifyState::Status(&format!(
+                    "serving {} drive(s)",
+                    daemon.registry.list().len()
+                )),
+            ],
+        );
+        let mut stop = stop_rx;
+        crate::api::serve(listener, daemon.clone(), async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+    });
+    if let Err(e) = &served {
+        tracing::error!("API server failed: {e}");
+    }
+    // The API has stopped; now NBD: finish in-flight requests, close.
+    nbd_handle.shutdown();
+    match nbd_thread.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("NBD server: {e}"),
+        Err(_) => tracing::error!("NBD server thread panicked"),
+    }
+    daemon.attachments.shutdown();
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    remove_if_socket(&settings.api_socket);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn remove_if_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Tells the user where everything is and what to try.
+fn announce(d: &Daemon) {
+    let s = &d.settings;
+    let drives = d.registry.list();
+    tracing::info!(
+        "ramd {} ready: {} drive(s), memory budget {}, API {}",
+        env!("CARGO_PKG_VERSION"),
+        drives.len(),
+        format_size(d.registry.budget().limit_bytes()),
+        s.api_socket.display()
+    );
+    if let Some(p) = &s.config_path {
+        tracing::info!("config: {}", p.display());
+    }
+    for drive in &drives {
+        tracing::info!(
+            "drive {} ({}{}) at {}",
+            drive.name,
+            format_size(drive.size_bytes()),
+            if drive.export.is_read_only() {
+                ", read-only"
+            } else {
+                ""
+            },
+            d.unix_uri(&drive.name)
+        );
+        for uri in d.tcp_uris(&drive.name) {
+            tracing::info!("drive {} also at {uri}", drive.name);
+        }
+    }
+    let client_env = if s.api_socket == crate::paths::api_socket() {
+        String::new()
+    } else {
+        format!("RAMD_API_SOCKET={} ", s.api_socket.display())
+    };
+    if let Some(first) = drives.first() {
+        tracing::info!("try: nbdinfo '{}'", d.unix_uri(&first.name));
+        tracing::info!(
+            "attach as a file: mkdir -p /mnt/{n} && {client_env}ramd attach {n} /mnt/{n} && losetup -f --show /mnt/{n}/{n}",
+            n = first.name
+        );
+    }
+    tracing::info!("manage: {client_env}ramd list | ramd create NAME --size 4G | ramd stats --watch   (stop with Ctrl-C)");
+}

@@ -1,0 +1,171 @@
+//! `ramd attach`: a drive as a file through FUSE, then loop + ext4 on it,
+//! with checksums across a detach and a re-attach. Needs root, /dev/fuse
+//! and loop devices.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::openapi::Spec;
+use common::*;
+use serde_json::Value;
+
+/// Loop device and filesystem mount on an attached file; torn down (bounded,
+/// best effort) on drop so a failing test leaves nothing mounted.
+struct Stack {
+    dev: Option<String>,
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl Stack {
+    fn new(file: &Path, mnt: &Path) -> Stack {
+        let out = run(tool("losetup").args(["-f", "--show"]).arg(file)).ok();
+        Stack {
+            dev: Some(out.stdout.trim().to_owned()),
+            mnt: mnt.to_owned(),
+            mounted: false,
+        }
+    }
+    fn dev(&self) -> &str {
+        self.dev.as_deref().unwrap()
+    }
+    fn mount(&mut self) {
+        run(tool("mount").arg(self.dev()).arg(&self.mnt)).ok();
+        self.mounted = true;
+    }
+    fn teardown(&mut self) {
+        if self.mounted {
+            run(tool("umount").arg(&self.mnt)).ok();
+            self.mounted = false;
+        }
+        if let Some(dev) = self.dev.take() {
+            run(tool("losetup").args(["-d", &dev])).ok();
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = try_run(tool("umount").arg("-l").arg(&self.mnt), TOOL_TIMEOUT);
+        }
+        if let Some(dev) = self.dev.take() {
+            let _ = try_run(tool("losetup").args(["-d", &dev]), TOOL_TIMEOUT);
+        }
+    }
+}
+
+fn sums(dir: &Path) -> String {
+    run(tool("sha256sum")
+        .args(["a.bin", "b.bin", "sub/c.txt"])
+        .current_dir(dir))
+    .ok()
+    .stdout
+}
+
+#[test]
+fn ext4_on_an_attached_drive_survives_detach_and_reattach() {
+    if !require(&[
+        "losetup",
+        "mount",
+        "umount",
+        "mkfs.ext4",
+        "e2fsck",
+        "sha256sum",
+        "fstrim",
+        "fusermount3",
+    ]) || !require_root_block_devices()
+    {
+        return;
+    }
+    let d = Daemon::start(&["ram0=128M"]);
+    let spec = Spec::load();
+    let fuse = d.dir().join("fuse");
+    let mnt = d.dir().join("mnt");
+    std::fs::create_dir_all(&fuse).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let fuse_s = fuse.to_str().unwrap();
+
+    // Attach through the CLI: the file appears with the drive's size.
+    let out = run(d.cli().args(["attach", "ram0", fuse_s])).ok();
+    let file = fuse.join("ram0");
+    assert!(
+        out.stdout
+            .contains(&format!("attached ram0 as {}", file.display())),
+        "{out}"
+    );
+    assert!(out.stdout.contains("losetup -f --show"), "{out}");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 128 << 20);
+    let (status, body) = d.http("GET", "/v1/attachments", None);
+    spec.check("GET", "/v1/attachments", status, &body);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["attachments"][0]["file"], file.display().to_string());
+    // Attaching twice at one place is refused.
+    let out = run(d.cli().args(["attach", "ram0", fuse_s])).failed();
+    assert!(out.stderr.contains("already"), "{out}");
+
+    // losetup + mkfs.ext4 + mount, then files with known checksums.
+    let mut stack = Stack::new(&file, &mnt);
+    run(tool("mkfs.ext4").args(["-q", "-F", stack.dev()])).ok();
+    stack.mount();
+    std::fs::write(mnt.join("a.bin"), random_bytes(3 << 20, 1)).unwrap();
+    std::fs::write(mnt.join("b.bin"), random_bytes(777_777, 2)).unwrap();
+    std::fs::create_dir_all(mnt.join("sub")).unwrap();
+    std::fs::write(mnt.join("sub/c.txt"), "hello from a RAM drive\n").unwrap();
+    run(&mut tool("sync")).ok();
+    let before = sums(&mnt);
+
+    // Busy: detach and delete refuse while the loop device holds the file.
+    let out = run(d.cli().args(["detach", fuse_s])).failed();
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("busy"), "{out}");
+    let (status, body) = d.http("DELETE", "/v1/drives/ram0?force=true", None);
+    spec.check("DELETE", "/v1/drives/{name}", status, &body);
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = d.http("DELETE", "/v1/drives/ram0", None);
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("attached at"), "{body}");
+
+    // Tear down and detach for real; the data stays in the drive.
+    stack.teardown();
+    let out = run(d.cli().args(["detach", fuse_s])).ok();
+    assert!(out.stdout.contains("detached ram0"), "{out}");
+    assert!(!file.exists(), "the file is still there after detach");
+
+    // Re-attach through the API and find every byte again.
+    let body = serde_json::json!({"drive": "ram0", "mountpoint": fuse}).to_string();
+    let (status, resp) = d.http("POST", "/v1/attachments", Some(&body));
+    spec.check("POST", "/v1/attachments", status, &resp);
+    assert_eq!(status, 201, "{resp}");
+    let id = serde_json::from_str::<Value>(&resp).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let mut stack = Stack::new(&file, &mnt);
+    run(tool("e2fsck").args(["-f", "-n", stack.dev()])).ok();
+    stack.mount();
+    assert_eq!(
+        sums(&mnt),
+        before,
+        "files changed across detach and re-attach"
+    );
+    // Discard through the loop device returns memory (fstrim → punch hole).
+    let used = |d: &Daemon| -> u64 {
+        let v: Value = serde_json::from_str(&d.http("GET", "/v1/drives/ram0", None).1).unwrap();
+        v["allocated_bytes"].as_u64().unwrap()
+    };
+    let full = used(&d);
+    std::fs::remove_file(mnt.join("a.bin")).unwrap();
+    run(tool("fstrim").arg(&mnt)).ok();
+    assert!(
+        used(&d) < full,
+        "fstrim freed nothing ({full} bytes before)"
+    );
+    stack.teardown();
+    let (status, resp) = d.http("DELETE", &format!("/v1/attachments/{id}"), None);
+    spec.check("DELETE", "/v1/attachments/{id}", status, &resp);
+    assert_eq!(status, 200, "{resp}");
+    // Once detached, delete goes through.
+    let (status, body) = d.http("DELETE", "/v1/drives/ram0", None);
+    assert_eq!(status, 200, "{body}");
+}

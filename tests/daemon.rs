@@ -1,0 +1,274 @@
+//! The daemon process: config files, the pid lock, sd_notify, the API
+//! socket's mode, JSON logs, and a SIGTERM while I/O is in flight.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn config_with_two_drives_comes_up_with_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "ramd.toml",
+        r#"# two drives
+[daemon]
+mem_budget = "512M"
+max_connections = 16
+metrics = true
+
+[[drive]]
+name = "alpha"
+size = "32M"
+mem_limit = "16M"
+
+[[drive]]
+name = "beta"
+size = 1048576
+read_only = true
+"#,
+    );
+    let d = Daemon::launch(
+        &[
+            "daemon".into(),
+            "--config".into(),
+            cfg.display().to_string(),
+        ],
+        &[],
+    );
+    let (_, body) = d.http("GET", "/v1/drives", None);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let drives = v["drives"].as_array().unwrap();
+    assert_eq!(drives.len(), 2, "{v}");
+    assert_eq!(drives[0]["name"], "alpha");
+    assert_eq!(drives[0]["size_bytes"], 32u64 << 20);
+    assert_eq!(drives[0]["mem_limit_bytes"], 16u64 << 20);
+    assert_eq!(drives[0]["origin"], "config");
+    assert_eq!(drives[1]["name"], "beta");
+    assert_eq!(drives[1]["read_only"], true);
+    let (_, body) = d.http("GET", "/v1/health", None);
+    let h: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(h["memory_budget"]["limit_bytes"], 512u64 << 20);
+    assert_eq!(h["config_file"], cfg.display().to_string());
+    // Changing a declared drive at run time is reported as ephemeral.
+    let out = run(d.cli().args(["resize", "alpha", "64M"])).ok();
+    assert!(out.stderr.contains("declared in"), "{out}");
+    assert!(out.stderr.contains("ramd.toml"), "{out}");
+}
+
+#[test]
+fn bad_config_fails_with_file_line_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("api.sock");
+    for (text, want) in [
+        (
+            "[daemon]\nmax_connections = 4\nturbo = true\n",
+            ":3:1: unknown field `turbo`",
+        ),
+        (
+            "[[drive]]\nname = \"a\"\nsize = \"12Q\"\n",
+            ":3:8: unknown size unit",
+        ),
+        (
+            "[[drive]]\nname = \"A\"\nsize = \"1G\"\n",
+            ":2:8: invalid drive name 'A'",
+        ),
+        (
+            "[[drive]]\nname = \"a\"\nsize = 1\n\n[[drive]]\nname = \"a\"\nsize = 2\n",
+            ":6:8: drive 'a' is declared twice",
+        ),
+        ("[daemon]\nnbd_listen = [\"no-port\"]\n", ":2:"),
+        ("[daemon\n", ":1:"),
+    ] {
+        let cfg = write(dir.path(), "bad.toml", text);
+        let out = run(ramd()
+            .args(["daemon", "--config"])
+            .arg(&cfg)
+            .arg("--api-socket")
+            .arg(&api))
+        .failed();
+        assert_eq!(out.code(), 1, "{out}");
+        let want = format!("{}{want}", cfg.display());
+        assert!(out.stderr.contains(&want), "want {want:?} in: {out}");
+        assert!(!api.exists(), "the daemon started anyway: {out}");
+    }
+    let out = run(ramd()
+        .args(["daemon", "--config"])
+        .arg(dir.path().join("missing.toml")))
+    .failed();
+    assert!(out.stderr.contains("cannot read config"), "{out}");
+}
+
+#[test]
+fn second_daemon_on_the_same_api_socket_names_the_first_pid() {
+    let d = Daemon::start(&["ram0=1M"]);
+    let out = run(ramd()
+        .args(["daemon", "--no-config", "--socket"])
+        .arg(d.dir().join("other-nbd.sock"))
+        .arg("--api-socket")
+        .arg(d.api_socket()))
+    .failed();
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("already running"), "{out}");
+    assert!(out.stderr.contains(&format!("pid {}", d.pid())), "{out}");
+    // The first daemon still answers.
+    let (s, _) = d.http("GET", "/v1/health", None);
+    assert_eq!(s, 200);
+}
+
+#[test]
+fn api_socket_is_private_and_removed_at_exit_and_json_logs_parse() {
+    let mut d = Daemon::launch(
+        &["daemon".into(), "--log-format".into(), "json".into()],
+        &[],
+    );
+    let mode = std::fs::metadata(d.api_socket())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "API socket mode {mode:o}");
+    let (api, nbd) = (d.api_socket().to_owned(), d.socket().to_owned());
+    let status = d.terminate();
+    assert!(status.success(), "{status}: {}", d.log());
+    assert!(!api.exists() && !nbd.exists(), "sockets left behind");
+    let log = d.log();
+    let mut lines = 0;
+    for l in log.lines() {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{l}");
+        lines += 1;
+    }
+    assert!(lines >= 3, "{log}");
+    assert!(log.contains("ready"), "{log}");
+}
+
+#[test]
+fn sd_notify_ready_then_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(DAEMON_TIMEOUT)).unwrap();
+    let mut d = Daemon::launch(
+        &["daemon".into()],
+        &[("NOTIFY_SOCKET", path.to_str().unwrap())],
+    );
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("READY=1 within the timeout");
+    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
+    // The API answers by the time READY=1 is sent.
+    assert_eq!(d.http("GET", "/v1/health", None).0, 200);
+    signal(d.pid(), libc::SIGTERM);
+    let n = sock.recv(&mut buf).expect("STOPPING=1 within the timeout");
+    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg}");
+    assert!(d.terminate().success());
+}
+
+/// Keeps 32 requests in flight (patterned writes and reads checked against
+/// what was written) until the server goes away; prints a JSON summary.
+const INFLIGHT_CLIENT: &str = r#"
+import json, nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+BS, N = 4096, 2048
+def pat(i):
+    return (i.to_bytes(4, 'little') * (BS // 4))
+for i in range(N):
+    h.pwrite(pat(i), i * BS)
+print("READY", flush=True)
+done = bad = 0
+err = None
+inflight = {}
+i = 0
+try:
+    while True:
+        while len(inflight) < 32:
+            blk = (i * 7919) % N
+            if i % 2:
+                buf = nbd.Buffer(BS)
+                c = h.aio_pread(buf, blk * BS)
+                inflight[c] = (blk, buf)
+            else:
+                c = h.aio_pwrite(pat(blk), blk * BS)
+                inflight[c] = (blk, None)
+            i += 1
+        h.poll(-1)
+        for c in list(inflight):
+            if h.aio_command_completed(c):
+                blk, buf = inflight.pop(c)
+                if buf is not None and buf.to_bytearray() != pat(blk):
+                    bad += 1
+                done += 1
+except nbd.Error as e:
+    err = str(e)
+print(json.dumps({"done": done, "bad": bad, "error": err}), flush=True)
+"#;
+
+#[test]
+fn sigterm_with_requests_in_flight_ends_without_a_torn_reply() {
+    if !require_python_module("nbd", "python3-libnbd") {
+        return;
+    }
+    let mut d = Daemon::start(&["ram0=64M"]);
+    let mut client = KillOnDrop(
+        tool("/usr/bin/python3")
+            .args(["-c", INFLIGHT_CLIENT, &d.uri("ram0")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the client"),
+    );
+    use std::io::BufRead;
+    let stdout = client.0.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "READY");
+    // Let it run at full depth for a moment, then stop the daemon.
+    std::thread::sleep(Duration::from_millis(300));
+    let status = d.terminate();
+    assert!(status.success(), "ramd exited with {status}: {}", d.log());
+    let summary = lines.next().expect("a summary").unwrap();
+    let v: Value = serde_json::from_str(&summary).unwrap();
+    assert!(v["done"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["bad"], 0, "reads returned wrong data: {v}");
+    // The connection ended by the server closing it between replies: libnbd
+    // sees end-of-file, never a malformed (torn) reply.
+    let err = v["error"].as_str().unwrap_or("").to_ascii_lowercase();
+    for torn in [
+        "magic",
+        "unexpected",
+        "cookie",
+        "handle",
+        "protocol",
+        "unknown",
+    ] {
+        assert!(!err.contains(torn), "a torn reply: {v}");
+    }
+    assert!(
+        [
+            "dead",
+            "disconnect",
+            "closed",
+            "eof",
+            "reset",
+            "not connected"
+        ]
+        .iter()
+        .any(|w| err.contains(w)),
+        "the connection should end by the server closing it: {v}"
+    );
+    assert!(wait_timeout(&mut client.0, Duration::from_secs(30)).is_some());
+}
