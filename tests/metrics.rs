@@ -19,7 +19,8 @@ fn delta(after: &Value, before: &Value, group: &str, key: &str) -> u64 {
 
 /// Exactly: 10 writes of 4 KiB, 5 reads of 8 KiB, 1 read past the end
 /// (EINVAL), 3 flushes, 2 trims of 64 KiB, 1 zero of 4 KiB, 1 write of
-/// 512 bytes at an odd offset, 2 block-status calls.
+/// 512 bytes at an odd offset, 2 block-status calls, and 2 writes and 2
+/// reads of 1 MiB (which take the zero-copy paths).
 const WORKLOAD: &str = r#"
 import nbd, sys
 h = nbd.NBD()
@@ -43,6 +44,9 @@ h.zero(4096, 3 << 20)
 h.pwrite(b"x" * 512, 12345)
 for i in range(2):
     h.block_status(65536, 0, lambda *a: 0)
+for i in range(2):
+    h.pwrite(b"b" * (1 << 20), (1 + i) << 20)
+    assert h.pread(1 << 20, (1 + i) << 20) == b"b" * (1 << 20)
 h.shutdown()
 "#;
 
@@ -57,8 +61,8 @@ fn counters_move_by_exactly_the_io_issued() {
     python(WORKLOAD, &[&d.uri("ram0")]).ok();
     let after = totals(&d, "ram0");
     for (op, ops, bytes) in [
-        ("write", 11, 10 * 4096 + 512),
-        ("read", 6, 5 * 8192),
+        ("write", 13, 10 * 4096 + 512 + (2 << 20)),
+        ("read", 8, 5 * 8192 + (2 << 20)),
         ("flush", 3, 0),
         ("trim", 2, 2 * 65536),
         ("write_zeroes", 1, 4096),
@@ -87,8 +91,8 @@ fn counters_move_by_exactly_the_io_issued() {
     );
     // Every timed request is in its histogram.
     let count = |v: &Value, op: &str| v["latency"][op]["count"].as_u64().unwrap();
-    assert_eq!(count(&after, "read") - count(&before, "read"), 6);
-    assert_eq!(count(&after, "write") - count(&before, "write"), 11);
+    assert_eq!(count(&after, "read") - count(&before, "read"), 8);
+    assert_eq!(count(&after, "write") - count(&before, "write"), 13);
     assert_eq!(count(&after, "flush") - count(&before, "flush"), 3);
     let p50 = after["latency"]["write"]["p50_us"].as_f64().unwrap();
     let p99 = after["latency"]["write"]["p99_us"].as_f64().unwrap();
@@ -99,11 +103,11 @@ fn counters_move_by_exactly_the_io_issued() {
     // /metrics says the same.
     let (_, text) = d.http("GET", "/metrics", None);
     assert!(
-        text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"write\"} 11\n"),
+        text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"write\"} 13\n"),
         "{text}"
     );
     assert!(
-        text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 40960\n"),
+        text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 2138112\n"),
         "{text}"
     );
     assert!(

@@ -129,8 +129,7 @@ pub fn transmission<S: Transport>(
             if direct && req.command == CMD_WRITE && end - start < total {
                 // A large WRITE whose payload is still arriving: receive
                 // the rest straight into the drive.
-                stream.write_all(&conn.out)?;
-                conn.out.clear();
+                conn.send(stream)?;
                 let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
                 discard = conn.direct_write(&req, buffered, stream)?;
                 batch += 1;
@@ -138,8 +137,7 @@ pub fn transmission<S: Transport>(
                 continue;
             }
             if direct && req.command == CMD_READ {
-                stream.write_all(&conn.out)?;
-                conn.out.clear();
+                conn.send(stream)?;
                 conn.direct_read(&req, stream)?;
                 batch += 1;
                 start += total;
@@ -608,7 +606,10 @@ impl Conn<'_> {
             }
         }
         match self.flush_if_fua(req) {
-            Ok(()) => encode_simple_reply(&mut self.out, req.cookie, 0),
+            Ok(()) => {
+                encode_simple_reply(&mut self.out, req.cookie, 0);
+                self.count_done(req);
+            }
             Err(e) => self.reply_backend_error(req, &e),
         }
         Ok(0)
@@ -669,17 +670,24 @@ impl Conn<'_> {
                     return Ok(());
                 }
                 Err(e) => {
+                    if let Some(r) = self.rec.as_mut() {
+                        r.failed(Some(Op::Read), errno_for(&e));
+                    }
                     return Err(io::Error::other(format!(
                         "{} at offset {} failed after its reply started: {e}",
                         command_name(req.command),
                         req.offset
-                    )))
+                    )));
                 }
             }
         }
         // The header goes first in every gather, so all of it went out.
         debug_assert_eq!(header_sent, self.out.len());
         self.out.clear();
+        self.count_done(req);
+        if let Some(r) = self.rec.as_mut() {
+            r.replies_sent();
+        }
         Ok(())
     }
 
