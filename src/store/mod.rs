@@ -44,8 +44,9 @@ pub mod bitmap;
 pub mod budget;
 mod prefault;
 pub mod region;
+pub mod snapshot;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -57,6 +58,8 @@ pub use budget::MemoryBudget;
 use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
+pub use snapshot::{CapturedChunk, Snapshot, PAGES_PER_CHUNK};
+use snapshot::{CowOutcome, SnapState};
 
 /// Bytes per page: the unit of allocation, trim and the bitmaps.
 pub const PAGE_BYTES: u64 = 4096;
@@ -89,6 +92,9 @@ struct Segment {
     /// One lock per 64 KiB chunk: shared for reads, exclusive for changes.
     /// A parking_lot lock, not a std one: 8 bytes and no syscall uncontended.
     locks: Box<[RwLock<()>]>,
+    /// Per chunk, the last snapshot epoch that captured it (see
+    /// `snapshot.rs`): changed only under the chunk's lock.
+    epochs: Box<[AtomicU32]>,
 }
 
 impl Segment {
@@ -123,6 +129,7 @@ impl Segment {
             dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
             zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
             locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
+            epochs: (0..CHUNKS_PER_SEGMENT).map(|_| AtomicU32::new(0)).collect(),
         })
     }
 }
@@ -191,13 +198,19 @@ pub struct StoreState {
     /// End of the last write that committed new pages: a write starting
     /// here continues a sequential fill (a prefaulter hint).
     fill_end: AtomicU64,
+    /// Point-in-time snapshots for syncs (copy-on-write, see snapshot.rs).
+    snap: SnapState,
 }
 
 /// How a chunk is locked for an operation.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Access {
     Shared,
+    /// A change: saves the chunk's pre-cut pages first when a snapshot runs.
     Exclusive,
+    /// Exclusive, but changes no bytes (the prefaulter commits zero pages
+    /// over holes), so a running snapshot has nothing to save.
+    ExclusiveNoCow,
 }
 
 /// Where bytes to store come from.
@@ -264,6 +277,7 @@ impl RamStore {
             global_mem,
             resize_lock: Mutex::new(()),
             fill_end: AtomicU64::new(u64::MAX),
+            snap: SnapState::new(),
         });
         state.resize(size_bytes)?;
         let prefaulter = if opts.prefault {
@@ -320,7 +334,8 @@ impl StoreState {
         let segs = self.segments.load().len() as u64;
         let per_seg = std::mem::size_of::<Segment>() as u64
             + 3 * (PAGES_PER_SEGMENT as u64 / 8)
-            + (CHUNKS_PER_SEGMENT * std::mem::size_of::<RwLock<()>>()) as u64;
+            + (CHUNKS_PER_SEGMENT * std::mem::size_of::<RwLock<()>>()) as u64
+            + snapshot::EPOCH_BYTES_PER_SEGMENT;
         segs * (per_seg + std::mem::size_of::<Arc<Segment>>() as u64)
     }
 
@@ -449,12 +464,32 @@ impl StoreState {
                 return Err(self.out_of_range(offset, len));
             };
             let so = (pos % SEGMENT_BYTES) as usize;
-            let lock = &seg.locks[so / CHUNK_BYTES as usize];
+            let ci = so / CHUNK_BYTES as usize;
+            let lock = &seg.locks[ci];
             let (_r, _w);
             if access == Access::Shared {
                 _r = lock.read();
             } else {
-                _w = lock.write();
+                let mut w = lock.write();
+                if access == Access::Exclusive {
+                    // A running snapshot: save this chunk's pre-cut pages
+                    // before changing it (one atomic load when none runs).
+                    loop {
+                        let e = self.snap.active.load(Ordering::Acquire);
+                        if e == 0 {
+                            break;
+                        }
+                        match self.cow_chunk(seg, ci, pos / CHUNK_BYTES, e) {
+                            CowOutcome::Proceed => break,
+                            CowOutcome::Wait => {
+                                drop(w);
+                                self.wait_captured(seg, ci, pos / CHUNK_BYTES, e);
+                                w = lock.write();
+                            }
+                        }
+                    }
+                }
+                _w = w;
             }
             if pos + n > self.size.load(Ordering::Acquire) {
                 return Err(self.out_of_range(offset, len));
@@ -490,7 +525,7 @@ impl StoreState {
         let mut committed = 0;
         while pos < to {
             let n = (CHUNK_BYTES - pos % CHUNK_BYTES).min(to - pos);
-            let r = self.for_each_chunk(pos, n, Access::Exclusive, |seg, so, n, _| {
+            let r = self.for_each_chunk(pos, n, Access::ExclusiveNoCow, |seg, so, n, _| {
                 let (p0, p1) = (so / page, (so + n).div_ceil(page));
                 let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
                 if fresh == 0 {
