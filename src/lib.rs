@@ -24,5 +24,6 @@
 pub mod backend;
 pub mod nbd;
 pub mod paths;
+pub mod persist;
 pub mod size;
 pub mod store;

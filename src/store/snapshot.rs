@@ -437,7 +437,10 @@ impl Drop for Snapshot<'_> {
         debug_assert!(!self.finished || side.is_empty());
         let bytes: u64 = side.values().map(|c| c.data_bytes()).sum();
         self.state.global_mem.release(bytes);
-        self.state.snap.cow_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.state
+            .snap
+            .cow_bytes
+            .fetch_sub(bytes, Ordering::Relaxed);
         if !self.finished {
             // Abort: everything this snapshot took, handed out or still
             // copied aside, is saved by the next one instead.
