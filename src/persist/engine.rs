@@ -230,6 +230,7 @@ impl<S: Storage> Engine<S> {
             image: open(names::IMAGE)?,
             pages: open(names::PAGES)?,
             entry_bytes: meta.entry_bytes(),
+            encrypted: meta.encrypted,
         };
         let journal = open(names::JOURNAL)?;
         image
@@ -328,6 +329,7 @@ impl<S: Storage> Engine<S> {
         let started = Instant::now();
         let mut snap = store.snapshot();
         let size = snap.size_bytes();
+        let min_size = snap.min_size_bytes();
         let size_pages = size.div_ceil(PAGE_BYTES as u64);
         let mut run = RunBuilder::new();
         let mut begun = false;
@@ -350,7 +352,7 @@ impl<S: Storage> Engine<S> {
                 }
             }
             if !begun {
-                if size == self.durable_size {
+                if size == self.durable_size && min_size >= size {
                     return Ok(None);
                 }
                 // Only the size changed: a generation of no records.
@@ -363,7 +365,7 @@ impl<S: Storage> Engine<S> {
                 .map_err(io_err("write", jpath()))?;
             let info = self
                 .journal
-                .commit(size)
+                .commit(size, min_size)
                 .map_err(io_err("write and fdatasync", jpath()))?;
             Ok(Some(info))
         })();
@@ -408,6 +410,11 @@ impl<S: Storage> Engine<S> {
         let jpath = self.storage.describe(names::JOURNAL);
         let eb = self.image.entry_bytes;
         for g in &self.pending {
+            // A shrink since the previous generation zeroed the bytes beyond
+            // it: cut them off before growing back.
+            self.image
+                .set_size(g.min_size.min(g.drive_size))
+                .map_err(io_err("resize", ipath.clone()))?;
             self.image
                 .set_size(g.drive_size)
                 .map_err(io_err("resize", ipath.clone()))?;
@@ -441,13 +448,16 @@ impl<S: Storage> Engine<S> {
         meta.drive_size = last.drive_size;
         meta.updated_unix_ms = now_unix_ms();
         write_meta(&self.storage, &meta)?;
+        // The image holds everything the journal does from here on; if
+        // emptying the journal fails, its records are stale (generations
+        // at or below `image_gen`) and the next generation empties it first.
         self.meta = meta;
-        self.journal.reset().map_err(io_err("truncate", jpath))?;
         report.gens = self.pending.len();
         report.bytes_written += META_BYTES as u64;
         self.pending.clear();
         self.totals.bytes_written += report.bytes_written;
         self.totals.checkpoints += 1;
+        self.journal.reset().map_err(io_err("truncate", jpath))?;
         report.duration = started.elapsed();
         Ok(report)
     }

@@ -67,7 +67,9 @@
 //!           of the generation, in order (proves none is missing)
 //!   56    8 drive_size (commit): drive size at the sync's cut
 //!   64    8 data_pages (commit): pages with data in the generation
-//!   72  436 reserved, zero
+//!   72    8 min_size (commit): the smallest drive size since the previous
+//!           generation (a shrink and regrow zeroes the bytes beyond it)
+//!   80  428 reserved, zero
 //!  508    4 header_crc: crc32c of bytes 0..508
 //!
 //!  pages payload:  n_pages x 4096 page bytes (plain or ciphertext)
@@ -341,6 +343,8 @@ pub struct RecordHeader {
     pub drive_size: u64,
     /// Commit: pages with data in the generation.
     pub data_pages: u64,
+    /// Commit: smallest drive size since the previous generation.
+    pub min_size: u64,
 }
 
 impl RecordHeader {
@@ -358,6 +362,7 @@ impl RecordHeader {
             chain_crc: 0,
             drive_size: 0,
             data_pages: 0,
+            min_size: 0,
         }
     }
 
@@ -377,6 +382,7 @@ impl RecordHeader {
         b[52..56].copy_from_slice(&self.chain_crc.to_le_bytes());
         b[56..64].copy_from_slice(&self.drive_size.to_le_bytes());
         b[64..72].copy_from_slice(&self.data_pages.to_le_bytes());
+        b[72..80].copy_from_slice(&self.min_size.to_le_bytes());
         let c = crc(&b[..508]);
         b[508..512].copy_from_slice(&c.to_le_bytes());
         (b, c)
@@ -420,7 +426,11 @@ impl RecordHeader {
             chain_crc: le_u32(b, 52),
             drive_size: le_u64(b, 56),
             data_pages: le_u64(b, 64),
+            min_size: le_u64(b, 72),
         };
+        if h.min_size > h.drive_size {
+            return Err(FormatError::Invalid("min size above drive size".into()));
+        }
         if h.payload_len % RECORD_HEADER_BYTES as u64 != 0 {
             return Err(FormatError::Invalid(format!(
                 "payload length {} is not a multiple of 512",
@@ -503,6 +513,7 @@ mod tests {
         h.chain_crc = 0xDEAD_BEEF;
         h.drive_size = 1 << 30;
         h.data_pages = 12;
+        h.min_size = 1 << 20;
         let (b, c) = h.encode();
         let (back, c2) = RecordHeader::decode(&b).unwrap();
         assert_eq!((back, c2), (h, c));

@@ -21,6 +21,18 @@ pub struct Image<F: StorageFile> {
     pub pages: F,
     /// Bytes per entry.
     pub entry_bytes: usize,
+    /// Pages are ciphertext: the image keeps whole pages (a partial last
+    /// page is still 4 KiB of ciphertext), so its length is rounded up.
+    pub encrypted: bool,
+}
+
+/// Length of the image file of a drive of `drive_size` bytes.
+pub fn image_len(drive_size: u64, encrypted: bool) -> u64 {
+    if encrypted {
+        drive_size.next_multiple_of(PAGE_BYTES as u64)
+    } else {
+        drive_size
+    }
 }
 
 impl<F: StorageFile> Image<F> {
@@ -33,7 +45,7 @@ impl<F: StorageFile> Image<F> {
         entries: &[u8],
     ) -> io::Result<()> {
         let start = first_page * PAGE_BYTES as u64;
-        let end = (start + data.len() as u64).min(drive_size);
+        let end = (start + data.len() as u64).min(image_len(drive_size, self.encrypted));
         if start < end {
             self.image
                 .write_at(&data[..(end - start) as usize], start)?;
@@ -45,7 +57,8 @@ impl<F: StorageFile> Image<F> {
     /// Makes a run of pages holes (clipped to `drive_size`), with hole entries.
     pub fn write_zero(&self, first_page: u64, n: u64, drive_size: u64) -> io::Result<()> {
         let start = first_page * PAGE_BYTES as u64;
-        let end = ((first_page + n) * PAGE_BYTES as u64).min(drive_size);
+        let end =
+            ((first_page + n) * PAGE_BYTES as u64).min(image_len(drive_size, self.encrypted));
         if start < end {
             self.image.punch_hole(start, end - start)?;
         }
@@ -62,7 +75,7 @@ impl<F: StorageFile> Image<F> {
 
     /// Sets the image to `drive_size` bytes and the table to match.
     pub fn set_size(&self, drive_size: u64) -> io::Result<()> {
-        self.image.set_len(drive_size)?;
+        self.image.set_len(image_len(drive_size, self.encrypted))?;
         let pages = drive_size.div_ceil(PAGE_BYTES as u64);
         self.pages.set_len(pages * self.entry_bytes as u64)
     }

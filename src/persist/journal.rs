@@ -68,6 +68,8 @@ pub struct GenInfo {
     pub gen: u64,
     /// Drive size at its cut.
     pub drive_size: u64,
+    /// Smallest drive size since the previous generation.
+    pub min_size: u64,
     /// Its records, in file order.
     pub records: Vec<RecordLoc>,
     /// Pages with data.
@@ -238,6 +240,7 @@ fn parse_gen<F: StorageFile>(
                 return Ok(Parsed::Gen(GenInfo {
                     gen: h.gen,
                     drive_size: h.drive_size,
+                    min_size: h.min_size,
                     records,
                     data_pages,
                     start,
@@ -540,10 +543,11 @@ impl<F: StorageFile> JournalWriter<F> {
     /// Writes the commit record and makes the generation durable. On
     /// success returns it; on failure the attempt is abandoned (call
     /// `abort`).
-    pub fn commit(&mut self, drive_size: u64) -> io::Result<GenInfo> {
+    pub fn commit(&mut self, drive_size: u64, min_size: u64) -> io::Result<GenInfo> {
         let gen = self.open_gen().gen;
         let mut h = RecordHeader::new(RecordKind::Commit, self.drive_id, gen);
         h.drive_size = drive_size;
+        h.min_size = min_size;
         self.push(h, &[])?;
         self.write_out()?;
         self.file.sync_data()?;
@@ -551,6 +555,7 @@ impl<F: StorageFile> JournalWriter<F> {
         let info = GenInfo {
             gen,
             drive_size,
+            min_size,
             records: og.records,
             data_pages: og.data_pages,
             start: self.committed_end,
@@ -569,12 +574,14 @@ impl<F: StorageFile> JournalWriter<F> {
         }
     }
 
-    /// Empties the journal durably (after a checkpoint).
+    /// Empties the journal durably (after a checkpoint made everything in
+    /// it redundant). If this fails, the next `begin` empties it first.
     pub fn reset(&mut self) -> io::Result<()> {
         debug_assert!(self.open.is_none());
+        self.committed_end = 0;
+        self.dirty_tail = true;
         self.file.set_len(0)?;
         self.file.sync_data()?;
-        self.committed_end = 0;
         self.dirty_tail = false;
         Ok(())
     }
@@ -603,10 +610,10 @@ mod tests {
         let entries = [plain_entry(&page(1)), plain_entry(&page(2))].concat();
         w.add_pages(0, &data, &entries).unwrap();
         w.add_zero(5, 3).unwrap();
-        let g1 = w.commit(1 << 20).unwrap();
+        let g1 = w.commit(1 << 20, 1 << 20).unwrap();
         w.begin(2).unwrap();
         w.add_pages(9, &page(9), &plain_entry(&page(9))).unwrap();
-        let g2 = w.commit(1 << 20).unwrap();
+        let g2 = w.commit(1 << 20, 1 << 20).unwrap();
         assert_eq!(g1.end, g2.start);
         (d, g1.end, g2.end)
     }
@@ -709,7 +716,7 @@ mod tests {
         w.abort();
         w.begin(2).unwrap();
         w.add_zero(0, 1).unwrap();
-        w.commit(4096).unwrap();
+        w.commit(4096, 4096).unwrap();
         let s = scan_sim(&d, 0);
         assert_eq!(s.end, ScanEnd::Clean);
         assert_eq!(s.gens.iter().map(|g| g.gen).collect::<Vec<_>>(), vec![2]);

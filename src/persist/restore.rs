@@ -158,7 +158,9 @@ impl Covered {
             cut_from: u64::MAX,
         };
         for g in gens {
-            c.cut_from = c.cut_from.min(g.drive_size.div_ceil(PAGE_BYTES as u64));
+            c.cut_from = c
+                .cut_from
+                .min(g.min_size.min(g.drive_size).div_ceil(PAGE_BYTES as u64));
             for r in &g.records {
                 let end = (r.first_page + r.n_pages as u64).min(pages);
                 for p in r.first_page.min(end)..end {
@@ -237,6 +239,7 @@ pub fn restore<S: Storage>(
         image: open(names::IMAGE)?,
         pages: open(names::PAGES)?,
         entry_bytes: meta.entry_bytes(),
+        encrypted: meta.encrypted,
     };
     let jpath = storage.describe(names::JOURNAL);
     let journal = storage
@@ -326,6 +329,7 @@ pub fn restore<S: Storage>(
     progress.set_phase(RestorePhase::Replaying);
     let mut buf = Vec::new();
     for g in &gens {
+        store.resize(g.min_size.min(g.drive_size))?;
         store.resize(g.drive_size)?;
         for rec in &g.records {
             let first = rec.first_page * PAGE_BYTES as u64;
@@ -359,6 +363,7 @@ pub fn restore<S: Storage>(
             }
             let len = (end - first) as usize;
             store.write(first, &data[..len], false)?;
+            // (Encrypted pages were decrypted in place by verify_page.)
             progress.add(len as u64);
         }
         report.journal_gens += 1;
@@ -474,7 +479,7 @@ fn load_image<S: Storage>(
 ) -> Result<()> {
     let eb = meta.entry_bytes();
     let ipath = storage.describe(names::IMAGE);
-    let size = meta.drive_size;
+    let size = super::image::image_len(meta.drive_size, meta.encrypted);
     let img_len = image.image.len().map_err(io_err("stat", ipath.clone()))?;
     // Runs of consecutive data pages, cut at READ_RUN_BYTES.
     let mut runs: Vec<(u64, u64)> = Vec::new();
@@ -577,9 +582,11 @@ fn load_image<S: Storage>(
                     }
                 }
             }
-            store.write(first * PAGE_BYTES as u64, &buf[..run_len], false)?;
-            report.image_data_bytes += run_len as u64;
-            progress.add(run_len as u64);
+            let off = first * PAGE_BYTES as u64;
+            let store_len = run_len.min((meta.drive_size - off) as usize);
+            store.write(off, &buf[..store_len], false)?;
+            report.image_data_bytes += store_len as u64;
+            progress.add(store_len as u64);
             let _ = back_tx.send(buf);
         }
         Ok(())

@@ -200,6 +200,10 @@ pub struct StoreState {
     fill_end: AtomicU64,
     /// Point-in-time snapshots for syncs (copy-on-write, see snapshot.rs).
     snap: SnapState,
+    /// Smallest size since the last snapshot began: a sync must record a
+    /// shrink even when the drive grew back before it (the bytes beyond
+    /// the smaller size became zero). Changed under `resize_lock`.
+    min_size: AtomicU64,
 }
 
 /// How a chunk is locked for an operation.
@@ -278,8 +282,10 @@ impl RamStore {
             resize_lock: Mutex::new(()),
             fill_end: AtomicU64::new(u64::MAX),
             snap: SnapState::new(),
+            min_size: AtomicU64::new(0),
         });
         state.resize(size_bytes)?;
+        state.min_size.store(size_bytes, Ordering::Release);
         let prefaulter = if opts.prefault {
             Prefaulter::spawn(Arc::downgrade(&state))
                 .inspect_err(|e| {
@@ -342,6 +348,7 @@ impl StoreState {
     /// Takes the set of pages changed since the last call (see module docs
     /// for the guarantee with respect to concurrent writers).
     pub fn take_dirty(&self) -> DirtyPages {
+        self.min_size.store(self.size(), Ordering::Release);
         let segs = self.segments.load();
         let mut words = Vec::with_capacity(segs.len() * PAGES_PER_SEGMENT / 64);
         for seg in segs.iter() {
@@ -382,6 +389,7 @@ impl StoreState {
             self.size.store(new_size, Ordering::Release);
         } else {
             self.size.store(new_size, Ordering::Release);
+            self.min_size.fetch_min(new_size, Ordering::AcqRel);
             self.release_tail(new_size, old_size);
             let segs = self.segments.load_full();
             if segs.len() > want_segs {
@@ -409,6 +417,10 @@ impl StoreState {
                 // Beyond the end nothing is dirty: those pages no longer exist.
                 for p in so.div_ceil(PAGE_BYTES)..eo.div_ceil(PAGE_BYTES) {
                     seg.dirty.clear(p as usize);
+                }
+                // The page holding the new end had its tail zeroed: changed.
+                if so % PAGE_BYTES != 0 {
+                    seg.dirty.set((so / PAGE_BYTES) as usize);
                 }
                 self.release_mem(freed);
             }

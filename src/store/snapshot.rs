@@ -271,6 +271,7 @@ impl StoreState {
         let resize_guard = self.resize_lock.lock();
         let segs = self.segments.load_full();
         let size = self.size();
+        let min_size = self.min_size.swap(size, Ordering::AcqRel).min(size);
         let epoch = {
             let mut sh = self.snap.shared.lock();
             debug_assert!(sh.side.is_empty() && sh.urgent.is_empty());
@@ -285,6 +286,7 @@ impl StoreState {
             segs,
             epoch,
             size_bytes: size,
+            min_size_bytes: min_size,
             next_chunk: 0,
             captured: Vec::new(),
             finished: false,
@@ -306,6 +308,8 @@ pub struct Snapshot<'a> {
     epoch: u32,
     /// Drive size at the cut.
     size_bytes: u64,
+    /// Smallest size since the previous snapshot (<= `size_bytes`).
+    min_size_bytes: u64,
     /// The walk's position (global chunk index).
     next_chunk: u64,
     /// (chunk, mask) of everything handed out, to re-mark dirty on abort.
@@ -318,6 +322,12 @@ impl Snapshot<'_> {
     /// The drive size at the cut.
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    /// The smallest the drive was since the previous snapshot: bytes from
+    /// here to `size_bytes` read as zero unless a saved page says otherwise.
+    pub fn min_size_bytes(&self) -> u64 {
+        self.min_size_bytes
     }
 
     /// This snapshot's epoch (1, 2, ...; unique per store).
@@ -442,6 +452,9 @@ impl Drop for Snapshot<'_> {
             .cow_bytes
             .fetch_sub(bytes, Ordering::Relaxed);
         if !self.finished {
+            self.state
+                .min_size
+                .fetch_min(self.min_size_bytes, Ordering::AcqRel);
             // Abort: everything this snapshot took, handed out or still
             // copied aside, is saved by the next one instead.
             let chunks = self
