@@ -7,8 +7,8 @@ use std::sync::Arc;
 use ramd::backend::Backend;
 use ramd::persist::sim::{Faults, SimDisk, SimRng};
 use ramd::persist::{
-    DirStorage, Durability, Key, PersistConfig, PersistentDrive, RestoreOptions,
-    RestoreProgress, Storage,
+    DirStorage, Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
+    Storage,
 };
 use ramd::store::{MemoryBudget, StoreOptions};
 
@@ -52,8 +52,15 @@ fn open<S: Storage>(s: S, key: Option<&Key>) -> PersistentDrive<S> {
 }
 
 fn create<S: Storage>(s: S, size: u64, key: Option<&Key>) -> PersistentDrive<S> {
-    PersistentDrive::create(s, size, key, PersistConfig::default(), store_opts(), budget())
-        .unwrap()
+    PersistentDrive::create(
+        s,
+        size,
+        key,
+        PersistConfig::default(),
+        store_opts(),
+        budget(),
+    )
+    .unwrap()
 }
 
 #[test]

@@ -57,8 +57,7 @@ impl<F: StorageFile> Image<F> {
     /// Makes a run of pages holes (clipped to `drive_size`), with hole entries.
     pub fn write_zero(&self, first_page: u64, n: u64, drive_size: u64) -> io::Result<()> {
         let start = first_page * PAGE_BYTES as u64;
-        let end =
-            ((first_page + n) * PAGE_BYTES as u64).min(image_len(drive_size, self.encrypted));
+        let end = ((first_page + n) * PAGE_BYTES as u64).min(image_len(drive_size, self.encrypted));
         if start < end {
             self.image.punch_hole(start, end - start)?;
         }

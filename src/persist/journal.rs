@@ -25,9 +25,15 @@
 //! - found: the damage hit acknowledged, durable data: corruption, and
 //!   restoring refuses (unless forced).
 //!
-//! Records with a generation at or below the last good one, where a new
-//! generation should start, are leftovers of a truncate that did not reach
-//! the disk before a crash: the log ends there.
+//! The journal always holds a run of consecutive generations `a..=b` and the
+//! image holds generation `a-1` or later (up to `b`: a checkpoint whose
+//! journal truncate failed or was lost in a crash). Replaying all of
+//! `a..=b` in order onto the image is correct in every case, including an
+//! image caught in the middle of a checkpoint (half rewritten), so the scan
+//! returns every committed generation and restore replays them all.
+//! Records with a generation at or below the last one parsed, where a new
+//! generation should start, are leftovers of an older journal: the log ends
+//! there.
 
 use std::io;
 
@@ -115,7 +121,7 @@ pub enum ScanEnd {
 /// What a scan found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scan {
-    /// Committed generations newer than the image, in order.
+    /// Committed generations, in order.
     pub gens: Vec<GenInfo>,
     /// End of the last committed generation (where appends go).
     pub committed_end: u64,
@@ -287,20 +293,16 @@ fn parse_gen<F: StorageFile>(
     }
 }
 
-/// Scans a journal: every committed generation newer than `image_gen`,
-/// and how the journal ends. Reads the whole file once.
-pub fn scan<F: StorageFile>(
-    file: &F,
-    drive_id: u64,
-    entry_bytes: usize,
-    image_gen: u64,
-) -> io::Result<Scan> {
+/// Scans a journal: every committed generation, and how the journal ends.
+/// Reads the whole file once.
+pub fn scan<F: StorageFile>(file: &F, drive_id: u64, entry_bytes: usize) -> io::Result<Scan> {
     let len = file.len()?;
     file.advise_sequential();
     let mut r = Reader::new(file, len);
     let mut gens: Vec<GenInfo> = Vec::new();
     let mut pos = 0;
-    let mut last = image_gen;
+    // The highest generation parsed so far.
+    let mut last = 0;
     loop {
         match parse_gen(&mut r, pos, drive_id, entry_bytes, last + 1)? {
             Parsed::Gen(g) => {
@@ -618,15 +620,15 @@ mod tests {
         (d, g1.end, g2.end)
     }
 
-    fn scan_sim(d: &SimDisk, image_gen: u64) -> Scan {
+    fn scan_sim(d: &SimDisk) -> Scan {
         let f = d.open("journal", false).unwrap();
-        scan(&f, ID, PLAIN_ENTRY_BYTES, image_gen).unwrap()
+        scan(&f, ID, PLAIN_ENTRY_BYTES).unwrap()
     }
 
     #[test]
     fn committed_generations_scan_back() {
         let (d, _, end) = two_gens();
-        let s = scan_sim(&d, 0);
+        let s = scan_sim(&d);
         assert_eq!(s.end, ScanEnd::Clean);
         assert_eq!(s.gens.len(), 2);
         assert_eq!(s.committed_end, end);
@@ -637,10 +639,6 @@ mod tests {
         let mut buf = Vec::new();
         read_payload(&f, &s.gens[1].records[0], &mut buf).unwrap();
         assert_eq!(&buf[..PAGE_BYTES], &page(9)[..]);
-        // Generations already in the image are stale.
-        let s = scan_sim(&d, 1);
-        assert_eq!(s.gens.len(), 0);
-        assert!(matches!(s.end, ScanEnd::Stale { .. }));
     }
 
     #[test]
@@ -650,7 +648,7 @@ mod tests {
         let full = d.contents("journal").unwrap();
         for cut in (g1_end + 1..end).step_by(97) {
             d.set_contents("journal", full[..cut as usize].to_vec());
-            let s = scan_sim(&d, 0);
+            let s = scan_sim(&d);
             assert_eq!(s.gens.len(), 1, "cut at {cut}");
             assert_eq!(s.committed_end, g1_end);
             assert!(
@@ -663,7 +661,7 @@ mod tests {
             let mut b = full.clone();
             b[at as usize] ^= 0x40;
             d.set_contents("journal", b);
-            let s = scan_sim(&d, 0);
+            let s = scan_sim(&d);
             assert_eq!(s.gens.len(), 1, "flip at {at}");
             assert!(matches!(s.end, ScanEnd::TornTail { .. }));
         }
@@ -677,7 +675,7 @@ mod tests {
             let mut b = full.clone();
             b[at as usize] ^= 0x01;
             d.set_contents("journal", b);
-            let s = scan_sim(&d, 0);
+            let s = scan_sim(&d);
             assert!(s.gens.is_empty());
             match s.end {
                 ScanEnd::Corrupt { later_gen, .. } => assert_eq!(later_gen, 2),
@@ -694,7 +692,7 @@ mod tests {
         let rec_end = end as usize - RECORD_HEADER_BYTES;
         b[g1_end as usize..rec_end].fill(0);
         d.set_contents("journal", b);
-        let s = scan_sim(&d, 0);
+        let s = scan_sim(&d);
         assert_eq!(s.gens.len(), 1);
         assert!(matches!(s.end, ScanEnd::TornTail { .. }));
     }
@@ -717,7 +715,7 @@ mod tests {
         w.begin(2).unwrap();
         w.add_zero(0, 1).unwrap();
         w.commit(4096, 4096).unwrap();
-        let s = scan_sim(&d, 0);
+        let s = scan_sim(&d);
         assert_eq!(s.end, ScanEnd::Clean);
         assert_eq!(s.gens.iter().map(|g| g.gen).collect::<Vec<_>>(), vec![2]);
     }

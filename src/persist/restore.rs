@@ -256,13 +256,8 @@ pub fn restore<S: Storage>(
     if opts.discard_journal {
         report.journal_discarded = true;
     } else {
-        let s = scan(
-            &journal,
-            meta.drive_id(),
-            meta.entry_bytes(),
-            meta.image_gen,
-        )
-        .map_err(io_err("read", jpath.clone()))?;
+        let s = scan(&journal, meta.drive_id(), meta.entry_bytes())
+            .map_err(io_err("read", jpath.clone()))?;
         match s.end {
             ScanEnd::Clean => {}
             ScanEnd::Stale { bytes } => report.stale_journal_bytes = bytes,
@@ -368,7 +363,9 @@ pub fn restore<S: Storage>(
         }
         report.journal_gens += 1;
     }
-    report.restored_gen = gens.last().map(|g| g.gen).unwrap_or(meta.image_gen);
+    report.restored_gen = gens
+        .last()
+        .map_or(meta.image_gen, |g| g.gen.max(meta.image_gen));
     report.drive_size = store.size();
     let durable_size = store.size();
     // What was loaded is on disk: nothing is dirty.
