@@ -295,6 +295,12 @@ impl<S: Storage> PersistentDrive<S> {
         Ok((drive, report))
     }
 
+    /// Gives the state directory back (after `close`; a drive dropped
+    /// without `close` keeps only what its last sync saved).
+    pub fn into_storage(self) -> S {
+        self.engine.into_inner().into_storage()
+    }
+
     /// The RAM store (for stats and direct access).
     pub fn store(&self) -> &RamStore {
         &self.store

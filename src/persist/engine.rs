@@ -298,6 +298,11 @@ impl<S: Storage> Engine<S> {
         &self.storage
     }
 
+    /// Gives the state directory back.
+    pub fn into_storage(self) -> S {
+        self.storage
+    }
+
     /// Bytes of committed journal not yet checkpointed.
     pub fn journal_bytes(&self) -> u64 {
         self.journal.committed_bytes()
