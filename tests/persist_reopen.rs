@@ -317,9 +317,7 @@ fn journal_damage_tail_is_cut_middle_is_refused_with_options() {
         .unwrap();
     let msg = e.to_string();
     assert!(
-        msg.contains("journal")
-            && msg.contains("corrupt at byte 0")
-            && msg.contains("generation"),
+        msg.contains("journal") && msg.contains("corrupt at byte 0") && msg.contains("generation"),
         "{msg}"
     );
     assert!(disk.contents("journal") != before);
