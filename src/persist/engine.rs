@@ -85,6 +85,8 @@ pub struct Engine<S: Storage> {
     durable_size: u64,
     /// Reused buffer for reading records back.
     read_buf: Vec<u8>,
+    /// Reused run buffers (no large allocations per sync).
+    run: RunBuilder,
     /// Totals for the status.
     totals: EngineTotals,
 }
@@ -111,6 +113,28 @@ impl RunBuilder {
             data_pages: 0,
             zero_pages: 0,
         }
+    }
+
+    /// A builder with no buffers (a placeholder while the real one is out).
+    fn empty() -> RunBuilder {
+        RunBuilder {
+            kind: RecordKind::Zero,
+            first: 0,
+            n: 0,
+            data: Vec::new(),
+            entries: Vec::new(),
+            data_pages: 0,
+            zero_pages: 0,
+        }
+    }
+
+    /// Ready for a new sync (keeps the buffers).
+    fn reset(&mut self) {
+        self.n = 0;
+        self.data.clear();
+        self.entries.clear();
+        self.data_pages = 0;
+        self.zero_pages = 0;
     }
 
     fn flush<F: StorageFile>(&mut self, j: &mut JournalWriter<F>) -> std::io::Result<()> {
@@ -255,6 +279,7 @@ impl<S: Storage> Engine<S> {
             pending: Vec::new(),
             next_gen: 1,
             read_buf: Vec::new(),
+            run: RunBuilder::new(),
             totals: EngineTotals {
                 bytes_written: META_BYTES as u64,
                 ..EngineTotals::default()
@@ -284,6 +309,7 @@ impl<S: Storage> Engine<S> {
             next_gen,
             durable_size,
             read_buf: Vec::new(),
+            run: RunBuilder::new(),
             totals: EngineTotals::default(),
         }
     }
@@ -336,7 +362,8 @@ impl<S: Storage> Engine<S> {
         let size = snap.size_bytes();
         let min_size = snap.min_size_bytes();
         let size_pages = size.div_ceil(PAGE_BYTES as u64);
-        let mut run = RunBuilder::new();
+        let mut run = std::mem::replace(&mut self.run, RunBuilder::empty());
+        run.reset();
         let mut begun = false;
         let jp = self.storage.describe(names::JOURNAL);
         let jpath = || jp.clone();
@@ -391,9 +418,11 @@ impl<S: Storage> Engine<S> {
                     self.pending.push(info);
                 }
                 report.duration = started.elapsed();
+                self.run = run;
                 Ok(report)
             }
             Err(e) => {
+                self.run = run;
                 // Abort: the snapshot gives every page back to the dirty set.
                 self.journal.abort();
                 drop(snap);

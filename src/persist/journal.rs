@@ -403,6 +403,9 @@ pub struct JournalWriter<F: StorageFile> {
     dirty_tail: bool,
     /// The generation being written, if any.
     open: Option<OpenGen>,
+    /// The write buffer between generations: reused, so a sync does not
+    /// map and unmap megabytes (which stalls other threads' page faults).
+    spare: Vec<u8>,
 }
 
 struct OpenGen {
@@ -433,6 +436,7 @@ impl<F: StorageFile> JournalWriter<F> {
             committed_end,
             dirty_tail: file_len > committed_end,
             open: None,
+            spare: Vec::new(),
         }
     }
 
@@ -453,10 +457,13 @@ impl<F: StorageFile> JournalWriter<F> {
             self.file.sync_data()?;
             self.dirty_tail = false;
         }
+        let mut buf = std::mem::take(&mut self.spare);
+        buf.clear();
+        buf.reserve(WRITE_BUFFER_BYTES + (2 << 20));
         self.open = Some(OpenGen {
             gen,
             pos: self.committed_end,
-            buf: Vec::with_capacity(WRITE_BUFFER_BYTES + (2 << 20)),
+            buf,
             chain: 0,
             records: Vec::new(),
             data_pages: 0,
@@ -553,7 +560,8 @@ impl<F: StorageFile> JournalWriter<F> {
         self.push(h, &[])?;
         self.write_out()?;
         self.file.sync_data()?;
-        let og = self.open.take().expect("open generation");
+        let mut og = self.open.take().expect("open generation");
+        self.spare = std::mem::take(&mut og.buf);
         let info = GenInfo {
             gen,
             drive_size,
@@ -571,7 +579,8 @@ impl<F: StorageFile> JournalWriter<F> {
     /// Abandons the generation being written (its bytes are cut before the
     /// next one starts).
     pub fn abort(&mut self) {
-        if self.open.take().is_some() {
+        if let Some(og) = self.open.take() {
+            self.spare = og.buf;
             self.dirty_tail = true;
         }
     }

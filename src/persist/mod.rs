@@ -62,7 +62,7 @@ pub mod status;
 pub mod storage;
 
 pub use crypto::Key;
-pub use drive::{Durability, PersistConfig, PersistentDrive, RetryPolicy};
+pub use drive::{Durability, PersistConfig, PersistentDrive, RetryPolicy, SyncCause};
 pub use engine::{Engine, SyncReport};
 pub use restore::{RestoreOptions, RestoreProgress, RestoreReport};
 pub use scheduler::SyncScheduler;

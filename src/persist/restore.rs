@@ -537,10 +537,10 @@ fn load_image<S: Storage>(
                 let Ok(mut buf) = back_rx.recv() else { return };
                 let off = first * PAGE_BYTES as u64;
                 let len = (n * PAGE_BYTES as u64).min(size.saturating_sub(off)) as usize;
-                buf.clear();
+                // Reused buffers keep their old bytes; only a short read
+                // (an image shorter than the table says) needs zeroes, so
+                // verification reports the page instead of old data.
                 buf.resize(n as usize * PAGE_BYTES, 0);
-                // Short reads (image shorter than the table says) leave
-                // zeroes; verification then reports the page.
                 let mut got = 0;
                 let r = loop {
                     if got >= len {
@@ -552,6 +552,9 @@ fn load_image<S: Storage>(
                         Err(e) => break Err(e),
                     }
                 };
+                if let Ok(got) = r {
+                    buf[got..].fill(0);
+                }
                 if tx.send((first, n, buf, r)).is_err() {
                     return;
                 }
