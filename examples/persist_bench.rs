@@ -167,7 +167,7 @@ fn latency(dir: &Path, args: &[String]) {
     print_stats("during sync", &sd);
     println!(
         "sync: {} MiB in {:.2?} (peak copy-on-write memory is freed when it ends)",
-        report.data_pages * PAGE >> 20,
+        (report.data_pages * PAGE) >> 20,
         sync_time
     );
     let ok1 = sd.p99 <= si.p99 * 2;

@@ -81,7 +81,7 @@ fn open(
 }
 
 /// One random change to both the drive and the oracle.
-fn random_change(rng: &mut SimRng, d: &PersistentDrive<SimDisk>, mem: &mut Vec<u8>) {
+fn random_change(rng: &mut SimRng, d: &PersistentDrive<SimDisk>, mem: &mut [u8]) {
     let size = mem.len() as u64;
     if size == 0 {
         return;
@@ -148,7 +148,7 @@ fn case(seed: u64) -> Result<(), String> {
     let mut mem = vec![0u8; size as usize];
     let mut clean_close = false;
 
-    match PersistentDrive::create(
+    if let Ok(d) = PersistentDrive::create(
         disk.clone(),
         size,
         key.as_ref(),
@@ -156,7 +156,7 @@ fn case(seed: u64) -> Result<(), String> {
         store_opts(),
         budget(),
     ) {
-        Ok(d) => {
+        {
             created = true;
             let ops = 5 + rng.below(40);
             for _ in 0..ops {
@@ -231,7 +231,6 @@ fn case(seed: u64) -> Result<(), String> {
                 }
             }
         }
-        Err(_) => {}
     }
     disk.crash_now();
     let keep = [0.0, 0.5, 1.0][rng.below(3) as usize];
@@ -246,7 +245,7 @@ fn case(seed: u64) -> Result<(), String> {
         }
     };
     let got = contents(&restored);
-    let ok = got == acked || candidates.iter().any(|c| *c == got);
+    let ok = got == acked || candidates.contains(&got);
     if !ok {
         return Err(format!(
             "recovered state is not a durable one (flush_mode={flush_mode}, encrypted={encrypted}, \

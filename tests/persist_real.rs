@@ -80,7 +80,7 @@ fn qemu_tools_read_the_image_of_a_plain_drive() {
         })
         .sum();
     assert!(
-        data_bytes >= MIB + 70_000 && data_bytes < 4 * MIB,
+        (MIB + 70_000..4 * MIB).contains(&data_bytes),
         "{}",
         map.stdout
     );

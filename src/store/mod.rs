@@ -39,6 +39,15 @@
 //! set; a change racing with it is either in the returned set or still marked
 //! for the next one, never lost. Reading the pages of the returned set (under
 //! their chunk locks) yields their contents at least as new as the take.
+//!
+//! A sync needs more than that: the contents *at one instant*. For that,
+//! [`StoreState::snapshot`] (see `snapshot.rs`) takes the dirty set chunk by
+//! chunk with copy-on-write: a writer that is about to change a chunk whose
+//! pre-snapshot pages are not saved yet copies them aside first. When no
+//! snapshot runs this costs one atomic load per chunk a change touches.
+//! A shrink marks the page holding the new end dirty (its tail became zero)
+//! and is remembered until the next snapshot (`min_size`), so a shrink and
+//! grow between two syncs is not lost.
 
 pub mod bitmap;
 pub mod budget;
