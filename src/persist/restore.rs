@@ -296,11 +296,7 @@ pub fn restore<S: Storage>(
 
     // 3. The image.
     let store = make_store(meta.drive_size)?;
-    let table = read_table(&storage, &image, &meta)?;
-    let data_pages = table
-        .chunks(meta.entry_bytes())
-        .filter(|e| e[0] != 0)
-        .count() as u64;
+    let data_pages = count_data_pages(&storage, &image, &meta)?;
     progress.total_bytes.store(
         data_pages * PAGE_BYTES as u64 + journal_bytes,
         Ordering::Relaxed,
@@ -310,7 +306,6 @@ pub fn restore<S: Storage>(
         &storage,
         &image,
         &meta,
-        &table,
         cipher.as_ref(),
         &covered,
         opts.force,
@@ -318,7 +313,6 @@ pub fn restore<S: Storage>(
         progress,
         &mut report,
     )?;
-    drop(table);
 
     // 4. Replay.
     progress.set_phase(RestorePhase::Replaying);
@@ -441,32 +435,57 @@ fn rewrite_pages(store: &RamStore, pages: &[u64]) {
     }
 }
 
-/// The whole page table (entries of pages past its end read as holes).
-fn read_table<S: Storage>(storage: &S, image: &Image<S::File>, meta: &Meta) -> Result<Vec<u8>> {
-    let want = meta.pages() as usize * meta.entry_bytes();
-    let mut table = vec![0u8; want];
-    let path = storage.describe(names::PAGES);
+/// Pages per window of the page table read at a time (the table of a
+/// 1 TiB drive is 2 GiB; it is never held whole).
+const TABLE_WINDOW_PAGES: u64 = 1 << 20;
+
+/// Entries of pages `[first, first+n)` (pages past the table's end read as
+/// holes).
+fn read_table_window<F: StorageFile>(
+    pages: &F,
+    eb: usize,
+    first: u64,
+    n: u64,
+) -> std::io::Result<Vec<u8>> {
+    let mut table = vec![0u8; n as usize * eb];
     let mut at = 0;
-    while at < want {
-        let n = image
-            .pages
-            .read_at(&mut table[at..], at as u64)
-            .map_err(io_err("read", path.clone()))?;
-        if n == 0 {
+    while at < table.len() {
+        let k = pages.read_at(&mut table[at..], first * eb as u64 + at as u64)?;
+        if k == 0 {
             break;
         }
-        at += n;
+        at += k;
     }
     Ok(table)
 }
 
-/// Loads every data page of the image into `store`, verifying each.
+/// Pages the table marks as holding data.
+fn count_data_pages<S: Storage>(storage: &S, image: &Image<S::File>, meta: &Meta) -> Result<u64> {
+    let eb = meta.entry_bytes();
+    let mut count = 0;
+    let mut first = 0;
+    while first < meta.pages() {
+        let n = TABLE_WINDOW_PAGES.min(meta.pages() - first);
+        let t = read_table_window(&image.pages, eb, first, n)
+            .map_err(io_err("read", storage.describe(names::PAGES)))?;
+        count += t.chunks(eb).filter(|e| e.iter().any(|&b| b != 0)).count() as u64;
+        first += n;
+    }
+    Ok(count)
+}
+
+/// A run of data pages the reader thread read: its first page, page count,
+/// bytes, what the read returned, and the pages' table entries.
+type ReadRun = (u64, u64, Vec<u8>, std::io::Result<usize>, Vec<u8>);
+
+/// Loads every data page of the image into `store`, verifying each. A reader
+/// thread walks the page table window by window and reads runs of data
+/// pages; this thread verifies and stores them.
 #[allow(clippy::too_many_arguments)]
 fn load_image<S: Storage>(
     storage: &S,
     image: &Image<S::File>,
     meta: &Meta,
-    table: &[u8],
     cipher: Option<&Cipher>,
     covered: &Covered,
     force: bool,
@@ -476,32 +495,12 @@ fn load_image<S: Storage>(
 ) -> Result<()> {
     let eb = meta.entry_bytes();
     let ipath = storage.describe(names::IMAGE);
+    let tpath = storage.describe(names::PAGES);
     let size = super::image::image_len(meta.drive_size, meta.encrypted);
     let img_len = image.image.len().map_err(io_err("stat", ipath.clone()))?;
-    // Runs of consecutive data pages, cut at READ_RUN_BYTES.
-    let mut runs: Vec<(u64, u64)> = Vec::new();
     let pages = meta.pages();
-    let mut p = 0u64;
-    while p < pages {
-        if table[p as usize * eb..(p as usize + 1) * eb]
-            .iter()
-            .all(|&b| b == 0)
-        {
-            p += 1;
-            continue;
-        }
-        let start = p;
-        while p < pages
-            && p - start < READ_RUN_BYTES / PAGE_BYTES as u64
-            && table[p as usize * eb..(p as usize + 1) * eb]
-                .iter()
-                .any(|&b| b != 0)
-        {
-            p += 1;
-        }
-        runs.push((start, p - start));
-    }
     image.image.advise_sequential();
+    image.pages.advise_sequential();
     let bad = |report: &mut RestoreReport, page: u64, detail: String| -> Result<()> {
         if covered.has(page) {
             return Ok(());
@@ -520,53 +519,81 @@ fn load_image<S: Storage>(
         }
         Ok(())
     };
-    // A reader thread streams runs into recycled buffers; this thread
-    // verifies and stores them.
-    let (tx, rx) = sync_channel::<(u64, u64, Vec<u8>, std::io::Result<usize>)>(2);
+    let (tx, rx) = sync_channel::<std::result::Result<ReadRun, std::io::Error>>(2);
     let (back_tx, back_rx) = sync_channel::<Vec<u8>>(3);
     for _ in 0..3 {
         back_tx.send(Vec::new()).expect("fresh channel");
     }
-    let img = &image.image;
+    let (img, tbl) = (&image.image, &image.pages);
     std::thread::scope(|sc| -> Result<()> {
         // Owned here so that an early return drops them and the reader stops.
         let (rx, back_tx) = (rx, back_tx);
-        let runs_ref = &runs;
         sc.spawn(move || {
-            for &(first, n) in runs_ref {
-                let Ok(mut buf) = back_rx.recv() else { return };
-                let off = first * PAGE_BYTES as u64;
-                let len = (n * PAGE_BYTES as u64).min(size.saturating_sub(off)) as usize;
-                // Reused buffers keep their old bytes; only a short read
-                // (an image shorter than the table says) needs zeroes, so
-                // verification reports the page instead of old data.
-                buf.resize(n as usize * PAGE_BYTES, 0);
-                let mut got = 0;
-                let r = loop {
-                    if got >= len {
-                        break Ok(got);
-                    }
-                    match img.read_at(&mut buf[got..len], off + got as u64) {
-                        Ok(0) => break Ok(got),
-                        Ok(k) => got += k,
-                        Err(e) => break Err(e),
+            let mut first_w = 0;
+            while first_w < pages {
+                let wn = TABLE_WINDOW_PAGES.min(pages - first_w);
+                let table = match read_table_window(tbl, eb, first_w, wn) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
                     }
                 };
-                if let Ok(got) = r {
-                    buf[got..].fill(0);
+                let is_data = |p: u64| {
+                    let i = (p - first_w) as usize * eb;
+                    table[i..i + eb].iter().any(|&b| b != 0)
+                };
+                let mut p = first_w;
+                let end_w = first_w + wn;
+                while p < end_w {
+                    if !is_data(p) {
+                        p += 1;
+                        continue;
+                    }
+                    let first = p;
+                    while p < end_w && p - first < READ_RUN_BYTES / PAGE_BYTES as u64 && is_data(p)
+                    {
+                        p += 1;
+                    }
+                    let n = p - first;
+                    let Ok(mut buf) = back_rx.recv() else { return };
+                    let off = first * PAGE_BYTES as u64;
+                    let len = (n * PAGE_BYTES as u64).min(size.saturating_sub(off)) as usize;
+                    // Reused buffers keep their old bytes: zero what a short
+                    // read (an image shorter than the table says) leaves, so
+                    // verification reports the page instead of old data.
+                    buf.resize(n as usize * PAGE_BYTES, 0);
+                    let mut got = 0;
+                    let r = loop {
+                        if got >= len {
+                            break Ok(got);
+                        }
+                        match img.read_at(&mut buf[got..len], off + got as u64) {
+                            Ok(0) => break Ok(got),
+                            Ok(k) => got += k,
+                            Err(e) => break Err(e),
+                        }
+                    };
+                    if let Ok(got) = r {
+                        buf[got..].fill(0);
+                    }
+                    let i = (first - first_w) as usize * eb;
+                    let entries = table[i..i + n as usize * eb].to_vec();
+                    if tx.send(Ok((first, n, buf, r, entries))).is_err() {
+                        return;
+                    }
                 }
-                if tx.send((first, n, buf, r)).is_err() {
-                    return;
-                }
+                first_w = end_w;
             }
         });
-        for (first, n, mut buf, r) in rx {
+        for msg in rx {
+            let (first, n, mut buf, r, entries) = msg.map_err(io_err("read", tpath.clone()))?;
             let got = r.map_err(io_err("read", ipath.clone()))?;
             let run_len = (n * PAGE_BYTES as u64).min(size - first * PAGE_BYTES as u64) as usize;
             for i in 0..n {
                 let page = first + i;
                 let pd = &mut buf[i as usize * PAGE_BYTES..(i as usize + 1) * PAGE_BYTES];
-                let entry = &table[page as usize * eb..(page as usize + 1) * eb];
+                let entry = &entries[i as usize * eb..(i as usize + 1) * eb];
                 let page_end = ((i as usize + 1) * PAGE_BYTES).min(run_len);
                 if !verify_page(cipher, page, entry, pd) {
                     let detail = if got < page_end {
