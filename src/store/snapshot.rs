@@ -56,7 +56,9 @@
 //!   touches. No drive-wide lock, ever.
 //! - During a sync: the first change to a chunk whose pre-cut dirty pages are
 //!   still unsaved copies those pages (at most 64 KiB) aside. The copies are
-//!   charged to the daemon's memory budget; when it is exhausted the writer
+//!   charged to the daemon's memory budget but never take its last
+//!   `COPY_MARGIN_BYTES` (kept for writes that need new pages, so a running
+//!   sync never makes a write fail with ENOSPC); without that room the writer
 //!   instead asks the sync thread to capture that chunk next and waits for it
 //!   (it holds no lock while it waits).
 //! - The sync thread holds one chunk lock at a time, shared (readers go on),
@@ -71,6 +73,10 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::{Segment, StoreState, CHUNKS_PER_SEGMENT, CHUNK_BYTES, PAGE_BYTES, SEGMENT_BYTES};
+
+/// Headroom of the daemon's memory budget that copies never use (the same
+/// margin the prefaulter keeps).
+pub const COPY_MARGIN_BYTES: u64 = super::prefault::MARGIN_BYTES;
 
 /// Pages per chunk (16): a chunk's dirty bits fit a `u16`.
 pub const PAGES_PER_CHUNK: usize = (CHUNK_BYTES / PAGE_BYTES) as usize;
@@ -224,7 +230,12 @@ impl StoreState {
         }
         let captured = copy_pages(seg, ci, chunk, mask);
         let bytes = captured.data_bytes();
-        if bytes > 0 && !self.global_mem.try_reserve(bytes) {
+        // Copies never take the budget's last COPY_MARGIN_BYTES: that room
+        // stays for writes that need new pages, which must not fail with
+        // ENOSPC just because a sync runs.
+        let g = &self.global_mem;
+        let room = g.limit_bytes().saturating_sub(g.used_bytes());
+        if bytes > 0 && (room < bytes + COPY_MARGIN_BYTES || !g.try_reserve(bytes)) {
             return CowOutcome::Wait;
         }
         {
