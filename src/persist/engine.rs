@@ -163,7 +163,11 @@ impl RunBuilder {
             RecordKind::Zero
         };
         let contiguous = self.n > 0 && self.kind == kind && page == self.first + self.n as u64;
-        let full = kind == RecordKind::Pages && self.n >= MAX_RECORD_PAGES;
+        let full = match kind {
+            RecordKind::Pages => self.n >= MAX_RECORD_PAGES,
+            // n_pages is a u32: a zero run covers at most 4 TiB.
+            _ => self.n == u32::MAX,
+        };
         if !contiguous || full {
             self.flush(j).map_err(io_err("write", "journal".into()))?;
             self.kind = kind;
