@@ -500,3 +500,54 @@ impl<S: Storage> Engine<S> {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Backend;
+    use crate::persist::journal::scan;
+    use crate::persist::sim::SimDisk;
+    use crate::store::{MemoryBudget, RamStore, StoreOptions};
+    use std::sync::Arc;
+
+    #[test]
+    fn adjacent_dirty_pages_coalesce_into_large_records() {
+        let disk = SimDisk::new(1);
+        let opts = StoreOptions {
+            mem_limit_bytes: None,
+            prefault: false,
+        };
+        let store =
+            RamStore::with_options(8 << 20, opts, Arc::new(MemoryBudget::new(u64::MAX))).unwrap();
+        store.take_dirty();
+        let mut engine = Engine::create(disk.clone(), 8 << 20, None).unwrap();
+        // 3 MiB in one piece, a trimmed run, two lone pages.
+        store.write(0, &vec![7u8; 3 << 20], false).unwrap();
+        store.trim(4 << 20, 1 << 20).unwrap();
+        store.write(6 << 20, &[1; 10], false).unwrap();
+        store.write((7 << 20) + 8192, &[2; 10], false).unwrap();
+        let r = engine.sync(&store).unwrap();
+        assert_eq!((r.data_pages, r.zero_pages), (768 + 2, 256));
+        let f = disk.open(names::JOURNAL, false).unwrap();
+        let s = scan(&f, engine.meta().drive_id(), engine.meta().entry_bytes()).unwrap();
+        let runs: Vec<(u64, u32)> = s.gens[0]
+            .records
+            .iter()
+            .map(|r| (r.first_page, r.n_pages))
+            .collect();
+        // 768 pages as three 1 MiB records, one zero run, two single pages.
+        assert_eq!(
+            runs,
+            vec![
+                (0, 256),
+                (256, 256),
+                (512, 256),
+                (1024, 256),
+                (1536, 1),
+                (1794, 1)
+            ]
+        );
+        // Nothing changed: the next sync writes nothing.
+        assert_eq!(engine.sync(&store).unwrap().gen, 0);
+    }
+}
