@@ -22,11 +22,15 @@
 //!                     generic over persist::Storage (real or simulated disk)
 //! ```
 //!
+//! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or
+//! overlay mounted over them) and syncs them back to disk crash-safely.
+//!
 //! A request flows: socket bytes → `proto::parse_request` → `conn` validate →
 //! `Backend` call → reply encoded into the connection's output buffer → one
 //! `write` per batch.
 
 pub mod backend;
+pub mod dirsync;
 pub mod nbd;
 pub mod paths;
 pub mod persist;

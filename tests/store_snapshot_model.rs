@@ -16,9 +16,25 @@ use ramd::store::{MemoryBudget, RamStore, StoreOptions, CHUNK_BYTES, PAGE_BYTES}
 
 #[derive(Debug, Clone)]
 enum Change {
-    Write { offset: u64, len: u64, byte: u8 },
-    Trim { offset: u64, len: u64 },
-    Zero { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: u64,
+        byte: u8,
+    },
+    /// The NBD layer's zero-copy path (several chunks locked at once).
+    WriteWith {
+        offset: u64,
+        len: u64,
+        byte: u8,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -37,7 +53,8 @@ const SIZE: u64 = 5 * CHUNK_BYTES + 3000;
 fn change() -> impl Strategy<Value = Change> {
     let span = (0..SIZE).prop_flat_map(|off| (Just(off), 1..=(SIZE - off).min(3 * CHUNK_BYTES)));
     prop_oneof![
-        4 => (span.clone(), 1u8..=255).prop_map(|((offset, len), byte)| Change::Write { offset, len, byte }),
+        3 => (span.clone(), 1u8..=255).prop_map(|((offset, len), byte)| Change::Write { offset, len, byte }),
+        2 => (span.clone(), 1u8..=255).prop_map(|((offset, len), byte)| Change::WriteWith { offset, len, byte }),
         1 => span.clone().prop_map(|(offset, len)| Change::Trim { offset, len }),
         1 => span.prop_map(|(offset, len)| Change::Zero { offset, len }),
     ]
@@ -56,6 +73,20 @@ fn apply(store: &RamStore, mem: &mut [u8], c: &Change) {
         Change::Write { offset, len, byte } => {
             let data: Vec<u8> = (0..len).map(|i| byte ^ (i as u8 & 0x0f)).collect();
             store.write(offset, &data, false).unwrap();
+            mem[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+        }
+        Change::WriteWith { offset, len, byte } => {
+            let data: Vec<u8> = (0..len).map(|i| byte ^ (i as u8 & 0x0f)).collect();
+            let mut done = 0usize;
+            while done < data.len() {
+                let n = store
+                    .write_with(offset + done as u64, data.len() - done, &mut |dst| {
+                        dst.copy_from_slice(&data[done..done + dst.len()]);
+                        Ok(())
+                    })
+                    .unwrap();
+                done += n;
+            }
             mem[offset as usize..(offset + len) as usize].copy_from_slice(&data);
         }
         Change::Trim { offset, len } => {

@@ -26,7 +26,7 @@
 //! EINVAL and its payload drained without being stored, so the stream stays
 //! in sync and the connection goes on.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 use super::export::Export;
 use super::handshake::Negotiated;
@@ -47,6 +47,11 @@ const STREAMED_WRITE_MIN_BYTES: usize = 4 << 20;
 /// Piece size of a streamed WRITE: the store's lock chunk, small enough that
 /// the bounce buffer stays in L2 and the copy out of it is cheap.
 const PIECE_BYTES: usize = 64 * 1024;
+/// READs and WRITEs at least this long go through the zero-copy paths when
+/// the backend works in place (`Backend::direct_io`): WRITE payloads still
+/// in the socket are received straight into the drive, READ data is sent
+/// straight from it. Below this, gathering many requests per syscall wins.
+const DIRECT_MIN_BYTES: usize = 64 * 1024;
 
 /// What to do after a request.
 #[derive(PartialEq, Eq)]
@@ -116,6 +121,28 @@ pub fn transmission<S: Transport>(
                 continue;
             }
             let total = REQUEST_HEADER_BYTES + req.payload_len();
+            let direct = req.len as usize >= DIRECT_MIN_BYTES
+                && conn.backend.direct_io()
+                && conn.validate(&req).is_ok();
+            if direct && req.command == CMD_WRITE && end - start < total {
+                // A large WRITE whose payload is still arriving: receive
+                // the rest straight into the drive.
+                stream.write_all(&conn.out)?;
+                conn.out.clear();
+                let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
+                discard = conn.direct_write(&req, buffered, stream)?;
+                batch += 1;
+                (start, end) = (0, 0);
+                continue;
+            }
+            if direct && req.command == CMD_READ {
+                stream.write_all(&conn.out)?;
+                conn.out.clear();
+                conn.direct_read(&req, stream)?;
+                batch += 1;
+                start += total;
+                continue;
+            }
             if end - start < total
                 && req.command == CMD_WRITE
                 && req.len as usize >= STREAMED_WRITE_MIN_BYTES
@@ -181,6 +208,34 @@ pub fn transmission<S: Transport>(
 pub trait Transport: Read + Write {
     /// Reads what is available now; `Ok(None)` when nothing is.
     fn read_now(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
+    /// Bytes received and not yet read (what `read_now` would return at most).
+    fn available(&self) -> io::Result<usize>;
+    /// Blocks until there is something to read, or the peer has hung up.
+    fn wait_readable(&self) -> io::Result<()>;
+    /// Blocks until the stream can take more bytes.
+    fn wait_writable(&self) -> io::Result<()>;
+    /// Sends what the stream takes now of `bufs` (gathered in order)
+    /// without blocking; 0 when it takes nothing.
+    fn send_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+}
+
+/// Fills all of `dst` from bytes the stream has already received (the
+/// caller checked `available()`), never blocking.
+fn recv_exact_now<S: Transport>(stream: &mut S, dst: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < dst.len() {
+        match stream.read_now(&mut dst[got..])? {
+            Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Some(n) => got += n,
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "received bytes vanished from the socket",
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads a connection's next bytes, polling briefly before it blocks when
@@ -442,6 +497,140 @@ impl Conn<'_> {
         }
         encode_simple_reply(&mut self.out, req.cookie, 0);
         Ok(0)
+    }
+
+    /// Runs a validated WRITE whose payload starts with `buffered` and
+    /// continues on `stream`, receiving the rest straight into the backend
+    /// (`Backend::write_with`) as it arrives: one copy, socket to drive.
+    /// Only bytes the socket already holds are received under the
+    /// backend's locks; waiting for more happens with no lock held, so a
+    /// stalled client delays nobody else. Returns the payload bytes left
+    /// unread on the stream (non-zero only when the backend refused
+    /// part-way; the caller discards them). A stream error, or the client
+    /// hanging up mid-payload, ends the connection.
+    fn direct_write<S: Transport>(
+        &mut self,
+        req: &Request,
+        buffered: &[u8],
+        stream: &mut S,
+    ) -> io::Result<u64> {
+        let len = req.len as usize;
+        if !buffered.is_empty() {
+            if let Err(e) = self.backend.write(req.offset, buffered, false) {
+                self.reply_backend_error(req, &e);
+                return Ok((len - buffered.len()) as u64);
+            }
+        }
+        let mut done = buffered.len();
+        while done < len {
+            let avail = stream.available()?;
+            if avail == 0 {
+                stream.wait_readable()?;
+                if stream.available()? == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "client hung up in the middle of a WRITE payload",
+                    ));
+                }
+                continue;
+            }
+            let (mut received, mut stream_error) = (0usize, None);
+            let result = self.backend.write_with(
+                req.offset + done as u64,
+                avail.min(len - done),
+                &mut |dst| {
+                    recv_exact_now(stream, dst).inspect_err(|e| {
+                        stream_error = Some(io::Error::new(e.kind(), e.to_string()))
+                    })?;
+                    received += dst.len();
+                    Ok(())
+                },
+            );
+            if let Some(e) = stream_error {
+                return Err(e);
+            }
+            match result {
+                Ok(n) => done += n,
+                Err(e) => {
+                    self.reply_backend_error(req, &e);
+                    return Ok((len - done - received) as u64);
+                }
+            }
+        }
+        match self.flush_if_fua(req) {
+            Ok(()) => encode_simple_reply(&mut self.out, req.cookie, 0),
+            Err(e) => self.reply_backend_error(req, &e),
+        }
+        Ok(0)
+    }
+
+    /// Runs a validated READ by sending its data straight from the backend
+    /// (`Backend::read_with`) behind the reply header: one copy, drive to
+    /// socket. `out` must be empty (earlier replies written). Data is only
+    /// handed to the socket while it has room, under the backend's locks;
+    /// waiting for room happens with no lock held. A backend error before
+    /// any data left becomes an error reply; after (only a shrink racing
+    /// with the read can cause one), the reply cannot be taken back, so the
+    /// connection ends.
+    fn direct_read<S: Transport>(&mut self, req: &Request, stream: &mut S) -> io::Result<()> {
+        debug_assert!(self.out.is_empty());
+        let len = req.len as usize;
+        let (mut done, mut header_sent) = (0usize, 0usize);
+        if self.structured {
+            encode_chunk_header(
+                &mut self.out,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                req.cookie,
+                8 + req.len,
+            );
+            self.out.extend_from_slice(&req.offset.to_be_bytes());
+        } else {
+            encode_simple_reply(&mut self.out, req.cookie, 0);
+        }
+        while done < len {
+            let mut stream_error = None;
+            let header = &self.out[header_sent..];
+            let result =
+                self.backend
+                    .read_with(req.offset + done as u64, len - done, &mut |slices| {
+                        // The header's unsent rest goes first, in the same call.
+                        let mut iov = Vec::with_capacity(slices.len() + 1);
+                        if !header.is_empty() {
+                            iov.push(IoSlice::new(header));
+                        }
+                        iov.extend_from_slice(slices);
+                        let n = stream.send_now(&iov).inspect_err(|e| {
+                            stream_error = Some(io::Error::new(e.kind(), e.to_string()))
+                        })?;
+                        let from_header = n.min(header.len());
+                        header_sent += from_header;
+                        Ok(n - from_header)
+                    });
+            if let Some(e) = stream_error {
+                return Err(e);
+            }
+            match result {
+                Ok(0) => stream.wait_writable()?,
+                Ok(n) => done += n,
+                Err(e) if header_sent == 0 => {
+                    self.out.clear();
+                    self.reply_backend_error(req, &e);
+                    return Ok(());
+                }
+                Err(e) => {
+                    return Err(io::Error::other(format!(
+                        "{} at offset {} failed after its reply started: {e}",
+                        command_name(req.command),
+                        req.offset
+                    )))
+                }
+            }
+        }
+        // The header goes first in every gather, so all of it went out.
+        debug_assert_eq!(header_sent, self.out.len());
+        self.out.clear();
+        Ok(())
     }
 
     fn flush_if_fua(&self, req: &Request) -> crate::backend::Result<()> {

@@ -112,6 +112,67 @@ impl conn::Transport for Stream {
             _ => Err(e),
         }
     }
+
+    fn available(&self) -> io::Result<usize> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int through the valid pointer `&mut n`.
+        if unsafe { libc::ioctl(self.fd(), libc::FIONREAD, &mut n) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n.max(0) as usize)
+    }
+
+    fn wait_readable(&self) -> io::Result<()> {
+        wait_fd(self.fd(), libc::POLLIN)
+    }
+
+    fn wait_writable(&self) -> io::Result<()> {
+        wait_fd(self.fd(), libc::POLLOUT)
+    }
+
+    fn send_now(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: a zeroed msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec (guaranteed by std on Unix);
+        // sendmsg only reads the buffers.
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len().min(1024) as _;
+        loop {
+            // SAFETY: `msg` points at `bufs`, valid for the call; the fd is open.
+            let n =
+                unsafe { libc::sendmsg(self.fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(0),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+}
+
+/// Blocks until `fd` reports `events` (or an error or hang-up, which the
+/// next read or write then reports).
+fn wait_fd(fd: RawFd, events: libc::c_short) -> io::Result<()> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 impl Read for Stream {

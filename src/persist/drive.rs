@@ -475,6 +475,26 @@ impl<S: Storage> Backend for PersistentDrive<S> {
         }
         Ok(())
     }
+    fn direct_io(&self) -> bool {
+        self.store.direct_io()
+    }
+    fn write_with(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> backend::Result<usize> {
+        // In place, like the store (FUA comes as a flush from the NBD layer).
+        self.store.write_with(offset, len, fill)
+    }
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        sink: &mut dyn FnMut(&[std::io::IoSlice<'_>]) -> std::io::Result<usize>,
+    ) -> backend::Result<usize> {
+        self.store.read_with(offset, len, sink)
+    }
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> backend::Result<()> {
         self.store.write_zeroes(offset, len, may_trim)
     }

@@ -55,6 +55,7 @@ mod prefault;
 pub mod region;
 pub mod snapshot;
 
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -86,6 +87,11 @@ const CHUNKS_PER_SEGMENT: usize = (SEGMENT_BYTES / CHUNK_BYTES) as usize;
 const POPULATE_MIN_PAGES: usize = 4;
 /// Cap on extents per `extents()` call (the reply covers a prefix).
 const MAX_EXTENTS: usize = 16 * 1024;
+/// Most bytes one in-place `write_with` / `read_with` call covers: the
+/// chunk locks it holds at once (16).
+pub const DIRECT_MAX_BYTES: usize = 1 << 20;
+/// What holes read as in `read_with`.
+static ZEROES: [u8; CHUNK_BYTES as usize] = [0; CHUNK_BYTES as usize];
 
 /// One 64 MiB piece of the drive.
 struct Segment {
@@ -587,15 +593,7 @@ impl StoreState {
     /// Returns the number of pages that were empty before: newly committed,
     /// or committed by the prefaulter and not yet written.
     fn store_in_chunk(&self, seg: &Segment, so: usize, n: usize, src: Source<'_>) -> Result<usize> {
-        let page = PAGE_BYTES as usize;
-        let (p0, p1) = (so / page, (so + n).div_ceil(page));
-        let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
-        if fresh > 0 {
-            self.reserve_mem((fresh * page) as u64)?;
-            if fresh >= POPULATE_MIN_PAGES {
-                seg.region.populate(p0 * page, (p1 - p0) * page);
-            }
-        }
+        let fresh = self.prepare_store(seg, so, n)?;
         let dst = seg.region.ptr(so);
         match src {
             // SAFETY: `dst..dst+n` lies inside the segment (so + n <= chunk
@@ -605,6 +603,34 @@ impl StoreState {
             // SAFETY: same range and lock as above.
             Source::Zeroes => unsafe { std::ptr::write_bytes(dst, 0, n) },
         }
+        Ok(self.commit_store(seg, so, n, fresh))
+    }
+
+    /// First half of a store into `[so, so+n)` of one chunk (exclusive lock
+    /// held), before any byte changes: charges the pages that were empty to
+    /// the budgets and commits them. Returns how many there were.
+    #[inline]
+    fn prepare_store(&self, seg: &Segment, so: usize, n: usize) -> Result<usize> {
+        let page = PAGE_BYTES as usize;
+        let (p0, p1) = (so / page, (so + n).div_ceil(page));
+        let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
+        if fresh > 0 {
+            self.reserve_mem((fresh * page) as u64)?;
+            if fresh >= POPULATE_MIN_PAGES {
+                seg.region.populate(p0 * page, (p1 - p0) * page);
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Second half of a store into `[so, so+n)` (same lock still held),
+    /// after the bytes changed: marks the pages allocated, written and
+    /// dirty. Returns the pages that were empty before (`fresh` new ones
+    /// plus prefaulted ones nobody had written).
+    #[inline]
+    fn commit_store(&self, seg: &Segment, so: usize, n: usize, fresh: usize) -> usize {
+        let page = PAGE_BYTES as usize;
+        let (p0, p1) = (so / page, (so + n).div_ceil(page));
         if fresh > 0 {
             seg.allocated.set_range(p0, p1);
         }
@@ -615,7 +641,145 @@ impl StoreState {
             }
         }
         seg.dirty.set_range(p0, p1);
-        Ok(fresh + prefaulted)
+        fresh + prefaulted
+    }
+
+    /// The chunk locks over `[offset, offset+len)` clipped to one segment
+    /// and to `DIRECT_MAX_BYTES`, taken in ascending order (the only order
+    /// in which anyone holds several), with the size re-checked under them.
+    /// Returns the segment, the segment offset, the clipped length and the
+    /// guards (released on drop).
+    fn lock_span<'s, G>(
+        &self,
+        segs: &'s [Arc<Segment>],
+        offset: u64,
+        len: usize,
+        lock: impl Fn(&'s RwLock<()>) -> G,
+    ) -> Result<(&'s Segment, usize, usize, Vec<G>)> {
+        check_range(offset, len as u64, self.size())?;
+        let Some(seg) = segs.get((offset / SEGMENT_BYTES) as usize) else {
+            return Err(self.out_of_range(offset, len as u64));
+        };
+        let so = (offset % SEGMENT_BYTES) as usize;
+        let n = len.min(SEGMENT_BYTES as usize - so).min(DIRECT_MAX_BYTES);
+        let chunk = CHUNK_BYTES as usize;
+        let guards: Vec<G> = (so / chunk..(so + n).div_ceil(chunk))
+            .map(|c| lock(&seg.locks[c]))
+            .collect();
+        if offset + n as u64 > self.size() {
+            return Err(self.out_of_range(offset, len as u64));
+        }
+        Ok((seg, so, n, guards))
+    }
+
+    /// Stores bytes that `fill` produces in place, straight into the
+    /// drive's memory: no intermediate buffer (the NBD layer receives WRITE
+    /// payloads from the socket this way). Covers a prefix of
+    /// `[offset, offset+len)` (up to `DIRECT_MAX_BYTES`, within one segment)
+    /// with its chunks locked exclusively, calls `fill` once with that whole
+    /// prefix, and returns its length. `fill` must fill all of it without
+    /// waiting on anyone (the locks are held). When memory runs out part-way
+    /// the prefix ends there; a call with no room at all is `NoSpace`. An
+    /// error from `fill` is returned as `Error::Io` after the range is
+    /// accounted as written (its bytes may have changed).
+    pub fn write_with(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<(usize, bool)> {
+        if len == 0 {
+            check_range(offset, 0, self.size())?;
+            return Ok((0, false));
+        }
+        let segs = self.segments.load();
+        let (seg, so, n, _guards) = loop {
+            let (seg, so, n, guards) = self.lock_span(&segs, offset, len, |l| l.write())?;
+            // A running snapshot: save the chunks' pre-cut pages first.
+            match self.cow_span(seg, so, n, offset / SEGMENT_BYTES) {
+                None => break (seg, so, n, guards),
+                Some((ci, chunk, e)) => {
+                    drop(guards);
+                    self.wait_captured(seg, ci, chunk, e);
+                }
+            }
+        };
+        let chunk = CHUNK_BYTES as usize;
+        // Charge chunk by chunk; on ENOSPC keep what was charged so far.
+        // An unaligned span of DIRECT_MAX_BYTES touches one chunk more.
+        let mut fresh_per_chunk = [0usize; DIRECT_MAX_BYTES / CHUNK_BYTES as usize + 1];
+        let (mut ready, mut no_space) = (so, None);
+        for (i, a) in (so / chunk * chunk..so + n).step_by(chunk).enumerate() {
+            let (a, b) = (a.max(so), (a + chunk).min(so + n));
+            match self.prepare_store(seg, a, b - a) {
+                Ok(f) => (fresh_per_chunk[i], ready) = (f, b),
+                Err(e) => {
+                    no_space = Some(e);
+                    break;
+                }
+            }
+        }
+        if ready == so {
+            return Err(no_space.expect("a chunk failed to prepare"));
+        }
+        // SAFETY: `[so, ready)` lies inside the segment's mapping; we hold
+        // the exclusive locks of every chunk it touches, so no other thread
+        // reads or writes these bytes while the slice lives.
+        let dst = unsafe { std::slice::from_raw_parts_mut(seg.region.ptr(so), ready - so) };
+        let filled = fill(dst);
+        let mut was_empty = 0;
+        for (i, a) in (so / chunk * chunk..ready).step_by(chunk).enumerate() {
+            let (a, b) = (a.max(so), (a + chunk).min(ready));
+            was_empty += self.commit_store(seg, a, b - a, fresh_per_chunk[i]);
+        }
+        filled?;
+        Ok((ready - so, was_empty > 0))
+    }
+
+    /// Hands the bytes of a prefix of `[offset, offset+len)` (up to
+    /// `DIRECT_MAX_BYTES`, within one segment) to `sink` in place, as
+    /// slices of the drive's memory (holes as slices of a shared zero
+    /// buffer), with their chunks locked shared. `sink` takes a prefix of
+    /// the slices' bytes without waiting on anyone and returns how many;
+    /// so does this call.
+    pub fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        sink: &mut dyn FnMut(&[IoSlice<'_>]) -> std::io::Result<usize>,
+    ) -> Result<usize> {
+        if len == 0 {
+            check_range(offset, 0, self.size())?;
+            return Ok(0);
+        }
+        let segs = self.segments.load();
+        let (seg, so, n, _guards) = self.lock_span(&segs, offset, len, |l| l.read())?;
+        let page = PAGE_BYTES as usize;
+        let end = so + n;
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(8);
+        let mut pos = so;
+        while pos < end {
+            let p = pos / page;
+            let alloc = seg.allocated.get(p);
+            let run_end = (seg.allocated.find(p, end.div_ceil(page), !alloc) * page).min(end);
+            if alloc {
+                // SAFETY: inside the mapping; the shared locks of every chunk
+                // in the span are held until after `sink` returns, so no
+                // writer changes or frees these bytes meanwhile.
+                let data =
+                    unsafe { std::slice::from_raw_parts(seg.region.ptr(pos), run_end - pos) };
+                slices.push(IoSlice::new(data));
+            } else {
+                let mut at = pos;
+                while at < run_end {
+                    let m = (run_end - at).min(ZEROES.len());
+                    slices.push(IoSlice::new(&ZEROES[..m]));
+                    at += m;
+                }
+            }
+            pos = run_end;
+        }
+        Ok(sink(&slices)?)
     }
 
     /// Copies segment bytes `[so, so+out.len())` into `out`, filling zeroes
@@ -794,6 +958,27 @@ impl Backend for RamStore {
         self.note_fill(offset, data.len() as u64, fresh > 0);
         Ok(())
     }
+    fn direct_io(&self) -> bool {
+        true
+    }
+    fn write_with(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<usize> {
+        let (n, fresh) = self.state.write_with(offset, len, fill)?;
+        self.note_fill(offset, n as u64, fresh);
+        Ok(n)
+    }
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        sink: &mut dyn FnMut(&[IoSlice<'_>]) -> std::io::Result<usize>,
+    ) -> Result<usize> {
+        self.state.read_with(offset, len, sink)
+    }
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
         self.state.write_zeroes(offset, len, may_trim)
     }
@@ -941,6 +1126,94 @@ mod tests {
         let d = s.take_dirty();
         assert_eq!(d.iter().collect::<Vec<_>>(), vec![3, 4, 10]);
         assert!(s.take_dirty().is_empty());
+    }
+
+    /// Drives `write_with` over a whole range the way the NBD layer does.
+    fn write_with_all(s: &RamStore, offset: u64, data: &[u8]) -> Result<Vec<usize>> {
+        let (mut done, mut pieces) = (0, Vec::new());
+        while done < data.len() {
+            let n = s.write_with(offset + done as u64, data.len() - done, &mut |dst| {
+                dst.copy_from_slice(&data[done..done + dst.len()]);
+                Ok(())
+            })?;
+            pieces.push(n);
+            done += n;
+        }
+        Ok(pieces)
+    }
+
+    #[test]
+    fn write_with_stores_in_place_across_segments() {
+        let s = store(SEGMENT_BYTES * 2);
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let at = SEGMENT_BYTES - 5000;
+        let pieces = write_with_all(&s, at, &data).unwrap();
+        // Clipped at the segment's end, then at most 1 MiB at a time.
+        assert_eq!(pieces[0], 5000);
+        assert!(pieces[1..].iter().all(|&n| n <= DIRECT_MAX_BYTES));
+        let mut back = vec![0u8; data.len()];
+        s.read(at, &mut back).unwrap();
+        assert!(back == data);
+        let pages = (at + data.len() as u64).div_ceil(PAGE_BYTES) - at / PAGE_BYTES;
+        assert_eq!(s.allocated_bytes(), pages * PAGE_BYTES);
+        assert_eq!(s.take_dirty().count(), pages);
+        assert!(s.write_with(s.size() - 1, 2, &mut |_| Ok(())).is_err());
+    }
+
+    #[test]
+    fn write_with_stops_where_memory_runs_out() {
+        let global = Arc::new(MemoryBudget::new(u64::MAX));
+        let s = RamStore::new(1 << 20, Some(20 * PAGE_BYTES), global).unwrap();
+        let data = vec![7u8; 1 << 20];
+        // The first chunk's 16 pages fit, the second chunk's do not.
+        let n = s
+            .write_with(0, data.len(), &mut |d| {
+                d.fill(7);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(n, CHUNK_BYTES as usize);
+        assert!(matches!(
+            write_with_all(&s, n as u64, &data[n..]),
+            Err(Error::NoSpace(_))
+        ));
+        assert_eq!(s.allocated_bytes(), 16 * PAGE_BYTES);
+        // A failing source is an I/O error; its range counts as written.
+        let r = s.write_with(0, 100, &mut |_| {
+            Err(std::io::ErrorKind::UnexpectedEof.into())
+        });
+        assert!(matches!(r, Err(Error::Io(_))));
+    }
+
+    #[test]
+    fn read_with_offers_data_and_holes_in_place() {
+        let s = store(SEGMENT_BYTES * 2);
+        s.write(3 * PAGE_BYTES + 10, &[5; 5000], false).unwrap();
+        s.write(SEGMENT_BYTES - 100, &[6; 300], false).unwrap();
+        let (offset, len) = (PAGE_BYTES + 1, SEGMENT_BYTES as usize);
+        let mut expect = vec![0u8; len];
+        s.read(offset, &mut expect).unwrap();
+        let mut got = Vec::new();
+        while got.len() < len {
+            let n = s
+                .read_with(offset + got.len() as u64, len - got.len(), &mut |slices| {
+                    // Take all but the last byte offered: partial takes work.
+                    let total: usize = slices.iter().map(|b| b.len()).sum();
+                    let take = (total - 1).max(1);
+                    let mut left = take;
+                    for b in slices {
+                        let m = b.len().min(left);
+                        got.extend_from_slice(&b[..m]);
+                        left -= m;
+                    }
+                    Ok(take)
+                })
+                .unwrap();
+            assert!(n > 0 && n <= DIRECT_MAX_BYTES);
+        }
+        assert!(got == expect);
+        // Reading allocates nothing.
+        assert_eq!(s.allocated_bytes(), 4 * PAGE_BYTES);
     }
 
     #[test]

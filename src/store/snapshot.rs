@@ -257,6 +257,31 @@ impl StoreState {
         CowOutcome::Proceed
     }
 
+    /// `cow_chunk` for every chunk of segment `seg_index` that `[so, so+n)`
+    /// touches (their exclusive locks held). Returns the first chunk whose
+    /// pages could not be copied: the caller releases its locks and waits
+    /// for it with `wait_captured`, then tries again.
+    pub(super) fn cow_span(
+        &self,
+        seg: &Segment,
+        so: usize,
+        n: usize,
+        seg_index: u64,
+    ) -> Option<(usize, u64, u32)> {
+        let chunk = CHUNK_BYTES as usize;
+        for ci in so / chunk..(so + n).div_ceil(chunk) {
+            let e = self.snap.active.load(Ordering::Acquire);
+            if e == 0 {
+                return None;
+            }
+            let global = seg_index * CHUNKS_PER_SEGMENT as u64 + ci as u64;
+            if let CowOutcome::Wait = self.cow_chunk(seg, ci, global, e) {
+                return Some((ci, global, e));
+            }
+        }
+        None
+    }
+
     /// Asks the sync thread to capture `chunk` next and waits until it has
     /// (or the snapshot `e` ended). Called with no chunk lock held.
     pub(super) fn wait_captured(&self, seg: &Segment, ci: usize, chunk: u64, e: u32) {
