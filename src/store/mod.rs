@@ -1144,7 +1144,18 @@ mod tests {
 
     #[test]
     fn write_with_stores_in_place_across_segments() {
-        let s = store(SEGMENT_BYTES * 2);
+        // No prefaulter: it would commit pages ahead of this sequential fill
+        // on its own thread, racing the exact allocation count below.
+        let opts = StoreOptions {
+            mem_limit_bytes: None,
+            prefault: false,
+        };
+        let s = RamStore::with_options(
+            SEGMENT_BYTES * 2,
+            opts,
+            Arc::new(MemoryBudget::new(u64::MAX)),
+        )
+        .unwrap();
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8 + 1).collect();
         let at = SEGMENT_BYTES - 5000;
         let pieces = write_with_all(&s, at, &data).unwrap();
