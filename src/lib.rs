@@ -14,7 +14,12 @@
 //!  backend::Backend   the data-path trait (read/write/zero/trim/flush/extents)
 //!        │
 //!  store::RamStore    sparse pages in an mmap, per-64 KiB-chunk locks,
-//!                     allocated/dirty bitmaps, memory budgets
+//!                     allocated/dirty bitmaps, memory budgets,
+//!                     copy-on-write snapshots for syncs
+//!        │
+//!  persist::PersistentDrive  a RamStore plus its state directory: syncs
+//!                     (journal, checkpoint), restore, durability modes;
+//!                     generic over persist::Storage (real or simulated disk)
 //! ```
 //!
 //! Around it: `daemon` (start-up, config, the drive registry that keeps
@@ -38,5 +43,6 @@ pub mod dirsync;
 pub mod metrics;
 pub mod nbd;
 pub mod paths;
+pub mod persist;
 pub mod size;
 pub mod store;

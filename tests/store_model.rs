@@ -438,6 +438,10 @@ impl Model {
         self.oracle.resize(new_size);
         // Pages past the new end no longer exist, so nothing there is dirty.
         self.dirty.retain(|&p| p * PAGE_BYTES < new_size);
+        // A shrink to mid-page zeroes that page's tail: it changed.
+        if new_size < old_size && new_size % PAGE_BYTES != 0 {
+            self.dirty.insert(new_size / PAGE_BYTES);
+        }
         assert_eq!(self.size(), new_size);
         // The bytes around the old and new ends are where resize bugs show.
         for at in [old_size.min(new_size), new_size] {

@@ -124,6 +124,33 @@ impl AtomicBitmap {
             .collect()
     }
 
+    /// The 16 bits starting at `start` (a multiple of 16): one chunk's pages.
+    #[inline]
+    pub fn bits16(&self, start: usize) -> u16 {
+        debug_assert!(start % 16 == 0 && start + 16 <= self.len.next_multiple_of(64));
+        (self.words[start / 64].load(Ordering::Acquire) >> (start % 64)) as u16
+    }
+
+    /// Clears the bits of `mask` in the 16 bits starting at `start`.
+    #[inline]
+    pub fn clear_bits16(&self, start: usize, mask: u16) {
+        debug_assert!(start % 16 == 0);
+        if mask != 0 {
+            let m = (mask as u64) << (start % 64);
+            self.words[start / 64].fetch_and(!m, Ordering::AcqRel);
+        }
+    }
+
+    /// Sets the bits of `mask` in the 16 bits starting at `start`.
+    #[inline]
+    pub fn set_bits16(&self, start: usize, mask: u16) {
+        debug_assert!(start % 16 == 0);
+        if mask != 0 {
+            let m = (mask as u64) << (start % 64);
+            self.words[start / 64].fetch_or(m, Ordering::AcqRel);
+        }
+    }
+
     /// Total set bits.
     pub fn count(&self) -> usize {
         self.words
@@ -155,6 +182,20 @@ mod tests {
         let taken = b.take();
         assert_eq!(taken.iter().map(|w| w.count_ones()).sum::<u32>(), 70);
         assert_eq!(b.count(), 0);
+    }
+
+    #[test]
+    fn sixteen_bit_groups() {
+        let b = AtomicBitmap::new(128);
+        b.set(17);
+        b.set(31);
+        b.set(32);
+        assert_eq!(b.bits16(16), (1 << 1) | (1 << 15));
+        b.clear_bits16(16, 1 << 1);
+        assert_eq!(b.bits16(16), 1 << 15);
+        assert_eq!(b.bits16(32), 1);
+        b.set_bits16(112, 0x8001);
+        assert!(b.get(112) && b.get(127));
     }
 
     #[test]

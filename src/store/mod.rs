@@ -39,14 +39,24 @@
 //! set; a change racing with it is either in the returned set or still marked
 //! for the next one, never lost. Reading the pages of the returned set (under
 //! their chunk locks) yields their contents at least as new as the take.
+//!
+//! A sync needs more than that: the contents *at one instant*. For that,
+//! [`StoreState::snapshot`] (see `snapshot.rs`) takes the dirty set chunk by
+//! chunk with copy-on-write: a writer that is about to change a chunk whose
+//! pre-snapshot pages are not saved yet copies them aside first. When no
+//! snapshot runs this costs one atomic load per chunk a change touches.
+//! A shrink marks the page holding the new end dirty (its tail became zero)
+//! and is remembered until the next snapshot (`min_size`), so a shrink and
+//! grow between two syncs is not lost.
 
 pub mod bitmap;
 pub mod budget;
 mod prefault;
 pub mod region;
+pub mod snapshot;
 
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -58,6 +68,8 @@ pub use budget::MemoryBudget;
 use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
+pub use snapshot::{CapturedChunk, Snapshot, PAGES_PER_CHUNK};
+use snapshot::{CowOutcome, SnapState};
 
 /// Bytes per page: the unit of allocation, trim and the bitmaps.
 pub const PAGE_BYTES: u64 = 4096;
@@ -95,6 +107,9 @@ struct Segment {
     /// One lock per 64 KiB chunk: shared for reads, exclusive for changes.
     /// A parking_lot lock, not a std one: 8 bytes and no syscall uncontended.
     locks: Box<[RwLock<()>]>,
+    /// Per chunk, the last snapshot epoch that captured it (see
+    /// `snapshot.rs`): changed only under the chunk's lock.
+    epochs: Box<[AtomicU32]>,
 }
 
 impl Segment {
@@ -129,6 +144,7 @@ impl Segment {
             dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
             zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
             locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
+            epochs: (0..CHUNKS_PER_SEGMENT).map(|_| AtomicU32::new(0)).collect(),
         })
     }
 }
@@ -197,13 +213,23 @@ pub struct StoreState {
     /// End of the last write that committed new pages: a write starting
     /// here continues a sequential fill (a prefaulter hint).
     fill_end: AtomicU64,
+    /// Point-in-time snapshots for syncs (copy-on-write, see snapshot.rs).
+    snap: SnapState,
+    /// Smallest size since the last snapshot began: a sync must record a
+    /// shrink even when the drive grew back before it (the bytes beyond
+    /// the smaller size became zero). Changed under `resize_lock`.
+    min_size: AtomicU64,
 }
 
 /// How a chunk is locked for an operation.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Access {
     Shared,
+    /// A change: saves the chunk's pre-cut pages first when a snapshot runs.
     Exclusive,
+    /// Exclusive, but changes no bytes (the prefaulter commits zero pages
+    /// over holes), so a running snapshot has nothing to save.
+    ExclusiveNoCow,
 }
 
 /// Where bytes to store come from.
@@ -270,8 +296,11 @@ impl RamStore {
             global_mem,
             resize_lock: Mutex::new(()),
             fill_end: AtomicU64::new(u64::MAX),
+            snap: SnapState::new(),
+            min_size: AtomicU64::new(0),
         });
         state.resize(size_bytes)?;
+        state.min_size.store(size_bytes, Ordering::Release);
         let prefaulter = if opts.prefault {
             Prefaulter::spawn(Arc::downgrade(&state))
                 .inspect_err(|e| {
@@ -326,13 +355,15 @@ impl StoreState {
         let segs = self.segments.load().len() as u64;
         let per_seg = std::mem::size_of::<Segment>() as u64
             + 3 * (PAGES_PER_SEGMENT as u64 / 8)
-            + (CHUNKS_PER_SEGMENT * std::mem::size_of::<RwLock<()>>()) as u64;
+            + (CHUNKS_PER_SEGMENT * std::mem::size_of::<RwLock<()>>()) as u64
+            + snapshot::EPOCH_BYTES_PER_SEGMENT;
         segs * (per_seg + std::mem::size_of::<Arc<Segment>>() as u64)
     }
 
     /// Takes the set of pages changed since the last call (see module docs
     /// for the guarantee with respect to concurrent writers).
     pub fn take_dirty(&self) -> DirtyPages {
+        self.min_size.store(self.size(), Ordering::Release);
         let segs = self.segments.load();
         let mut words = Vec::with_capacity(segs.len() * PAGES_PER_SEGMENT / 64);
         for seg in segs.iter() {
@@ -373,6 +404,7 @@ impl StoreState {
             self.size.store(new_size, Ordering::Release);
         } else {
             self.size.store(new_size, Ordering::Release);
+            self.min_size.fetch_min(new_size, Ordering::AcqRel);
             self.release_tail(new_size, old_size);
             let segs = self.segments.load_full();
             if segs.len() > want_segs {
@@ -400,6 +432,10 @@ impl StoreState {
                 // Beyond the end nothing is dirty: those pages no longer exist.
                 for p in so.div_ceil(PAGE_BYTES)..eo.div_ceil(PAGE_BYTES) {
                     seg.dirty.clear(p as usize);
+                }
+                // The page holding the new end had its tail zeroed: changed.
+                if so % PAGE_BYTES != 0 {
+                    seg.dirty.set((so / PAGE_BYTES) as usize);
                 }
                 self.release_mem(freed);
             }
@@ -455,12 +491,32 @@ impl StoreState {
                 return Err(self.out_of_range(offset, len));
             };
             let so = (pos % SEGMENT_BYTES) as usize;
-            let lock = &seg.locks[so / CHUNK_BYTES as usize];
+            let ci = so / CHUNK_BYTES as usize;
+            let lock = &seg.locks[ci];
             let (_r, _w);
             if access == Access::Shared {
                 _r = lock.read();
             } else {
-                _w = lock.write();
+                let mut w = lock.write();
+                if access == Access::Exclusive {
+                    // A running snapshot: save this chunk's pre-cut pages
+                    // before changing it (one atomic load when none runs).
+                    loop {
+                        let e = self.snap.active.load(Ordering::Acquire);
+                        if e == 0 {
+                            break;
+                        }
+                        match self.cow_chunk(seg, ci, pos / CHUNK_BYTES, e) {
+                            CowOutcome::Proceed => break,
+                            CowOutcome::Wait => {
+                                drop(w);
+                                self.wait_captured(seg, ci, pos / CHUNK_BYTES, e);
+                                w = lock.write();
+                            }
+                        }
+                    }
+                }
+                _w = w;
             }
             if pos + n > self.size.load(Ordering::Acquire) {
                 return Err(self.out_of_range(offset, len));
@@ -496,7 +552,7 @@ impl StoreState {
         let mut committed = 0;
         while pos < to {
             let n = (CHUNK_BYTES - pos % CHUNK_BYTES).min(to - pos);
-            let r = self.for_each_chunk(pos, n, Access::Exclusive, |seg, so, n, _| {
+            let r = self.for_each_chunk(pos, n, Access::ExclusiveNoCow, |seg, so, n, _| {
                 let (p0, p1) = (so / page, (so + n).div_ceil(page));
                 let fresh = (p1 - p0) - seg.allocated.count_range(p0, p1);
                 if fresh == 0 {
@@ -637,7 +693,17 @@ impl StoreState {
             return Ok((0, false));
         }
         let segs = self.segments.load();
-        let (seg, so, n, _guards) = self.lock_span(&segs, offset, len, |l| l.write())?;
+        let (seg, so, n, _guards) = loop {
+            let (seg, so, n, guards) = self.lock_span(&segs, offset, len, |l| l.write())?;
+            // A running snapshot: save the chunks' pre-cut pages first.
+            match self.cow_span(seg, so, n, offset / SEGMENT_BYTES) {
+                None => break (seg, so, n, guards),
+                Some((ci, chunk, e)) => {
+                    drop(guards);
+                    self.wait_captured(seg, ci, chunk, e);
+                }
+            }
+        };
         let chunk = CHUNK_BYTES as usize;
         // Charge chunk by chunk; on ENOSPC keep what was charged so far.
         // An unaligned span of DIRECT_MAX_BYTES touches one chunk more.
@@ -1078,7 +1144,18 @@ mod tests {
 
     #[test]
     fn write_with_stores_in_place_across_segments() {
-        let s = store(SEGMENT_BYTES * 2);
+        // No prefaulter: it would commit pages ahead of this sequential fill
+        // on its own thread, racing the exact allocation count below.
+        let opts = StoreOptions {
+            mem_limit_bytes: None,
+            prefault: false,
+        };
+        let s = RamStore::with_options(
+            SEGMENT_BYTES * 2,
+            opts,
+            Arc::new(MemoryBudget::new(u64::MAX)),
+        )
+        .unwrap();
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8 + 1).collect();
         let at = SEGMENT_BYTES - 5000;
         let pieces = write_with_all(&s, at, &data).unwrap();

@@ -1,0 +1,305 @@
+//! Benchmarks of the persistence layer (run by bench/persist.sh; see there).
+//!
+//! ```text
+//! persist_bench latency DIR [--size 2G] [--dirty 1G] [--idle-writes 200000]
+//!     4 KiB random write latency (QD1) while idle vs while a sync of DIRTY
+//!     bytes runs. Targets: p99 during sync <= 2x idle p99, max <= 10 ms.
+//! persist_bench restore DIR [--data 1G]
+//!     restore throughput vs `dd` of the same image file (page cache dropped
+//!     before each when running as root). Target: >= 90% of dd.
+//! persist_bench sync DIR [--dirty 1G]
+//!     sync throughput (journal commit, checkpoint) vs `dd` writing the same
+//!     amount with fdatasync on the same file system.
+//! ```
+//!
+//! DIR is a scratch directory on the disk to measure; it is emptied first.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ramd::backend::Backend;
+use ramd::persist::{DirStorage, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress};
+use ramd::size::parse_size;
+use ramd::store::{MemoryBudget, StoreOptions};
+
+const PAGE: u64 = 4096;
+
+fn arg(args: &[String], name: &str, default: &str) -> u64 {
+    let v = args
+        .iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+        .unwrap_or(default);
+    parse_size(v).unwrap_or_else(|e| panic!("{name} {v}: {e}"))
+}
+
+fn budget() -> Arc<MemoryBudget> {
+    Arc::new(MemoryBudget::new(u64::MAX))
+}
+
+fn fresh_dir(dir: &Path) -> PathBuf {
+    let state = dir.join("bench-drive");
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state).expect("create the bench directory");
+    state
+}
+
+fn create(state: &Path, size: u64) -> PersistentDrive<DirStorage> {
+    let cfg = PersistConfig {
+        // Checkpoints only when asked, so each phase is timed on its own.
+        journal_max_bytes: u64::MAX,
+        ..PersistConfig::default()
+    };
+    PersistentDrive::create(
+        DirStorage::create_dir(state).unwrap(),
+        size,
+        None,
+        cfg,
+        StoreOptions::default(),
+        budget(),
+    )
+    .expect("create drive")
+}
+
+/// Fills `bytes` from offset 0 with non-zero, non-repeating data.
+fn fill(d: &PersistentDrive<DirStorage>, bytes: u64) {
+    let chunk = 4 << 20;
+    let mut buf = vec![0u8; chunk as usize];
+    let mut off = 0;
+    while off < bytes {
+        let n = chunk.min(bytes - off);
+        for (i, w) in buf.chunks_mut(8).enumerate() {
+            w.copy_from_slice(&((off / 8 + i as u64) | 1).to_le_bytes());
+        }
+        d.write(off, &buf[..n as usize], false).unwrap();
+        off += n;
+    }
+}
+
+fn drop_caches() -> bool {
+    // Needs root; without it the figures include the page cache.
+    // RAMD_BENCH_CACHED=1 keeps the cache (measures the CPU side alone).
+    if std::env::var_os("RAMD_BENCH_CACHED").is_some() {
+        return false;
+    }
+    let _ = Command::new("sync").status();
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+struct Stats {
+    n: usize,
+    p50: Duration,
+    p99: Duration,
+    p999: Duration,
+    max: Duration,
+    over_10ms: usize,
+}
+
+fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+    Stats {
+        n: v.len(),
+        p50: at(0.50),
+        p99: at(0.99),
+        p999: at(0.999),
+        max: *v.last().unwrap(),
+        over_10ms: v.iter().filter(|d| **d > Duration::from_millis(10)).count(),
+    }
+}
+
+fn print_stats(label: &str, s: &Stats) {
+    println!(
+        "{label:<12} writes {:>9}  p50 {:>8.1?}  p99 {:>8.1?}  p99.9 {:>8.1?}  max {:>8.1?}  >10ms {}",
+        s.n, s.p50, s.p99, s.p999, s.max, s.over_10ms
+    );
+}
+
+/// A cheap PRNG for offsets.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn latency(dir: &Path, args: &[String]) {
+    let size = arg(args, "--size", "2G");
+    let dirty = arg(args, "--dirty", "1G");
+    let idle_writes = arg(args, "--idle-writes", "200000") as usize;
+    let state = fresh_dir(dir);
+    let d = Arc::new(create(&state, size));
+    println!("filling {dirty} bytes (the dirty set the sync will save)...");
+    fill(&d, dirty);
+    let pages = size / PAGE;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let block = vec![0xABu8; PAGE as usize];
+    let mut idle = Vec::with_capacity(idle_writes);
+    for _ in 0..idle_writes {
+        let off = next(&mut x) % pages * PAGE;
+        let t = Instant::now();
+        d.write(off, &block, false).unwrap();
+        idle.push(t.elapsed());
+    }
+    let syncing = Arc::new(AtomicBool::new(true));
+    let (ds, flag) = (d.clone(), syncing.clone());
+    let t0 = Instant::now();
+    let syncer = std::thread::spawn(move || {
+        let r = ds.sync().expect("sync");
+        flag.store(false, Ordering::Release);
+        r
+    });
+    let mut during = Vec::new();
+    while syncing.load(Ordering::Acquire) {
+        let off = next(&mut x) % pages * PAGE;
+        let t = Instant::now();
+        d.write(off, &block, false).unwrap();
+        during.push(t.elapsed());
+    }
+    let report = syncer.join().unwrap();
+    let sync_time = t0.elapsed();
+    let (si, sd) = (stats(idle), stats(during));
+    print_stats("idle", &si);
+    print_stats("during sync", &sd);
+    println!(
+        "sync: {} MiB in {:.2?} (peak copy-on-write memory is freed when it ends)",
+        (report.data_pages * PAGE) >> 20,
+        sync_time
+    );
+    let ok1 = sd.p99 <= si.p99 * 2;
+    let ok2 = sd.max <= Duration::from_millis(10);
+    println!(
+        "target p99 during sync <= 2x idle: {} ({:.2}x); target max <= 10 ms: {}",
+        if ok1 { "PASS" } else { "FAIL" },
+        sd.p99.as_secs_f64() / si.p99.as_secs_f64().max(1e-9),
+        if ok2 { "PASS" } else { "FAIL" }
+    );
+    drop(d);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+fn mbps(bytes: u64, t: Duration) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / t.as_secs_f64()
+}
+
+fn restore(dir: &Path, args: &[String]) {
+    let data = arg(args, "--data", "1G");
+    let state = dir.join("bench-drive");
+    // --reuse: restore the drive a previous run left (for profiling).
+    let reuse = args.iter().any(|a| a == "--reuse") && state.join("meta").exists();
+    if !reuse {
+        let state = fresh_dir(dir);
+        let d = create(&state, data);
+        println!("writing {data} bytes and closing...");
+        fill(&d, data);
+        d.close().unwrap();
+    }
+    let dropped = drop_caches();
+    if !dropped {
+        println!("warning: cannot drop the page cache (not root): figures include cached reads");
+    }
+    let progress = RestoreProgress::new();
+    let t = Instant::now();
+    let (r, report) = PersistentDrive::open(
+        DirStorage::open_dir(&state).unwrap(),
+        None,
+        RestoreOptions::default(),
+        &progress,
+        PersistConfig::default(),
+        StoreOptions::default(),
+        budget(),
+    )
+    .expect("restore");
+    let restore_time = t.elapsed();
+    assert_eq!(report.image_data_bytes, data);
+    drop(r);
+    drop_caches();
+    let image = state.join("image");
+    let t = Instant::now();
+    let st = Command::new("dd")
+        .arg(format!("if={}", image.display()))
+        .args(["of=/dev/null", "bs=4M", "status=none"])
+        .status()
+        .expect("run dd");
+    assert!(st.success());
+    let dd_time = t.elapsed();
+    let (ours, dd) = (mbps(data, restore_time), mbps(data, dd_time));
+    println!(
+        "restore {data} bytes: {restore_time:.2?} = {ours:.0} MiB/s (verified, loaded into RAM)"
+    );
+    println!("dd of the same image:  {dd_time:.2?} = {dd:.0} MiB/s");
+    let ratio = ours / dd;
+    println!(
+        "target restore >= 90% of dd: {} ({:.0}%)",
+        if ratio >= 0.9 { "PASS" } else { "FAIL" },
+        ratio * 100.0
+    );
+    if !args.iter().any(|a| a == "--reuse") {
+        let _ = std::fs::remove_dir_all(&state);
+    }
+}
+
+fn sync(dir: &Path, args: &[String]) {
+    let dirty = arg(args, "--dirty", "1G");
+    let state = fresh_dir(dir);
+    let d = create(&state, dirty);
+    fill(&d, dirty);
+    let t = Instant::now();
+    let report = d.sync_with(ramd::persist::SyncCause::Flush).expect("sync");
+    let commit = t.elapsed();
+    let t = Instant::now();
+    d.sync().expect("checkpoint");
+    let checkpoint = t.elapsed();
+    assert_eq!(report.data_pages * PAGE, dirty);
+    drop(d);
+    let target = state.join("dd-test");
+    let t = Instant::now();
+    let st = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4M", "conv=fdatasync", "status=none"])
+        .arg(format!("of={}", target.display()))
+        .arg(format!("count={}", dirty.div_ceil(4 << 20)))
+        .status()
+        .expect("run dd");
+    assert!(st.success());
+    let dd = t.elapsed();
+    println!(
+        "sync (journal commit) {dirty} bytes: {commit:.2?} = {:.0} MiB/s",
+        mbps(dirty, commit)
+    );
+    println!(
+        "checkpoint into the image:  {checkpoint:.2?} = {:.0} MiB/s",
+        mbps(dirty, checkpoint)
+    );
+    println!(
+        "dd write+fdatasync of the same amount: {dd:.2?} = {:.0} MiB/s",
+        mbps(dirty, dd)
+    );
+    println!(
+        "commit at {:.0}% of the disk's write speed (the checkpoint writes the data a second time)",
+        100.0 * mbps(dirty, commit) / mbps(dirty, dd)
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: persist_bench latency|restore|sync DIR [options] (see the source header)";
+    let (Some(mode), Some(dir)) = (args.get(1), args.get(2)) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let dir = Path::new(dir);
+    match mode.as_str() {
+        "latency" => latency(dir, &args),
+        "restore" => restore(dir, &args),
+        "sync" => sync(dir, &args),
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    }
+}

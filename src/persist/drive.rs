@@ -1,0 +1,516 @@
+//! `PersistentDrive`: a RAM drive with a state directory, as a `Backend`.
+//!
+//! The data path is the RAM store's: reads and writes never touch the disk.
+//! Durability comes from syncs (`Engine::sync`), run by
+//! - the background scheduler every interval (`periodic`, `flush`);
+//! - FLUSH and FUA writes (`flush` mode only): the reply waits until a sync
+//!   whose cut came after the request arrived is durable. Concurrent
+//!   flushes share one sync (group commit): a flush that finds such a sync
+//!   already done returns at once;
+//! - `sync()` (`ramd sync`) and `close()` (clean shutdown), in every mode.
+//!
+//! A FLUSH that cannot be made durable fails with EIO: never a false
+//! acknowledgement. The drive keeps serving from RAM; the error shows in
+//! the status and the scheduler retries.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::crypto::Key;
+use super::engine::{Engine, SyncReport};
+use super::restore::{restore, RestoreOptions, RestoreProgress, RestoreReport};
+use super::status::{PersistStatus, SyncState};
+use super::storage::Storage;
+use super::{now_unix_ms, Error, Result};
+use crate::backend::{self, Backend, Caps, Extent};
+use crate::store::{MemoryBudget, RamStore, StoreOptions, PAGE_BYTES};
+
+/// The promise a drive makes about its data on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Saved only by explicit syncs and clean shutdown; FLUSH is a no-op.
+    None,
+    /// A whole point-in-time image at most one interval (plus one sync) old.
+    #[default]
+    Periodic,
+    /// Periodic, and an acknowledged FLUSH/FUA covers every write
+    /// acknowledged before it.
+    Flush,
+}
+
+impl Durability {
+    /// Lower-case name (as on the command line).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::None => "none",
+            Durability::Periodic => "periodic",
+            Durability::Flush => "flush",
+        }
+    }
+    fn from_u8(v: u8) -> Durability {
+        match v {
+            0 => Durability::None,
+            1 => Durability::Periodic,
+            _ => Durability::Flush,
+        }
+    }
+    fn to_u8(self) -> u8 {
+        match self {
+            Durability::None => 0,
+            Durability::Periodic => 1,
+            Durability::Flush => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Durability, String> {
+        match s {
+            "none" => Ok(Durability::None),
+            "periodic" => Ok(Durability::Periodic),
+            "flush" => Ok(Durability::Flush),
+            other => Err(format!(
+                "unknown durability '{other}': use none, periodic or flush"
+            )),
+        }
+    }
+}
+
+/// How failed background syncs are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Quick retries after a failure before falling back to the interval.
+    pub max_quick_retries: u32,
+    /// Delay before the first retry; doubles each time.
+    pub backoff_initial_ms: u64,
+    /// Longest delay between quick retries.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_quick_retries: 5,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before retry number `failures` (1-based), or None when quick
+    /// retries are used up.
+    pub fn delay_ms(&self, failures: u32) -> Option<u64> {
+        if failures == 0 || failures > self.max_quick_retries {
+            return None;
+        }
+        let shift = (failures - 1).min(30);
+        Some(
+            self.backoff_initial_ms
+                .saturating_mul(1 << shift)
+                .min(self.backoff_max_ms),
+        )
+    }
+}
+
+/// A persistent drive's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PersistConfig {
+    /// The promise.
+    pub durability: Durability,
+    /// Time between background syncs (periodic and flush modes).
+    pub sync_interval_ms: u64,
+    /// A journal bigger than this is checkpointed after a flush-triggered
+    /// sync (background and manual syncs always checkpoint).
+    pub journal_max_bytes: u64,
+    /// Retries of failed background syncs.
+    pub retry: RetryPolicy,
+}
+
+impl Default for PersistConfig {
+    fn default() -> Self {
+        PersistConfig {
+            durability: Durability::Periodic,
+            sync_interval_ms: 60_000,
+            journal_max_bytes: 64 << 20,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Why a sync runs (decides whether a checkpoint follows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncCause {
+    /// A FLUSH or FUA write in `flush` mode.
+    Flush,
+    /// The background scheduler.
+    Periodic,
+    /// `ramd sync`.
+    Manual,
+    /// Clean shutdown.
+    Shutdown,
+}
+
+/// Status kept between syncs.
+#[derive(Debug, Default)]
+struct Tracking {
+    syncing: bool,
+    last_sync_unix_ms: Option<u64>,
+    last_sync_duration: Option<Duration>,
+    max_sync_duration: Duration,
+    syncs_ok: u64,
+    syncs_failed: u64,
+    consecutive_failures: u32,
+    quick_retries_left: bool,
+    last_error: Option<String>,
+    last_error_unix_ms: Option<u64>,
+}
+
+/// A RAM drive persisted to a state directory. See the module docs.
+pub struct PersistentDrive<S: Storage> {
+    /// The data.
+    store: RamStore,
+    /// The state directory; its lock also serialises syncs.
+    engine: Mutex<Engine<S>>,
+    /// Settings (changed rarely, read by the scheduler).
+    config: Mutex<PersistConfig>,
+    /// The durability mode, readable on the data path without a lock.
+    durability: AtomicU8,
+    /// Syncs started so far (each takes the next number).
+    syncs_begun: AtomicU64,
+    /// Number of the latest started sync that succeeded.
+    last_ok_begun: AtomicU64,
+    /// Status between syncs.
+    tracking: Mutex<Tracking>,
+    /// How long the restore at open took.
+    restore_duration: Option<Duration>,
+    /// Set by `close`: later syncs are refused.
+    closed: AtomicBool,
+    /// Engine figures published after each sync/checkpoint, so `status()`
+    /// never waits for a running sync.
+    published: Published,
+}
+
+#[derive(Debug, Default)]
+struct Published {
+    journal_bytes: AtomicU64,
+    durable_gen: AtomicU64,
+    bytes_written: AtomicU64,
+    checkpoints: AtomicU64,
+}
+
+impl Published {
+    fn update<S: Storage>(&self, e: &Engine<S>) {
+        self.journal_bytes
+            .store(e.journal_bytes(), Ordering::Relaxed);
+        self.durable_gen.store(e.durable_gen(), Ordering::Relaxed);
+        self.bytes_written
+            .store(e.totals().bytes_written, Ordering::Relaxed);
+        self.checkpoints
+            .store(e.totals().checkpoints, Ordering::Relaxed);
+    }
+}
+
+/// Persistence errors on the data path become EIO (never ENOSPC: a FLUSH
+/// that failed for a full disk must not look like a full drive).
+fn to_backend(e: Error) -> backend::Error {
+    backend::Error::Io(std::io::Error::other(format!(
+        "could not make the data durable: {e}"
+    )))
+}
+
+impl<S: Storage> PersistentDrive<S> {
+    fn assemble(
+        store: RamStore,
+        engine: Engine<S>,
+        config: PersistConfig,
+        restore_duration: Option<Duration>,
+    ) -> PersistentDrive<S> {
+        let durable_ms = if engine.durable_gen() > 0 {
+            Some(engine.meta().updated_unix_ms)
+        } else {
+            None
+        };
+        let published = Published::default();
+        published.update(&engine);
+        PersistentDrive {
+            published,
+            store,
+            engine: Mutex::new(engine),
+            durability: AtomicU8::new(config.durability.to_u8()),
+            config: Mutex::new(config),
+            syncs_begun: AtomicU64::new(0),
+            last_ok_begun: AtomicU64::new(0),
+            tracking: Mutex::new(Tracking {
+                last_sync_unix_ms: durable_ms,
+                ..Tracking::default()
+            }),
+            restore_duration,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Creates a new drive of `size_bytes` in `storage` (which must hold no
+    /// drive), encrypted when `key` is given.
+    pub fn create(
+        storage: S,
+        size_bytes: u64,
+        key: Option<&Key>,
+        config: PersistConfig,
+        store_opts: StoreOptions,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<PersistentDrive<S>> {
+        let store = RamStore::with_options(size_bytes, store_opts, global_mem)?;
+        let engine = Engine::create(storage, size_bytes, key)?;
+        // Everything is on disk (nothing): start with a clean dirty set.
+        store.take_dirty();
+        Ok(PersistentDrive::assemble(store, engine, config, None))
+    }
+
+    /// Restores the drive in `storage`; see `restore.rs`. `progress` may be
+    /// watched from another thread meanwhile.
+    pub fn open(
+        storage: S,
+        key: Option<&Key>,
+        opts: RestoreOptions,
+        progress: &RestoreProgress,
+        config: PersistConfig,
+        store_opts: StoreOptions,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<(PersistentDrive<S>, RestoreReport)> {
+        let make = |size| RamStore::with_options(size, store_opts, global_mem);
+        let (engine, store, report) = restore(storage, key, opts, progress, make)?;
+        let drive = PersistentDrive::assemble(store, engine, config, Some(report.duration));
+        Ok((drive, report))
+    }
+
+    /// Gives the state directory back (after `close`; a drive dropped
+    /// without `close` keeps only what its last sync saved).
+    pub fn into_storage(self) -> S {
+        self.engine.into_inner().into_storage()
+    }
+
+    /// The RAM store (for stats and direct access).
+    pub fn store(&self) -> &RamStore {
+        &self.store
+    }
+
+    /// The settings.
+    pub fn config(&self) -> PersistConfig {
+        *self.config.lock()
+    }
+
+    /// The durability mode in force.
+    pub fn durability(&self) -> Durability {
+        Durability::from_u8(self.durability.load(Ordering::Acquire))
+    }
+
+    /// Changes the durability mode (takes effect for the next request).
+    pub fn set_durability(&self, d: Durability) {
+        self.config.lock().durability = d;
+        self.durability.store(d.to_u8(), Ordering::Release);
+    }
+
+    /// Changes the background sync interval (the scheduler picks it up at
+    /// its next wake-up; `SyncScheduler::wake` makes that now).
+    pub fn set_sync_interval_ms(&self, ms: u64) {
+        self.config.lock().sync_interval_ms = ms.max(1);
+    }
+
+    /// Saves everything now and waits until it is durable, then
+    /// checkpoints (`ramd sync`). Works in every durability mode.
+    pub fn sync(&self) -> Result<SyncReport> {
+        self.sync_with(SyncCause::Manual)
+    }
+
+    /// Runs one sync (then a checkpoint when `cause` calls for one).
+    pub fn sync_with(&self, cause: SyncCause) -> Result<SyncReport> {
+        let mut engine = self.engine.lock();
+        self.sync_locked(&mut engine, cause)
+    }
+
+    fn sync_locked(&self, engine: &mut Engine<S>, cause: SyncCause) -> Result<SyncReport> {
+        if self.closed.load(Ordering::Acquire) && cause != SyncCause::Shutdown {
+            return Err(Error::Invalid("the drive is closed".into()));
+        }
+        let n = self.syncs_begun.fetch_add(1, Ordering::SeqCst) + 1;
+        self.tracking.lock().syncing = true;
+        let r = engine.sync(&self.store);
+        self.published.update(engine);
+        let mut t = self.tracking.lock();
+        t.syncing = false;
+        match r {
+            Ok(report) => {
+                self.last_ok_begun.fetch_max(n, Ordering::SeqCst);
+                t.syncs_ok += 1;
+                t.consecutive_failures = 0;
+                t.last_sync_unix_ms = Some(now_unix_ms());
+                t.last_sync_duration = Some(report.duration);
+                t.max_sync_duration = t.max_sync_duration.max(report.duration);
+                t.last_error = None;
+                drop(t);
+                let journal_max = self.config.lock().journal_max_bytes;
+                let checkpoint = cause != SyncCause::Flush || engine.journal_bytes() > journal_max;
+                if checkpoint {
+                    let c = engine.checkpoint();
+                    self.published.update(engine);
+                    if let Err(e) = c {
+                        // The data is durable in the journal: the sync
+                        // stands. The checkpoint is retried next time.
+                        tracing::warn!("checkpoint failed (will retry): {e}");
+                        let mut t = self.tracking.lock();
+                        t.last_error = Some(format!("checkpoint: {e}"));
+                        t.last_error_unix_ms = Some(now_unix_ms());
+                    }
+                }
+                Ok(report)
+            }
+            Err(e) => {
+                t.syncs_failed += 1;
+                t.consecutive_failures += 1;
+                t.last_error = Some(e.to_string());
+                t.last_error_unix_ms = Some(now_unix_ms());
+                tracing::warn!("sync failed: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes every write acknowledged before this call durable (group
+    /// commit: a sync that started after this call and succeeded is enough).
+    pub fn flush_durable(&self) -> Result<()> {
+        let arrived = self.syncs_begun.load(Ordering::SeqCst);
+        let mut engine = self.engine.lock();
+        if self.last_ok_begun.load(Ordering::SeqCst) > arrived {
+            return Ok(());
+        }
+        self.sync_locked(&mut engine, SyncCause::Flush).map(drop)
+    }
+
+    /// Clean shutdown: saves everything and checkpoints, in every mode.
+    /// Later syncs are refused. On error the state directory still holds
+    /// the last durable state (and the error says why the rest is missing).
+    pub fn close(&self) -> Result<SyncReport> {
+        let mut engine = self.engine.lock();
+        self.closed.store(true, Ordering::Release);
+        let report = self.sync_locked(&mut engine, SyncCause::Shutdown)?;
+        let c = engine.checkpoint();
+        self.published.update(&engine);
+        c?;
+        Ok(report)
+    }
+
+    /// Grows or shrinks the drive; waits for a running sync. The next sync
+    /// records the new size.
+    pub fn resize(&self, size_bytes: u64) -> Result<()> {
+        self.store.resize(size_bytes)?;
+        Ok(())
+    }
+
+    /// Records whether quick retries are still under way (the scheduler
+    /// calls this so the status can say `retrying` or `failing`).
+    pub(crate) fn note_retrying(&self, retrying: bool) {
+        self.tracking.lock().quick_retries_left = retrying;
+    }
+
+    /// The current status.
+    pub fn status(&self) -> PersistStatus {
+        let p = &self.published;
+        let cfg = self.config();
+        let t = self.tracking.lock();
+        let state = if t.syncing {
+            SyncState::Syncing
+        } else if t.consecutive_failures == 0 {
+            SyncState::Idle
+        } else if t.quick_retries_left {
+            SyncState::Retrying
+        } else {
+            SyncState::Failing
+        };
+        PersistStatus {
+            durability: self.durability(),
+            sync_interval_ms: cfg.sync_interval_ms,
+            state,
+            last_sync_unix_ms: t.last_sync_unix_ms,
+            durable_gen: p.durable_gen.load(Ordering::Relaxed),
+            last_sync_duration: t.last_sync_duration,
+            max_sync_duration: t.max_sync_duration,
+            dirty_bytes: self.store.dirty_pages() * PAGE_BYTES,
+            journal_bytes: p.journal_bytes.load(Ordering::Relaxed),
+            snapshot_copy_bytes: self.store.snapshot_copy_bytes(),
+            syncs_ok: t.syncs_ok,
+            syncs_failed: t.syncs_failed,
+            consecutive_failures: t.consecutive_failures,
+            checkpoints: p.checkpoints.load(Ordering::Relaxed),
+            bytes_written: p.bytes_written.load(Ordering::Relaxed),
+            last_error: t.last_error.clone(),
+            last_error_unix_ms: t.last_error_unix_ms,
+            restore_duration: self.restore_duration,
+        }
+    }
+}
+
+impl<S: Storage> Backend for PersistentDrive<S> {
+    fn size(&self) -> u64 {
+        self.store.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> backend::Result<()> {
+        self.store.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> backend::Result<()> {
+        self.store.write(offset, data, false)?;
+        if fua && self.durability() == Durability::Flush {
+            self.flush_durable().map_err(to_backend)?;
+        }
+        Ok(())
+    }
+    fn direct_io(&self) -> bool {
+        self.store.direct_io()
+    }
+    fn write_with(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> backend::Result<usize> {
+        // In place, like the store (FUA comes as a flush from the NBD layer).
+        self.store.write_with(offset, len, fill)
+    }
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        sink: &mut dyn FnMut(&[std::io::IoSlice<'_>]) -> std::io::Result<usize>,
+    ) -> backend::Result<usize> {
+        self.store.read_with(offset, len, sink)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> backend::Result<()> {
+        self.store.write_zeroes(offset, len, may_trim)
+    }
+    fn trim(&self, offset: u64, len: u64) -> backend::Result<()> {
+        self.store.trim(offset, len)
+    }
+    fn flush(&self) -> backend::Result<()> {
+        if self.durability() == Durability::Flush {
+            self.flush_durable().map_err(to_backend)?;
+        }
+        Ok(())
+    }
+    fn extents(&self, offset: u64, len: u64) -> backend::Result<Vec<Extent>> {
+        self.store.extents(offset, len)
+    }
+    fn capabilities(&self) -> Caps {
+        self.store.capabilities()
+    }
+}

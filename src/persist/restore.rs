@@ -1,0 +1,621 @@
+//! Opening a state directory into a RAM store: verify, load, replay.
+//!
+//! Order, and why:
+//! 1. meta: decoded and checked (magic, version, CRC); the key is checked
+//!    against its key check before any page is read.
+//! 2. journal: scanned and verified whole, *before* anything is loaded, so
+//!    the pages the replay will overwrite are known (a crash during a
+//!    checkpoint leaves exactly those pages with data and entry out of step).
+//! 3. image: the page table says which pages hold data; only those are read,
+//!    in large sequential reads on a reader thread while the caller's thread
+//!    verifies (CRC-32C or AES-GCM) and stores them. Holes cost nothing.
+//! 4. replay: the committed generations newer than the image, in order.
+//! 5. only now, with everything verified and loaded, is the disk changed:
+//!    the journal is checkpointed into the image and emptied (a torn tail
+//!    goes with it).
+//!
+//! Any refusal (corrupt meta, image or journal; wrong key) happens before
+//! step 5: the state directory is left exactly as it was.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::mpsc::sync_channel;
+use std::time::{Duration, Instant};
+
+use super::crypto::{Cipher, Key};
+use super::engine::{write_meta, Engine};
+use super::format::{decode_entry, Entry, Meta, RecordKind, META_BYTES, PAGE_BYTES};
+use super::image::Image;
+use super::journal::{read_payload, scan, GenInfo, JournalWriter, ScanEnd};
+use super::storage::{Storage, StorageFile};
+use super::{crc, io_err, names, Error, Result};
+use crate::backend::Backend;
+use crate::store::RamStore;
+
+/// Choices for a restore that found damage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreOptions {
+    /// Load despite damage: corrupt image pages are loaded as they are
+    /// (zero when encrypted) and listed; a corrupt journal is replayed up to
+    /// the damage.
+    pub force: bool,
+    /// Ignore the journal entirely (load the image as of its last
+    /// checkpoint) and empty it.
+    pub discard_journal: bool,
+}
+
+/// Restore phases, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestorePhase {
+    /// Reading metadata, checking the key, scanning the journal.
+    Verifying = 0,
+    /// Loading the image.
+    LoadingImage = 1,
+    /// Replaying the journal.
+    Replaying = 2,
+    /// Checkpointing the replayed journal into the image.
+    Checkpointing = 3,
+    /// Finished.
+    Done = 4,
+}
+
+/// Progress of a running restore, for a progress bar or the API: shared
+/// between the restoring thread and whoever shows it.
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    phase: AtomicU8,
+    done_bytes: AtomicU64,
+    total_bytes: AtomicU64,
+}
+
+impl RestoreProgress {
+    /// A fresh progress (phase `Verifying`, nothing done).
+    pub fn new() -> RestoreProgress {
+        RestoreProgress::default()
+    }
+    /// The current phase.
+    pub fn phase(&self) -> RestorePhase {
+        match self.phase.load(Ordering::Relaxed) {
+            0 => RestorePhase::Verifying,
+            1 => RestorePhase::LoadingImage,
+            2 => RestorePhase::Replaying,
+            3 => RestorePhase::Checkpointing,
+            _ => RestorePhase::Done,
+        }
+    }
+    /// Bytes loaded so far (image data and journal pages).
+    pub fn done_bytes(&self) -> u64 {
+        self.done_bytes.load(Ordering::Relaxed)
+    }
+    /// Bytes to load in all (known once verifying is over).
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes.load(Ordering::Relaxed)
+    }
+    fn set_phase(&self, p: RestorePhase) {
+        self.phase.store(p as u8, Ordering::Relaxed);
+    }
+    fn add(&self, bytes: u64) {
+        self.done_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A torn journal tail that was cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// Where the damage was.
+    pub damage_offset: u64,
+    /// Bytes cut.
+    pub bytes: u64,
+    /// What was wrong.
+    pub detail: String,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Drive size after restore.
+    pub drive_size: u64,
+    /// Generation the image held.
+    pub image_gen: u64,
+    /// Generation the drive now holds (image plus replayed journal).
+    pub restored_gen: u64,
+    /// Bytes of data loaded from the image.
+    pub image_data_bytes: u64,
+    /// Generations replayed from the journal.
+    pub journal_gens: usize,
+    /// Pages replayed from the journal (data and zero).
+    pub journal_pages: u64,
+    /// A torn tail that was cut (reported, not an error).
+    pub torn_tail: Option<TornTail>,
+    /// Leftover records of an unfinished journal reset that were cut.
+    pub stale_journal_bytes: u64,
+    /// The journal was discarded on request.
+    pub journal_discarded: bool,
+    /// With `force`: journal damage that was skipped (offset, detail).
+    pub forced_journal_damage: Option<(u64, String)>,
+    /// With `force`: image pages that failed verification (first 1000).
+    pub forced_bad_pages: Vec<u64>,
+    /// With `force`: how many image pages failed verification.
+    pub forced_bad_page_count: u64,
+    /// The checkpoint after loading failed (the drive runs; the next sync
+    /// retries it).
+    pub checkpoint_error: Option<String>,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// Pages the journal replay will overwrite (or a size cut will drop): their
+/// image contents need not verify.
+struct Covered {
+    bits: Vec<u64>,
+    /// Pages at or beyond this are cut by a smaller size in the journal.
+    cut_from: u64,
+}
+
+impl Covered {
+    fn new(pages: u64, gens: &[GenInfo]) -> Covered {
+        let mut c = Covered {
+            bits: vec![0; pages.div_ceil(64) as usize],
+            cut_from: u64::MAX,
+        };
+        for g in gens {
+            c.cut_from = c
+                .cut_from
+                .min(g.min_size.min(g.drive_size).div_ceil(PAGE_BYTES as u64));
+            for r in &g.records {
+                let end = (r.first_page + r.n_pages as u64).min(pages);
+                for p in r.first_page.min(end)..end {
+                    c.bits[(p / 64) as usize] |= 1 << (p % 64);
+                }
+            }
+        }
+        c
+    }
+    fn has(&self, p: u64) -> bool {
+        p >= self.cut_from
+            || self
+                .bits
+                .get((p / 64) as usize)
+                .is_some_and(|w| w & (1 << (p % 64)) != 0)
+    }
+}
+
+/// Reads the meta file.
+pub fn read_meta<S: Storage>(storage: &S) -> Result<Meta> {
+    let path = storage.describe(names::META);
+    if !storage
+        .exists(names::META)
+        .map_err(io_err("stat", path.clone()))?
+    {
+        return Err(Error::NotFound(storage.describe("")));
+    }
+    let f = storage
+        .open(names::META, false)
+        .map_err(io_err("open", path.clone()))?;
+    let mut b = vec![0u8; META_BYTES];
+    let n = f.read_at(&mut b, 0).map_err(io_err("read", path.clone()))?;
+    Meta::decode(&b[..n]).map_err(|e| Error::CorruptMeta {
+        path,
+        detail: e.to_string(),
+        raw_hint: "",
+    })
+}
+
+/// Largest single read of the image.
+const READ_RUN_BYTES: u64 = 8 << 20;
+
+/// Opens the drive in `storage` into a new RAM store made by `make_store`
+/// (called with the drive size), verifying everything; see the module docs.
+pub fn restore<S: Storage>(
+    storage: S,
+    key: Option<&Key>,
+    opts: RestoreOptions,
+    progress: &RestoreProgress,
+    make_store: impl FnOnce(u64) -> crate::backend::Result<RamStore>,
+) -> Result<(Engine<S>, RamStore, RestoreReport)> {
+    let started = Instant::now();
+    progress.set_phase(RestorePhase::Verifying);
+    let dir = storage.describe("");
+    let mut meta = read_meta(&storage)?;
+    let cipher = match (meta.encrypted, key) {
+        (true, None) => return Err(Error::KeyRequired(dir)),
+        (false, Some(_)) => return Err(Error::KeyNotExpected(dir)),
+        (true, Some(k)) => {
+            let c = Cipher::new(k, meta.uuid);
+            if !c.verify_key_check(&meta.key_check) {
+                return Err(Error::WrongKey(dir));
+            }
+            Some(c)
+        }
+        (false, None) => None,
+    };
+    // A leftover of an interrupted meta update is harmless: the rename is
+    // the commit point.
+    let open = |name: &str| {
+        storage
+            .open(name, false)
+            .map_err(io_err("open", storage.describe(name)))
+    };
+    let image = Image {
+        image: open(names::IMAGE)?,
+        pages: open(names::PAGES)?,
+        entry_bytes: meta.entry_bytes(),
+        encrypted: meta.encrypted,
+    };
+    let jpath = storage.describe(names::JOURNAL);
+    let journal = storage
+        .open(names::JOURNAL, true)
+        .map_err(io_err("open", jpath.clone()))?;
+    let mut report = RestoreReport {
+        image_gen: meta.image_gen,
+        ..RestoreReport::default()
+    };
+
+    // 2. The journal.
+    let mut gens = Vec::new();
+    let mut committed_end = 0;
+    if opts.discard_journal {
+        report.journal_discarded = true;
+    } else {
+        let s = scan(&journal, meta.drive_id(), meta.entry_bytes())
+            .map_err(io_err("read", jpath.clone()))?;
+        match s.end {
+            ScanEnd::Clean => {}
+            ScanEnd::Stale { bytes } => report.stale_journal_bytes = bytes,
+            ScanEnd::TornTail {
+                damage_offset,
+                bytes,
+                detail,
+            } => {
+                report.torn_tail = Some(TornTail {
+                    damage_offset,
+                    bytes,
+                    detail,
+                })
+            }
+            ScanEnd::Corrupt {
+                damage_offset,
+                detail,
+                later_gen,
+            } => {
+                if !opts.force {
+                    return Err(Error::CorruptJournal {
+                        path: jpath,
+                        offset: damage_offset,
+                        detail,
+                        later_gen,
+                    });
+                }
+                report.forced_journal_damage = Some((damage_offset, detail));
+            }
+        }
+        gens = s.gens;
+        committed_end = s.committed_end;
+    }
+    let covered = Covered::new(meta.pages(), &gens);
+    let journal_bytes: u64 = gens.iter().map(|g| g.data_pages * PAGE_BYTES as u64).sum();
+
+    // 3. The image.
+    let store = make_store(meta.drive_size)?;
+    let data_pages = count_data_pages(&storage, &image, &meta)?;
+    progress.total_bytes.store(
+        data_pages * PAGE_BYTES as u64 + journal_bytes,
+        Ordering::Relaxed,
+    );
+    progress.set_phase(RestorePhase::LoadingImage);
+    load_image(
+        &storage,
+        &image,
+        &meta,
+        cipher.as_ref(),
+        &covered,
+        opts.force,
+        &store,
+        progress,
+        &mut report,
+    )?;
+
+    // 4. Replay.
+    progress.set_phase(RestorePhase::Replaying);
+    let mut buf = Vec::new();
+    for g in &gens {
+        store.resize(g.min_size.min(g.drive_size))?;
+        store.resize(g.drive_size)?;
+        for rec in &g.records {
+            let first = rec.first_page * PAGE_BYTES as u64;
+            let end = ((rec.first_page + rec.n_pages as u64) * PAGE_BYTES as u64).min(g.drive_size);
+            report.journal_pages += rec.n_pages as u64;
+            if first >= end {
+                continue;
+            }
+            if rec.kind != RecordKind::Pages {
+                store.trim(first, end - first)?;
+                continue;
+            }
+            read_payload(&journal, rec, &mut buf).map_err(io_err("read", jpath.clone()))?;
+            let n = rec.n_pages as usize;
+            let (data, entries) = buf.split_at_mut(n * PAGE_BYTES);
+            let eb = meta.entry_bytes();
+            for i in 0..n {
+                let page = rec.first_page + i as u64;
+                let pd = &mut data[i * PAGE_BYTES..(i + 1) * PAGE_BYTES];
+                let ok = verify_page(cipher.as_ref(), page, &entries[i * eb..(i + 1) * eb], pd);
+                if !ok {
+                    // The record's checksum held, so this is a bug or a
+                    // wrong-key situation the key check missed: refuse.
+                    return Err(Error::CorruptJournal {
+                        path: jpath.clone(),
+                        offset: rec.payload_offset,
+                        detail: format!("page {page} does not verify against its entry"),
+                        later_gen: g.gen,
+                    });
+                }
+            }
+            let len = (end - first) as usize;
+            store.write(first, &data[..len], false)?;
+            // (Encrypted pages were decrypted in place by verify_page.)
+            progress.add(len as u64);
+        }
+        report.journal_gens += 1;
+    }
+    report.restored_gen = gens
+        .last()
+        .map_or(meta.image_gen, |g| g.gen.max(meta.image_gen));
+    report.drive_size = store.size();
+    let durable_size = store.size();
+    // What was loaded is on disk: nothing is dirty.
+    store.take_dirty();
+    // Pages loaded despite failing verification get rewritten (with fresh
+    // checksums) by the first sync.
+    rewrite_pages(&store, &report.forced_bad_pages);
+
+    // 5. Change the disk: forget discarded/damaged journal bytes, then
+    //    checkpoint what was replayed.
+    progress.set_phase(RestorePhase::Checkpointing);
+    let file_len = journal.len().map_err(io_err("stat", jpath.clone()))?;
+    if report.journal_discarded {
+        journal
+            .set_len(0)
+            .map_err(io_err("truncate", jpath.clone()))?;
+        journal
+            .sync_data()
+            .map_err(io_err("fdatasync", jpath.clone()))?;
+    }
+    let next_gen = report.restored_gen.max(meta.image_gen) + 1;
+    let (cend, flen) = if report.journal_discarded {
+        (0, 0)
+    } else {
+        (committed_end, file_len)
+    };
+    if meta.drive_size != durable_size && gens.is_empty() {
+        // Never happens (the size changes only through generations), but
+        // keep meta honest if it did.
+        meta.drive_size = durable_size;
+        write_meta(&storage, &meta)?;
+    }
+    let writer = JournalWriter::new(journal, meta.drive_id(), meta.entry_bytes(), cend, flen);
+    let mut engine = Engine::from_parts(
+        storage,
+        meta,
+        image,
+        writer,
+        cipher,
+        gens,
+        next_gen,
+        durable_size,
+    );
+    if let Err(e) = engine.checkpoint() {
+        report.checkpoint_error = Some(e.to_string());
+    }
+    progress.set_phase(RestorePhase::Done);
+    report.duration = started.elapsed();
+    Ok((engine, store, report))
+}
+
+/// Checks one page against its table entry (decrypting it in place when
+/// encrypted). A hole entry never verifies data.
+fn verify_page(cipher: Option<&Cipher>, page: u64, entry: &[u8], data: &mut [u8]) -> bool {
+    match (decode_entry(entry), cipher) {
+        (Ok(Entry::Plain { crc: c }), None) => crc(data) == c,
+        (Ok(Entry::Encrypted { nonce, tag }), Some(ci)) => {
+            ci.open_page(page, &nonce, &tag, data).is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// Marks pages dirty by writing their current contents back.
+fn rewrite_pages(store: &RamStore, pages: &[u64]) {
+    let mut buf = vec![0u8; PAGE_BYTES];
+    for &p in pages {
+        let off = p * PAGE_BYTES as u64;
+        let len = (store.size().saturating_sub(off)).min(PAGE_BYTES as u64) as usize;
+        if len > 0 && store.read(off, &mut buf[..len]).is_ok() {
+            let _ = store.write(off, &buf[..len], false);
+        }
+    }
+}
+
+/// Pages per window of the page table read at a time (the table of a
+/// 1 TiB drive is 2 GiB; it is never held whole).
+const TABLE_WINDOW_PAGES: u64 = 1 << 20;
+
+/// Entries of pages `[first, first+n)` (pages past the table's end read as
+/// holes).
+fn read_table_window<F: StorageFile>(
+    pages: &F,
+    eb: usize,
+    first: u64,
+    n: u64,
+) -> std::io::Result<Vec<u8>> {
+    let mut table = vec![0u8; n as usize * eb];
+    let mut at = 0;
+    while at < table.len() {
+        let k = pages.read_at(&mut table[at..], first * eb as u64 + at as u64)?;
+        if k == 0 {
+            break;
+        }
+        at += k;
+    }
+    Ok(table)
+}
+
+/// Pages the table marks as holding data.
+fn count_data_pages<S: Storage>(storage: &S, image: &Image<S::File>, meta: &Meta) -> Result<u64> {
+    let eb = meta.entry_bytes();
+    let mut count = 0;
+    let mut first = 0;
+    while first < meta.pages() {
+        let n = TABLE_WINDOW_PAGES.min(meta.pages() - first);
+        let t = read_table_window(&image.pages, eb, first, n)
+            .map_err(io_err("read", storage.describe(names::PAGES)))?;
+        count += t.chunks(eb).filter(|e| e.iter().any(|&b| b != 0)).count() as u64;
+        first += n;
+    }
+    Ok(count)
+}
+
+/// A run of data pages the reader thread read: its first page, page count,
+/// bytes, what the read returned, and the pages' table entries.
+type ReadRun = (u64, u64, Vec<u8>, std::io::Result<usize>, Vec<u8>);
+
+/// Loads every data page of the image into `store`, verifying each. A reader
+/// thread walks the page table window by window and reads runs of data
+/// pages; this thread verifies and stores them.
+#[allow(clippy::too_many_arguments)]
+fn load_image<S: Storage>(
+    storage: &S,
+    image: &Image<S::File>,
+    meta: &Meta,
+    cipher: Option<&Cipher>,
+    covered: &Covered,
+    force: bool,
+    store: &RamStore,
+    progress: &RestoreProgress,
+    report: &mut RestoreReport,
+) -> Result<()> {
+    let eb = meta.entry_bytes();
+    let ipath = storage.describe(names::IMAGE);
+    let tpath = storage.describe(names::PAGES);
+    let size = super::image::image_len(meta.drive_size, meta.encrypted);
+    let img_len = image.image.len().map_err(io_err("stat", ipath.clone()))?;
+    let pages = meta.pages();
+    image.image.advise_sequential();
+    image.pages.advise_sequential();
+    let bad = |report: &mut RestoreReport, page: u64, detail: String| -> Result<()> {
+        if covered.has(page) {
+            return Ok(());
+        }
+        if !force {
+            return Err(Error::CorruptImage {
+                path: ipath.clone(),
+                page,
+                offset: page * PAGE_BYTES as u64,
+                detail,
+            });
+        }
+        report.forced_bad_page_count += 1;
+        if report.forced_bad_pages.len() < 1000 {
+            report.forced_bad_pages.push(page);
+        }
+        Ok(())
+    };
+    let (tx, rx) = sync_channel::<std::result::Result<ReadRun, std::io::Error>>(2);
+    let (back_tx, back_rx) = sync_channel::<Vec<u8>>(3);
+    for _ in 0..3 {
+        back_tx.send(Vec::new()).expect("fresh channel");
+    }
+    let (img, tbl) = (&image.image, &image.pages);
+    std::thread::scope(|sc| -> Result<()> {
+        // Owned here so that an early return drops them and the reader stops.
+        let (rx, back_tx) = (rx, back_tx);
+        sc.spawn(move || {
+            let mut first_w = 0;
+            while first_w < pages {
+                let wn = TABLE_WINDOW_PAGES.min(pages - first_w);
+                let table = match read_table_window(tbl, eb, first_w, wn) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let is_data = |p: u64| {
+                    let i = (p - first_w) as usize * eb;
+                    table[i..i + eb].iter().any(|&b| b != 0)
+                };
+                let mut p = first_w;
+                let end_w = first_w + wn;
+                while p < end_w {
+                    if !is_data(p) {
+                        p += 1;
+                        continue;
+                    }
+                    let first = p;
+                    while p < end_w && p - first < READ_RUN_BYTES / PAGE_BYTES as u64 && is_data(p)
+                    {
+                        p += 1;
+                    }
+                    let n = p - first;
+                    let Ok(mut buf) = back_rx.recv() else { return };
+                    let off = first * PAGE_BYTES as u64;
+                    let len = (n * PAGE_BYTES as u64).min(size.saturating_sub(off)) as usize;
+                    // Reused buffers keep their old bytes: zero what a short
+                    // read (an image shorter than the table says) leaves, so
+                    // verification reports the page instead of old data.
+                    buf.resize(n as usize * PAGE_BYTES, 0);
+                    let mut got = 0;
+                    let r = loop {
+                        if got >= len {
+                            break Ok(got);
+                        }
+                        match img.read_at(&mut buf[got..len], off + got as u64) {
+                            Ok(0) => break Ok(got),
+                            Ok(k) => got += k,
+                            Err(e) => break Err(e),
+                        }
+                    };
+                    if let Ok(got) = r {
+                        buf[got..].fill(0);
+                    }
+                    let i = (first - first_w) as usize * eb;
+                    let entries = table[i..i + n as usize * eb].to_vec();
+                    if tx.send(Ok((first, n, buf, r, entries))).is_err() {
+                        return;
+                    }
+                }
+                first_w = end_w;
+            }
+        });
+        for msg in rx {
+            let (first, n, mut buf, r, entries) = msg.map_err(io_err("read", tpath.clone()))?;
+            let got = r.map_err(io_err("read", ipath.clone()))?;
+            let run_len = (n * PAGE_BYTES as u64).min(size - first * PAGE_BYTES as u64) as usize;
+            for i in 0..n {
+                let page = first + i;
+                let pd = &mut buf[i as usize * PAGE_BYTES..(i as usize + 1) * PAGE_BYTES];
+                let entry = &entries[i as usize * eb..(i as usize + 1) * eb];
+                let page_end = ((i as usize + 1) * PAGE_BYTES).min(run_len);
+                if !verify_page(cipher, page, entry, pd) {
+                    let detail = if got < page_end {
+                        format!("the image file ends at byte {img_len}, before this page")
+                    } else if cipher.is_some() {
+                        "AES-GCM authentication failed (tampered or damaged)".to_string()
+                    } else {
+                        "CRC-32C mismatch (the page's bytes changed)".to_string()
+                    };
+                    bad(report, page, detail)?;
+                    if cipher.is_some() {
+                        pd.fill(0);
+                    }
+                }
+            }
+            let off = first * PAGE_BYTES as u64;
+            let store_len = run_len.min((meta.drive_size - off) as usize);
+            store.write(off, &buf[..store_len], false)?;
+            report.image_data_bytes += store_len as u64;
+            progress.add(store_len as u64);
+            let _ = back_tx.send(buf);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,498 @@
+//! Reopen tests: close and reopen persistent drives many times (simulated
+//! and real disks), checking each time against a `Vec<u8>` oracle; restore
+//! options; corruption detection; encryption; error injection.
+
+use std::sync::Arc;
+
+use ramd::backend::Backend;
+use ramd::persist::sim::{Faults, SimDisk, SimRng};
+use ramd::persist::{
+    DirStorage, Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
+    Storage,
+};
+use ramd::store::{MemoryBudget, StoreOptions};
+
+const PAGE: u64 = 4096;
+
+fn store_opts() -> StoreOptions {
+    StoreOptions {
+        mem_limit_bytes: None,
+        prefault: false,
+    }
+}
+
+fn budget() -> Arc<MemoryBudget> {
+    Arc::new(MemoryBudget::new(u64::MAX))
+}
+
+fn contents(d: &dyn Backend) -> Vec<u8> {
+    let mut v = vec![0u8; d.size() as usize];
+    d.read(0, &mut v).unwrap();
+    v
+}
+
+fn open_with<S: Storage>(
+    s: S,
+    key: Option<&Key>,
+    opts: RestoreOptions,
+) -> ramd::persist::Result<(PersistentDrive<S>, ramd::persist::RestoreReport)> {
+    PersistentDrive::open(
+        s,
+        key,
+        opts,
+        &RestoreProgress::new(),
+        PersistConfig::default(),
+        store_opts(),
+        budget(),
+    )
+}
+
+fn open<S: Storage>(s: S, key: Option<&Key>) -> PersistentDrive<S> {
+    open_with(s, key, RestoreOptions::default()).unwrap().0
+}
+
+fn create<S: Storage>(s: S, size: u64, key: Option<&Key>) -> PersistentDrive<S> {
+    PersistentDrive::create(
+        s,
+        size,
+        key,
+        PersistConfig::default(),
+        store_opts(),
+        budget(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn encrypted_round_trip_simple() {
+    let key = Key::from_bytes([7; 32]);
+    let disk = SimDisk::new(1);
+    let d = create(disk.clone(), 10 * PAGE + 100, Some(&key));
+    d.write(2 * PAGE + 5, &[9; 5000], false).unwrap();
+    d.sync().unwrap();
+    let want = contents(&d);
+    drop(d);
+    let disk = disk.after_crash(1, 0.0);
+    let d = open(disk.clone(), Some(&key));
+    assert!(contents(&d) == want);
+    d.write(100, &[1; 10], false).unwrap();
+    d.sync().unwrap();
+    let want = contents(&d);
+    drop(d);
+    let d = open(disk.after_crash(1, 0.0), Some(&key));
+    assert!(contents(&d) == want);
+}
+
+#[test]
+fn encrypted_partial_last_page_trim() {
+    let key = Key::from_bytes([3; 32]);
+    let disk = SimDisk::new(1);
+    let d = create(disk.clone(), 11067, Some(&key));
+    d.write(3208, &[5; 3138], false).unwrap();
+    d.write(8000, &[6; 3067], false).unwrap();
+    d.sync().unwrap();
+    drop(d);
+    let disk = disk.after_crash(1, 0.0);
+    let d = open(disk.clone(), Some(&key));
+    d.trim(8949, 548).unwrap();
+    d.sync().unwrap();
+    let want = contents(&d);
+    drop(d);
+    let d = open(disk.after_crash(2, 0.0), Some(&key));
+    assert!(contents(&d) == want);
+}
+
+/// Random writes, trims and resizes; close (clean shutdown) and reopen
+/// `rounds` times, comparing with the oracle each time.
+fn reopen_many<S: Storage>(
+    mut storage: S,
+    reopen: impl Fn(S) -> S,
+    key: Option<&Key>,
+    rounds: u32,
+    seed: u64,
+) {
+    let mut rng = SimRng::new(seed);
+    let mut mem = vec![0u8; (64 * PAGE + 123) as usize];
+    let mut d = create(storage, mem.len() as u64, key);
+    for round in 0..rounds {
+        for _ in 0..1 + rng.below(20) {
+            let size = mem.len() as u64;
+            let off = rng.below(size);
+            let len = 1 + rng.below((40 * PAGE).min(size - off));
+            let (o, l) = (off as usize, len as usize);
+            match rng.below(8) {
+                0 => {
+                    d.trim(off, len).unwrap();
+                    mem[o..o + l].fill(0);
+                }
+                1 if rng.below(4) == 0 => {
+                    let new = 1 + rng.below(96 * PAGE);
+                    d.resize(new).unwrap();
+                    mem.resize(new as usize, 0);
+                }
+                _ => {
+                    let data: Vec<u8> =
+                        (0..len).map(|i| (i as u8) ^ (round as u8) ^ 0x5A).collect();
+                    d.write(off, &data, false).unwrap();
+                    mem[o..o + l].copy_from_slice(&data);
+                }
+            }
+            if rng.below(5) == 0 {
+                d.sync().unwrap();
+            }
+        }
+        d.close().unwrap();
+        storage = reopen(drop_into_storage(d));
+        let (nd, report) = open_with(storage, key, RestoreOptions::default()).unwrap();
+        assert!(report.torn_tail.is_none(), "round {round}: {report:?}");
+        assert!(
+            contents(&nd) == mem,
+            "round {round}: contents differ after reopen"
+        );
+        d = nd;
+    }
+}
+
+/// A drive is closed; its storage goes back to the test.
+fn drop_into_storage<S: Storage>(d: PersistentDrive<S>) -> S {
+    d.into_storage()
+}
+
+#[test]
+fn reopen_many_times_on_the_simulated_disk() {
+    for seed in 0..8 {
+        let key = Key::from_bytes([seed as u8; 32]);
+        let k = (seed % 2 == 0).then_some(&key);
+        // Each reopen is a crash that loses everything unsynced: a clean
+        // close must have made it all durable.
+        reopen_many(
+            SimDisk::new(seed),
+            |d: SimDisk| d.after_crash(seed, 0.0),
+            k,
+            25,
+            seed,
+        );
+    }
+}
+
+#[test]
+fn reopen_many_times_on_real_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("drive");
+    let key = Key::generate().unwrap();
+    for (i, k) in [None, Some(&key)].into_iter().enumerate() {
+        let p = path.join(i.to_string());
+        let s = DirStorage::create_dir(&p).unwrap();
+        reopen_many(
+            s,
+            |s: DirStorage| DirStorage::open_dir(s.path()).unwrap(),
+            k,
+            15,
+            77 + i as u64,
+        );
+    }
+}
+
+/// A synced plain drive with data in pages 0..3 and 10, plus one more
+/// committed (not checkpointed) generation in the journal.
+fn drive_with_journal(key: Option<&Key>) -> (SimDisk, Vec<u8>) {
+    let disk = SimDisk::new(42);
+    let cfg = PersistConfig {
+        durability: Durability::Flush,
+        journal_max_bytes: u64::MAX,
+        ..PersistConfig::default()
+    };
+    let d =
+        PersistentDrive::create(disk.clone(), 16 * PAGE, key, cfg, store_opts(), budget()).unwrap();
+    d.write(0, &[1; 3 * PAGE as usize], false).unwrap();
+    d.write(10 * PAGE, &[2; PAGE as usize], false).unwrap();
+    d.sync().unwrap(); // checkpointed into the image
+    d.write(PAGE, &[3; 100], false).unwrap();
+    d.flush().unwrap(); // only in the journal
+    d.write(12 * PAGE, &[4; 100], false).unwrap();
+    d.flush().unwrap(); // a second journal generation
+    let want = contents(&d);
+    (disk.after_crash(1, 0.0), want)
+}
+
+fn flip(disk: &SimDisk, file: &str, at: usize) {
+    let mut b = disk.contents(file).unwrap();
+    b[at] ^= 0x20;
+    disk.set_contents(file, b);
+}
+
+#[test]
+fn flipped_bytes_in_the_image_are_refused_precisely_and_force_loads() {
+    let (disk, want) = drive_with_journal(None);
+    assert!(contents(&open(disk.clone(), None)) == want);
+    let (disk, _) = drive_with_journal(None);
+    let before: Vec<_> = ["meta", "image", "pages", "journal"]
+        .iter()
+        .map(|f| disk.contents(f))
+        .collect();
+    flip(&disk, "image", 10 * PAGE as usize + 7);
+    let flipped: Vec<_> = ["meta", "image", "pages", "journal"]
+        .iter()
+        .map(|f| disk.contents(f))
+        .collect();
+    let e = open_with(disk.clone(), None, RestoreOptions::default())
+        .err()
+        .unwrap();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("page 10") && msg.contains("byte offset 40960") && msg.contains("CRC-32C"),
+        "{msg}"
+    );
+    // Refusal changed nothing on disk.
+    let after: Vec<_> = ["meta", "image", "pages", "journal"]
+        .iter()
+        .map(|f| disk.contents(f))
+        .collect();
+    assert!(after == flipped && after != before);
+    // --force loads it, lists the page, and the next sync repairs it.
+    let opts = RestoreOptions {
+        force: true,
+        ..RestoreOptions::default()
+    };
+    let (d, report) = open_with(disk.clone(), None, opts).unwrap();
+    assert_eq!(report.forced_bad_pages, vec![10]);
+    d.sync().unwrap();
+    drop(d);
+    open(disk.after_crash(3, 0.0), None);
+}
+
+#[test]
+fn flipped_bytes_in_a_page_covered_by_the_journal_are_repaired_by_replay() {
+    // Page 1 is rewritten by a journal generation: its image copy need not verify.
+    let (disk, want) = drive_with_journal(None);
+    flip(&disk, "image", PAGE as usize + 9);
+    assert!(contents(&open(disk, None)) == want);
+}
+
+#[test]
+fn flipped_bytes_in_meta_are_refused() {
+    for at in [0usize, 9, 17, 50, 300, 509] {
+        let (disk, _) = drive_with_journal(None);
+        flip(&disk, "meta", at);
+        let msg = open_with(disk, None, RestoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            msg.contains("metadata") && msg.contains("unusable"),
+            "{msg}"
+        );
+    }
+    let (disk, _) = drive_with_journal(None);
+    disk.set_contents("meta", vec![0; 100]);
+    let msg = open_with(disk, None, RestoreOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("truncated"), "{msg}");
+}
+
+#[test]
+fn journal_damage_tail_is_cut_middle_is_refused_with_options() {
+    // Damage in the last generation: a torn tail, cut and reported.
+    let (disk, _) = drive_with_journal(None);
+    let j = disk.contents("journal").unwrap();
+    flip(&disk, "journal", j.len() - 600);
+    let (d, report) = open_with(disk.clone(), None, RestoreOptions::default()).unwrap();
+    let tail = report.torn_tail.clone().expect("torn tail reported");
+    assert!(tail.bytes > 0);
+    let mut p12 = vec![0u8; 100];
+    d.read(12 * PAGE, &mut p12).unwrap();
+    assert_eq!(p12, vec![0; 100], "the torn generation is not loaded");
+    let mut p1 = vec![0u8; 100];
+    d.read(PAGE, &mut p1).unwrap();
+    assert_eq!(p1, vec![3; 100], "the generation before it is");
+
+    // Damage in the first generation with an intact one after it: refused.
+    let (disk, want) = drive_with_journal(None);
+    let before = disk.contents("journal");
+    flip(&disk, "journal", 700);
+    let e = open_with(disk.clone(), None, RestoreOptions::default())
+        .err()
+        .unwrap();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("journal") && msg.contains("corrupt at byte 0") && msg.contains("generation"),
+        "{msg}"
+    );
+    assert!(disk.contents("journal") != before);
+    // --discard-journal loads the image only.
+    let opts = RestoreOptions {
+        discard_journal: true,
+        ..RestoreOptions::default()
+    };
+    let (d, report) = open_with(disk.clone(), None, opts).unwrap();
+    assert!(report.journal_discarded);
+    let mut p1 = vec![0u8; 100];
+    d.read(PAGE, &mut p1).unwrap();
+    assert_eq!(p1, vec![1; 100]);
+    assert!(contents(&d) != want);
+    drop(d);
+    // --force keeps what precedes the damage (here: nothing of the journal).
+    let (disk, _) = drive_with_journal(None);
+    flip(&disk, "journal", 700);
+    let opts = RestoreOptions {
+        force: true,
+        ..RestoreOptions::default()
+    };
+    let (_d, report) = open_with(disk, None, opts).unwrap();
+    assert!(report.forced_journal_damage.is_some());
+}
+
+#[test]
+fn encryption_round_trip_wrong_key_and_tampering() {
+    let key = Key::from_bytes([9; 32]);
+    let (disk, want) = drive_with_journal(Some(&key));
+    // Not a raw image: the plaintext is nowhere in the files.
+    let img = disk.contents("image").unwrap();
+    assert!(!img.windows(64).any(|w| w == [1u8; 64]));
+    let j = disk.contents("journal").unwrap();
+    assert!(!j.windows(64).any(|w| w == [3u8; 64] || w == [4u8; 64]));
+    assert!(contents(&open(disk.clone(), Some(&key))) == want);
+    let (disk, _) = drive_with_journal(Some(&key));
+    let wrong = Key::from_bytes([8; 32]);
+    let msg = open_with(disk.clone(), Some(&wrong), RestoreOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("wrong key"), "{msg}");
+    let msg = open_with(disk.clone(), None, RestoreOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("encrypted") && msg.contains("key"), "{msg}");
+    // Tampered ciphertext in the image: refused by authentication.
+    flip(&disk, "image", 10 * PAGE as usize + 100);
+    let msg = open_with(disk.clone(), Some(&key), RestoreOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("page 10") && msg.contains("AES-GCM"), "{msg}");
+    // A plain drive refuses a key rather than guessing.
+    let (plain, _) = drive_with_journal(None);
+    let msg = open_with(plain, Some(&key), RestoreOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("not encrypted"), "{msg}");
+}
+
+#[test]
+fn disk_full_fails_flush_with_eio_and_keeps_serving() {
+    let disk = SimDisk::new(5);
+    let cfg = PersistConfig {
+        durability: Durability::Flush,
+        ..PersistConfig::default()
+    };
+    let d =
+        PersistentDrive::create(disk.clone(), 8 * PAGE, None, cfg, store_opts(), budget()).unwrap();
+    d.write(0, &[1; 4096], false).unwrap();
+    d.flush().unwrap();
+    disk.set_faults(Faults {
+        write_error: 1.0,
+        sync_error: 0.0,
+        enospc: true,
+    });
+    d.write(PAGE, &[2; 4096], false).unwrap();
+    let e = d.flush().unwrap_err();
+    // EIO on the wire (not ENOSPC: the drive itself is not full).
+    assert_eq!(ramd::nbd::proto::errno_for(&e), 5, "{e}");
+    assert!(
+        d.write(2 * PAGE, &[3; 10], true).is_err(),
+        "FUA must fail too"
+    );
+    let st = d.status();
+    assert!(
+        st.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("No space left"),
+        "{st:?}"
+    );
+    assert!(st.dirty_bytes >= 2 * PAGE);
+    assert_eq!(st.consecutive_failures, 2);
+    // Reads and writes keep working from RAM.
+    let mut b = [0u8; 10];
+    d.read(PAGE, &mut b).unwrap();
+    assert_eq!(b, [2; 10]);
+    // The disk comes back: the next flush saves everything.
+    disk.set_faults(Faults::default());
+    d.flush().unwrap();
+    assert_eq!(d.status().consecutive_failures, 0);
+    let want = contents(&d);
+    drop(d);
+    assert!(contents(&open(disk.after_crash(1, 0.0), None)) == want);
+}
+
+#[test]
+fn fsync_errors_fail_the_sync_and_nothing_is_acknowledged() {
+    let disk = SimDisk::new(6);
+    let d = create(disk.clone(), 8 * PAGE, None);
+    d.write(0, &[1; 4096], false).unwrap();
+    d.sync().unwrap();
+    disk.set_faults(Faults {
+        write_error: 0.0,
+        sync_error: 1.0,
+        enospc: false,
+    });
+    d.write(0, &[2; 4096], false).unwrap();
+    assert!(d.sync().is_err());
+    // Lose everything unsynced: the acknowledged state survives.
+    let after = disk.after_crash(2, 1.0);
+    let r = open(after, None);
+    let mut b = [0u8; 4];
+    r.read(0, &mut b).unwrap();
+    assert_eq!(b, [1; 4]);
+    // The live drive still has the newer data and saves it later.
+    disk.set_faults(Faults::default());
+    d.sync().unwrap();
+    let want = contents(&d);
+    drop(d);
+    assert!(contents(&open(disk.after_crash(3, 0.0), None)) == want);
+}
+
+#[test]
+fn restore_reports_progress() {
+    let (disk, _) = drive_with_journal(None);
+    let progress = RestoreProgress::new();
+    let (_d, report) = PersistentDrive::open(
+        disk,
+        None,
+        RestoreOptions::default(),
+        &progress,
+        PersistConfig::default(),
+        store_opts(),
+        budget(),
+    )
+    .unwrap();
+    assert_eq!(progress.phase(), ramd::persist::restore::RestorePhase::Done);
+    assert!(progress.total_bytes() > 0);
+    assert_eq!(progress.done_bytes(), progress.total_bytes());
+    assert_eq!(report.journal_gens, 2);
+}
+
+#[test]
+fn creating_over_an_existing_drive_is_refused() {
+    let (disk, _) = drive_with_journal(None);
+    let e = PersistentDrive::create(
+        disk,
+        PAGE,
+        None,
+        PersistConfig::default(),
+        store_opts(),
+        budget(),
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("already exists"), "{e}");
+    let empty = SimDisk::new(1);
+    let e = open_with(empty, None, RestoreOptions::default())
+        .err()
+        .unwrap();
+    assert!(matches!(e, ramd::persist::Error::NotFound(_)), "{e}");
+}
