@@ -22,6 +22,7 @@
 //! `write` per batch.
 
 pub mod backend;
+pub mod cache;
 pub mod nbd;
 pub mod paths;
 pub mod size;

@@ -1,0 +1,1087 @@
+//! The cache's data paths: slots, claims, hits, misses, the three write
+//! modes, zeroing and trimming.
+//!
+//! # Layout
+//!
+//! ```text
+//!  backing  | b0 | b1 | b2 | b3 | ... | bN-1 |   blocks of `block_bytes`
+//!                 \         \                    (the last may be short)
+//!  index    b1 -> s7, b3 -> s0, ...              sharded hash map (index.rs)
+//!  slots    s0 s1 ... s(nslots-1)                per slot: RwLock<Meta>, wb mutex
+//!  data     one mmap: slot s at s * block_bytes  committed as slots are first used
+//!  policy   orders resident slots (policy.rs)    one mutex, taken on misses only
+//!  dirty    1 bit per slot                       the flusher's work list
+//! ```
+//!
+//! # Invariants
+//!
+//! - A slot's bytes are read under its `meta` read lock and changed under
+//!   its write lock. `meta.block` names the block the slot holds, and the
+//!   index maps that block to the slot, while `meta.state` is not `Empty`
+//!   or a claim is filling it (the claimer holds the write lock).
+//! - The index is only a hint: after locking a slot found through it, the
+//!   reader checks `meta.block` and retries the lookup on a mismatch.
+//! - A dirty slot is never evicted or invalidated without being written
+//!   back, except by a zero/trim that covers it wholly (its data is
+//!   superseded) or by a forced close. A block that is not in the index is
+//!   never dirty, so the backing holds its newest data and a bypassing read
+//!   may go straight to it.
+//! - Write-backs of one slot are serialised by its `wb` mutex and mark the
+//!   slot clean only if its generation did not change meanwhile, so a write
+//!   racing with a write-back leaves the slot dirty, never lost.
+//! - Lock order: whoever holds several slot locks takes them in ascending
+//!   *slot* order (a slot's number never changes, the block it holds may),
+//!   a slot's `wb` before its `meta`. Index shard locks and the policy
+//!   mutex are leaves, except that the policy mutex holder *tries* slot
+//!   locks (never blocks on them). Fills hold write locks on slots they
+//!   claimed with `try_write` and block on nothing but leaves and backing
+//!   I/O. The flusher re-takes `meta` of slots whose `wb` it holds, which is
+//!   safe because every other holder of a `meta` lock that blocks while
+//!   holding it took that slot's `wb` first. So no cycle can form.
+//! - Hits take one shard lock, one slot read lock and bump an atomic
+//!   counter: no cache-wide lock (LRU, the comparison policy, adds one).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock, RwLockWriteGuard};
+
+use super::config::{CacheConfig, Mode};
+use super::health::{Health, Op};
+use super::index::Index;
+use super::policy::{HitMarks, Policy};
+use super::seq::SeqDetector;
+use super::stats::{Counters, Ctr};
+use crate::backend::{check_range, Backend, Error, Result};
+use crate::store::bitmap::AtomicBitmap;
+use crate::store::region::Region;
+use crate::store::MemoryBudget;
+
+/// `Meta::block` of a slot that holds nothing.
+pub(crate) const NO_BLOCK: u64 = u64::MAX;
+/// Most bytes one miss reads from the backing (consecutive missing blocks
+/// are fetched together up to this).
+const MAX_FILL_BYTES: u64 = 1 << 20;
+/// Retries of a lookup that raced with an eviction before giving up.
+const MAX_RACE_RETRIES: u32 = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Holds nothing (or is being filled by its claimer).
+    Empty,
+    /// Same bytes as the backing.
+    Clean,
+    /// Newer than the backing; must be written back before it may go.
+    Dirty,
+}
+
+/// What a slot holds. Guarded by the slot's `meta` lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meta {
+    /// The block held, or `NO_BLOCK`.
+    pub block: u64,
+    pub state: State,
+    /// Bumped on every change of the slot's bytes; a write-back marks the
+    /// slot clean only if it is unchanged since the copy was taken.
+    pub gen: u64,
+    /// When the slot last went from clean to dirty (ms since the cache
+    /// started): the write-back lag and the age trigger.
+    pub dirty_since_ms: u64,
+}
+
+pub(crate) struct Slot {
+    pub meta: RwLock<Meta>,
+    /// Serialises write-backs of this slot (and zero/trim of it), so an
+    /// older copy can never land on the backing after a newer one.
+    pub wb: Mutex<()>,
+}
+
+/// Slot allocation state: the policy plus slots not in it.
+struct Alloc {
+    policy: Policy,
+    /// Slots that were used and emptied (invalidated, failed fills).
+    free: Vec<u32>,
+    /// Slots `fresh_next..nslots` were never used (no memory committed).
+    fresh_next: u32,
+    /// The memory budget refused a fresh slot: stop trying, reuse instead.
+    budget_full: bool,
+}
+
+/// Wakes the flusher.
+#[derive(Default)]
+pub(crate) struct Signal {
+    pub kicked: Mutex<bool>,
+    pub cv: Condvar,
+}
+
+impl Signal {
+    pub fn kick(&self) {
+        *self.kicked.lock() = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits until kicked or `timeout` passes; clears the kick.
+    pub fn wait(&self, timeout: Duration) {
+        let mut k = self.kicked.lock();
+        if !*k {
+            self.cv.wait_for(&mut k, timeout);
+        }
+        *k = false;
+    }
+}
+
+/// The shared state of one cache (the flusher holds it too).
+pub(crate) struct Inner {
+    pub cfg: CacheConfig,
+    pub backing: Arc<dyn Backend>,
+    /// The export's size: the backing's size when the cache was created.
+    pub size: u64,
+    pub bs: u64,
+    shift: u32,
+    pub nslots: u32,
+    pub slots: Box<[Slot]>,
+    /// Slot data: slot `s` at `s * bs`.
+    data: Region,
+    pub index: Index,
+    alloc: Mutex<Alloc>,
+    /// Lock-free hit counters for S3-FIFO.
+    pub marks: HitMarks,
+    /// Dirty slots (the flusher's work list).
+    pub dirty: AtomicBitmap,
+    pub dirty_count: AtomicU64,
+    /// Slots holding a block.
+    resident: AtomicU64,
+    pub stats: Counters,
+    pub health: Health,
+    seq: SeqDetector,
+    /// Where slot memory is charged (None: not charged).
+    budget: Option<Arc<MemoryBudget>>,
+    /// Bytes charged to `budget`, given back on drop.
+    charged: AtomicU64,
+    epoch: Instant,
+    /// Set by close/crash: every request fails from then on.
+    pub closed: AtomicBool,
+    pub flusher_signal: Signal,
+    /// Flusher's last measured write-back throughput.
+    pub writeback_rate: AtomicU64,
+    /// Age of the oldest dirty block at the flusher's last scan.
+    pub writeback_lag_ms: AtomicU64,
+}
+
+/// A slot claimed for a block: mapped in the index, write-locked, empty.
+struct Claimed<'a> {
+    slot: u32,
+    block: u64,
+    g: RwLockWriteGuard<'a, Meta>,
+}
+
+enum ClaimErr {
+    /// Another thread mapped the block meanwhile: retry as a hit.
+    Exists,
+    /// No slot can be reused now (all dirty or busy).
+    NoSlot,
+}
+
+fn closed_error() -> Error {
+    Error::Io(std::io::Error::other(
+        "the cache is closed (being deleted or shut down)",
+    ))
+}
+
+/// How a zero/trim reaches the backing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Discard {
+    Zero { may_trim: bool },
+    Trim,
+}
+
+impl Inner {
+    pub fn new(
+        backing: Arc<dyn Backend>,
+        cfg: CacheConfig,
+        budget: Option<Arc<MemoryBudget>>,
+    ) -> std::io::Result<Inner> {
+        let bs = cfg.block_bytes;
+        let size = backing.size();
+        let nblocks = size.div_ceil(bs);
+        // A cache larger than its backing would only waste metadata.
+        let nslots = cfg.slots().min(nblocks.max(1)) as u32;
+        let data = Region::new((nslots as u64 * bs) as usize)?;
+        Ok(Inner {
+            size,
+            bs,
+            shift: bs.trailing_zeros(),
+            nslots,
+            slots: (0..nslots)
+                .map(|_| Slot {
+                    meta: RwLock::new(Meta {
+                        block: NO_BLOCK,
+                        state: State::Empty,
+                        gen: 0,
+                        dirty_since_ms: 0,
+                    }),
+                    wb: Mutex::new(()),
+                })
+                .collect(),
+            data,
+            index: Index::new(nslots as usize),
+            alloc: Mutex::new(Alloc {
+                policy: Policy::new(cfg.policy, nslots as usize),
+                free: Vec::new(),
+                fresh_next: 0,
+                budget_full: false,
+            }),
+            marks: HitMarks::new(nslots as usize),
+            dirty: AtomicBitmap::new(nslots as usize),
+            dirty_count: AtomicU64::new(0),
+            resident: AtomicU64::new(0),
+            stats: Counters::default(),
+            health: Health::new(
+                Duration::from_millis(cfg.retry_initial_ms),
+                Duration::from_millis(cfg.retry_max_ms),
+            ),
+            seq: SeqDetector::new(cfg.sequential_cutoff_bytes),
+            budget,
+            charged: AtomicU64::new(0),
+            epoch: Instant::now(),
+            closed: AtomicBool::new(false),
+            flusher_signal: Signal::default(),
+            writeback_rate: AtomicU64::new(0),
+            writeback_lag_ms: AtomicU64::new(0),
+            backing,
+            cfg,
+        })
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident.load(Ordering::Relaxed) * self.bs
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_count.load(Ordering::Relaxed) * self.bs
+    }
+
+    /// Bytes of block `b` (the last block may be short).
+    #[inline]
+    pub fn blen(&self, b: u64) -> u64 {
+        self.bs.min(self.size - (b << self.shift))
+    }
+
+    #[inline]
+    pub fn block_of(&self, pos: u64) -> u64 {
+        pos >> self.shift
+    }
+
+    #[inline]
+    pub fn block_start(&self, b: u64) -> u64 {
+        b << self.shift
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            Err(closed_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Bytes `[off, off+len)` of slot `s`. The caller holds the slot's meta
+    /// lock (read for reading, write for writing) for as long as it uses
+    /// the slice, and keeps `off + len <= bs`.
+    ///
+    /// # Safety
+    /// The returned slice aliases the slot's memory; the lock discipline
+    /// above is what makes the access exclusive (writes) or shared (reads).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot_bytes(&self, s: u32, off: u64, len: u64) -> &mut [u8] {
+        debug_assert!(off + len <= self.bs);
+        let p = self.data.ptr((s as u64 * self.bs + off) as usize);
+        std::slice::from_raw_parts_mut(p, len as usize)
+    }
+
+    /// Copies out of slot `s` under the caller's read (or write) guard.
+    pub fn copy_out(&self, s: u32, off: u64, dst: &mut [u8]) {
+        // SAFETY: callers hold `slots[s].meta` at least shared, so no writer
+        // changes these bytes; `dst` is a separate buffer; the range is
+        // within the slot (callers pass pieces of one block).
+        let src = unsafe { self.slot_bytes(s, off, dst.len() as u64) };
+        dst.copy_from_slice(src);
+    }
+
+    /// Copies into slot `s` under the caller's write guard.
+    fn copy_in(&self, s: u32, off: u64, src: &[u8]) {
+        // SAFETY: callers hold `slots[s].meta` exclusively, so nobody else
+        // reads or writes these bytes; the range is within the slot.
+        let dst = unsafe { self.slot_bytes(s, off, src.len() as u64) };
+        dst.copy_from_slice(src);
+    }
+
+    fn zero_in(&self, s: u32, off: u64, len: u64) {
+        // SAFETY: as in `copy_in`.
+        unsafe { self.slot_bytes(s, off, len) }.fill(0);
+    }
+
+    // ------------------------------------------------------------ backing
+
+    pub fn backing_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match self.backing.read(offset, buf) {
+            Ok(()) => {
+                self.health.ok();
+                self.stats.add(Ctr::BackingReadBytes, buf.len() as u64);
+                Ok(())
+            }
+            Err(e) => {
+                self.health.failed(Op::Read, &e);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn backing_write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        match self.backing.write(offset, data, fua) {
+            Ok(()) => {
+                self.health.ok();
+                self.stats.add(Ctr::BackingWriteBytes, data.len() as u64);
+                Ok(())
+            }
+            Err(e) => {
+                self.health.failed(Op::Write, &e);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn backing_flush(&self) -> Result<()> {
+        match self.backing.flush() {
+            Ok(()) => {
+                self.health.ok();
+                Ok(())
+            }
+            Err(e) => {
+                self.health.failed(Op::Flush, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn backing_discard(&self, offset: u64, len: u64, how: Discard) -> Result<()> {
+        let caps = self.backing.capabilities();
+        let r = match how {
+            Discard::Zero { may_trim } if caps.can_zero => {
+                self.backing.write_zeroes(offset, len, may_trim)
+            }
+            Discard::Trim if caps.can_trim => self.backing.trim(offset, len),
+            Discard::Trim if caps.can_zero => self.backing.write_zeroes(offset, len, true),
+            _ => {
+                // No native zeroing: write zeroes in bounded pieces.
+                let zeroes = vec![0u8; len.min(1 << 20) as usize];
+                let mut pos = offset;
+                let end = offset + len;
+                let mut r = Ok(());
+                while pos < end && r.is_ok() {
+                    let n = (end - pos).min(zeroes.len() as u64);
+                    r = self.backing.write(pos, &zeroes[..n as usize], false);
+                    pos += n;
+                }
+                r
+            }
+        };
+        match r {
+            Ok(()) => {
+                self.health.ok();
+                Ok(())
+            }
+            Err(e) => {
+                self.health.failed(Op::Write, &e);
+                Err(e)
+            }
+        }
+    }
+
+    // -------------------------------------------------------------- slots
+
+    /// Charges one slot of memory to the budget.
+    fn charge_slot(&self) -> bool {
+        let Some(b) = &self.budget else {
+            return true;
+        };
+        if b.try_reserve(self.bs) {
+            self.charged.fetch_add(self.bs, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A slot to reuse, write-locked: a free one, a never-used one, or a
+    /// clean one the policy evicts.
+    fn take_slot(&self) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
+        let mut a = self.alloc.lock();
+        let mut busy = Vec::new();
+        let mut found = None;
+        while let Some(s) = a.free.pop() {
+            // A stale reader may hold it for a moment: skip rather than wait.
+            match self.slots[s as usize].meta.try_write() {
+                Some(g) => {
+                    found = Some((s, g));
+                    break;
+                }
+                None => busy.push(s),
+            }
+        }
+        a.free.extend(busy);
+        if found.is_some() {
+            return found;
+        }
+        if a.fresh_next < self.nslots && !a.budget_full {
+            if self.charge_slot() {
+                let s = a.fresh_next;
+                a.fresh_next += 1;
+                // Never in the index: nobody else can hold its lock.
+                return Some((s, self.slots[s as usize].meta.write()));
+            }
+            a.budget_full = true;
+            tracing::warn!(
+                "cache memory limited by the daemon's memory budget to {} of {} blocks",
+                a.fresh_next,
+                self.nslots
+            );
+        }
+        let mut guard = None;
+        let slots = &self.slots;
+        let victim = a.policy.evict(&self.marks, &mut |s| {
+            match slots[s as usize].meta.try_write() {
+                Some(g) if g.state == State::Clean => {
+                    guard = Some(g);
+                    true
+                }
+                _ => false,
+            }
+        });
+        victim.map(|s| (s, guard.expect("evict returned an accepted slot")))
+    }
+
+    /// Claims a slot for block `b`: evicts what it held, maps `b` to it.
+    fn claim(&self, b: u64) -> std::result::Result<Claimed<'_>, ClaimErr> {
+        let (slot, mut g) = self.take_slot().ok_or(ClaimErr::NoSlot)?;
+        if g.block != NO_BLOCK {
+            debug_assert_eq!(g.state, State::Clean);
+            self.index.remove_if(g.block, slot);
+            self.stats.add(Ctr::Evictions, 1);
+            self.resident.fetch_sub(1, Ordering::Relaxed);
+            g.block = NO_BLOCK;
+            g.state = State::Empty;
+        }
+        if self.index.insert_if_absent(b, slot).is_err() {
+            drop(g);
+            self.alloc.lock().free.push(slot);
+            return Err(ClaimErr::Exists);
+        }
+        g.block = b;
+        g.gen += 1;
+        Ok(Claimed { slot, block: b, g })
+    }
+
+    /// A filled claim becomes resident in `state`.
+    fn publish(&self, mut c: Claimed<'_>, state: State) {
+        c.g.state = state;
+        if state == State::Dirty {
+            self.mark_dirty(c.slot, &mut c.g);
+        }
+        self.resident.fetch_add(1, Ordering::Relaxed);
+        // Under the slot lock, so an invalidation cannot slip in between.
+        self.alloc
+            .lock()
+            .policy
+            .insert(c.block, c.slot, &self.marks);
+    }
+
+    /// A claim whose fill failed: unmap and free it.
+    fn abort(&self, mut c: Claimed<'_>) {
+        self.index.remove_if(c.block, c.slot);
+        c.g.block = NO_BLOCK;
+        c.g.state = State::Empty;
+        drop(c.g);
+        self.alloc.lock().free.push(c.slot);
+    }
+
+    fn mark_dirty(&self, s: u32, g: &mut Meta) {
+        g.state = State::Dirty;
+        g.dirty_since_ms = self.now_ms();
+        self.dirty.set(s as usize);
+        let n = self.dirty_count.fetch_add(1, Ordering::Relaxed) + 1;
+        if n * 100 >= self.nslots as u64 * self.cfg.dirty_high_percent as u64 {
+            self.flusher_signal.kick();
+        }
+    }
+
+    /// Marks a dirty slot clean (its data reached the backing).
+    pub fn mark_clean(&self, s: u32, g: &mut Meta) {
+        debug_assert_eq!(g.state, State::Dirty);
+        g.state = State::Clean;
+        self.dirty.clear(s as usize);
+        self.dirty_count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Empties a resident slot whose write lock the caller holds.
+    fn invalidate_locked(&self, s: u32, g: &mut Meta) {
+        debug_assert_ne!(g.state, State::Empty);
+        if g.state == State::Dirty {
+            self.dirty.clear(s as usize);
+            self.dirty_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.index.remove_if(g.block, s);
+        g.block = NO_BLOCK;
+        g.state = State::Empty;
+        g.gen += 1;
+        self.resident.fetch_sub(1, Ordering::Relaxed);
+        self.stats.add(Ctr::Invalidations, 1);
+        let mut a = self.alloc.lock();
+        a.policy.remove(s);
+        a.free.push(s);
+    }
+
+    /// Records a hit for the policy (after the slot lock is released).
+    #[inline]
+    fn note_hit(&self, s: u32) {
+        self.marks.bump(s);
+        if self.cfg.policy.hit_needs_lock() {
+            self.alloc.lock().policy.touch(s);
+        }
+    }
+
+    /// Write-locks the slot holding block `b`, if any.
+    fn lock_block(&self, b: u64) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
+        for _ in 0..MAX_RACE_RETRIES {
+            let s = self.index.get(b)?;
+            let g = self.slots[s as usize].meta.write();
+            if g.block == b && g.state != State::Empty {
+                return Some((s, g));
+            }
+        }
+        None
+    }
+
+    /// Resident blocks in `[first, last]` with their slots, ascending.
+    /// Looks each block up when the range is small, else scans the slots.
+    fn resident_in(&self, first: u64, last: u64) -> Vec<(u64, u32)> {
+        if last - first < self.nslots as u64 {
+            (first..=last)
+                .filter_map(|b| self.index.get(b).map(|s| (b, s)))
+                .collect()
+        } else {
+            let mut v: Vec<(u64, u32)> = (0..self.nslots)
+                .filter_map(|s| {
+                    let b = self.slots[s as usize].meta.read().block;
+                    (b != NO_BLOCK && (first..=last).contains(&b)).then_some((b, s))
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        }
+    }
+
+    // --------------------------------------------------------------- read
+
+    /// Copies a piece of block `b` out of the cache if it is resident.
+    #[inline]
+    fn read_hit(&self, b: u64, off: u64, dst: &mut [u8]) -> bool {
+        for _ in 0..MAX_RACE_RETRIES {
+            let Some(s) = self.index.get(b) else {
+                return false;
+            };
+            let g = self.slots[s as usize].meta.read();
+            if g.block != b || g.state == State::Empty {
+                // Evicted (or its fill failed) after the lookup: look again.
+                continue;
+            }
+            self.copy_out(s, off, dst);
+            drop(g);
+            self.note_hit(s);
+            return true;
+        }
+        false
+    }
+
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range(offset, buf.len() as u64, self.size)?;
+        self.check_open()?;
+        let len = buf.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        let bypass = self.seq.note(offset, len);
+        let end = offset + len;
+        let mut pos = offset;
+        let mut bypassed = false;
+        while pos < end {
+            let b = self.block_of(pos);
+            let bstart = self.block_start(b);
+            let n = (bstart + self.bs).min(end) - pos;
+            let at = (pos - offset) as usize;
+            if self.read_hit(b, pos - bstart, &mut buf[at..at + n as usize]) {
+                self.stats.add(Ctr::ReadHits, 1);
+                pos += n;
+                continue;
+            }
+            // A miss: extend it over the following missing blocks.
+            let max_run = (MAX_FILL_BYTES >> self.shift).max(1);
+            let mut last = b;
+            while self.block_start(last + 1) < end
+                && last + 1 - b < max_run
+                && self.index.get(last + 1).is_none()
+            {
+                last += 1;
+            }
+            if bypass {
+                let run_end = self.block_start(last + 1).min(end);
+                let piece = &mut buf[at..(run_end - offset) as usize];
+                self.backing_read(pos, piece)?;
+                self.stats.add(Ctr::ReadMisses, last - b + 1);
+                bypassed = true;
+                pos = run_end;
+                continue;
+            }
+            pos = self.fill_run(b, last, Some((offset, &mut *buf)))?;
+        }
+        if bypassed {
+            self.stats.add(Ctr::BypassedRequests, 1);
+            self.stats.add(Ctr::BypassedBytes, len);
+        }
+        Ok(())
+    }
+
+    /// Fetches blocks `b..=last` (all missing at the caller's look) from the
+    /// backing into the cache with one read, copying the part of them the
+    /// request `(offset, buf)` covers into `buf`. Stops early at a block
+    /// someone else cached meanwhile. Returns the position in the request
+    /// (or block space when `out` is None) up to which it is done.
+    fn fill_run(&self, b: u64, last: u64, out: Option<(u64, &mut [u8])>) -> Result<u64> {
+        let mut claims: Vec<Claimed<'_>> = Vec::new();
+        let mut no_slot = false;
+        for blk in b..=last {
+            match self.claim(blk) {
+                Ok(c) => claims.push(c),
+                Err(ClaimErr::Exists) => break,
+                Err(ClaimErr::NoSlot) => {
+                    no_slot = true;
+                    break;
+                }
+            }
+        }
+        let out_end = out.as_ref().map(|(o, buf)| o + buf.len() as u64);
+        if claims.is_empty() {
+            if !no_slot {
+                // Cached by someone else meanwhile: the caller retries as a hit.
+                return Ok(out.map_or(self.block_start(b), |(o, _)| o.max(self.block_start(b))));
+            }
+            // Every slot is dirty or busy: read through without caching.
+            self.flusher_signal.kick();
+            let bstart = self.block_start(b);
+            let bend = bstart + self.blen(b);
+            self.stats.add(Ctr::ReadMisses, 1);
+            self.stats.add(Ctr::BypassedRequests, 1);
+            return match out {
+                Some((o, buf)) => {
+                    let from = o.max(bstart);
+                    let to = bend.min(o + buf.len() as u64);
+                    self.stats.add(Ctr::BypassedBytes, to - from);
+                    self.backing_read(from, &mut buf[(from - o) as usize..(to - o) as usize])?;
+                    Ok(to)
+                }
+                None => Ok(bend),
+            };
+        }
+        let first = self.block_start(b);
+        let k = claims.len() as u64;
+        let run_end = (self.block_start(b + k)).min(self.size);
+        let mut tmp = vec![0u8; (run_end - first) as usize];
+        if let Err(e) = self.backing_read(first, &mut tmp) {
+            for c in claims {
+                self.abort(c);
+            }
+            return Err(e);
+        }
+        self.stats.add(Ctr::ReadMisses, k);
+        let mut done = run_end;
+        if let Some((o, buf)) = out {
+            let from = o.max(first);
+            let to = run_end.min(o + buf.len() as u64);
+            buf[(from - o) as usize..(to - o) as usize]
+                .copy_from_slice(&tmp[(from - first) as usize..(to - first) as usize]);
+            done = to;
+        }
+        for c in claims {
+            let bo = self.block_start(c.block) - first;
+            let bl = self.blen(c.block);
+            self.copy_in(c.slot, 0, &tmp[bo as usize..(bo + bl) as usize]);
+            self.publish(c, State::Clean);
+        }
+        Ok(out_end.map_or(done, |e| done.min(e)))
+    }
+
+    /// NBD_CMD_CACHE: fetches the range into the cache (no bypass).
+    pub fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.size)?;
+        self.check_open()?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, last) = (self.block_of(offset), self.block_of(offset + len - 1));
+        let max_run = (MAX_FILL_BYTES >> self.shift).max(1);
+        let mut b = first;
+        while b <= last {
+            if self.index.get(b).is_some() {
+                b += 1;
+                continue;
+            }
+            let mut end = b;
+            while end < last && end + 1 - b < max_run && self.index.get(end + 1).is_none() {
+                end += 1;
+            }
+            let done = self.fill_run(b, end, None)?;
+            b = self.block_of(done.max(self.block_start(b) + 1) - 1) + 1;
+        }
+        Ok(())
+    }
+
+    // -------------------------------------------------------------- write
+
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let len = data.len() as u64;
+        check_range(offset, len, self.size)?;
+        self.check_open()?;
+        if len == 0 {
+            return if fua { self.flush() } else { Ok(()) };
+        }
+        let bypass = self.seq.note(offset, len);
+        if bypass {
+            self.stats.add(Ctr::BypassedRequests, 1);
+            self.stats.add(Ctr::BypassedBytes, len);
+        }
+        match self.cfg.mode {
+            Mode::WriteBack => {
+                self.write_back(offset, data, bypass)?;
+                if fua {
+                    self.writeback_range(offset, len)?;
+                    self.backing_flush()?;
+                }
+                Ok(())
+            }
+            Mode::WriteThrough => self.write_through(offset, data, fua, !bypass),
+            Mode::WriteAround => {
+                self.backing_write(offset, data, fua)?;
+                self.after_direct_write(offset, data);
+                let blocks = self.block_of(offset + len - 1) - self.block_of(offset) + 1;
+                self.stats.add(Ctr::WriteMisses, blocks);
+                Ok(())
+            }
+        }
+    }
+
+    /// Write-back: each block piece goes into RAM and is marked dirty.
+    /// With `bypass`, pieces of blocks that are not cached go straight to
+    /// the backing instead (cached ones must still be updated in RAM).
+    fn write_back(&self, offset: u64, data: &[u8], bypass: bool) -> Result<()> {
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = self.block_of(pos);
+            let bstart = self.block_start(b);
+            let n = (bstart + self.bs).min(end) - pos;
+            let piece = &data[(pos - offset) as usize..(pos - offset + n) as usize];
+            self.write_back_piece(b, pos - bstart, piece, bypass)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn write_back_piece(&self, b: u64, off: u64, piece: &[u8], bypass: bool) -> Result<()> {
+        let mut room_tries = 0;
+        for _ in 0..MAX_RACE_RETRIES {
+            if let Some(s) = self.index.get(b) {
+                let mut g = self.slots[s as usize].meta.write();
+                if g.block != b || g.state == State::Empty {
+                    continue;
+                }
+                self.copy_in(s, off, piece);
+                g.gen += 1;
+                if g.state == State::Clean {
+                    self.mark_dirty(s, &mut g);
+                }
+                drop(g);
+                self.note_hit(s);
+                self.stats.add(Ctr::WriteHits, 1);
+                return Ok(());
+            }
+            let pos = self.block_start(b) + off;
+            if bypass {
+                self.stats.add(Ctr::WriteMisses, 1);
+                self.backing_write(pos, piece, false)?;
+                self.after_direct_write(pos, piece);
+                return Ok(());
+            }
+            match self.claim(b) {
+                Ok(c) => {
+                    let bl = self.blen(b);
+                    if (piece.len() as u64) < bl {
+                        // Partial block: the rest comes from the backing.
+                        // SAFETY: we hold the claimed slot's write lock.
+                        let dst = unsafe { self.slot_bytes(c.slot, 0, bl) };
+                        if let Err(e) = self.backing_read(self.block_start(b), dst) {
+                            self.abort(c);
+                            return Err(e);
+                        }
+                    }
+                    self.copy_in(c.slot, off, piece);
+                    self.publish(c, State::Dirty);
+                    self.stats.add(Ctr::WriteMisses, 1);
+                    return Ok(());
+                }
+                Err(ClaimErr::Exists) => continue,
+                Err(ClaimErr::NoSlot) => {
+                    // Everything is dirty: write some back to make room, and
+                    // if that cannot help, write this piece through.
+                    self.flusher_signal.kick();
+                    room_tries += 1;
+                    if room_tries <= 2 && self.writeback_some(self.cfg.writeback_max_io_bytes)? > 0
+                    {
+                        continue;
+                    }
+                    self.stats.add(Ctr::WriteMisses, 1);
+                    self.stats.add(Ctr::BypassedRequests, 1);
+                    self.stats.add(Ctr::BypassedBytes, piece.len() as u64);
+                    self.backing_write(pos, piece, false)?;
+                    self.after_direct_write(pos, piece);
+                    return Ok(());
+                }
+            }
+        }
+        Err(Error::Io(std::io::Error::other(
+            "cache: could not place a block after many retries (heavy contention)",
+        )))
+    }
+
+    /// After `data` went straight to the backing at `offset`: a cached copy
+    /// of any block it touches is stale. Clean copies are dropped (reads
+    /// refetch the new data); dirty ones (write-back) get the bytes too, so
+    /// their eventual write-back carries them.
+    fn after_direct_write(&self, offset: u64, data: &[u8]) {
+        let end = offset + data.len() as u64;
+        let (first, last) = (self.block_of(offset), self.block_of(end - 1));
+        for (b, _) in self.resident_in(first, last) {
+            let Some((s, mut g)) = self.lock_block(b) else {
+                continue;
+            };
+            if g.state == State::Dirty {
+                let bstart = self.block_start(b);
+                let from = offset.max(bstart);
+                let to = end.min(bstart + self.bs);
+                self.copy_in(s, from - bstart, &data[(from - offset) as usize..(to - offset) as usize]);
+                g.gen += 1;
+            } else {
+                self.invalidate_locked(s, &mut g);
+            }
+        }
+    }
+
+    /// Write-through: cached blocks are locked across the backing write and
+    /// updated after it, so cache and backing change together; blocks the
+    /// write covers wholly are cached (`allocate`).
+    fn write_through(&self, offset: u64, data: &[u8], fua: bool, allocate: bool) -> Result<()> {
+        let end = offset + data.len() as u64;
+        let (first, last) = (self.block_of(offset), self.block_of(end - 1));
+        // Lock in slot order (stable, unlike block contents): see the
+        // module docs' lock order.
+        let mut want = self.resident_in(first, last);
+        want.sort_unstable_by_key(|&(_, s)| s);
+        let mut pins = Vec::new();
+        for (b, s) in want {
+            let g = self.slots[s as usize].meta.write();
+            if g.block == b && g.state != State::Empty {
+                pins.push((b, s, g));
+            }
+        }
+        if let Err(e) = self.backing_write(offset, data, fua) {
+            // The backing may hold part of the write: drop the copies.
+            for (_, s, mut g) in pins {
+                self.invalidate_locked(s, &mut g);
+            }
+            return Err(e);
+        }
+        let piece_of = |b: u64| {
+            let bstart = self.block_start(b);
+            let from = offset.max(bstart);
+            let to = end.min(bstart + self.bs);
+            (from - bstart, &data[(from - offset) as usize..(to - offset) as usize])
+        };
+        let mut pinned = Vec::with_capacity(pins.len());
+        for (b, s, g) in pins {
+            let (off, piece) = piece_of(b);
+            self.copy_in(s, off, piece);
+            drop(g);
+            self.note_hit(s);
+            pinned.push(b);
+        }
+        self.stats.add(Ctr::WriteHits, pinned.len() as u64);
+        self.stats
+            .add(Ctr::WriteMisses, last - first + 1 - pinned.len() as u64);
+        pinned.sort_unstable();
+        let mut pinned = pinned.into_iter().peekable();
+        for b in first..=last {
+            if pinned.peek() == Some(&b) {
+                pinned.next();
+                continue;
+            }
+            if let Some((s, mut g)) = self.lock_block(b) {
+                // Cached by a read while we wrote: it may be stale.
+                self.invalidate_locked(s, &mut g);
+                continue;
+            }
+            let (off, piece) = piece_of(b);
+            if allocate && off == 0 && piece.len() as u64 == self.blen(b) {
+                if let Ok(c) = self.claim(b) {
+                    self.copy_in(c.slot, 0, piece);
+                    self.publish(c, State::Clean);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------ zero and trim
+
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
+        self.discard(offset, len, Discard::Zero { may_trim })
+    }
+
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.discard(offset, len, Discard::Trim)
+    }
+
+    /// Zero or trim: the backing does the work; cached blocks are locked
+    /// (write-back mutex first) across it, then dropped where wholly
+    /// covered and zeroed in place where partly covered.
+    fn discard(&self, offset: u64, len: u64, how: Discard) -> Result<()> {
+        check_range(offset, len, self.size)?;
+        self.check_open()?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let (first, last) = (self.block_of(offset), self.block_of(end - 1));
+        let mut want = self.resident_in(first, last);
+        want.sort_unstable_by_key(|&(_, s)| s);
+        let mut pins = Vec::new();
+        for (b, s) in want {
+            let wb = self.slots[s as usize].wb.lock();
+            let g = self.slots[s as usize].meta.write();
+            if g.block == b && g.state != State::Empty {
+                pins.push((b, s, wb, g));
+            }
+        }
+        if let Err(e) = self.backing_discard(offset, len, how) {
+            for (_, s, _wb, mut g) in pins {
+                if g.state == State::Clean {
+                    self.invalidate_locked(s, &mut g);
+                }
+            }
+            return Err(e);
+        }
+        let mut pinned = Vec::with_capacity(pins.len());
+        for (b, s, wb, mut g) in pins {
+            self.zero_cached(b, s, &mut g, offset, end);
+            drop(g);
+            drop(wb);
+            pinned.push(b);
+        }
+        // Blocks cached while the backing worked may predate the zeroes.
+        pinned.sort_unstable();
+        let mut pinned = pinned.into_iter().peekable();
+        for (b, _) in self.resident_in(first, last) {
+            while pinned.peek().is_some_and(|&p| p < b) {
+                pinned.next();
+            }
+            if pinned.peek() == Some(&b) {
+                continue;
+            }
+            if let Some((s, mut g)) = self.lock_block(b) {
+                if g.state == State::Dirty {
+                    self.zero_cached(b, s, &mut g, offset, end);
+                } else {
+                    self.invalidate_locked(s, &mut g);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a zeroed `[offset, end)` to resident block `b` in slot `s`.
+    fn zero_cached(&self, b: u64, s: u32, g: &mut Meta, offset: u64, end: u64) {
+        let bstart = self.block_start(b);
+        let from = offset.max(bstart);
+        let to = end.min(bstart + self.blen(b));
+        if from == bstart && to == bstart + self.blen(b) {
+            self.invalidate_locked(s, g);
+        } else {
+            self.zero_in(s, from - bstart, to - from);
+            g.gen += 1;
+        }
+    }
+
+    // -------------------------------------------------------------- flush
+
+    pub fn flush(&self) -> Result<()> {
+        self.check_open()?;
+        if self.cfg.mode == Mode::WriteBack {
+            self.writeback_all()?;
+        }
+        self.backing_flush()
+    }
+
+    /// Writes back the dirty blocks that `[offset, offset+len)` touches.
+    fn writeback_range(&self, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = (self.block_of(offset), self.block_of(offset + len - 1));
+        let blocks: Vec<(u64, u32)> = self
+            .resident_in(first, last)
+            .into_iter()
+            .filter(|&(_, s)| self.dirty.get(s as usize))
+            .collect();
+        self.writeback_blocks(&blocks).map(drop)
+    }
+
+    /// Stops the cache: no request is served from now on.
+    pub fn set_closed(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// Drops every dirty block without writing it back (forced close).
+    /// Returns the bytes dropped.
+    pub fn drop_dirty(&self) -> u64 {
+        let mut dropped = 0;
+        for s in 0..self.nslots {
+            if !self.dirty.get(s as usize) {
+                continue;
+            }
+            let mut g = self.slots[s as usize].meta.write();
+            if g.state == State::Dirty {
+                dropped += self.blen(g.block);
+                self.invalidate_locked(s, &mut g);
+            }
+        }
+        dropped
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.release(self.charged.load(Ordering::Relaxed));
+        }
+    }
+}
