@@ -179,7 +179,7 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("power of two"));
         c.block_bytes = 2 << 20;
         assert!(c.validate().is_err());
-        c.block_bytes = 64 << 10;
+        c.block_bytes = 128 << 10;
         assert!(c.validate().unwrap_err().to_string().contains("fewer than 16"));
         c.block_bytes = 4096;
         c.dirty_low_percent = 60;
