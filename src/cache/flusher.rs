@@ -6,8 +6,10 @@
 //! ```text
 //!   dirty ≥ high watermark ──► drain, oldest first, until dirty ≤ low
 //!   dirty block older than max_dirty_age_ms ──► write it back
-//!   backing failed ──► wait (100 ms, 200 ms, ... ≤ retry_max_ms), try again;
-//!                      when nothing is dirty, probe with a small read
+//!   backing failed ──► wait (100 ms, 200 ms, ... ≤ retry_max_ms), try again
+//!                      with a small batch (when nothing is dirty, probe with
+//!                      a small read); once it answers, write back everything
+//!                      held back during the outage
 //! ```
 //!
 //! Write-through and write-around caches run it too, for the probe alone:
@@ -75,6 +77,7 @@ impl Drop for Flusher {
 fn run(inner: &Inner, stop: &AtomicBool) {
     let mut next_try = Instant::now();
     let mut draining = false;
+    let mut backlog = false;
     let mut rate_window = (Instant::now(), 0u64);
     loop {
         let wait = next_try.saturating_duration_since(Instant::now()).max(TICK);
@@ -86,7 +89,7 @@ fn run(inner: &Inner, stop: &AtomicBool) {
             continue;
         }
         let result = if inner.cfg.mode == Mode::WriteBack {
-            round(inner, stop, &mut draining, &mut rate_window)
+            round(inner, stop, &mut draining, &mut backlog, &mut rate_window)
         } else {
             Ok(())
         };
@@ -113,6 +116,7 @@ fn round(
     inner: &Inner,
     stop: &AtomicBool,
     draining: &mut bool,
+    backlog: &mut bool,
     rate_window: &mut (Instant, u64),
 ) -> Result<(), ()> {
     let mut dirty = inner.scan_dirty();
@@ -139,11 +143,17 @@ fn round(
         .iter()
         .take_while(|d| now.saturating_sub(d.since_ms) >= max_age)
         .count();
-    // A failing backing is retried with a small batch, not a flood.
-    if inner.health.is_failing() && !dirty.is_empty() {
+    let failing = inner.health.is_failing();
+    if failing && !dirty.is_empty() {
+        // A failing backing is retried with a small batch, not a flood...
+        *backlog = true;
         take = take.clamp(1, (inner.cfg.writeback_max_io_bytes / inner.bs).max(1) as usize);
+    } else if *backlog {
+        // ...and once it answers again, everything held back during the
+        // outage is written back at once.
+        take = dirty.len();
     }
-    let take = take.max(old).min(dirty.len());
+    let take = if failing { take } else { take.max(old) }.min(dirty.len());
     let mut result = Ok(());
     let batch = (BATCH_BYTES / inner.bs).max(1) as usize;
     for chunk in dirty[..take].chunks(batch) {
@@ -161,6 +171,13 @@ fn round(
     }
     if inner.dirty_count.load(Ordering::Relaxed) <= low {
         *draining = false;
+    }
+    if result.is_ok() && !failing && take == dirty.len() {
+        *backlog = false;
+    }
+    if result.is_ok() && failing {
+        // The retry batch went through: catch up without waiting a tick.
+        inner.flusher_signal.kick();
     }
     // Rate over windows of at least a second, smoothed.
     let elapsed = rate_window.0.elapsed();
