@@ -9,8 +9,12 @@ use ramd::cache::sim::standard_comparison;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let slots: usize = args.next().map_or(65_536, |a| a.parse().expect("SLOTS is a number"));
-    let seed: u64 = args.next().map_or(42, |a| a.parse().expect("SEED is a number"));
+    let slots: usize = args
+        .next()
+        .map_or(65_536, |a| a.parse().expect("SLOTS is a number"));
+    let seed: u64 = args
+        .next()
+        .map_or(42, |a| a.parse().expect("SEED is a number"));
     println!(
         "cache of {slots} blocks, working set {} blocks, {} accesses per workload, seed {seed}\n",
         2 * slots,

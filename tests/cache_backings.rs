@@ -15,7 +15,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{random_bytes, require, require_root_block_devices, run, tool, wait_until, KillOnDrop};
+use common::{
+    random_bytes, require, require_root_block_devices, run, tool, wait_until, KillOnDrop,
+};
 use ramd::backend::{Backend, Error};
 use ramd::cache::backing::FileBacking;
 use ramd::cache::{BackingOptions, Cache, CacheConfig, CacheError, Mode};
@@ -87,12 +89,21 @@ fn file_backing_every_mode() {
         assert_eq!(cache.size(), oracle.len() as u64);
         exercise(&cache, &mut oracle, 11, 400);
         // After FLUSH the file holds everything.
-        assert!(std::fs::read(&path).unwrap() == oracle, "{mode}: file differs after flush");
+        assert!(
+            std::fs::read(&path).unwrap() == oracle,
+            "{mode}: file differs after flush"
+        );
         exercise(&cache, &mut oracle, 12, 200);
         let s = cache.stats();
-        assert!(s.read_hits > 0 && s.read_misses > 0 && s.evictions > 0, "{mode}: {s:?}");
+        assert!(
+            s.read_hits > 0 && s.read_misses > 0 && s.evictions > 0,
+            "{mode}: {s:?}"
+        );
         cache.close(false).unwrap();
-        assert!(std::fs::read(&path).unwrap() == oracle, "{mode}: file differs after close");
+        assert!(
+            std::fs::read(&path).unwrap() == oracle,
+            "{mode}: file differs after close"
+        );
     }
 }
 
@@ -114,7 +125,10 @@ impl Loop {
 
 impl Drop for Loop {
     fn drop(&mut self) {
-        let _ = common::try_run(tool("losetup").args(["-d", &self.dev]), common::TOOL_TIMEOUT);
+        let _ = common::try_run(
+            tool("losetup").args(["-d", &self.dev]),
+            common::TOOL_TIMEOUT,
+        );
     }
 }
 
@@ -137,11 +151,15 @@ fn loop_device_backing_with_and_without_o_direct() {
         assert!(backing.is_block_device());
         assert_eq!(backing.size(), 16 * MIB);
         drop(backing);
-        let cache = Cache::open(&lo.dev, small_cache(Mode::WriteBack, 2 * MIB), &opts, None).unwrap();
+        let cache =
+            Cache::open(&lo.dev, small_cache(Mode::WriteBack, 2 * MIB), &opts, None).unwrap();
         // The device is ours exclusively while the cache has it.
         let again = FileBacking::open(Path::new(&lo.dev), false);
         assert!(
-            again.as_ref().err().is_some_and(|e| e.to_string().contains("in use")),
+            again
+                .as_ref()
+                .err()
+                .is_some_and(|e| e.to_string().contains("in use")),
             "a second exclusive open must fail: {:?}",
             again.err()
         );
@@ -154,7 +172,10 @@ fn loop_device_backing_with_and_without_o_direct() {
         drop(cache);
         let path = lo.file.clone();
         drop(lo);
-        assert!(std::fs::read(&path).unwrap() == oracle, "direct={direct}: disk differs");
+        assert!(
+            std::fs::read(&path).unwrap() == oracle,
+            "direct={direct}: disk differs"
+        );
     }
 }
 
@@ -167,7 +188,10 @@ struct Nbdkit {
 
 impl Nbdkit {
     fn start(args: &[&str]) -> Nbdkit {
-        let dir = tempfile::Builder::new().prefix("ramd-nbdkit-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("ramd-nbdkit-")
+            .tempdir()
+            .unwrap();
         let mut n = Nbdkit {
             dir,
             child: None,
@@ -198,7 +222,11 @@ impl Nbdkit {
             .expect("start nbdkit");
         self.child = Some(KillOnDrop(child));
         let sock = self.socket();
-        wait_until("nbdkit to create its socket", common::DAEMON_TIMEOUT, || sock.exists());
+        wait_until(
+            "nbdkit to create its socket",
+            common::DAEMON_TIMEOUT,
+            || sock.exists(),
+        );
     }
 
     /// SIGKILL, no clean-up: a crashed server.
@@ -228,14 +256,22 @@ fn nbd_backing_nbdkit_memory_unix_and_tcp() {
     let kit = Nbdkit::start(&["memory", "32M"]);
     let mut oracle = vec![0u8; (32 * MIB) as usize];
     for mode in Mode::ALL {
-        let cache = Cache::open(&kit.uri(), small_cache(mode, 4 * MIB), &BackingOptions::default(), None)
-            .unwrap();
+        let cache = Cache::open(
+            &kit.uri(),
+            small_cache(mode, 4 * MIB),
+            &BackingOptions::default(),
+            None,
+        )
+        .unwrap();
         assert_eq!(cache.size(), 32 * MIB);
         exercise(&cache, &mut oracle, 31 + mode as u64, 300);
         cache.write_zeroes(MIB + 3, 300_000, true).unwrap();
         oracle[(MIB + 3) as usize..(MIB + 300_003) as usize].fill(0);
         cache.close(false).unwrap();
-        assert!(read_all(&client(&kit.uri())) == oracle, "{mode}: nbdkit differs");
+        assert!(
+            read_all(&client(&kit.uri())) == oracle,
+            "{mode}: nbdkit differs"
+        );
     }
     // An independent reader agrees.
     let out = kit.dir.path().join("copy.img");
@@ -246,7 +282,14 @@ fn nbd_backing_nbdkit_memory_unix_and_tcp() {
     let port = 20_000 + (std::process::id() % 20_000) as u16;
     let _tcp = KillOnDrop(
         tool("nbdkit")
-            .args(["-f", "--exit-with-parent", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .args([
+                "-f",
+                "--exit-with-parent",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
             .args(["memory", "8M"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -259,8 +302,13 @@ fn nbd_backing_nbdkit_memory_unix_and_tcp() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
     let mut oracle = vec![0u8; (8 * MIB) as usize];
-    let cache = Cache::open(&uri, small_cache(Mode::WriteBack, MIB), &BackingOptions::default(), None)
-        .unwrap();
+    let cache = Cache::open(
+        &uri,
+        small_cache(Mode::WriteBack, MIB),
+        &BackingOptions::default(),
+        None,
+    )
+    .unwrap();
     exercise(&cache, &mut oracle, 41, 200);
     cache.close(false).unwrap();
     assert!(read_all(&client(&uri)) == oracle, "TCP backing differs");
@@ -270,12 +318,23 @@ fn nbd_backing_nbdkit_memory_unix_and_tcp() {
 fn bad_backings_give_clear_errors() {
     let opts = BackingOptions::default();
     let cfg = small_cache(Mode::WriteBack, MIB);
-    let e = Cache::open("nbd+unix:///?socket=/nonexistent/ramd.sock", cfg.clone(), &opts, None)
+    let e = Cache::open(
+        "nbd+unix:///?socket=/nonexistent/ramd.sock",
+        cfg.clone(),
+        &opts,
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("cannot connect") && e.contains("/nonexistent/ramd.sock"),
+        "{e}"
+    );
+    let e = Cache::open("nbds://h/x", cfg.clone(), &opts, None)
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("cannot connect") && e.contains("/nonexistent/ramd.sock"), "{e}");
-    let e = Cache::open("nbds://h/x", cfg.clone(), &opts, None).err().unwrap().to_string();
     assert!(e.contains("TLS"), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty.img");
@@ -287,7 +346,10 @@ fn bad_backings_give_clear_errors() {
     assert!(e.contains("empty"), "{e}");
     let mut bad = cfg;
     bad.block_bytes = 12345;
-    let e = Cache::open(empty.to_str().unwrap(), bad, &opts, None).err().unwrap().to_string();
+    let e = Cache::open(empty.to_str().unwrap(), bad, &opts, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("power of two"), "{e}");
 }
 
@@ -296,12 +358,23 @@ fn nbd_export_that_does_not_exist_is_refused_by_name() {
     if !require(&["nbdkit"]) {
         return;
     }
-    let kit = Nbdkit::start(&["--filter=exportname", "memory", "1M", "exportname=only", "exportname-strict=true"]);
+    let kit = Nbdkit::start(&[
+        "--filter=exportname",
+        "memory",
+        "1M",
+        "exportname=only",
+        "exportname-strict=true",
+    ]);
     let uri = format!("nbd+unix:///other?socket={}", kit.socket().display());
-    let e = Cache::open(&uri, small_cache(Mode::WriteBack, 64 * 4096), &BackingOptions::default(), None)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = Cache::open(
+        &uri,
+        small_cache(Mode::WriteBack, 64 * 4096),
+        &BackingOptions::default(),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("refused export 'other'"), "{e}");
 }
 
@@ -324,8 +397,13 @@ fn failing_nbd_backing_keeps_dirty_data_and_recovers() {
         "error-rate=100%",
         &format!("error-file={}", trigger.display()),
     ]);
-    let cache = Cache::open(&kit.uri(), small_cache(Mode::WriteBack, 4 * MIB), &BackingOptions::default(), None)
-        .unwrap();
+    let cache = Cache::open(
+        &kit.uri(),
+        small_cache(Mode::WriteBack, 4 * MIB),
+        &BackingOptions::default(),
+        None,
+    )
+    .unwrap();
     let mut oracle = vec![0u8; (16 * MIB) as usize];
     exercise(&cache, &mut oracle, 51, 100);
     // Dirty data in RAM, then the backing dies.
@@ -345,15 +423,27 @@ fn failing_nbd_backing_keeps_dirty_data_and_recovers() {
     let failed = (0..16u64)
         .filter(|i| cache.read(i * MIB + 8192, &mut [0u8; 4096]).is_err())
         .count();
-    assert!(failed > 0, "reads of uncached blocks must fail while the backing is down");
+    assert!(
+        failed > 0,
+        "reads of uncached blocks must fail while the backing is down"
+    );
     // New writes of whole blocks still land in RAM (a partial block that
     // is not cached would need the backing for the rest: EIO).
     cache.write(2 * MIB, &[0xab; 8192], false).unwrap();
     oracle[2 * MIB as usize..2 * MIB as usize + 8192].fill(0xab);
     let s = cache.stats();
     assert!(s.backing.failing, "{s:?}");
-    assert!(s.backing.write_errors > 0 && s.backing.read_errors > 0, "{s:?}");
-    assert!(s.backing.last_error.as_deref().is_some_and(|m| m.contains("Input/output")), "{s:?}");
+    assert!(
+        s.backing.write_errors > 0 && s.backing.read_errors > 0,
+        "{s:?}"
+    );
+    assert!(
+        s.backing
+            .last_error
+            .as_deref()
+            .is_some_and(|m| m.contains("Input/output")),
+        "{s:?}"
+    );
     assert!(s.dirty_bytes >= 300_000, "dirty data must be kept: {s:?}");
     // A clean close refuses and says what is at stake.
     match cache.close(false) {
@@ -370,12 +460,19 @@ fn failing_nbd_backing_keeps_dirty_data_and_recovers() {
     // The backing comes back: the flusher writes everything back without
     // any request asking.
     std::fs::remove_file(&trigger).unwrap();
-    wait_until("the flusher to write back after recovery", Duration::from_secs(30), || {
-        let s = cache.stats();
-        s.dirty_bytes == 0 && !s.backing.failing
-    });
+    wait_until(
+        "the flusher to write back after recovery",
+        Duration::from_secs(30),
+        || {
+            let s = cache.stats();
+            s.dirty_bytes == 0 && !s.backing.failing
+        },
+    );
     cache.flush().unwrap();
-    assert!(read_all(&client(&kit.uri())) == oracle, "backing differs after recovery");
+    assert!(
+        read_all(&client(&kit.uri())) == oracle,
+        "backing differs after recovery"
+    );
     cache.close(false).unwrap();
 }
 
@@ -385,7 +482,10 @@ fn forced_close_drops_dirty_data_of_a_dead_backing() {
     let cache = Cache::new(backing.clone(), small_cache(Mode::WriteBack, MIB), None).unwrap();
     cache.write(0, &[1; 100_000], false).unwrap();
     backing.faults.set_all(true);
-    assert!(matches!(cache.close(false), Err(CacheError::DirtyData { .. })));
+    assert!(matches!(
+        cache.close(false),
+        Err(CacheError::DirtyData { .. })
+    ));
     let r = cache.close(true).unwrap();
     assert!(r.dropped_dirty_bytes >= 100_000, "{r:?}");
     assert_eq!(cache.dirty_bytes(), 0);
@@ -404,23 +504,36 @@ fn nbd_server_killed_and_restarted_gets_dirty_data_written_back() {
     let mut oracle = random_bytes((8 * MIB) as usize, 5);
     std::fs::write(&img, &oracle).unwrap();
     let mut kit = Nbdkit::start(&["file", img.to_str().unwrap()]);
-    let cache = Cache::open(&kit.uri(), small_cache(Mode::WriteBack, 2 * MIB), &BackingOptions::default(), None)
-        .unwrap();
+    let cache = Cache::open(
+        &kit.uri(),
+        small_cache(Mode::WriteBack, 2 * MIB),
+        &BackingOptions::default(),
+        None,
+    )
+    .unwrap();
     exercise(&cache, &mut oracle, 61, 100);
     kit.kill9();
     // Whole blocks: they need nothing from the dead server.
     let data = random_bytes(700_416, 8);
     cache.write(122_880, &data, false).unwrap();
     oracle[122_880..823_296].copy_from_slice(&data);
-    assert!(cache.flush().is_err(), "flush must fail while the server is down");
+    assert!(
+        cache.flush().is_err(),
+        "flush must fail while the server is down"
+    );
     assert!(cache.stats().dirty_bytes > 0);
     kit.spawn();
-    wait_until("write-back after the server restarted", Duration::from_secs(30), || {
-        cache.stats().dirty_bytes == 0
-    });
+    wait_until(
+        "write-back after the server restarted",
+        Duration::from_secs(30),
+        || cache.stats().dirty_bytes == 0,
+    );
     cache.close(false).unwrap();
     drop(kit);
-    assert!(std::fs::read(&img).unwrap() == oracle, "image differs after restart");
+    assert!(
+        std::fs::read(&img).unwrap() == oracle,
+        "image differs after restart"
+    );
 }
 
 /// Our NBD server serving a cache (as `ramd cache create` will).
@@ -446,7 +559,10 @@ impl Served {
     }
 
     fn uri(&self) -> String {
-        format!("nbd+unix:///cache0?socket={}", self.dir.path().join("nbd.sock").display())
+        format!(
+            "nbd+unix:///cache0?socket={}",
+            self.dir.path().join("nbd.sock").display()
+        )
     }
 }
 
@@ -469,36 +585,64 @@ fn real_clients_through_a_writeback_cache() {
     std::fs::write(&path, vec![0u8; (64 * MIB) as usize]).unwrap();
     let mut cfg = small_cache(Mode::WriteBack, 8 * MIB);
     cfg.max_dirty_age_ms = 50;
-    let cache = Arc::new(Cache::open(path.to_str().unwrap(), cfg, &BackingOptions::default(), None).unwrap());
+    let cache = Arc::new(
+        Cache::open(
+            path.to_str().unwrap(),
+            cfg,
+            &BackingOptions::default(),
+            None,
+        )
+        .unwrap(),
+    );
     let served = Served::start(cache.clone());
     let uri = served.uri();
     // qemu-io: unaligned and 512-byte writes with pattern checks.
-    let out = run(tool("qemu-io").arg("--image-opts").arg(format!(
-        "driver=nbd,server.type=unix,server.path={},export=cache0",
-        served.dir.path().join("nbd.sock").display()
-    ))
-    .args([
-        "-c", "write -P 0x11 0 1M",
-        "-c", "write -P 0x22 512 512",
-        "-c", "write -P 0x33 4097 3",
-        "-c", "write -P 0x44 20M 3M",
-        "-c", "flush",
-        "-c", "read -P 0x11 0 512",
-        "-c", "read -P 0x22 512 512",
-        "-c", "read -P 0x11 1024 3073",
-        "-c", "read -P 0x33 4097 3",
-        "-c", "read -P 0x44 20M 3M",
-        "-c", "write -z 20M 4096",
-        "-c", "read -P 0 20M 4096",
-        "-c", "discard 21M 64k",
-        "-c", "read -P 0 21M 64k",
-    ]))
+    let out = run(tool("qemu-io")
+        .arg("--image-opts")
+        .arg(format!(
+            "driver=nbd,server.type=unix,server.path={},export=cache0",
+            served.dir.path().join("nbd.sock").display()
+        ))
+        .args([
+            "-c",
+            "write -P 0x11 0 1M",
+            "-c",
+            "write -P 0x22 512 512",
+            "-c",
+            "write -P 0x33 4097 3",
+            "-c",
+            "write -P 0x44 20M 3M",
+            "-c",
+            "flush",
+            "-c",
+            "read -P 0x11 0 512",
+            "-c",
+            "read -P 0x22 512 512",
+            "-c",
+            "read -P 0x11 1024 3073",
+            "-c",
+            "read -P 0x33 4097 3",
+            "-c",
+            "read -P 0x44 20M 3M",
+            "-c",
+            "write -z 20M 4096",
+            "-c",
+            "read -P 0 20M 4096",
+            "-c",
+            "discard 21M 64k",
+            "-c",
+            "read -P 0 21M 64k",
+        ]))
     .ok();
     assert!(!out.stdout.contains("Pattern verification failed"), "{out}");
     // fio: multi-connection random mixed I/O with 512-byte blocks, verified.
     let fio = run(tool("fio")
         .current_dir(dir.path())
-        .args(["--ioengine=nbd", "--verify_fatal=1", "--verify_state_save=0"])
+        .args([
+            "--ioengine=nbd",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+        ])
         .arg(format!("--uri={uri}"))
         .args([
             "--name=mixed",
@@ -519,7 +663,10 @@ fn real_clients_through_a_writeback_cache() {
     cache.sync().unwrap();
     assert!(std::fs::read(&copy).unwrap() == std::fs::read(&path).unwrap());
     let s = cache.stats();
-    assert!(s.read_hits > 0 && s.write_hits + s.write_misses > 0, "{s:?}");
+    assert!(
+        s.read_hits > 0 && s.write_hits + s.write_misses > 0,
+        "{s:?}"
+    );
     drop(served);
     cache.close(false).unwrap();
 }
@@ -529,8 +676,12 @@ fn a_cache_over_our_own_server_via_the_nbd_client() {
     // The backing is a ramd RAM drive served by our NBD server; the cache
     // reaches it through the NBD client (the code path of a remote disk).
     let store = Arc::new(
-        ramd::store::RamStore::new(16 * MIB, None, Arc::new(ramd::store::MemoryBudget::new(u64::MAX)))
-            .unwrap(),
+        ramd::store::RamStore::new(
+            16 * MIB,
+            None,
+            Arc::new(ramd::store::MemoryBudget::new(u64::MAX)),
+        )
+        .unwrap(),
     );
     let dir = tempfile::tempdir().unwrap();
     let table = Arc::new(ExportTable::new());
@@ -538,10 +689,18 @@ fn a_cache_over_our_own_server_via_the_nbd_client() {
     let server = Server::bind(ServerConfig::new(dir.path().join("s.sock")), table).unwrap();
     let stop = server.shutdown_handle();
     let t = std::thread::spawn(move || server.run().unwrap());
-    let uri = format!("nbd+unix:///disk?socket={}", dir.path().join("s.sock").display());
+    let uri = format!(
+        "nbd+unix:///disk?socket={}",
+        dir.path().join("s.sock").display()
+    );
     let mut oracle = vec![0u8; (16 * MIB) as usize];
-    let cache = Cache::open(&uri, small_cache(Mode::WriteBack, 2 * MIB), &BackingOptions::default(), None)
-        .unwrap();
+    let cache = Cache::open(
+        &uri,
+        small_cache(Mode::WriteBack, 2 * MIB),
+        &BackingOptions::default(),
+        None,
+    )
+    .unwrap();
     exercise(&cache, &mut oracle, 71, 300);
     cache.trim(MIB, 2 * MIB + 5).unwrap();
     oracle[MIB as usize..(3 * MIB + 5) as usize].fill(0);

@@ -47,7 +47,12 @@ const SIZE: u64 = 200_000;
 #[derive(Debug, Clone)]
 enum Op {
     Read(u64, u64),
-    Write { offset: u64, len: u64, seed: u8, fua: bool },
+    Write {
+        offset: u64,
+        len: u64,
+        seed: u8,
+        fua: bool,
+    },
     Zero(u64, u64, bool),
     Trim(u64, u64),
     Prefetch(u64, u64),
@@ -207,7 +212,10 @@ fn run_case(
             Op::Prefetch(o, l) => cache.cache(o, l).unwrap(),
             Op::Flush => {
                 cache.flush().unwrap();
-                prop_assert!(backing.durable() == oracle, "{mode}: after FLUSH the backing differs");
+                prop_assert!(
+                    backing.durable() == oracle,
+                    "{mode}: after FLUSH the backing differs"
+                );
                 crash.flushed(&oracle);
             }
         }
@@ -228,9 +236,15 @@ fn run_case(
         None => {
             let r = cache.close(false).unwrap();
             prop_assert_eq!(r.dropped_dirty_bytes, 0);
-            prop_assert!(backing.durable() == oracle, "{mode}: after close the backing differs");
+            prop_assert!(
+                backing.durable() == oracle,
+                "{mode}: after close the backing differs"
+            );
             let mut buf = [0u8; 1];
-            prop_assert!(cache.read(0, &mut buf).is_err(), "a closed cache serves nothing");
+            prop_assert!(
+                cache.read(0, &mut buf).is_err(),
+                "a closed cache serves nothing"
+            );
         }
     }
     Ok(())
@@ -302,7 +316,11 @@ fn concurrent_writers_and_readers_on_disjoint_regions() {
                         if i % 3 == 0 {
                             let mut buf = vec![0u8; len as usize];
                             cache.read(base + off, &mut buf).unwrap();
-                            assert_eq!(buf, expect[off as usize..(off + len) as usize], "{mode} t{t} i{i}");
+                            assert_eq!(
+                                buf,
+                                expect[off as usize..(off + len) as usize],
+                                "{mode} t{t} i{i}"
+                            );
                         } else {
                             let data = pattern(len, i as u8, off);
                             cache.write(base + off, &data, i % 97 == 0).unwrap();
@@ -321,6 +339,9 @@ fn concurrent_writers_and_readers_on_disjoint_regions() {
             all.extend(t.join().unwrap());
         }
         cache.close(false).unwrap();
-        assert!(backing.durable() == all, "{mode}: backing differs after close");
+        assert!(
+            backing.durable() == all,
+            "{mode}: backing differs after close"
+        );
     }
 }

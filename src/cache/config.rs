@@ -168,7 +168,10 @@ mod tests {
         assert_eq!("writeback".parse(), Ok(Mode::WriteBack));
         assert_eq!("write-through".parse(), Ok(Mode::WriteThrough));
         assert_eq!("WRITE_AROUND".parse(), Ok(Mode::WriteAround));
-        assert!("writeonce".parse::<Mode>().unwrap_err().contains("writeback"));
+        assert!("writeonce"
+            .parse::<Mode>()
+            .unwrap_err()
+            .contains("writeback"));
     }
 
     #[test]
@@ -176,11 +179,19 @@ mod tests {
         let mut c = CacheConfig::new(Mode::WriteBack, 1 << 20);
         c.validate().unwrap();
         c.block_bytes = 3000;
-        assert!(c.validate().unwrap_err().to_string().contains("power of two"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("power of two"));
         c.block_bytes = 2 << 20;
         assert!(c.validate().is_err());
         c.block_bytes = 128 << 10;
-        assert!(c.validate().unwrap_err().to_string().contains("fewer than 16"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("fewer than 16"));
         c.block_bytes = 4096;
         c.dirty_low_percent = 60;
         assert!(c.validate().unwrap_err().to_string().contains("watermarks"));

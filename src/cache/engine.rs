@@ -454,15 +454,16 @@ impl Inner {
         }
         let mut guard = None;
         let slots = &self.slots;
-        let victim = a.policy.evict(&self.marks, &mut |s| {
-            match slots[s as usize].meta.try_write() {
+        let victim = a.policy.evict(
+            &self.marks,
+            &mut |s| match slots[s as usize].meta.try_write() {
                 Some(g) if g.state == State::Clean => {
                     guard = Some(g);
                     true
                 }
                 _ => false,
-            }
-        });
+            },
+        );
         victim.map(|s| (s, guard.expect("evict returned an accepted slot")))
     }
 
@@ -882,7 +883,11 @@ impl Inner {
                 let bstart = self.block_start(b);
                 let from = offset.max(bstart);
                 let to = end.min(bstart + self.bs);
-                self.copy_in(s, from - bstart, &data[(from - offset) as usize..(to - offset) as usize]);
+                self.copy_in(
+                    s,
+                    from - bstart,
+                    &data[(from - offset) as usize..(to - offset) as usize],
+                );
                 g.gen += 1;
             } else {
                 self.invalidate_locked(s, &mut g);
@@ -918,7 +923,10 @@ impl Inner {
             let bstart = self.block_start(b);
             let from = offset.max(bstart);
             let to = end.min(bstart + self.bs);
-            (from - bstart, &data[(from - offset) as usize..(to - offset) as usize])
+            (
+                from - bstart,
+                &data[(from - offset) as usize..(to - offset) as usize],
+            )
         };
         let mut pinned = Vec::with_capacity(pins.len());
         for (b, s, g) in pins {

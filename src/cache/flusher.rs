@@ -81,7 +81,11 @@ fn run(inner: &Inner, stop: &AtomicBool) {
     let mut rate_window = (Instant::now(), 0u64);
     loop {
         let wait = next_try.saturating_duration_since(Instant::now()).max(TICK);
-        inner.flusher_signal.wait(if inner.health.is_failing() { wait } else { TICK });
+        inner.flusher_signal.wait(if inner.health.is_failing() {
+            wait
+        } else {
+            TICK
+        });
         if stop.load(Ordering::Relaxed) {
             return;
         }
@@ -122,9 +126,10 @@ fn round(
     let mut dirty = inner.scan_dirty();
     let now = inner.now_ms();
     let oldest = dirty.iter().map(|d| d.since_ms).min();
-    inner
-        .writeback_lag_ms
-        .store(oldest.map_or(0, |t| now.saturating_sub(t)), Ordering::Relaxed);
+    inner.writeback_lag_ms.store(
+        oldest.map_or(0, |t| now.saturating_sub(t)),
+        Ordering::Relaxed,
+    );
     let slots = inner.nslots as u64;
     let high = slots * inner.cfg.dirty_high_percent as u64 / 100;
     let low = slots * inner.cfg.dirty_low_percent as u64 / 100;
@@ -147,7 +152,10 @@ fn round(
     if failing && !dirty.is_empty() {
         // A failing backing is retried with a small batch, not a flood...
         *backlog = true;
-        take = take.clamp(1, (inner.cfg.writeback_max_io_bytes / inner.bs).max(1) as usize);
+        take = take.clamp(
+            1,
+            (inner.cfg.writeback_max_io_bytes / inner.bs).max(1) as usize,
+        );
     } else if *backlog {
         // ...and once it answers again, everything held back during the
         // outage is written back at once.

@@ -136,7 +136,9 @@ impl Health {
         let now = Instant::now();
         HealthSnapshot {
             failing: self.is_failing(),
-            failing_for_ms: d.since.map_or(0, |s| now.duration_since(s).as_millis() as u64),
+            failing_for_ms: d
+                .since
+                .map_or(0, |s| now.duration_since(s).as_millis() as u64),
             consecutive_failures: d.consecutive,
             read_errors: self.read_errors.load(Ordering::Relaxed),
             write_errors: self.write_errors.load(Ordering::Relaxed),

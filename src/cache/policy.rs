@@ -344,7 +344,8 @@ impl S3Fifo {
         let mut budget = (self.small_len + self.main_len) * (FREQ_MAX as usize + 3) + 8;
         while budget > 0 {
             budget -= 1;
-            let from_small = self.small_len > 0 && (self.small_len >= self.small_target || self.main_len == 0);
+            let from_small =
+                self.small_len > 0 && (self.small_len >= self.small_target || self.main_len == 0);
             if from_small {
                 let slot = self.small.pop_oldest(&self.gens)?;
                 let s = slot as usize;

@@ -76,7 +76,9 @@ mod tests {
         let d = SeqDetector::new(1 << 20);
         let mut x = 12345u64;
         for _ in 0..1000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             assert!(!d.note((x >> 20) / 4096 * 4096, 4096));
         }
         // A single large request bypasses on its own.

@@ -298,7 +298,10 @@ mod tests {
                 get(PolicyKind::Lru),
                 get(PolicyKind::Fifo),
             );
-            assert!(s3 > lru && s3 > fifo, "{workload}: s3fifo {s3:.3} lru {lru:.3} fifo {fifo:.3}");
+            assert!(
+                s3 > lru && s3 > fifo,
+                "{workload}: s3fifo {s3:.3} lru {lru:.3} fifo {fifo:.3}"
+            );
         }
     }
 }

@@ -23,7 +23,9 @@ pub(crate) struct DirtyBlock {
 impl Inner {
     /// Every dirty block now, in slot order.
     pub(crate) fn scan_dirty(&self) -> Vec<DirtyBlock> {
-        let mut out = Vec::with_capacity(self.dirty_count.load(std::sync::atomic::Ordering::Relaxed) as usize);
+        let mut out = Vec::with_capacity(
+            self.dirty_count.load(std::sync::atomic::Ordering::Relaxed) as usize,
+        );
         let mut s = self.dirty.find(0, self.nslots as usize, true);
         while s < self.nslots as usize {
             let g = self.slots[s].meta.read();
@@ -42,7 +44,11 @@ impl Inner {
 
     /// Writes back every block that was dirty when the call began.
     pub(crate) fn writeback_all(&self) -> Result<u64> {
-        let list: Vec<(u64, u32)> = self.scan_dirty().iter().map(|d| (d.block, d.slot)).collect();
+        let list: Vec<(u64, u32)> = self
+            .scan_dirty()
+            .iter()
+            .map(|d| (d.block, d.slot))
+            .collect();
         self.writeback_blocks(&list)
     }
 

@@ -147,7 +147,9 @@ impl NbdUri {
             }
             "nbd+unix" => {
                 if !authority.is_empty() {
-                    return Err(bad("a unix URI has no host: use nbd+unix:///EXPORT?socket=PATH"));
+                    return Err(bad(
+                        "a unix URI has no host: use nbd+unix:///EXPORT?socket=PATH",
+                    ));
                 }
                 let mut socket = None;
                 for (k, v) in params {
@@ -281,14 +283,18 @@ impl Conn {
                 }
                 let s = found.ok_or_else(|| connect_err(last))?;
                 s.set_nodelay(true).map_err(connect_err)?;
-                s.set_read_timeout(Some(opts.timeout)).map_err(connect_err)?;
-                s.set_write_timeout(Some(opts.timeout)).map_err(connect_err)?;
+                s.set_read_timeout(Some(opts.timeout))
+                    .map_err(connect_err)?;
+                s.set_write_timeout(Some(opts.timeout))
+                    .map_err(connect_err)?;
                 Stream::Tcp(s)
             }
             Address::Unix { socket } => {
                 let s = UnixStream::connect(socket).map_err(connect_err)?;
-                s.set_read_timeout(Some(opts.timeout)).map_err(connect_err)?;
-                s.set_write_timeout(Some(opts.timeout)).map_err(connect_err)?;
+                s.set_read_timeout(Some(opts.timeout))
+                    .map_err(connect_err)?;
+                s.set_write_timeout(Some(opts.timeout))
+                    .map_err(connect_err)?;
                 Stream::Unix(s)
             }
         };
@@ -358,7 +364,10 @@ impl Conn {
         if reply.cookie != cookie {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("reply for cookie {} while waiting for {cookie}", reply.cookie),
+                format!(
+                    "reply for cookie {} while waiting for {cookie}",
+                    reply.cookie
+                ),
             ));
         }
         if reply.error != 0 {

@@ -682,8 +682,15 @@ pub fn parse_option_reply_header(buf: &[u8]) -> Result<Parse<OptionReplyHeader>,
 /// The payload of an NBD_REP_INFO reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InfoReply {
-    Export { size: u64, flags: u16 },
-    BlockSize { min: u32, preferred: u32, max: u32 },
+    Export {
+        size: u64,
+        flags: u16,
+    },
+    BlockSize {
+        min: u32,
+        preferred: u32,
+        max: u32,
+    },
     Name(String),
     Description(String),
     /// An information type this client does not know (ignored).
@@ -1012,7 +1019,12 @@ mod tests {
         assert!(parse_greeting(&old).is_err());
 
         let mut r = Vec::new();
-        encode_option_reply(&mut r, OPT_GO, REP_INFO, &encode_info_export(1 << 30, 0x1234));
+        encode_option_reply(
+            &mut r,
+            OPT_GO,
+            REP_INFO,
+            &encode_info_export(1 << 30, 0x1234),
+        );
         let Parse::Done(h, n) = parse_option_reply_header(&r).unwrap() else {
             panic!()
         };
@@ -1040,7 +1052,10 @@ mod tests {
             parse_info_reply(&encode_info_string(INFO_NAME, "ram0")).unwrap(),
             InfoReply::Name("ram0".into())
         );
-        assert_eq!(parse_info_reply(&[0, 99, 1, 2]).unwrap(), InfoReply::Unknown(99));
+        assert_eq!(
+            parse_info_reply(&[0, 99, 1, 2]).unwrap(),
+            InfoReply::Unknown(99)
+        );
         let err = OptionReplyHeader {
             option: OPT_GO,
             reply: REP_ERR_UNKNOWN,
@@ -1093,8 +1108,14 @@ mod tests {
         let mut e = Vec::new();
         encode_export_name_reply(&mut e, 5 << 20, 3, false);
         assert_eq!(parse_export_name_reply(&e[..133], false), Parse::Incomplete);
-        assert_eq!(parse_export_name_reply(&e, false), Parse::Done((5 << 20, 3), 134));
-        assert_eq!(io_error_for_errno(ENOSPC).raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(
+            parse_export_name_reply(&e, false),
+            Parse::Done((5 << 20, 3), 134)
+        );
+        assert_eq!(
+            io_error_for_errno(ENOSPC).raw_os_error(),
+            Some(libc::ENOSPC)
+        );
         assert_eq!(io_error_for_errno(9999).raw_os_error(), Some(libc::EIO));
     }
 }

@@ -48,7 +48,8 @@ impl AlignedBuf {
             .expect("alignment is a power of two");
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         AlignedBuf { ptr, layout }
     }
 
@@ -121,18 +122,26 @@ impl FileBacking {
             .open(path)
             .map_err(|e| {
                 if e.raw_os_error() == Some(libc::EBUSY) {
-                    ctx(e, "the device is in use (mounted, or opened exclusively by another program)")
+                    ctx(
+                        e,
+                        "the device is in use (mounted, or opened exclusively by another program)",
+                    )
                 } else if e.raw_os_error() == Some(libc::EINVAL) && direct {
-                    ctx(e, "O_DIRECT is not supported here (tmpfs?): open without direct I/O")
+                    ctx(
+                        e,
+                        "O_DIRECT is not supported here (tmpfs?): open without direct I/O",
+                    )
                 } else {
                     ctx(e, "cannot open read-write")
                 }
             })?;
         let (size, align) = if block_device {
-            let size = ioctl_u64(&file, BLKGETSIZE64).map_err(|e| ctx(e, "cannot get the device size"))?;
+            let size =
+                ioctl_u64(&file, BLKGETSIZE64).map_err(|e| ctx(e, "cannot get the device size"))?;
             // BLKSSZGET writes an int: read it through a zeroed u64 (little
             // endian, so the low half holds it).
-            let ssz = ioctl_u64(&file, BLKSSZGET).map_err(|e| ctx(e, "cannot get the sector size"))?
+            let ssz = ioctl_u64(&file, BLKSSZGET)
+                .map_err(|e| ctx(e, "cannot get the sector size"))?
                 & 0xffff_ffff;
             (size, ssz.max(512))
         } else {
@@ -141,7 +150,9 @@ impl FileBacking {
         if direct && size % align != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("O_DIRECT needs a size that is a multiple of {align} bytes (this is {size})"),
+                format!(
+                    "O_DIRECT needs a size that is a multiple of {align} bytes (this is {size})"
+                ),
             ));
         }
         Ok(FileBacking {
@@ -377,7 +388,10 @@ mod tests {
     #[test]
     fn directories_and_devices_that_are_not_files_are_refused() {
         let d = tempfile::tempdir().unwrap();
-        let e = FileBacking::open(d.path(), false).err().unwrap().to_string();
+        let e = FileBacking::open(d.path(), false)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("not a regular file"), "{e}");
     }
 

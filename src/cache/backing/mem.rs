@@ -61,10 +61,9 @@ pub struct MemBacking {
 }
 
 fn eio(what: &str) -> Error {
-    Error::Io(std::io::Error::new(
-        std::io::ErrorKind::Other,
-        format!("injected {what} failure (EIO)"),
-    ))
+    Error::Io(std::io::Error::other(format!(
+        "injected {what} failure (EIO)"
+    )))
 }
 
 impl MemBacking {
