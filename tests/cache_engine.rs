@@ -16,7 +16,10 @@ const BS: u64 = 4096;
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -37,7 +40,9 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
     c.max_dirty_age_ms = 3_600_000;
     let cache = Cache::new(backing.clone(), c, None).unwrap();
     for b in 0..40 {
-        cache.write(b * BS, &[b as u8 + 1; BS as usize], false).unwrap();
+        cache
+            .write(b * BS, &[b as u8 + 1; BS as usize], false)
+            .unwrap();
     }
     // Below the high watermark nothing is written back (the age limit is
     // an hour away); give the flusher several ticks to prove it.
@@ -45,7 +50,9 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
     assert_eq!(cache.dirty_bytes(), 40 * BS);
     assert_eq!(backing.writes.load(Ordering::Relaxed), 0);
     for b in 40..55 {
-        cache.write(b * BS, &[b as u8 + 1; BS as usize], false).unwrap();
+        cache
+            .write(b * BS, &[b as u8 + 1; BS as usize], false)
+            .unwrap();
     }
     wait_until("the flusher to drain to the low watermark", || {
         cache.dirty_bytes() <= 20 * BS
@@ -123,7 +130,9 @@ fn a_sequential_scan_bypasses_and_the_working_set_survives() {
             cache.read((4 << 20) + i * (64 << 10), &mut big).unwrap();
         }
         for i in 0..64u64 {
-            cache.write((12 << 20) + i * (64 << 10), &big, false).unwrap();
+            cache
+                .write((12 << 20) + i * (64 << 10), &big, false)
+                .unwrap();
         }
         let mid = cache.stats();
         assert!(mid.bypassed_requests >= 120, "{policy}: {mid:?}");
@@ -137,7 +146,11 @@ fn a_sequential_scan_bypasses_and_the_working_set_survives() {
         // which fits beside the working set: nothing was evicted.
         assert_eq!(after.evictions, before.evictions, "{policy}: {after:?}");
         assert_eq!(after.dirty_bytes, 16 * BS, "{policy}: {after:?}");
-        assert_eq!(after.bypassed_bytes, 126 * (64 << 10), "{policy}: {after:?}");
+        assert_eq!(
+            after.bypassed_bytes,
+            126 * (64 << 10),
+            "{policy}: {after:?}"
+        );
         cache.close(false).unwrap();
     }
 }
@@ -170,13 +183,19 @@ fn s3fifo_keeps_the_working_set_through_a_scan_lru_does_not() {
         }
         hits.push(cache.stats().read_hits - mid.read_hits);
     }
-    assert_eq!(hits, vec![32, 0], "working-set hits after the scan: s3fifo, lru");
+    assert_eq!(
+        hits,
+        vec![32, 0],
+        "working-set hits after the scan: s3fifo, lru"
+    );
 }
 
 #[test]
 fn memory_budget_bounds_the_cache_and_is_given_back() {
     let budget = Arc::new(MemoryBudget::new(10 * BS));
-    let backing = Arc::new(MemBacking::with_contents((0..(1u32 << 20)).map(|i| (i / 4096) as u8).collect()));
+    let backing = Arc::new(MemBacking::with_contents(
+        (0..(1u32 << 20)).map(|i| (i / 4096) as u8).collect(),
+    ));
     let cache = Cache::new(backing, cfg(Mode::WriteBack, 64), Some(budget.clone())).unwrap();
     let mut buf = vec![0u8; BS as usize];
     for round in 0..3 {
@@ -218,10 +237,14 @@ fn full_of_dirty_data_over_a_dead_backing_fails_cleanly_and_loses_nothing() {
     let cache = Cache::new(backing.clone(), c, None).unwrap();
     backing.faults.set_all(true);
     for b in 0..32u64 {
-        cache.write(b * BS, &[b as u8 + 1; BS as usize], false).unwrap();
+        cache
+            .write(b * BS, &[b as u8 + 1; BS as usize], false)
+            .unwrap();
     }
     // No room left and nowhere to write: the new write fails with EIO...
-    let e = cache.write(100 * BS, &[0xee; BS as usize], false).unwrap_err();
+    let e = cache
+        .write(100 * BS, &[0xee; BS as usize], false)
+        .unwrap_err();
     assert_eq!(ramd::nbd::proto::errno_for(&e), ramd::nbd::proto::EIO);
     // ...while every dirty block is still served.
     let mut buf = vec![0u8; BS as usize];
@@ -247,12 +270,18 @@ fn write_through_caches_whole_blocks_and_write_around_does_not() {
         let backing = Arc::new(MemBacking::new(1 << 20));
         let cache = Cache::new(backing.clone(), cfg(mode, 64), None).unwrap();
         cache.write(0, &[5; 3 * BS as usize], false).unwrap();
-        assert!(backing.contents()[..3 * BS as usize].iter().all(|&x| x == 5));
+        assert!(backing.contents()[..3 * BS as usize]
+            .iter()
+            .all(|&x| x == 5));
         let reads = backing.reads.load(Ordering::Relaxed);
         let mut buf = vec![0u8; 3 * BS as usize];
         cache.read(0, &mut buf).unwrap();
         assert!(buf.iter().all(|&x| x == 5));
-        assert_eq!(backing.reads.load(Ordering::Relaxed) == reads, cached, "{mode}");
+        assert_eq!(
+            backing.reads.load(Ordering::Relaxed) == reads,
+            cached,
+            "{mode}"
+        );
         // Write-around drops a cached copy that a write makes stale.
         cache.write(10, &[6; 10], false).unwrap();
         cache.read(0, &mut buf).unwrap();

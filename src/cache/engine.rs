@@ -6,7 +6,7 @@
 //! ```text
 //!  backing  | b0 | b1 | b2 | b3 | ... | bN-1 |   blocks of `block_bytes`
 //!                 \         \                    (the last may be short)
-//!  index    b1 -> s7, b3 -> s0, ...              sharded hash map (index.rs)
+//!  index    b1 -> s7, b3 -> s0, ...              flat array or sharded map (index.rs)
 //!  slots    s0 s1 ... s(nslots-1)                per slot: RwLock<Meta>, wb mutex
 //!  data     one mmap: slot s at s * block_bytes  committed as slots are first used
 //!  policy   orders resident slots (policy.rs)    one mutex, taken on misses only
@@ -38,7 +38,8 @@
 //!   I/O. The flusher re-takes `meta` of slots whose `wb` it holds, which is
 //!   safe because every other holder of a `meta` lock that blocks while
 //!   holding it took that slot's `wb` first. So no cycle can form.
-//! - Hits take one shard lock, one slot read lock and bump an atomic
+//! - Hits take one atomic load of the index (a shard lock for backings too
+//!   large for the flat index), one slot read lock and bump an atomic
 //!   counter: no cache-wide lock (LRU, the comparison policy, adds one).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -225,7 +226,7 @@ impl Inner {
                 })
                 .collect(),
             data,
-            index: Index::new(nslots as usize),
+            index: Index::new(nslots as usize, nblocks)?,
             alloc: Mutex::new(Alloc {
                 policy: Policy::new(cfg.policy, nslots as usize),
                 free: Vec::new(),
@@ -685,10 +686,10 @@ impl Inner {
             self.flusher_signal.kick();
             let bstart = self.block_start(b);
             let bend = bstart + self.blen(b);
-            self.stats.add(Ctr::ReadMisses, 1);
-            self.stats.add(Ctr::BypassedRequests, 1);
             return match out {
                 Some((o, buf)) => {
+                    self.stats.add(Ctr::ReadMisses, 1);
+                    self.stats.add(Ctr::BypassedRequests, 1);
                     let from = o.max(bstart);
                     let to = bend.min(o + buf.len() as u64);
                     self.stats.add(Ctr::BypassedBytes, to - from);
@@ -708,7 +709,10 @@ impl Inner {
             }
             return Err(e);
         }
-        self.stats.add(Ctr::ReadMisses, k);
+        if out.is_some() {
+            // (A prefetch is no client read: it counts as neither.)
+            self.stats.add(Ctr::ReadMisses, k);
+        }
         let mut done = run_end;
         if let Some((o, buf)) = out {
             let from = o.max(first);
