@@ -157,6 +157,68 @@ impl CacheConfig {
     pub fn slots(&self) -> u64 {
         self.cache_bytes / self.block_bytes
     }
+
+    /// Sets one option by its user-facing name, the way the CLI flags, the
+    /// config file and the API spell it: `mode`, `size`, `block-size`,
+    /// `policy`, `sequential-cutoff`, `dirty-high`, `dirty-low` (percent),
+    /// `max-dirty-age`, `retry-initial`, `retry-max` (durations like
+    /// `500ms`, `30s`, `5m`), `writeback-max-io`. Sizes take binary units.
+    /// Call [`CacheConfig::validate`] when done.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), CacheError> {
+        let bad = |m: String| CacheError::Config(format!("{key}={value}: {m}"));
+        let size = || crate::size::parse_size(value).map_err(bad);
+        let percent = || -> Result<u8, CacheError> {
+            match value.trim_end_matches('%').parse::<u8>() {
+                Ok(p) if p <= 100 => Ok(p),
+                _ => Err(bad("expected a percentage from 0 to 100".into())),
+            }
+        };
+        let millis = || parse_duration_ms(value).map_err(bad);
+        match key {
+            "mode" => self.mode = value.parse().map_err(bad)?,
+            "size" => self.cache_bytes = size()?,
+            "block-size" => self.block_bytes = size()?,
+            "policy" => self.policy = value.parse().map_err(bad)?,
+            "sequential-cutoff" => self.sequential_cutoff_bytes = size()?,
+            "dirty-high" => self.dirty_high_percent = percent()?,
+            "dirty-low" => self.dirty_low_percent = percent()?,
+            "max-dirty-age" => self.max_dirty_age_ms = millis()?,
+            "writeback-max-io" => self.writeback_max_io_bytes = size()?,
+            "retry-initial" => self.retry_initial_ms = millis()?,
+            "retry-max" => self.retry_max_ms = millis()?,
+            _ => {
+                return Err(CacheError::Config(format!(
+                    "unknown cache option '{key}': use mode, size, block-size, policy, \
+                     sequential-cutoff, dirty-high, dirty-low, max-dirty-age, \
+                     writeback-max-io, retry-initial or retry-max"
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h` (or a bare number of milliseconds).
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration (like 500ms, 30s, 5m)"))?;
+    let mult = match unit.trim() {
+        "" | "ms" => 1,
+        "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        u => {
+            return Err(format!(
+                "unknown time unit '{u}' in '{text}': use ms, s, m or h"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("duration '{text}' is too long"))
 }
 
 #[cfg(test)]
@@ -172,6 +234,38 @@ mod tests {
             .parse::<Mode>()
             .unwrap_err()
             .contains("writeback"));
+    }
+
+    #[test]
+    fn options_by_name() {
+        let mut c = CacheConfig::new(Mode::WriteThrough, 0);
+        for (k, v) in [
+            ("mode", "writeback"),
+            ("size", "2G"),
+            ("block-size", "64K"),
+            ("policy", "lru"),
+            ("sequential-cutoff", "8M"),
+            ("dirty-high", "70%"),
+            ("dirty-low", "10"),
+            ("max-dirty-age", "5s"),
+            ("retry-max", "1m"),
+        ] {
+            c.set(k, v).unwrap();
+        }
+        c.validate().unwrap();
+        assert_eq!(c.mode, Mode::WriteBack);
+        assert_eq!((c.cache_bytes, c.block_bytes), (2 << 30, 64 << 10));
+        assert_eq!(c.policy, PolicyKind::Lru);
+        assert_eq!((c.dirty_high_percent, c.dirty_low_percent), (70, 10));
+        assert_eq!((c.max_dirty_age_ms, c.retry_max_ms), (5000, 60_000));
+        assert!(c.set("dirty-high", "101").is_err());
+        assert!(c.set("max-dirty-age", "5 fortnights").is_err());
+        let e = c.set("turbo", "on").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown cache option 'turbo'") && e.contains("block-size"),
+            "{e}"
+        );
+        assert_eq!(parse_duration_ms("250"), Ok(250));
     }
 
     #[test]
