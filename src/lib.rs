@@ -15,6 +15,8 @@
 //!        │
 //!  store::RamStore    sparse pages in an mmap, per-64 KiB-chunk locks,
 //!                     allocated/dirty bitmaps, memory budgets
+//!  cache::Cache       (or) RAM blocks in front of a slower backing: a file,
+//!                     a block device, or an NBD export via nbd::client
 //! ```
 //!
 //! A request flows: socket bytes → `proto::parse_request` → `conn` validate →
