@@ -278,8 +278,12 @@ fn nbd_backing_nbdkit_memory_unix_and_tcp() {
     run(tool("nbdcopy").arg(kit.uri()).arg(&out)).ok();
     assert!(std::fs::read(&out).unwrap() == oracle);
 
-    // TCP on the loopback, port chosen by us.
-    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    // TCP on the loopback, on a port the kernel just found free.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let _tcp = KillOnDrop(
         tool("nbdkit")
             .args([

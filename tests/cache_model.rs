@@ -367,7 +367,7 @@ fn concurrent_partial_writes_to_shared_blocks_lose_nothing() {
                     std::thread::spawn(move || {
                         let sectors = SIZE / 512;
                         let mut mine = vec![0u8; sectors as usize];
-                        let mut x = 0x1234_5678 ^ (t + 1) * 0x9e37_79b9;
+                        let mut x = 0x1234_5678 ^ ((t + 1) * 0x9e37_79b9);
                         for i in 0..4000u32 {
                             x ^= x << 13;
                             x ^= x >> 7;
