@@ -715,3 +715,180 @@ fn a_cache_over_our_own_server_via_the_nbd_client() {
     stop.shutdown();
     t.join().unwrap();
 }
+
+/// nbdfuse + a loop device over an NBD URI, as in tests/clients.rs; torn
+/// down in the right order on drop (nbdfuse killed first so nothing blocks).
+struct FuseLoop {
+    fuse_dir: PathBuf,
+    nbdfuse: Option<std::process::Child>,
+    dev: Option<String>,
+}
+
+impl FuseLoop {
+    fn attach(fuse_dir: &Path, uri: &str) -> FuseLoop {
+        std::fs::create_dir_all(fuse_dir).unwrap();
+        let child = tool("nbdfuse")
+            .arg(fuse_dir)
+            .arg(uri)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nbdfuse");
+        let mut s = FuseLoop {
+            fuse_dir: fuse_dir.to_owned(),
+            nbdfuse: Some(child),
+            dev: None,
+        };
+        let file = fuse_dir.join("nbd");
+        wait_until(
+            "nbdfuse to expose its file",
+            Duration::from_secs(30),
+            || file.exists(),
+        );
+        let out = run(tool("losetup").args(["-f", "--show"]).arg(&file)).ok();
+        s.dev = Some(out.stdout.trim().to_owned());
+        s
+    }
+
+    fn dev(&self) -> &str {
+        self.dev.as_deref().unwrap()
+    }
+
+    fn teardown(mut self) {
+        run(tool("losetup").args(["-d", self.dev.take().unwrap().as_str()])).ok();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !run(tool("fusermount3").arg("-u").arg(&self.fuse_dir))
+            .status
+            .success()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cannot unmount nbdfuse"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut c = self.nbdfuse.take().unwrap();
+        assert!(common::wait_timeout(&mut c, Duration::from_secs(30)).is_some());
+    }
+}
+
+impl Drop for FuseLoop {
+    fn drop(&mut self) {
+        let t = Duration::from_secs(20);
+        if let Some(mut c) = self.nbdfuse.take() {
+            let _ = c.kill();
+            let _ = common::wait_timeout(&mut c, t);
+        }
+        if let Some(dev) = self.dev.take() {
+            let _ = common::try_run(tool("losetup").args(["-d", &dev]), t);
+        }
+        let _ = common::try_run(tool("fusermount3").arg("-uz").arg(&self.fuse_dir), t);
+    }
+}
+
+/// A mounted filesystem; lazily unmounted on drop if the test failed.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn mount(dev: &str, at: &Path) -> Mounted {
+        std::fs::create_dir_all(at).unwrap();
+        run(tool("mount").args(["-t", "ext4", dev]).arg(at)).ok();
+        Mounted(at.to_owned())
+    }
+    fn unmount(self) {
+        run(tool("umount").arg(&self.0)).ok();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = common::try_run(
+            tool("umount").arg("-l").arg(&self.0),
+            Duration::from_secs(20),
+        );
+    }
+}
+
+/// A real ext4 on a write-back cache much smaller than what is written
+/// (so blocks are evicted and written back while the filesystem works):
+/// after unmount and a clean close, the backing file on its own passes
+/// `e2fsck -f -n` and holds every file intact.
+#[test]
+fn ext4_on_a_writeback_cache_leaves_a_clean_backing_file() {
+    let tools = [
+        "nbdfuse",
+        "fusermount3",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "umount",
+        "cp",
+        "sync",
+        "sha256sum",
+    ];
+    if !require(&tools) || !require_root_block_devices() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("backing.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let mut cfg = small_cache(Mode::WriteBack, 4 * MIB);
+    cfg.max_dirty_age_ms = 200;
+    let cache = Arc::new(
+        Cache::open(img.to_str().unwrap(), cfg, &BackingOptions::default(), None).unwrap(),
+    );
+    let served = Served::start(cache.clone());
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let files: [(&str, usize); 5] = [
+        ("one", 1),
+        ("odd", 4097),
+        ("small", 100_000),
+        ("mib", MIB as usize),
+        ("big", 9 * MIB as usize + 5),
+    ];
+    let names: Vec<&str> = files.iter().map(|f| f.0).collect();
+    for (i, (name, len)) in files.iter().enumerate() {
+        std::fs::write(src.join(name), random_bytes(*len, 200 + i as u64)).unwrap();
+    }
+    let sums = |d: &Path| {
+        run(tool("sha256sum").current_dir(d).args(&names))
+            .ok()
+            .stdout
+    };
+    let want = sums(&src);
+
+    let stack = FuseLoop::attach(&dir.path().join("fuse"), &served.uri());
+    run(tool("mkfs.ext4").args(["-q", "-F", stack.dev()])).ok();
+    let mnt = Mounted::mount(stack.dev(), &dir.path().join("mnt"));
+    run(tool("cp")
+        .arg("-t")
+        .arg(&mnt.0)
+        .args(&names)
+        .current_dir(&src))
+    .ok();
+    run(tool("sync").arg("-f").arg(&mnt.0)).ok();
+    assert_eq!(sums(&mnt.0), want);
+    mnt.unmount();
+    stack.teardown();
+    drop(served);
+    let s = cache.stats();
+    assert!(
+        s.evictions > 0 && s.writeback_bytes > 0,
+        "the cache was meant to be under pressure: {s:?}"
+    );
+    cache.close(false).unwrap();
+
+    // The backing file alone: a clean filesystem with every file intact.
+    let lo = Loop::attach(&img);
+    run(tool("e2fsck").args(["-f", "-n", &lo.dev])).ok();
+    let mnt = Mounted::mount(&lo.dev, &dir.path().join("mnt2"));
+    assert_eq!(sums(&mnt.0), want, "files differ on the bare backing");
+    mnt.unmount();
+}
