@@ -669,6 +669,27 @@ impl NbdClient {
     }
 }
 
+impl Drop for NbdClient {
+    /// Says goodbye on every idle connection (NBD_CMD_DISC), as a polite
+    /// client does; the server then closes without logging a dropped client.
+    fn drop(&mut self) {
+        for mut c in self.pool.get_mut().idle.drain(..) {
+            let mut out = Vec::with_capacity(REQUEST_HEADER_BYTES);
+            encode_request(
+                &mut out,
+                &Request {
+                    flags: 0,
+                    command: CMD_DISC,
+                    cookie: c.next_cookie,
+                    offset: 0,
+                    len: 0,
+                },
+            );
+            let _ = c.stream.write_all(&out);
+        }
+    }
+}
+
 impl Backend for NbdClient {
     fn size(&self) -> u64 {
         self.info.size
