@@ -303,3 +303,50 @@ fn requests_past_the_end_and_after_close_are_refused() {
     let e = cache.write(0, &buf, false).unwrap_err().to_string();
     assert!(e.contains("closed"), "{e}");
 }
+
+/// Closing while writers are still running: every write acknowledged before
+/// the close took effect is on the backing afterwards, and every later one
+/// is refused (never acknowledged and then lost).
+#[test]
+fn close_during_writes_keeps_every_acknowledged_write() {
+    let backing = Arc::new(MemBacking::new(4 << 20));
+    let mut c = cfg(Mode::WriteBack, 256);
+    c.max_dirty_age_ms = 3_600_000;
+    let cache = Arc::new(Cache::new(backing.clone(), c, None).unwrap());
+    let writers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let cache = cache.clone();
+            std::thread::spawn(move || {
+                // Each thread owns a 1 MiB region and counts up in it.
+                let mut acked = Vec::new();
+                for i in 0u64.. {
+                    let off = (t << 20) + (i % 256) * BS;
+                    let v = ((i / 256) as u8).wrapping_add(1);
+                    match cache.write(off, &[v; BS as usize], false) {
+                        Ok(()) => acked.push((off, v)),
+                        Err(e) => {
+                            assert!(e.to_string().contains("closed"), "{e}");
+                            return acked;
+                        }
+                    }
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    cache.close(false).unwrap();
+    let d = backing.durable();
+    for w in writers {
+        let acked = w.join().unwrap();
+        assert!(!acked.is_empty());
+        // The last acknowledged value of each block is on the backing.
+        let mut last = std::collections::HashMap::new();
+        for (off, v) in acked {
+            last.insert(off, v);
+        }
+        for (off, v) in last {
+            assert_eq!(d[off as usize], v, "block at {off}");
+        }
+    }
+}

@@ -42,13 +42,14 @@
 //!   large for the flat index), one slot read lock and bump an atomic
 //!   counter: no cache-wide lock (LRU, the comparison policy, adds one).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock, RwLockWriteGuard};
 
 use super::config::{CacheConfig, Mode};
+use super::gate::{Gate, Pass};
 use super::health::{Health, Op};
 use super::index::Index;
 use super::policy::{HitMarks, Policy};
@@ -161,8 +162,9 @@ pub(crate) struct Inner {
     /// Bytes charged to `budget`, given back on drop.
     charged: AtomicU64,
     epoch: Instant,
-    /// Set by close/crash: every request fails from then on.
-    pub closed: AtomicBool,
+    /// Requests pass through it; closed by close/crash, after which every
+    /// request fails.
+    pub gate: Gate,
     pub flusher_signal: Signal,
     /// Flusher's last measured write-back throughput.
     pub writeback_rate: AtomicU64,
@@ -246,7 +248,7 @@ impl Inner {
             budget,
             charged: AtomicU64::new(0),
             epoch: Instant::now(),
-            closed: AtomicBool::new(false),
+            gate: Gate::new(),
             flusher_signal: Signal::default(),
             writeback_rate: AtomicU64::new(0),
             writeback_lag_ms: AtomicU64::new(0),
@@ -283,12 +285,10 @@ impl Inner {
         b << self.shift
     }
 
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Relaxed) {
-            Err(closed_error())
-        } else {
-            Ok(())
-        }
+    /// Admits a request (held until it returns), or fails when closed.
+    #[inline]
+    fn enter(&self) -> Result<Pass<'_>> {
+        self.gate.enter().ok_or_else(closed_error)
     }
 
     /// Bytes `[off, off+len)` of slot `s`. The caller holds the slot's meta
@@ -612,7 +612,7 @@ impl Inner {
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         check_range(offset, buf.len() as u64, self.size)?;
-        self.check_open()?;
+        let _pass = self.enter()?;
         let len = buf.len() as u64;
         if len == 0 {
             return Ok(());
@@ -733,7 +733,7 @@ impl Inner {
     /// NBD_CMD_CACHE: fetches the range into the cache (no bypass).
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
         check_range(offset, len, self.size)?;
-        self.check_open()?;
+        let _pass = self.enter()?;
         if len == 0 {
             return Ok(());
         }
@@ -760,7 +760,7 @@ impl Inner {
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let len = data.len() as u64;
         check_range(offset, len, self.size)?;
-        self.check_open()?;
+        let _pass = self.enter()?;
         if len == 0 {
             return if fua { self.flush() } else { Ok(()) };
         }
@@ -981,7 +981,7 @@ impl Inner {
     /// covered and zeroed in place where partly covered.
     fn discard(&self, offset: u64, len: u64, how: Discard) -> Result<()> {
         check_range(offset, len, self.size)?;
-        self.check_open()?;
+        let _pass = self.enter()?;
         if len == 0 {
             return Ok(());
         }
@@ -1049,7 +1049,7 @@ impl Inner {
     // -------------------------------------------------------------- flush
 
     pub fn flush(&self) -> Result<()> {
-        self.check_open()?;
+        let _pass = self.enter()?;
         if self.cfg.mode == Mode::WriteBack {
             self.writeback_all()?;
         }
@@ -1065,11 +1065,6 @@ impl Inner {
             .filter(|&(_, s)| self.dirty.get(s as usize))
             .collect();
         self.writeback_blocks(&blocks).map(drop)
-    }
-
-    /// Stops the cache: no request is served from now on.
-    pub fn set_closed(&self) {
-        self.closed.store(true, Ordering::Relaxed);
     }
 
     /// Drops every dirty block without writing it back (forced close).

@@ -49,6 +49,7 @@ pub mod backing;
 pub mod config;
 mod engine;
 mod flusher;
+mod gate;
 pub mod health;
 mod index;
 pub mod policy;
@@ -89,6 +90,9 @@ pub enum CacheError {
     #[error("cannot set up the cache: {0}")]
     Setup(#[from] std::io::Error),
 }
+
+/// How long closing waits for requests already inside the cache.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What [`Cache::close`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -209,7 +213,13 @@ impl Cache {
             f.stop();
         }
         let i = &self.inner;
-        i.set_closed();
+        // No new request gets in; those inside finish first, so nothing they
+        // write can miss the write-back below.
+        if !i.gate.close(CLOSE_WAIT) {
+            tracing::warn!(
+                "closing the cache while requests are still running after {CLOSE_WAIT:?}"
+            );
+        }
         let mut report = CloseReport::default();
         let r = i.writeback_all().and_then(|n| {
             report.written_back_bytes = n;
@@ -226,7 +236,7 @@ impl Cache {
                 return Ok(report);
             }
             if dirty_bytes > 0 {
-                i.closed.store(false, Ordering::Relaxed);
+                i.gate.reopen();
                 *fl = Some(Flusher::spawn(i.clone())?);
                 return Err(CacheError::DirtyData {
                     dirty_bytes,
@@ -246,7 +256,7 @@ impl Cache {
         if let Some(f) = self.flusher.lock().take() {
             f.stop();
         }
-        self.inner.set_closed();
+        self.inner.gate.close(CLOSE_WAIT);
     }
 }
 
@@ -256,7 +266,7 @@ impl Drop for Cache {
             f.stop();
         }
         let i = &self.inner;
-        if i.closed.load(Ordering::Relaxed) || i.dirty_bytes() == 0 {
+        if i.gate.is_closed() || i.dirty_bytes() == 0 {
             return;
         }
         // Dropped without close(): still try not to lose anything.

@@ -58,7 +58,8 @@ thread_local! {
     static MY_STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-fn my_stripe() -> usize {
+/// This thread's stripe number (assigned on first use, round robin).
+pub(crate) fn my_stripe() -> usize {
     MY_STRIPE.with(|s| {
         let v = s.get();
         if v != usize::MAX {
