@@ -1,5 +1,6 @@
-//! The cache's data paths: slots, claims, hits, misses, the three write
-//! modes, zeroing and trimming.
+//! The cache's core: slots, the index, claims, evictions, and the backing
+//! calls that the data paths (read.rs, write.rs, discard.rs, writeback.rs)
+//! build on. The layout and invariants below hold for all of them.
 //!
 //! # Layout
 //!
@@ -49,13 +50,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock, RwLockWriteGuard};
 
 use super::config::{CacheConfig, Mode};
+use super::discard::Discard;
 use super::gate::{Gate, Pass};
 use super::health::{Health, Op};
 use super::index::Index;
 use super::policy::{HitMarks, Policy};
 use super::seq::SeqDetector;
 use super::stats::{Counters, Ctr};
-use crate::backend::{check_range, Backend, Error, Result};
+use crate::backend::{Backend, Error, Result};
 use crate::store::bitmap::AtomicBitmap;
 use crate::store::region::Region;
 use crate::store::MemoryBudget;
@@ -64,9 +66,9 @@ use crate::store::MemoryBudget;
 pub(crate) const NO_BLOCK: u64 = u64::MAX;
 /// Most bytes one miss reads from the backing (consecutive missing blocks
 /// are fetched together up to this).
-const MAX_FILL_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_FILL_BYTES: u64 = 1 << 20;
 /// Retries of a lookup that raced with an eviction before giving up.
-const MAX_RACE_RETRIES: u32 = 10_000;
+pub(crate) const MAX_RACE_RETRIES: u32 = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -140,7 +142,7 @@ pub(crate) struct Inner {
     /// The export's size: the backing's size when the cache was created.
     pub size: u64,
     pub bs: u64,
-    shift: u32,
+    pub shift: u32,
     pub nslots: u32,
     pub slots: Box<[Slot]>,
     /// Slot data: slot `s` at `s * bs`.
@@ -156,7 +158,7 @@ pub(crate) struct Inner {
     resident: AtomicU64,
     pub stats: Counters,
     pub health: Health,
-    seq: SeqDetector,
+    pub seq: SeqDetector,
     /// Where slot memory is charged (None: not charged).
     budget: Option<Arc<MemoryBudget>>,
     /// Bytes charged to `budget`, given back on drop.
@@ -173,13 +175,13 @@ pub(crate) struct Inner {
 }
 
 /// A slot claimed for a block: mapped in the index, write-locked, empty.
-struct Claimed<'a> {
-    slot: u32,
-    block: u64,
-    g: RwLockWriteGuard<'a, Meta>,
+pub(crate) struct Claimed<'a> {
+    pub slot: u32,
+    pub block: u64,
+    pub g: RwLockWriteGuard<'a, Meta>,
 }
 
-enum ClaimErr {
+pub(crate) enum ClaimErr {
     /// Another thread mapped the block meanwhile: retry as a hit.
     Exists,
     /// No slot can be reused now (all dirty or busy).
@@ -190,13 +192,6 @@ fn closed_error() -> Error {
     Error::Io(std::io::Error::other(
         "the cache is closed (being deleted or shut down)",
     ))
-}
-
-/// How a zero/trim reaches the backing.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Discard {
-    Zero { may_trim: bool },
-    Trim,
 }
 
 impl Inner {
@@ -287,7 +282,7 @@ impl Inner {
 
     /// Admits a request (held until it returns), or fails when closed.
     #[inline]
-    fn enter(&self) -> Result<Pass<'_>> {
+    pub(crate) fn enter(&self) -> Result<Pass<'_>> {
         self.gate.enter().ok_or_else(closed_error)
     }
 
@@ -299,7 +294,7 @@ impl Inner {
     /// The returned slice aliases the slot's memory; the lock discipline
     /// above is what makes the access exclusive (writes) or shared (reads).
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slot_bytes(&self, s: u32, off: u64, len: u64) -> &mut [u8] {
+    pub(crate) unsafe fn slot_bytes(&self, s: u32, off: u64, len: u64) -> &mut [u8] {
         debug_assert!(off + len <= self.bs);
         let p = self.data.ptr((s as u64 * self.bs + off) as usize);
         std::slice::from_raw_parts_mut(p, len as usize)
@@ -315,14 +310,14 @@ impl Inner {
     }
 
     /// Copies into slot `s` under the caller's write guard.
-    fn copy_in(&self, s: u32, off: u64, src: &[u8]) {
+    pub(crate) fn copy_in(&self, s: u32, off: u64, src: &[u8]) {
         // SAFETY: callers hold `slots[s].meta` exclusively, so nobody else
         // reads or writes these bytes; the range is within the slot.
         let dst = unsafe { self.slot_bytes(s, off, src.len() as u64) };
         dst.copy_from_slice(src);
     }
 
-    fn zero_in(&self, s: u32, off: u64, len: u64) {
+    pub(crate) fn zero_in(&self, s: u32, off: u64, len: u64) {
         // SAFETY: as in `copy_in`.
         unsafe { self.slot_bytes(s, off, len) }.fill(0);
     }
@@ -370,7 +365,7 @@ impl Inner {
         }
     }
 
-    fn backing_discard(&self, offset: u64, len: u64, how: Discard) -> Result<()> {
+    pub(crate) fn backing_discard(&self, offset: u64, len: u64, how: Discard) -> Result<()> {
         let caps = self.backing.capabilities();
         let r = match how {
             Discard::Zero { may_trim } if caps.can_zero => {
@@ -407,7 +402,7 @@ impl Inner {
     // -------------------------------------------------------------- slots
 
     /// Charges one slot of memory to the budget.
-    fn charge_slot(&self) -> bool {
+    pub(crate) fn charge_slot(&self) -> bool {
         let Some(b) = &self.budget else {
             return true;
         };
@@ -421,7 +416,7 @@ impl Inner {
 
     /// A slot to reuse, write-locked: a free one, a never-used one, or a
     /// clean one the policy evicts.
-    fn take_slot(&self) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
+    pub(crate) fn take_slot(&self) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
         let mut a = self.alloc.lock();
         let mut busy = Vec::new();
         let mut found = None;
@@ -469,7 +464,7 @@ impl Inner {
     }
 
     /// Claims a slot for block `b`: evicts what it held, maps `b` to it.
-    fn claim(&self, b: u64) -> std::result::Result<Claimed<'_>, ClaimErr> {
+    pub(crate) fn claim(&self, b: u64) -> std::result::Result<Claimed<'_>, ClaimErr> {
         let (slot, mut g) = self.take_slot().ok_or(ClaimErr::NoSlot)?;
         if g.block != NO_BLOCK {
             debug_assert_eq!(g.state, State::Clean);
@@ -490,7 +485,7 @@ impl Inner {
     }
 
     /// A filled claim becomes resident in `state`.
-    fn publish(&self, mut c: Claimed<'_>, state: State) {
+    pub(crate) fn publish(&self, mut c: Claimed<'_>, state: State) {
         c.g.state = state;
         if state == State::Dirty {
             self.mark_dirty(c.slot, &mut c.g);
@@ -504,7 +499,7 @@ impl Inner {
     }
 
     /// A claim whose fill failed: unmap and free it.
-    fn abort(&self, mut c: Claimed<'_>) {
+    pub(crate) fn abort(&self, mut c: Claimed<'_>) {
         self.index.remove_if(c.block, c.slot);
         c.g.block = NO_BLOCK;
         c.g.state = State::Empty;
@@ -512,7 +507,7 @@ impl Inner {
         self.alloc.lock().free.push(c.slot);
     }
 
-    fn mark_dirty(&self, s: u32, g: &mut Meta) {
+    pub(crate) fn mark_dirty(&self, s: u32, g: &mut Meta) {
         g.state = State::Dirty;
         g.dirty_since_ms = self.now_ms();
         self.dirty.set(s as usize);
@@ -531,7 +526,7 @@ impl Inner {
     }
 
     /// Empties a resident slot whose write lock the caller holds.
-    fn invalidate_locked(&self, s: u32, g: &mut Meta) {
+    pub(crate) fn invalidate_locked(&self, s: u32, g: &mut Meta) {
         debug_assert_ne!(g.state, State::Empty);
         if g.state == State::Dirty {
             self.dirty.clear(s as usize);
@@ -550,7 +545,7 @@ impl Inner {
 
     /// Records a hit for the policy (after the slot lock is released).
     #[inline]
-    fn note_hit(&self, s: u32) {
+    pub(crate) fn note_hit(&self, s: u32) {
         self.marks.bump(s);
         if self.cfg.policy.hit_needs_lock() {
             self.alloc.lock().policy.touch(s);
@@ -558,7 +553,7 @@ impl Inner {
     }
 
     /// Write-locks the slot holding block `b`, if any.
-    fn lock_block(&self, b: u64) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
+    pub(crate) fn lock_block(&self, b: u64) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
         for _ in 0..MAX_RACE_RETRIES {
             let s = self.index.get(b)?;
             let g = self.slots[s as usize].meta.write();
@@ -571,7 +566,7 @@ impl Inner {
 
     /// Resident blocks in `[first, last]` with their slots, ascending.
     /// Looks each block up when the range is small, else scans the slots.
-    fn resident_in(&self, first: u64, last: u64) -> Vec<(u64, u32)> {
+    pub(crate) fn resident_in(&self, first: u64, last: u64) -> Vec<(u64, u32)> {
         if last - first < self.nslots as u64 {
             (first..=last)
                 .filter_map(|b| self.index.get(b).map(|s| (b, s)))
@@ -588,464 +583,6 @@ impl Inner {
         }
     }
 
-    // --------------------------------------------------------------- read
-
-    /// Copies a piece of block `b` out of the cache if it is resident.
-    #[inline]
-    fn read_hit(&self, b: u64, off: u64, dst: &mut [u8]) -> bool {
-        for _ in 0..MAX_RACE_RETRIES {
-            let Some(s) = self.index.get(b) else {
-                return false;
-            };
-            let g = self.slots[s as usize].meta.read();
-            if g.block != b || g.state == State::Empty {
-                // Evicted (or its fill failed) after the lookup: look again.
-                continue;
-            }
-            self.copy_out(s, off, dst);
-            drop(g);
-            self.note_hit(s);
-            return true;
-        }
-        false
-    }
-
-    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_range(offset, buf.len() as u64, self.size)?;
-        let _pass = self.enter()?;
-        let len = buf.len() as u64;
-        if len == 0 {
-            return Ok(());
-        }
-        let bypass = self.seq.note(offset, len);
-        let end = offset + len;
-        let mut pos = offset;
-        let mut bypassed = false;
-        while pos < end {
-            let b = self.block_of(pos);
-            let bstart = self.block_start(b);
-            let n = (bstart + self.bs).min(end) - pos;
-            let at = (pos - offset) as usize;
-            if self.read_hit(b, pos - bstart, &mut buf[at..at + n as usize]) {
-                self.stats.add(Ctr::ReadHits, 1);
-                pos += n;
-                continue;
-            }
-            // A miss: extend it over the following missing blocks.
-            let max_run = (MAX_FILL_BYTES >> self.shift).max(1);
-            let mut last = b;
-            while self.block_start(last + 1) < end
-                && last + 1 - b < max_run
-                && self.index.get(last + 1).is_none()
-            {
-                last += 1;
-            }
-            if bypass {
-                let run_end = self.block_start(last + 1).min(end);
-                let piece = &mut buf[at..(run_end - offset) as usize];
-                self.backing_read(pos, piece)?;
-                self.stats.add(Ctr::ReadMisses, last - b + 1);
-                bypassed = true;
-                pos = run_end;
-                continue;
-            }
-            pos = self.fill_run(b, last, Some((offset, &mut *buf)))?;
-        }
-        if bypassed {
-            self.stats.add(Ctr::BypassedRequests, 1);
-            self.stats.add(Ctr::BypassedBytes, len);
-        }
-        Ok(())
-    }
-
-    /// Fetches blocks `b..=last` (all missing at the caller's look) from the
-    /// backing into the cache with one read, copying the part of them the
-    /// request `(offset, buf)` covers into `buf`. Stops early at a block
-    /// someone else cached meanwhile. Returns the position in the request
-    /// (or block space when `out` is None) up to which it is done.
-    fn fill_run(&self, b: u64, last: u64, out: Option<(u64, &mut [u8])>) -> Result<u64> {
-        let mut claims: Vec<Claimed<'_>> = Vec::new();
-        let mut no_slot = false;
-        for blk in b..=last {
-            match self.claim(blk) {
-                Ok(c) => claims.push(c),
-                Err(ClaimErr::Exists) => break,
-                Err(ClaimErr::NoSlot) => {
-                    no_slot = true;
-                    break;
-                }
-            }
-        }
-        let out_end = out.as_ref().map(|(o, buf)| o + buf.len() as u64);
-        if claims.is_empty() {
-            if !no_slot {
-                // Cached by someone else meanwhile: the caller retries as a hit.
-                return Ok(out.map_or(self.block_start(b), |(o, _)| o.max(self.block_start(b))));
-            }
-            // Every slot is dirty or busy: read through without caching.
-            self.flusher_signal.kick();
-            let bstart = self.block_start(b);
-            let bend = bstart + self.blen(b);
-            return match out {
-                Some((o, buf)) => {
-                    self.stats.add(Ctr::ReadMisses, 1);
-                    self.stats.add(Ctr::BypassedRequests, 1);
-                    let from = o.max(bstart);
-                    let to = bend.min(o + buf.len() as u64);
-                    self.stats.add(Ctr::BypassedBytes, to - from);
-                    self.backing_read(from, &mut buf[(from - o) as usize..(to - o) as usize])?;
-                    Ok(to)
-                }
-                None => Ok(bend),
-            };
-        }
-        let first = self.block_start(b);
-        let k = claims.len() as u64;
-        let run_end = (self.block_start(b + k)).min(self.size);
-        let mut tmp = vec![0u8; (run_end - first) as usize];
-        if let Err(e) = self.backing_read(first, &mut tmp) {
-            for c in claims {
-                self.abort(c);
-            }
-            return Err(e);
-        }
-        if out.is_some() {
-            // (A prefetch is no client read: it counts as neither.)
-            self.stats.add(Ctr::ReadMisses, k);
-        }
-        let mut done = run_end;
-        if let Some((o, buf)) = out {
-            let from = o.max(first);
-            let to = run_end.min(o + buf.len() as u64);
-            buf[(from - o) as usize..(to - o) as usize]
-                .copy_from_slice(&tmp[(from - first) as usize..(to - first) as usize]);
-            done = to;
-        }
-        for c in claims {
-            let bo = self.block_start(c.block) - first;
-            let bl = self.blen(c.block);
-            self.copy_in(c.slot, 0, &tmp[bo as usize..(bo + bl) as usize]);
-            self.publish(c, State::Clean);
-        }
-        Ok(out_end.map_or(done, |e| done.min(e)))
-    }
-
-    /// NBD_CMD_CACHE: fetches the range into the cache (no bypass).
-    pub fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.size)?;
-        let _pass = self.enter()?;
-        if len == 0 {
-            return Ok(());
-        }
-        let (first, last) = (self.block_of(offset), self.block_of(offset + len - 1));
-        let max_run = (MAX_FILL_BYTES >> self.shift).max(1);
-        let mut b = first;
-        while b <= last {
-            if self.index.get(b).is_some() {
-                b += 1;
-                continue;
-            }
-            let mut end = b;
-            while end < last && end + 1 - b < max_run && self.index.get(end + 1).is_none() {
-                end += 1;
-            }
-            let done = self.fill_run(b, end, None)?;
-            b = self.block_of(done.max(self.block_start(b) + 1) - 1) + 1;
-        }
-        Ok(())
-    }
-
-    // -------------------------------------------------------------- write
-
-    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        let len = data.len() as u64;
-        check_range(offset, len, self.size)?;
-        let _pass = self.enter()?;
-        if len == 0 {
-            return if fua { self.flush() } else { Ok(()) };
-        }
-        let bypass = self.seq.note(offset, len);
-        if bypass {
-            self.stats.add(Ctr::BypassedRequests, 1);
-            self.stats.add(Ctr::BypassedBytes, len);
-        }
-        match self.cfg.mode {
-            Mode::WriteBack => {
-                self.write_back(offset, data, bypass)?;
-                if fua {
-                    self.writeback_range(offset, len)?;
-                    self.backing_flush()?;
-                }
-                Ok(())
-            }
-            Mode::WriteThrough => self.write_through(offset, data, fua, !bypass),
-            Mode::WriteAround => {
-                self.backing_write(offset, data, fua)?;
-                self.after_direct_write(offset, data);
-                let blocks = self.block_of(offset + len - 1) - self.block_of(offset) + 1;
-                self.stats.add(Ctr::WriteMisses, blocks);
-                Ok(())
-            }
-        }
-    }
-
-    /// Write-back: each block piece goes into RAM and is marked dirty.
-    /// With `bypass`, pieces of blocks that are not cached go straight to
-    /// the backing instead (cached ones must still be updated in RAM).
-    fn write_back(&self, offset: u64, data: &[u8], bypass: bool) -> Result<()> {
-        let end = offset + data.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let b = self.block_of(pos);
-            let bstart = self.block_start(b);
-            let n = (bstart + self.bs).min(end) - pos;
-            let piece = &data[(pos - offset) as usize..(pos - offset + n) as usize];
-            self.write_back_piece(b, pos - bstart, piece, bypass)?;
-            pos += n;
-        }
-        Ok(())
-    }
-
-    fn write_back_piece(&self, b: u64, off: u64, piece: &[u8], bypass: bool) -> Result<()> {
-        let mut room_tries = 0;
-        for _ in 0..MAX_RACE_RETRIES {
-            if let Some(s) = self.index.get(b) {
-                let mut g = self.slots[s as usize].meta.write();
-                if g.block != b || g.state == State::Empty {
-                    continue;
-                }
-                self.copy_in(s, off, piece);
-                g.gen += 1;
-                if g.state == State::Clean {
-                    self.mark_dirty(s, &mut g);
-                }
-                drop(g);
-                self.note_hit(s);
-                self.stats.add(Ctr::WriteHits, 1);
-                return Ok(());
-            }
-            let pos = self.block_start(b) + off;
-            if bypass {
-                self.stats.add(Ctr::WriteMisses, 1);
-                self.backing_write(pos, piece, false)?;
-                self.after_direct_write(pos, piece);
-                return Ok(());
-            }
-            match self.claim(b) {
-                Ok(c) => {
-                    let bl = self.blen(b);
-                    if (piece.len() as u64) < bl {
-                        // Partial block: the rest comes from the backing.
-                        // SAFETY: we hold the claimed slot's write lock.
-                        let dst = unsafe { self.slot_bytes(c.slot, 0, bl) };
-                        if let Err(e) = self.backing_read(self.block_start(b), dst) {
-                            self.abort(c);
-                            return Err(e);
-                        }
-                    }
-                    self.copy_in(c.slot, off, piece);
-                    self.publish(c, State::Dirty);
-                    self.stats.add(Ctr::WriteMisses, 1);
-                    return Ok(());
-                }
-                Err(ClaimErr::Exists) => continue,
-                Err(ClaimErr::NoSlot) => {
-                    // Everything is dirty: write some back to make room, and
-                    // if that cannot help, write this piece through.
-                    self.flusher_signal.kick();
-                    room_tries += 1;
-                    if room_tries <= 2 && self.writeback_some(self.cfg.writeback_max_io_bytes)? > 0
-                    {
-                        continue;
-                    }
-                    self.stats.add(Ctr::WriteMisses, 1);
-                    self.stats.add(Ctr::BypassedRequests, 1);
-                    self.stats.add(Ctr::BypassedBytes, piece.len() as u64);
-                    self.backing_write(pos, piece, false)?;
-                    self.after_direct_write(pos, piece);
-                    return Ok(());
-                }
-            }
-        }
-        Err(Error::Io(std::io::Error::other(
-            "cache: could not place a block after many retries (heavy contention)",
-        )))
-    }
-
-    /// After `data` went straight to the backing at `offset`: a cached copy
-    /// of any block it touches is stale. Clean copies are dropped (reads
-    /// refetch the new data); dirty ones (write-back) get the bytes too, so
-    /// their eventual write-back carries them.
-    fn after_direct_write(&self, offset: u64, data: &[u8]) {
-        let end = offset + data.len() as u64;
-        let (first, last) = (self.block_of(offset), self.block_of(end - 1));
-        for (b, _) in self.resident_in(first, last) {
-            let Some((s, mut g)) = self.lock_block(b) else {
-                continue;
-            };
-            if g.state == State::Dirty {
-                let bstart = self.block_start(b);
-                let from = offset.max(bstart);
-                let to = end.min(bstart + self.bs);
-                self.copy_in(
-                    s,
-                    from - bstart,
-                    &data[(from - offset) as usize..(to - offset) as usize],
-                );
-                g.gen += 1;
-            } else {
-                self.invalidate_locked(s, &mut g);
-            }
-        }
-    }
-
-    /// Write-through: cached blocks are locked across the backing write and
-    /// updated after it, so cache and backing change together; blocks the
-    /// write covers wholly are cached (`allocate`).
-    fn write_through(&self, offset: u64, data: &[u8], fua: bool, allocate: bool) -> Result<()> {
-        let end = offset + data.len() as u64;
-        let (first, last) = (self.block_of(offset), self.block_of(end - 1));
-        // Lock in slot order (stable, unlike block contents): see the
-        // module docs' lock order.
-        let mut want = self.resident_in(first, last);
-        want.sort_unstable_by_key(|&(_, s)| s);
-        let mut pins = Vec::new();
-        for (b, s) in want {
-            let g = self.slots[s as usize].meta.write();
-            if g.block == b && g.state != State::Empty {
-                pins.push((b, s, g));
-            }
-        }
-        if let Err(e) = self.backing_write(offset, data, fua) {
-            // The backing may hold part of the write: drop the copies.
-            for (_, s, mut g) in pins {
-                self.invalidate_locked(s, &mut g);
-            }
-            return Err(e);
-        }
-        let piece_of = |b: u64| {
-            let bstart = self.block_start(b);
-            let from = offset.max(bstart);
-            let to = end.min(bstart + self.bs);
-            (
-                from - bstart,
-                &data[(from - offset) as usize..(to - offset) as usize],
-            )
-        };
-        let mut pinned = Vec::with_capacity(pins.len());
-        for (b, s, g) in pins {
-            let (off, piece) = piece_of(b);
-            self.copy_in(s, off, piece);
-            drop(g);
-            self.note_hit(s);
-            pinned.push(b);
-        }
-        self.stats.add(Ctr::WriteHits, pinned.len() as u64);
-        self.stats
-            .add(Ctr::WriteMisses, last - first + 1 - pinned.len() as u64);
-        pinned.sort_unstable();
-        let mut pinned = pinned.into_iter().peekable();
-        for b in first..=last {
-            if pinned.peek() == Some(&b) {
-                pinned.next();
-                continue;
-            }
-            if let Some((s, mut g)) = self.lock_block(b) {
-                // Cached by a read while we wrote: it may be stale.
-                self.invalidate_locked(s, &mut g);
-                continue;
-            }
-            let (off, piece) = piece_of(b);
-            if allocate && off == 0 && piece.len() as u64 == self.blen(b) {
-                if let Ok(c) = self.claim(b) {
-                    self.copy_in(c.slot, 0, piece);
-                    self.publish(c, State::Clean);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    // ------------------------------------------------------ zero and trim
-
-    pub fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
-        self.discard(offset, len, Discard::Zero { may_trim })
-    }
-
-    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.discard(offset, len, Discard::Trim)
-    }
-
-    /// Zero or trim: the backing does the work; cached blocks are locked
-    /// (write-back mutex first) across it, then dropped where wholly
-    /// covered and zeroed in place where partly covered.
-    fn discard(&self, offset: u64, len: u64, how: Discard) -> Result<()> {
-        check_range(offset, len, self.size)?;
-        let _pass = self.enter()?;
-        if len == 0 {
-            return Ok(());
-        }
-        let end = offset + len;
-        let (first, last) = (self.block_of(offset), self.block_of(end - 1));
-        let mut want = self.resident_in(first, last);
-        want.sort_unstable_by_key(|&(_, s)| s);
-        let mut pins = Vec::new();
-        for (b, s) in want {
-            let wb = self.slots[s as usize].wb.lock();
-            let g = self.slots[s as usize].meta.write();
-            if g.block == b && g.state != State::Empty {
-                pins.push((b, s, wb, g));
-            }
-        }
-        if let Err(e) = self.backing_discard(offset, len, how) {
-            for (_, s, _wb, mut g) in pins {
-                if g.state == State::Clean {
-                    self.invalidate_locked(s, &mut g);
-                }
-            }
-            return Err(e);
-        }
-        let mut pinned = Vec::with_capacity(pins.len());
-        for (b, s, wb, mut g) in pins {
-            self.zero_cached(b, s, &mut g, offset, end);
-            drop(g);
-            drop(wb);
-            pinned.push(b);
-        }
-        // Blocks cached while the backing worked may predate the zeroes.
-        pinned.sort_unstable();
-        let mut pinned = pinned.into_iter().peekable();
-        for (b, _) in self.resident_in(first, last) {
-            while pinned.peek().is_some_and(|&p| p < b) {
-                pinned.next();
-            }
-            if pinned.peek() == Some(&b) {
-                continue;
-            }
-            if let Some((s, mut g)) = self.lock_block(b) {
-                if g.state == State::Dirty {
-                    self.zero_cached(b, s, &mut g, offset, end);
-                } else {
-                    self.invalidate_locked(s, &mut g);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Applies a zeroed `[offset, end)` to resident block `b` in slot `s`.
-    fn zero_cached(&self, b: u64, s: u32, g: &mut Meta, offset: u64, end: u64) {
-        let bstart = self.block_start(b);
-        let from = offset.max(bstart);
-        let to = end.min(bstart + self.blen(b));
-        if from == bstart && to == bstart + self.blen(b) {
-            self.invalidate_locked(s, g);
-        } else {
-            self.zero_in(s, from - bstart, to - from);
-            g.gen += 1;
-        }
-    }
-
     // -------------------------------------------------------------- flush
 
     pub fn flush(&self) -> Result<()> {
@@ -1057,7 +594,7 @@ impl Inner {
     }
 
     /// Writes back the dirty blocks that `[offset, offset+len)` touches.
-    fn writeback_range(&self, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn writeback_range(&self, offset: u64, len: u64) -> Result<()> {
         let (first, last) = (self.block_of(offset), self.block_of(offset + len - 1));
         let blocks: Vec<(u64, u32)> = self
             .resident_in(first, last)

@@ -5,7 +5,10 @@
 //! ```text
 //!   NBD client ─► nbd::conn ─► Cache (this module) ──misses / write-back──► backing
 //!                                │                                       (backing::open:
-//!                                ├ engine     data paths, slots, modes     file, block
+//!                                ├ engine     slots, claims, the backing calls
+//!                                ├ read       hits, misses, prefetch
+//!                                ├ write      the three write modes
+//!                                ├ discard    zero and trim     file, block
 //!                                ├ index      block → slot, sharded         device, NBD)
 //!                                ├ policy     S3-FIFO / LRU / FIFO (pure)
 //!                                ├ writeback  dirty blocks → backing
@@ -47,15 +50,18 @@
 
 pub mod backing;
 pub mod config;
+mod discard;
 mod engine;
 mod flusher;
 mod gate;
 pub mod health;
 mod index;
 pub mod policy;
+mod read;
 pub mod seq;
 pub mod sim;
 pub mod stats;
+mod write;
 mod writeback;
 
 use std::sync::atomic::Ordering;
