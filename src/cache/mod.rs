@@ -77,7 +77,7 @@ use engine::Inner;
 use flusher::Flusher;
 pub use health::HealthSnapshot;
 pub use policy::PolicyKind;
-pub use stats::CacheStats;
+pub use stats::{CacheStats, Metric, MetricKind};
 
 /// Errors of cache set-up and shutdown (the data path returns
 /// [`backend::Error`] like every backend).
