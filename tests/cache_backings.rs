@@ -431,8 +431,8 @@ fn failing_nbd_backing_keeps_dirty_data_and_recovers() {
         failed > 0,
         "reads of uncached blocks must fail while the backing is down"
     );
-    // New writes of whole blocks still land in RAM (a partial block that
-    // is not cached would need the backing for the rest: EIO).
+    // New writes of whole 512-byte units still land in RAM (an unaligned
+    // edge of a block that is not cached would need the backing: EIO).
     cache.write(2 * MIB, &[0xab; 8192], false).unwrap();
     oracle[2 * MIB as usize..2 * MIB as usize + 8192].fill(0xab);
     let s = cache.stats();
@@ -517,7 +517,7 @@ fn nbd_server_killed_and_restarted_gets_dirty_data_written_back() {
     .unwrap();
     exercise(&cache, &mut oracle, 61, 100);
     kit.kill9();
-    // Whole blocks: they need nothing from the dead server.
+    // Whole 512-byte units: they need nothing from the dead server.
     let data = random_bytes(700_416, 8);
     cache.write(122_880, &data, false).unwrap();
     oracle[122_880..823_296].copy_from_slice(&data);

@@ -350,3 +350,49 @@ fn close_during_writes_keeps_every_acknowledged_write() {
         }
     }
 }
+
+/// A 512-byte-aligned write to a block that is not cached needs nothing
+/// from the backing: it works (and is fast) even while the backing is
+/// down. The units it did not write are fetched when read, and never
+/// written back over the backing's bytes.
+#[test]
+fn sector_writes_to_uncached_blocks_need_no_backing() {
+    let init: Vec<u8> = (0..(1u32 << 20)).map(|i| (i / 512) as u8 | 0x80).collect();
+    let backing = Arc::new(MemBacking::with_contents(init.clone()));
+    let mut c = cfg(Mode::WriteBack, 64);
+    c.max_dirty_age_ms = 3_600_000;
+    c.block_bytes = 16 << 10; // 512-byte units
+    c.cache_bytes = 64 * c.block_bytes;
+    let cache = Cache::new(backing.clone(), c, None).unwrap();
+    backing.faults.set_all(true);
+    let reads = backing.reads.load(Ordering::Relaxed);
+    cache.write(16384 + 1024, &[1; 512], false).unwrap();
+    cache.write(5 * 16384, &[2; 3 * 512], false).unwrap();
+    assert_eq!(
+        backing.reads.load(Ordering::Relaxed),
+        reads,
+        "no backing read was needed"
+    );
+    let mut buf = vec![0u8; 512];
+    cache.read(16384 + 1024, &mut buf).unwrap();
+    assert!(buf.iter().all(|&x| x == 1));
+    // A unit nobody wrote needs the (dead) backing.
+    assert!(cache.read(16384, &mut buf).is_err());
+    // An unaligned write still fetches its edge units: EIO while down.
+    assert!(cache.write(40_000, &[3; 100], false).is_err());
+    backing.faults.set_all(false);
+    // The same block read whole: written units from RAM, the rest fetched.
+    let mut block = vec![0u8; 16384];
+    cache.read(16384, &mut block).unwrap();
+    assert_eq!(&block[..1024], &init[16384..16384 + 1024]);
+    assert!(block[1024..1536].iter().all(|&x| x == 1));
+    assert_eq!(&block[1536..], &init[16384 + 1536..32768]);
+    cache.flush().unwrap();
+    let mut want = init;
+    want[16384 + 1024..16384 + 1536].fill(1);
+    want[5 * 16384..5 * 16384 + 1536].fill(2);
+    assert!(
+        backing.durable() == want,
+        "write-back must not touch units it never held"
+    );
+}

@@ -265,7 +265,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, PolicyKind, u64, Vec<Op>, Opti
 }
 
 proptest! {
-    #![proptest_config(config(64))]
+    #![proptest_config(config(200))]
 
     #[test]
     fn writeback_matches_the_oracle_and_survives_crashes(

@@ -87,6 +87,7 @@ impl Inner {
             self.invalidate_locked(s, g);
         } else {
             self.zero_in(s, from - bstart, to - from);
+            g.valid |= self.unit_masks(b, from - bstart, to - bstart).0;
             g.gen += 1;
         }
     }

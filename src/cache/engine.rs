@@ -20,6 +20,11 @@
 //!   its write lock. `meta.block` names the block the slot holds, and the
 //!   index maps that block to the slot, while `meta.state` is not `Empty`
 //!   or a claim is filling it (the claimer holds the write lock).
+//! - Within a resident slot, only the units in `meta.valid` hold data; the
+//!   backing holds the newest bytes of the others (they are never dirty).
+//!   Reads fetch missing units first; a write marks the units it covers
+//!   wholly valid and fetches only the units it covers in part (at most
+//!   two: a 512-byte-aligned write to a 4 KiB block fetches nothing).
 //! - The index is only a hint: after locking a slot found through it, the
 //!   reader checks `meta.block` and retries the lookup on a mismatch.
 //! - A dirty slot is never evicted or invalidated without being written
@@ -92,6 +97,10 @@ pub(crate) struct Meta {
     /// When the slot last went from clean to dirty (ms since the cache
     /// started): the write-back lag and the age trigger.
     pub dirty_since_ms: u64,
+    /// Which units of the block the slot holds (bit i: unit i). A block
+    /// partly written before it was ever read holds only what was written;
+    /// the backing holds the newest bytes of every other unit.
+    pub valid: u64,
 }
 
 pub(crate) struct Slot {
@@ -143,6 +152,9 @@ pub(crate) struct Inner {
     pub size: u64,
     pub bs: u64,
     pub shift: u32,
+    /// log2 of the unit size: the granularity of `Meta::valid`, 512 bytes
+    /// or 1/64 of a block, whichever is larger.
+    unit_shift: u32,
     pub nslots: u32,
     pub slots: Box<[Slot]>,
     /// Slot data: slot `s` at `s * bs`.
@@ -210,6 +222,7 @@ impl Inner {
             size,
             bs,
             shift: bs.trailing_zeros(),
+            unit_shift: 9.max(bs.trailing_zeros().saturating_sub(6)),
             nslots,
             slots: (0..nslots)
                 .map(|_| Slot {
@@ -218,6 +231,7 @@ impl Inner {
                         state: State::Empty,
                         gen: 0,
                         dirty_since_ms: 0,
+                        valid: 0,
                     }),
                     wb: Mutex::new(()),
                 })
@@ -278,6 +292,67 @@ impl Inner {
     #[inline]
     pub fn block_start(&self, b: u64) -> u64 {
         b << self.shift
+    }
+
+    /// Units `[u0, u1)` as a mask.
+    #[inline]
+    fn mask(u0: u64, u1: u64) -> u64 {
+        if u1 <= u0 {
+            0
+        } else if u1 - u0 >= 64 {
+            u64::MAX
+        } else {
+            ((1u64 << (u1 - u0)) - 1) << u0
+        }
+    }
+
+    /// Bytes per unit of `Meta::valid`.
+    pub(crate) fn unit_bytes(&self) -> u64 {
+        1 << self.unit_shift
+    }
+
+    /// Every unit of block `b`.
+    #[inline]
+    pub(crate) fn full_mask(&self, b: u64) -> u64 {
+        Self::mask(0, self.blen(b).div_ceil(1 << self.unit_shift))
+    }
+
+    /// The units of block `b` that block-relative `[from, to)` covers
+    /// wholly, and those it touches at all.
+    #[inline]
+    pub(crate) fn unit_masks(&self, b: u64, from: u64, to: u64) -> (u64, u64) {
+        let u = self.unit_shift;
+        let unit = 1u64 << u;
+        let touched = Self::mask(from >> u, to.div_ceil(unit));
+        // The block's last unit may be short: reaching the block's end
+        // covers it wholly.
+        let end_unit = if to >= self.blen(b) {
+            to.div_ceil(unit)
+        } else {
+            to >> u
+        };
+        (Self::mask(from.div_ceil(unit), end_unit), touched)
+    }
+
+    /// Reads the units `need` of block `b` from the backing into slot `s`
+    /// (whose write lock the caller holds) and marks them valid. On error
+    /// nothing is marked.
+    pub(crate) fn fill_units(&self, b: u64, s: u32, g: &mut Meta, need: u64) -> Result<()> {
+        let u = self.unit_shift;
+        let blen = self.blen(b);
+        let mut rest = need;
+        while rest != 0 {
+            let first = rest.trailing_zeros() as u64;
+            let run = (!(rest >> first)).trailing_zeros() as u64;
+            let (from, to) = (first << u, ((first + run) << u).min(blen));
+            // SAFETY: the caller holds the slot's write lock; the range is
+            // inside the block.
+            let dst = unsafe { self.slot_bytes(s, from, to - from) };
+            self.backing_read(self.block_start(b) + from, dst)?;
+            rest &= !Self::mask(first, first + run);
+        }
+        g.valid |= need;
+        Ok(())
     }
 
     /// Admits a request (held until it returns), or fails when closed.
@@ -481,6 +556,7 @@ impl Inner {
         }
         g.block = b;
         g.gen += 1;
+        g.valid = 0;
         Ok(Claimed { slot, block: b, g })
     }
 
@@ -536,6 +612,7 @@ impl Inner {
         g.block = NO_BLOCK;
         g.state = State::Empty;
         g.gen += 1;
+        g.valid = 0;
         self.resident.fetch_sub(1, Ordering::Relaxed);
         self.stats.add(Ctr::Invalidations, 1);
         let mut a = self.alloc.lock();

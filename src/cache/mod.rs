@@ -27,8 +27,9 @@
 //!   the backing write.
 //! - **write-around**: a write goes to the backing and cached copies of
 //!   what it touches are dropped; only reads fill the cache.
-//! - **write-back**: a write goes to RAM and marks its blocks dirty (a
-//!   partial block is first read from the backing). The flusher writes
+//! - **write-back**: a write goes to RAM and marks its blocks dirty (only
+//!   512-byte units it covers in part and the cache lacks are read from the
+//!   backing first). The flusher writes
 //!   dirty blocks back between the high and low watermarks and when they
 //!   get older than `max_dirty_age_ms`. FLUSH writes back every dirty block
 //!   and then flushes the backing; a FUA write writes back the blocks it

@@ -7,25 +7,61 @@ use super::engine::{ClaimErr, Claimed, Inner, State, MAX_FILL_BYTES, MAX_RACE_RE
 use super::stats::Ctr;
 use crate::backend::{check_range, Result};
 
+/// How `read_hit` served a piece of a block.
+enum Served {
+    /// From the cache alone.
+    Hit,
+    /// From the cache after fetching units it lacked.
+    Filled,
+    /// Not cached: the caller fetches the block.
+    Absent,
+}
+
 impl Inner {
-    /// Copies a piece of block `b` out of the cache if it is resident.
+    /// Copies a piece of block `b` out of the cache if it is resident,
+    /// fetching units of it the cache does not hold yet.
     #[inline]
-    fn read_hit(&self, b: u64, off: u64, dst: &mut [u8]) -> bool {
+    fn read_hit(&self, b: u64, off: u64, dst: &mut [u8]) -> Result<Served> {
+        let end = off + dst.len() as u64;
         for _ in 0..MAX_RACE_RETRIES {
             let Some(s) = self.index.get(b) else {
-                return false;
+                return Ok(Served::Absent);
             };
             let g = self.slots[s as usize].meta.read();
             if g.block != b || g.state == State::Empty {
                 // Evicted (or its fill failed) after the lookup: look again.
                 continue;
             }
+            let (_, touched) = self.unit_masks(b, off, end);
+            if g.valid & touched != touched {
+                drop(g);
+                return self.read_filling_units(b, s, off, dst);
+            }
             self.copy_out(s, off, dst);
             drop(g);
             self.note_hit(s);
-            return true;
+            return Ok(Served::Hit);
         }
-        false
+        Ok(Served::Absent)
+    }
+
+    /// A resident block lacks some units the read needs (it was partly
+    /// written before it was ever read): fetch them, then copy out.
+    #[cold]
+    fn read_filling_units(&self, b: u64, s: u32, off: u64, dst: &mut [u8]) -> Result<Served> {
+        let mut g = self.slots[s as usize].meta.write();
+        if g.block != b || g.state == State::Empty {
+            return Ok(Served::Absent);
+        }
+        let (_, touched) = self.unit_masks(b, off, off + dst.len() as u64);
+        let need = touched & !g.valid;
+        if need != 0 {
+            self.fill_units(b, s, &mut g, need)?;
+        }
+        self.copy_out(s, off, dst);
+        drop(g);
+        self.note_hit(s);
+        Ok(Served::Filled)
     }
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -44,10 +80,18 @@ impl Inner {
             let bstart = self.block_start(b);
             let n = (bstart + self.bs).min(end) - pos;
             let at = (pos - offset) as usize;
-            if self.read_hit(b, pos - bstart, &mut buf[at..at + n as usize]) {
-                self.stats.add(Ctr::ReadHits, 1);
-                pos += n;
-                continue;
+            match self.read_hit(b, pos - bstart, &mut buf[at..at + n as usize])? {
+                Served::Hit => {
+                    self.stats.add(Ctr::ReadHits, 1);
+                    pos += n;
+                    continue;
+                }
+                Served::Filled => {
+                    self.stats.add(Ctr::ReadMisses, 1);
+                    pos += n;
+                    continue;
+                }
+                Served::Absent => {}
             }
             // A miss: extend it over the following missing blocks.
             let max_run = (MAX_FILL_BYTES >> self.shift).max(1);
@@ -139,10 +183,11 @@ impl Inner {
                 .copy_from_slice(&tmp[(from - first) as usize..(to - first) as usize]);
             done = to;
         }
-        for c in claims {
+        for mut c in claims {
             let bo = self.block_start(c.block) - first;
             let bl = self.blen(c.block);
             self.copy_in(c.slot, 0, &tmp[bo as usize..(bo + bl) as usize]);
+            c.g.valid = self.full_mask(c.block);
             self.publish(c, State::Clean);
         }
         Ok(out_end.map_or(done, |e| done.min(e)))

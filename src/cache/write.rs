@@ -64,7 +64,14 @@ impl Inner {
                 if g.block != b || g.state == State::Empty {
                     continue;
                 }
+                let (full, touched) = self.unit_masks(b, off, off + piece.len() as u64);
+                let need = touched & !full & !g.valid;
+                if need != 0 {
+                    // Units the write covers in part and the cache lacks.
+                    self.fill_units(b, s, &mut g, need)?;
+                }
                 self.copy_in(s, off, piece);
+                g.valid |= touched;
                 g.gen += 1;
                 if g.state == State::Clean {
                     self.mark_dirty(s, &mut g);
@@ -82,18 +89,19 @@ impl Inner {
                 return Ok(());
             }
             match self.claim(b) {
-                Ok(c) => {
-                    let bl = self.blen(b);
-                    if (piece.len() as u64) < bl {
-                        // Partial block: the rest comes from the backing.
-                        // SAFETY: we hold the claimed slot's write lock.
-                        let dst = unsafe { self.slot_bytes(c.slot, 0, bl) };
-                        if let Err(e) = self.backing_read(self.block_start(b), dst) {
+                Ok(mut c) => {
+                    // Only units the write covers in part need the backing;
+                    // the rest of the block stays unfetched (not valid).
+                    let (full, touched) = self.unit_masks(b, off, off + piece.len() as u64);
+                    let need = touched & !full;
+                    if need != 0 {
+                        if let Err(e) = self.fill_units(b, c.slot, &mut c.g, need) {
                             self.abort(c);
                             return Err(e);
                         }
                     }
                     self.copy_in(c.slot, off, piece);
+                    c.g.valid |= touched;
                     self.publish(c, State::Dirty);
                     self.stats.add(Ctr::WriteMisses, 1);
                     return Ok(());
@@ -142,6 +150,10 @@ impl Inner {
                     from - bstart,
                     &data[(from - offset) as usize..(to - offset) as usize],
                 );
+                // Units written wholly are current here now; units written
+                // in part that the cache lacks stay lacking (the backing
+                // has all of them).
+                g.valid |= self.unit_masks(b, from - bstart, to - bstart).0;
                 g.gen += 1;
             } else {
                 self.invalidate_locked(s, &mut g);
@@ -183,9 +195,10 @@ impl Inner {
             )
         };
         let mut pinned = Vec::with_capacity(pins.len());
-        for (b, s, g) in pins {
+        for (b, s, mut g) in pins {
             let (off, piece) = piece_of(b);
             self.copy_in(s, off, piece);
+            g.valid |= self.unit_masks(b, off, off + piece.len() as u64).0;
             drop(g);
             self.note_hit(s);
             pinned.push(b);
@@ -207,8 +220,9 @@ impl Inner {
             }
             let (off, piece) = piece_of(b);
             if allocate && off == 0 && piece.len() as u64 == self.blen(b) {
-                if let Ok(c) = self.claim(b) {
+                if let Ok(mut c) = self.claim(b) {
                     self.copy_in(c.slot, 0, piece);
+                    c.g.valid = self.full_mask(b);
                     self.publish(c, State::Clean);
                 }
             }

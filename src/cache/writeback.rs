@@ -85,7 +85,10 @@ impl Inner {
         Ok(written)
     }
 
-    /// Writes back a run of consecutive blocks.
+    /// Writes back a run of consecutive blocks: the units each holds (a
+    /// block partly written before it was ever read holds only those), as
+    /// few backing writes as the runs of held units allow. Nothing is
+    /// marked clean unless every write succeeded.
     fn writeback_group(&self, group: &[(u64, u32)]) -> Result<u64> {
         // Serialise with other write-backs (and zero/trim) of these slots,
         // in slot order.
@@ -96,44 +99,65 @@ impl Inner {
             wb.push(self.slots[group[i].1 as usize].wb.lock());
         }
         let b0 = group[0].0;
-        let end = self.block_start(group[group.len() - 1].0) + self.blen(group[group.len() - 1].0);
-        let mut buf = vec![0u8; (end - self.block_start(b0)) as usize];
+        let base = self.block_start(b0);
+        let last = group[group.len() - 1].0;
+        let mut buf = vec![0u8; (self.block_start(last) + self.blen(last) - base) as usize];
         let mut gens = vec![None; group.len()];
+        // Backing ranges to write, ascending, adjacent ones merged.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
         for (i, &(b, s)) in group.iter().enumerate() {
             let g = self.slots[s as usize].meta.read();
-            if g.block == b && g.state == State::Dirty {
-                let at = ((b - b0) * self.bs) as usize;
-                self.copy_out(s, 0, &mut buf[at..at + self.blen(b) as usize]);
-                gens[i] = Some(g.gen);
-            }
-        }
-        let mut written = 0;
-        let mut i = 0;
-        while i < group.len() {
-            if gens[i].is_none() {
-                i += 1;
+            if g.block != b || g.state != State::Dirty {
                 continue;
             }
-            let mut j = i + 1;
-            while j < group.len() && gens[j].is_some() {
-                j += 1;
-            }
-            let from = ((group[i].0 - b0) * self.bs) as usize;
-            let last = group[j - 1].0;
-            let to = ((last - b0) * self.bs + self.blen(last)) as usize;
-            self.backing_write(self.block_start(group[i].0), &buf[from..to], false)?;
-            for k in i..j {
-                let (b, s) = group[k];
-                let mut g = self.slots[s as usize].meta.write();
-                if g.block == b && g.state == State::Dirty && Some(g.gen) == gens[k] {
-                    self.mark_clean(s, &mut g);
+            let bstart = self.block_start(b);
+            for (from, to) in self.valid_runs(b, g.valid) {
+                let at = (bstart - base + from) as usize;
+                self.copy_out(s, from, &mut buf[at..at + (to - from) as usize]);
+                match runs.last_mut() {
+                    Some(r) if r.1 == bstart + from => r.1 = bstart + to,
+                    _ => runs.push((bstart + from, bstart + to)),
                 }
             }
-            written += (to - from) as u64;
-            i = j;
+            gens[i] = Some(g.gen);
+        }
+        let mut written = 0;
+        for (from, to) in runs {
+            self.backing_write(
+                from,
+                &buf[(from - base) as usize..(to - base) as usize],
+                false,
+            )?;
+            written += to - from;
+        }
+        for (k, &(b, s)) in group.iter().enumerate() {
+            let Some(gen) = gens[k] else { continue };
+            let mut g = self.slots[s as usize].meta.write();
+            if g.block == b && g.state == State::Dirty && g.gen == gen {
+                self.mark_clean(s, &mut g);
+            }
         }
         self.stats.add(Ctr::WritebackBytes, written);
         drop(wb);
         Ok(written)
+    }
+
+    /// Block-relative byte ranges of the units in `valid`.
+    fn valid_runs(&self, b: u64, valid: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let blen = self.blen(b);
+        let unit = self.unit_bytes();
+        let mut rest = valid & self.full_mask(b);
+        while rest != 0 {
+            let first = rest.trailing_zeros() as u64;
+            let run = (!(rest >> first)).trailing_zeros() as u64;
+            out.push((first * unit, ((first + run) * unit).min(blen)));
+            rest &= if first + run >= 64 {
+                0
+            } else {
+                u64::MAX << (first + run)
+            };
+        }
+        out
     }
 }
