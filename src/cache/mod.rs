@@ -89,13 +89,62 @@ pub enum CacheError {
     Config(String),
     /// The backing cannot be opened or used.
     #[error("cache backing {spec}: {message}")]
-    Backing { spec: String, message: String },
+    Backing {
+        spec: String,
+        message: String,
+        /// Why, for callers that answer differently (the API's status).
+        kind: BackingErrorKind,
+    },
     /// Dirty data could not be written back, so the cache was not closed.
     #[error("{dirty_bytes} bytes of dirty data could not be written back ({error}); the cache keeps them and retries: fix the backing, or force the delete to drop them")]
     DirtyData { dirty_bytes: u64, error: String },
     /// The OS refused a resource (memory map, thread).
     #[error("cannot set up the cache: {0}")]
     Setup(#[from] std::io::Error),
+}
+
+/// Why a backing could not be opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackingErrorKind {
+    /// The spec itself is wrong: a malformed URI, a path that does not
+    /// exist or is not a file or block device, a read-only or unknown
+    /// export. Trying again will not help until the spec changes.
+    Invalid,
+    /// The backing exists but someone else holds it (a mounted block
+    /// device, another cache over the same file).
+    Busy,
+    /// The backing could not be reached (connection refused, timeout,
+    /// protocol failure) or failed an I/O call: it may work later.
+    Unreachable,
+}
+
+/// RAM a cache over a backing of `backing_bytes` may hold for data: its
+/// size in whole blocks, but never more blocks than the backing has.
+pub fn capacity_bytes(cfg: &CacheConfig, backing_bytes: u64) -> u64 {
+    let blocks = backing_bytes.div_ceil(cfg.block_bytes);
+    cfg.slots().min(blocks.max(1)) * cfg.block_bytes
+}
+
+/// The most metadata a cache of this configuration can need, whatever its
+/// backing (for a budget promised before the backing could be opened).
+pub fn metadata_bytes_max(cfg: &CacheConfig) -> u64 {
+    cfg.slots() * 128 + (index::FLAT_MAX_BLOCKS * 4).max(cfg.slots() * 48)
+}
+
+/// RAM a cache over a backing of `backing_bytes` needs besides the cached
+/// data (an upper bound, for memory budgets): per slot its lock and state,
+/// the policy's queues and the hit counter (~110 bytes, counted as 128);
+/// the index (4 bytes per backing block when flat, committed as blocks are
+/// touched; ~48 bytes per slot when sharded).
+pub fn metadata_bytes(cfg: &CacheConfig, backing_bytes: u64) -> u64 {
+    let blocks = backing_bytes.div_ceil(cfg.block_bytes);
+    let slots = cfg.slots().min(blocks.max(1));
+    let index = if blocks <= index::FLAT_MAX_BLOCKS {
+        blocks * 4
+    } else {
+        slots * 48
+    };
+    slots * 128 + index
 }
 
 /// How long closing waits for requests already inside the cache.
@@ -254,6 +303,17 @@ impl Cache {
             tracing::warn!("cache closed; the backing's final flush failed: {e}");
         }
         Ok(report)
+    }
+
+    /// Hands the dirty data to `f` as `(backing offset, bytes)` runs in
+    /// ascending order, without writing anything back or changing any
+    /// state: for saving what a dead backing cannot take (the daemon's
+    /// rescue file). Returns the bytes handed over.
+    pub fn save_dirty(
+        &self,
+        f: &mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<u64> {
+        self.inner.for_each_dirty(f)
     }
 
     /// Stops everything without writing anything back, as if the process

@@ -142,6 +142,37 @@ impl Inner {
         Ok(written)
     }
 
+    /// Hands every run of units that dirty blocks hold to `f` as
+    /// `(backing offset, bytes)`, ascending, each copied under its block's
+    /// read lock (for saving dirty data the backing cannot take). Returns
+    /// the bytes handed over.
+    pub(crate) fn for_each_dirty(
+        &self,
+        f: &mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<u64> {
+        let mut list = self.scan_dirty();
+        list.sort_unstable_by_key(|d| d.block);
+        let mut buf = vec![0u8; self.bs as usize];
+        let mut total = 0;
+        for d in list {
+            let g = self.slots[d.slot as usize].meta.read();
+            if g.block != d.block || g.state != State::Dirty {
+                continue;
+            }
+            let runs = self.valid_runs(d.block, g.valid);
+            for &(from, to) in &runs {
+                self.copy_out(d.slot, from, &mut buf[from as usize..to as usize]);
+            }
+            drop(g);
+            let bstart = self.block_start(d.block);
+            for (from, to) in runs {
+                f(bstart + from, &buf[from as usize..to as usize])?;
+                total += to - from;
+            }
+        }
+        Ok(total)
+    }
+
     /// Block-relative byte ranges of the units in `valid`.
     fn valid_runs(&self, b: u64, valid: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();

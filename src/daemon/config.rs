@@ -24,6 +24,13 @@
 //! mem_limit = "512M"
 //! read_only = false
 //! overcommit = false
+//!
+//! [[cache]]
+//! name = "db"
+//! backing = "/dev/sdb"        # a file, a block device or an NBD URI
+//! size = "2G"
+//! mode = "writeback"
+//! block_size = "64K"          # ...and every option of `ramd cache create`
 //! ```
 
 use std::net::SocketAddr;
@@ -32,6 +39,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::caches::{CacheConfigEntry, CacheSpec};
 use super::spec::{check_name, parse_drive_size, DriveSpec};
 use crate::size::parse_size;
 
@@ -106,6 +114,9 @@ pub struct ConfigFile {
     /// Drives created at start.
     #[serde(default, rename = "drive")]
     pub drives: Vec<DriveEntry>,
+    /// RAM caches created at start.
+    #[serde(default, rename = "cache")]
+    pub caches: Vec<CacheConfigEntry>,
 }
 
 /// `[daemon]`: each key matches a `ramd daemon` flag, which wins over it.
@@ -144,6 +155,8 @@ pub struct Config {
     pub path: Option<PathBuf>,
     pub daemon: DaemonSection,
     pub drives: Vec<DriveSpec>,
+    /// Caches to create at start.
+    pub caches: Vec<CacheSpec>,
 }
 
 /// 1-based line and column of a byte offset.
@@ -190,10 +203,30 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             overcommit: d.overcommit,
         });
     }
+    let mut caches: Vec<CacheSpec> = Vec::new();
+    for c in &file.caches {
+        let spec = c.to_spec().map_err(|(offset, m)| invalid(offset, m))?;
+        let name = &spec.name;
+        let taken = if drives.iter().any(|d| &d.name == name) {
+            Some("a drive")
+        } else if caches.iter().any(|x| &x.name == name) {
+            Some("another cache")
+        } else {
+            None
+        };
+        if let Some(what) = taken {
+            return Err(invalid(
+                c.name.span().start,
+                format!("cache '{name}': the name is taken by {what} (drives and caches share NBD export names)"),
+            ));
+        }
+        caches.push(spec);
+    }
     Ok(Config {
         path: Some(path.to_owned()),
         daemon: file.daemon,
         drives,
+        caches,
     })
 }
 
@@ -243,6 +276,77 @@ read_only = true
         assert_eq!(c.drives.len(), 2);
         assert_eq!(c.drives[0].mem_limit_bytes, Some(1 << 20));
         assert!(c.drives[1].read_only);
+    }
+
+    #[test]
+    fn caches() {
+        let c = parse(
+            Path::new("x.toml"),
+            "[[drive]]\nname = \"a\"\nsize = \"1G\"\n\n[[cache]]\nname = \"db\"\nbacking = \"/dev/sdb\"\nsize = \"64M\"\nmode = \"writeback\"\nblock_size = \"64K\"\ndirty_high = 70\nmax_dirty_age = \"5s\"\ndirect = true\nnbd_timeout = 10000\n",
+        )
+        .unwrap();
+        assert_eq!(c.caches.len(), 1);
+        let s = &c.caches[0];
+        assert_eq!((s.name.as_str(), s.backing.as_str()), ("db", "/dev/sdb"));
+        assert_eq!(s.config.cache_bytes, 64 << 20);
+        assert_eq!(s.config.block_bytes, 64 << 10);
+        assert_eq!(s.config.dirty_high_percent, 70);
+        assert_eq!(s.config.max_dirty_age_ms, 5000);
+        assert!(s.options.direct_io);
+        assert_eq!(s.options.nbd_timeout.as_millis(), 10_000);
+        let base = "[[cache]]\nname = \"db\"\nbacking = \"/x\"\nsize = \"64M\"\nmode = \"wb\"\n";
+        for (extra, want) in [
+            (
+                "policy = \"mru\"\n",
+                "ramd.toml:6:10: policy=mru: unknown eviction policy",
+            ),
+            ("dirty_high = 101\n", "ramd.toml:6:14: dirty-high=101"),
+            (
+                "block_size = \"3K\"\n",
+                "ramd.toml:2:8: cache 'db': block size",
+            ),
+            ("turbo = 1\n", "ramd.toml:6:1: unknown field `turbo`"),
+            (
+                "nbd_connections = 99\n",
+                "ramd.toml:6:19: nbd-connections=99",
+            ),
+        ] {
+            let e = err(&format!("{base}{extra}"));
+            assert!(e.starts_with(want), "want {want:?}, got {e:?}");
+        }
+        for (text, want) in [
+            (
+                "[[cache]]\nname = \"DB\"\nbacking = \"/x\"\nsize = \"64M\"\nmode = \"wb\"\n",
+                "ramd.toml:2:8: invalid cache name 'DB'",
+            ),
+            (
+                "[[cache]]\nname = \"db\"\nbacking = \"nbd://\"\nsize = \"64M\"\nmode = \"wb\"\n",
+                "ramd.toml:3:11: ",
+            ),
+            (
+                "[[cache]]\nname = \"db\"\nbacking = \"/x\"\nsize = \"0\"\nmode = \"wb\"\n",
+                "ramd.toml:4:8: ",
+            ),
+            (
+                "[[cache]]\nname = \"db\"\nbacking = \"/x\"\nsize = \"64M\"\nmode = \"fast\"\n",
+                "ramd.toml:5:8: unknown cache mode 'fast'",
+            ),
+            (
+                "[[cache]]\nname = \"db\"\nbacking = \"/x\"\nsize = \"64M\"\n",
+                "missing field `mode`",
+            ),
+            (
+                "[[drive]]\nname = \"db\"\nsize = 4096\n[[cache]]\nname = \"db\"\nbacking = \"/x\"\nsize = \"64M\"\nmode = \"wb\"\n",
+                "ramd.toml:5:8: cache 'db': the name is taken by a drive",
+            ),
+            (
+                "[[cache]]\nname = \"db\"\nbacking = \"/x\"\nsize = \"64M\"\nmode = \"wb\"\n[[cache]]\nname = \"db\"\nbacking = \"/y\"\nsize = \"64M\"\nmode = \"wb\"\n",
+                "ramd.toml:7:8: cache 'db': the name is taken by another cache",
+            ),
+        ] {
+            let e = err(text);
+            assert!(e.contains(want), "want {want:?} in {e:?}");
+        }
     }
 
     #[test]

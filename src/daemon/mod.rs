@@ -18,6 +18,7 @@
 //! The NBD data path stays on plain threads with blocking I/O (measured
 //! faster than async for RAM requests); tokio runs only the API.
 
+pub mod caches;
 pub mod config;
 pub mod lock;
 mod logging;
@@ -35,6 +36,7 @@ use crate::attach::Attachments;
 use crate::nbd::{ExportTable, Server, ServerConfig};
 use crate::size::{format_size, parse_size};
 use crate::store::MemoryBudget;
+use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;
 use config::{Config, ConfigError};
 use lock::{LockError, PidLock};
@@ -142,6 +144,12 @@ pub enum DaemonError {
     /// Threads or the runtime could not start.
     #[error("cannot start: {0}")]
     Start(std::io::Error),
+    /// A start-up cache could not be created.
+    #[error("cannot create cache '{name}': {source}")]
+    Cache { name: String, source: CachesError },
+    /// At shutdown, dirty data of a cache could not reach its backing.
+    #[error("{0}")]
+    CacheData(String),
 }
 
 /// Settings after flags, config and defaults are merged.
@@ -162,6 +170,8 @@ pub struct Settings {
     pub drives: Vec<(DriveSpec, Origin)>,
     /// The config file read, if any.
     pub config_path: Option<PathBuf>,
+    /// Caches to create at start (from the config).
+    pub caches: Vec<CacheSpec>,
 }
 
 impl Settings {
@@ -234,6 +244,7 @@ impl Settings {
             log_format: args.log_format.or(c.log_format).unwrap_or_default(),
             drives,
             config_path: config.path,
+            caches: config.caches,
         })
     }
 }
@@ -248,6 +259,8 @@ pub struct Daemon {
     pub started: Instant,
     pub started_unix_s: u64,
     pub sampler: Arc<Sampler>,
+    /// RAM caches in front of slower disks.
+    pub caches: Arc<Caches>,
 }
 
 impl Daemon {
@@ -336,6 +349,23 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 source,
             })?;
     }
+    let caches = Arc::new(Caches::new(
+        exports.clone(),
+        registry.clone(),
+        settings.metrics,
+    ));
+    let cache_origin = settings
+        .config_path
+        .clone()
+        .map_or(Origin::CommandLine, Origin::Config);
+    for spec in &settings.caches {
+        caches
+            .create_at_start(spec.clone(), cache_origin.clone())
+            .map_err(|source| DaemonError::Cache {
+                name: spec.name.clone(),
+                source,
+            })?;
+    }
 
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
@@ -344,6 +374,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let server = Server::bind(nbd_config, exports).map_err(DaemonError::Nbd)?;
     let nbd_handle = server.shutdown_handle();
     registry.set_nbd(nbd_handle.clone());
+    caches.set_nbd(nbd_handle.clone());
     let tcp_addrs = server.tcp_addrs().to_vec();
 
     let api_listener = bind_api(&settings.api_socket)?;
@@ -361,6 +392,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         sampler: Arc::new(Sampler::new()),
+        caches: caches.clone(),
     });
 
     let nbd_thread = std::thread::Builder::new()
@@ -392,6 +424,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let served = runtime.block_on(async {
         let listener = tokio::net::UnixListener::from_std(api_listener)?;
         tokio::spawn(daemon.sampler.clone().run(daemon.registry.clone()));
+        tokio::spawn(caches::sample_loop(daemon.caches.clone()));
         let _ = sd_notify::notify(
             false,
             &[
@@ -419,8 +452,36 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Err(_) => tracing::error!("NBD server thread panicked"),
     }
     daemon.attachments.shutdown();
+    // Nothing writes any more: write every cache back (bounded, loud).
+    let outcomes = daemon
+        .caches
+        .shutdown(&settings.state_dir.join("cache-rescue"));
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     remove_if_socket(&settings.api_socket);
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, o)| o.failed())
+        .map(|(name, o)| match o {
+            caches::shutdown::Outcome::Rescued {
+                dirty_bytes, dir, ..
+            } => format!(
+                "cache '{name}': {} of dirty data saved to {} (run its apply.sh once the backing works)",
+                format_size(*dirty_bytes),
+                dir.display()
+            ),
+            _ => format!("cache '{name}': dirty data LOST (see the log)"),
+        })
+        .collect();
+    if !failed.is_empty() {
+        tracing::error!(
+            "stopped, but not every cache could write back: {}",
+            failed.join("; ")
+        );
+        return Err(DaemonError::CacheData(format!(
+            "stopped, but dirty cache data did not reach its backing: {}",
+            failed.join("; ")
+        )));
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -445,6 +506,15 @@ fn announce(d: &Daemon) {
     );
     if let Some(p) = &s.config_path {
         tracing::info!("config: {}", p.display());
+    }
+    for c in d.caches.list() {
+        tracing::info!(
+            "cache {} ({}, {}) at {}",
+            c.name,
+            c.spec.summary(),
+            c.state().name(),
+            d.unix_uri(&c.name)
+        );
     }
     for drive in &drives {
         tracing::info!(

@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -208,6 +209,9 @@ pub struct Registry {
     metrics_enabled: bool,
     /// Closes NBD connections on forced delete (set once the server binds).
     nbd: OnceLock<ShutdownHandle>,
+    /// Budget promised to caches (`promise`), counted by every drive's
+    /// budget check; changed only under the `drives` mutex.
+    promised_elsewhere: AtomicU64,
 }
 
 /// A change to a drive (`PATCH`). Absent fields stay as they are.
@@ -233,7 +237,37 @@ impl Registry {
             budget,
             metrics_enabled,
             nbd: OnceLock::new(),
+            promised_elsewhere: AtomicU64::new(0),
         }
+    }
+
+    /// Promises `bytes` of the budget to something other than a drive (a
+    /// cache), under the same rule as drives: refused (with `what` and how
+    /// to make room in the message) unless the unpromised budget holds it.
+    pub fn promise(&self, what: &str, bytes: u64) -> Result<(), RegistryError> {
+        let drives = self.drives.lock();
+        let promised = drives.values().map(|d| d.commitment()).sum::<u64>()
+            + self.promised_elsewhere.load(Ordering::Relaxed);
+        let limit = self.budget.limit_bytes();
+        let room = limit.saturating_sub(promised);
+        if bytes > room {
+            return Err(RegistryError::OverBudget(format!(
+                "{what} needs {} but only {} of the {} memory budget is not promised to drives and caches; \
+                 use a smaller --size, delete a drive or cache, or start the daemon with a larger --mem-budget",
+                format_size(bytes),
+                format_size(room),
+                format_size(limit)
+            )));
+        }
+        self.promised_elsewhere.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Gives back budget promised with [`Registry::promise`].
+    pub fn unpromise(&self, bytes: u64) {
+        let _drives = self.drives.lock();
+        let prev = self.promised_elsewhere.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(prev >= bytes, "unpromised more than promised");
     }
 
     /// Lets forced deletes close NBD connections.
@@ -251,7 +285,9 @@ impl Registry {
 
     /// Budget promised to drives (see the module invariants).
     pub fn committed_bytes(&self) -> u64 {
-        self.drives.lock().values().map(|d| d.commitment()).sum()
+        let drives = self.drives.lock();
+        drives.values().map(|d| d.commitment()).sum::<u64>()
+            + self.promised_elsewhere.load(Ordering::Relaxed)
     }
 
     /// Every drive, by name.
@@ -280,7 +316,8 @@ impl Registry {
             .values()
             .filter(|d| Some(d.name.as_str()) != except)
             .map(|d| d.commitment())
-            .sum();
+            .sum::<u64>()
+            + self.promised_elsewhere.load(Ordering::Relaxed);
         let limit = self.budget.limit_bytes();
         let room = limit.saturating_sub(others);
         let meta = metadata_estimate(size);

@@ -43,14 +43,23 @@ impl Sampler {
 
     /// Takes one sample of every drive with metrics.
     pub fn tick(&self, registry: &Registry) {
-        let now = Instant::now();
         let drives = registry.list();
+        self.tick_totals(
+            drives
+                .iter()
+                .filter_map(|d| d.metrics.as_ref().map(|m| (d.name.clone(), m.snapshot())))
+                .collect(),
+        );
+    }
+
+    /// Takes one sample of these (name, totals); names not given are
+    /// forgotten. (Caches keep their own sampler and feed it this way.)
+    pub fn tick_totals(&self, items: Vec<(String, Totals)>) {
+        let now = Instant::now();
         let mut state = self.state.lock();
-        state.retain(|name, _| drives.iter().any(|d| &d.name == name));
-        for d in drives {
-            let Some(m) = &d.metrics else { continue };
-            let totals = m.snapshot();
-            match state.get_mut(&d.name) {
+        state.retain(|name, _| items.iter().any(|(n, _)| n == name));
+        for (name, totals) in items {
+            match state.get_mut(&name) {
                 Some(slot) => {
                     slot.window = Some(Window {
                         interval: now - slot.at,
@@ -61,7 +70,7 @@ impl Sampler {
                 }
                 None => {
                     state.insert(
-                        d.name.clone(),
+                        name,
                         Slot {
                             at: now,
                             totals,

@@ -67,6 +67,24 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// Why opening failed: the message plus the OS error number, kept so
+/// callers can tell a missing file from a busy device (`io::Error` loses
+/// the number once a message is attached).
+#[derive(Debug)]
+pub struct OpenFailure {
+    /// The errno of the failed call, if it was a system call.
+    pub errno: Option<i32>,
+    text: String,
+}
+
+impl std::fmt::Display for OpenFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for OpenFailure {}
+
 /// A file or block device backing.
 pub struct FileBacking {
     file: File,
@@ -99,7 +117,16 @@ fn ioctl_u64(f: &File, req: libc::c_ulong) -> io::Result<u64> {
 impl FileBacking {
     /// Opens an existing file or block device read-write.
     pub fn open(path: &Path, direct: bool) -> io::Result<FileBacking> {
-        let ctx = |e: io::Error, what: &str| io::Error::new(e.kind(), format!("{what}: {e}"));
+        let ctx = |e: io::Error, what: &str| {
+            let errno = e.raw_os_error();
+            io::Error::new(
+                e.kind(),
+                OpenFailure {
+                    errno,
+                    text: format!("{what}: {e}"),
+                },
+            )
+        };
         let meta = std::fs::metadata(path).map_err(|e| ctx(e, "cannot open"))?;
         let block_device = meta.file_type().is_block_device();
         if !block_device && !meta.is_file() {

@@ -18,9 +18,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::CacheError;
+use super::{BackingErrorKind, CacheError};
 use crate::backend::Backend;
-use crate::nbd::client::{ClientOptions, NbdClient, NbdUri};
+use crate::nbd::client::{ClientError, ClientOptions, NbdClient, NbdUri};
 pub use file::FileBacking;
 pub use mem::MemBacking;
 
@@ -39,6 +39,7 @@ impl BackingSpec {
             return Err(CacheError::Backing {
                 spec: spec.into(),
                 message: "empty: give a file, a block device or an NBD URI".into(),
+                kind: BackingErrorKind::Invalid,
             });
         }
         if NbdUri::is_uri(spec) {
@@ -47,6 +48,7 @@ impl BackingSpec {
                 .map_err(|e| CacheError::Backing {
                     spec: spec.into(),
                     message: e.to_string(),
+                    kind: BackingErrorKind::Invalid,
                 });
         }
         Ok(BackingSpec::Path(PathBuf::from(spec)))
@@ -77,9 +79,10 @@ impl Default for BackingOptions {
 
 /// Opens the backing `spec` names. The backing must be writable.
 pub fn open_backing(spec: &str, opts: &BackingOptions) -> Result<Arc<dyn Backend>, CacheError> {
-    let err = |message: String| CacheError::Backing {
+    let err = |message: String, kind| CacheError::Backing {
         spec: spec.into(),
         message,
+        kind,
     };
     match BackingSpec::parse(spec)? {
         BackingSpec::Nbd(uri) => {
@@ -90,17 +93,53 @@ pub fn open_backing(spec: &str, opts: &BackingOptions) -> Result<Arc<dyn Backend
                     timeout: opts.nbd_timeout,
                 },
             )
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| {
+                let kind = match &e {
+                    ClientError::BadUri { .. } | ClientError::Refused { .. } => {
+                        BackingErrorKind::Invalid
+                    }
+                    ClientError::Connect { .. } | ClientError::Protocol { .. } => {
+                        BackingErrorKind::Unreachable
+                    }
+                };
+                err(e.to_string(), kind)
+            })?;
             if client.is_read_only() {
                 return Err(err(
                     "the NBD export is read-only; a cache needs a writable backing".into(),
+                    BackingErrorKind::Invalid,
                 ));
             }
             Ok(Arc::new(client))
         }
-        BackingSpec::Path(p) => Ok(Arc::new(
-            FileBacking::open(&p, opts.direct_io).map_err(|e| err(e.to_string()))?,
-        )),
+        BackingSpec::Path(p) => Ok(Arc::new(FileBacking::open(&p, opts.direct_io).map_err(
+            |e| {
+                let errno = e
+                    .get_ref()
+                    .and_then(|i| i.downcast_ref::<file::OpenFailure>())
+                    .and_then(|f| f.errno);
+                let kind = match errno {
+                    Some(libc::EBUSY) => BackingErrorKind::Busy,
+                    Some(
+                        libc::ENOENT
+                        | libc::ENOTDIR
+                        | libc::EACCES
+                        | libc::EPERM
+                        | libc::EISDIR
+                        | libc::EROFS
+                        | libc::EINVAL
+                        | libc::ENXIO
+                        | libc::ENODEV,
+                    ) => BackingErrorKind::Invalid,
+                    // Not a file or device, O_DIRECT misfit: our own checks.
+                    None if e.kind() == std::io::ErrorKind::InvalidInput => {
+                        BackingErrorKind::Invalid
+                    }
+                    _ => BackingErrorKind::Unreachable,
+                };
+                err(e.to_string(), kind)
+            },
+        )?)),
     }
 }
 

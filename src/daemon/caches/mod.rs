@@ -1,0 +1,731 @@
+//! The daemon's RAM caches: the one place caches are created, synced and
+//! deleted, at start-up (`[[cache]]` in the config) and at run time (API).
+//!
+//! ```text
+//!  POST /v1/caches ─► Caches::create ─► reserve the name (state Opening)
+//!                                       open the backing (no lock held)
+//!                                       promise its memory (Registry::promise)
+//!                                       Cache::new, Export ─► ExportTable (Ready)
+//!  [[cache]] at start ─► create_at_start: same, but a backing that cannot be
+//!                        opened leaves the cache Unavailable, retried by the
+//!                        reopener thread (reopen.rs) until it comes up
+//!  DELETE ─► write back while still serving ─► take the export out ─► close
+//!  SIGTERM ─► shutdown.rs: every cache written back, bounded, loud on failure
+//! ```
+//!
+//! # Invariants
+//!
+//! - Drives and caches share one NBD export namespace: a name is taken by
+//!   at most one of them (checked against the drive registry, and the
+//!   export table refuses a second insert).
+//! - A `Ready` cache's export is in the export table; no other state's is.
+//! - Two caches never share a backing (same canonical path or NBD URI):
+//!   their write-backs would overwrite each other.
+//! - The memory a cache may use (its capacity plus metadata, see
+//!   `cache::metadata_bytes`) is promised from the daemon budget through
+//!   the drive registry, so drives and caches never promise the same memory
+//!   twice; `promised_bytes` is given back when the cache goes.
+//! - Dirty data is never dropped except by `delete --force`: a delete
+//!   first writes back while the cache still serves, and refuses (leaving
+//!   everything as it was) when the backing cannot take the data.
+//! - Locks: the map mutex and each entry's state mutex are held only for
+//!   short, non-blocking work (map before state); backing I/O, opening and
+//!   closing happen with neither held.
+
+mod reopen;
+pub mod shutdown;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileTypeExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+use super::registry::{Origin, Registry, RegistryError};
+use super::sampler::Sampler;
+use crate::backend::Backend;
+use crate::cache::{
+    self, open_backing, BackingErrorKind, BackingSpec, Cache, CacheError, CloseReport,
+};
+use crate::metrics::DriveMetrics;
+use crate::nbd::{Export, ExportTable, ShutdownHandle};
+use crate::size::format_size;
+pub use spec::{CacheEntry as CacheConfigEntry, CacheSpec, CacheSpecError};
+
+/// Why a cache operation was refused. The API maps each to a code and an
+/// HTTP status; messages say what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum CachesError {
+    /// The name, size, mode or an option is malformed.
+    #[error(transparent)]
+    Spec(#[from] CacheSpecError),
+    /// The name is taken by a cache or a drive.
+    #[error("{0}")]
+    Exists(String),
+    /// No such cache.
+    #[error("no cache named '{0}' (see `ramd cache list`)")]
+    NotFound(String),
+    /// The cache does not fit in the memory budget.
+    #[error("{0}")]
+    OverBudget(String),
+    /// The backing cannot be opened (see the kind).
+    #[error("{message}")]
+    Backing {
+        kind: BackingErrorKind,
+        message: String,
+    },
+    /// The cache is in use (open connections) or busy being created or
+    /// deleted.
+    #[error("{0}")]
+    Busy(String),
+    /// Dirty data could not be written back, so nothing was deleted.
+    #[error("{message}")]
+    DirtyData { dirty_bytes: u64, message: String },
+    /// A sync could not write back or flush the backing.
+    #[error("{0}")]
+    BackingFailed(String),
+    /// The cache's backing is not open (yet).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The OS refused a resource (memory map, thread).
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl From<RegistryError> for CachesError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::OverBudget(m) => CachesError::OverBudget(m),
+            other => CachesError::Setup(other.to_string()),
+        }
+    }
+}
+
+/// What a cache's backing is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackingKind {
+    File,
+    BlockDevice,
+    Nbd,
+}
+
+impl BackingKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackingKind::File => "file",
+            BackingKind::BlockDevice => "block-device",
+            BackingKind::Nbd => "nbd",
+        }
+    }
+}
+
+/// A cache that serves: the engine and its export.
+#[derive(Clone)]
+pub struct Live {
+    pub cache: Arc<Cache>,
+    /// What NBD clients see (the cache plus the connection count).
+    pub export: Arc<Export>,
+    /// The export's request metrics; None when metrics are off.
+    pub metrics: Option<Arc<DriveMetrics>>,
+}
+
+/// Why a cache is not serving, and when it is tried again.
+#[derive(Debug, Clone)]
+pub struct Outage {
+    /// The last attempt's error.
+    pub error: String,
+    /// Attempts to open the backing so far.
+    pub attempts: u32,
+    /// When the reopener tries next.
+    pub next_attempt: Instant,
+}
+
+/// Where a cache is in its life.
+#[derive(Clone)]
+pub enum CacheState {
+    /// Being created: its backing is being opened.
+    Opening,
+    /// Serving.
+    Ready(Live),
+    /// Declared in the config but its backing could not be opened; the
+    /// reopener retries with backoff.
+    Unavailable(Outage),
+    /// Being deleted or shut down.
+    Closing,
+}
+
+impl CacheState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CacheState::Opening => "opening",
+            CacheState::Ready(_) => "ready",
+            CacheState::Unavailable(_) => "unavailable",
+            CacheState::Closing => "closing",
+        }
+    }
+}
+
+/// One cache.
+pub struct CacheEntry {
+    pub name: String,
+    pub spec: CacheSpec,
+    pub origin: Origin,
+    pub backing_kind: BackingKind,
+    /// Identifies the backing (canonical path or normalised URI), so a
+    /// second cache over the same disk is refused.
+    backing_id: String,
+    /// Seconds since the epoch at creation, for listings.
+    pub created_unix_s: u64,
+    state: Mutex<CacheState>,
+    /// Budget promised for this cache (see the module invariants).
+    promised_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for CacheEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheEntry")
+            .field("name", &self.name)
+            .field("backing", &self.spec.backing)
+            .field("state", &self.state.lock().name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheEntry {
+    /// The state now (a clone: no lock is kept).
+    pub fn state(&self) -> CacheState {
+        self.state.lock().clone()
+    }
+
+    /// The engine and export, when serving.
+    pub fn live(&self) -> Option<Live> {
+        match &*self.state.lock() {
+            CacheState::Ready(l) => Some(l.clone()),
+            _ => None,
+        }
+    }
+
+    /// Budget promised for this cache.
+    pub fn promised_bytes(&self) -> u64 {
+        self.promised_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// What a delete did.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteReport {
+    /// NBD connections closed by a forced delete.
+    pub closed_connections: usize,
+    /// Dirty bytes written back before the cache went.
+    pub written_back_bytes: u64,
+    /// Dirty bytes dropped by a forced delete of a cache whose backing
+    /// could not take them.
+    pub dropped_dirty_bytes: u64,
+}
+
+/// What a sync did.
+#[derive(Debug, Clone)]
+pub struct SyncReport {
+    /// Bytes written back to the backing during the sync.
+    pub written_back_bytes: u64,
+    /// Dirty bytes left (written since the sync began).
+    pub dirty_bytes: u64,
+    pub duration_ms: u64,
+}
+
+/// The daemon's caches.
+pub struct Caches {
+    /// Caches by name. Held only for short, non-blocking work.
+    map: Mutex<BTreeMap<String, Arc<CacheEntry>>>,
+    /// What the NBD server serves (shared with the drives).
+    exports: Arc<ExportTable>,
+    /// The drives: their names, and the budget both promise from.
+    registry: Arc<Registry>,
+    /// Record per-request metrics for new caches' exports.
+    metrics_enabled: bool,
+    /// Closes NBD connections on a forced delete (set once the server binds).
+    nbd: OnceLock<ShutdownHandle>,
+    /// Rates of the last second per cache, for `ramd stats`.
+    pub sampler: Sampler,
+    /// Retries caches whose backing could not be opened at start.
+    reopener: reopen::Reopener,
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The kind and identity of a backing spec (the spec was validated).
+fn identify(backing: &str) -> (BackingKind, String) {
+    match BackingSpec::parse(backing) {
+        Ok(BackingSpec::Nbd(uri)) => (BackingKind::Nbd, uri.to_string()),
+        Ok(BackingSpec::Path(p)) => {
+            let kind = match std::fs::metadata(&p) {
+                Ok(m) if m.file_type().is_block_device() => BackingKind::BlockDevice,
+                _ => BackingKind::File,
+            };
+            let id = std::fs::canonicalize(&p).unwrap_or(p);
+            (kind, id.display().to_string())
+        }
+        Err(_) => (BackingKind::File, backing.to_owned()),
+    }
+}
+
+fn backing_error(e: CacheError) -> CachesError {
+    match e {
+        CacheError::Backing {
+            spec,
+            message,
+            kind,
+        } => {
+            let hint = match kind {
+                BackingErrorKind::Invalid => {
+                    "give an existing file, a block device, or nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH"
+                }
+                BackingErrorKind::Busy => {
+                    "unmount it or stop the program that holds it, then try again"
+                }
+                BackingErrorKind::Unreachable => {
+                    "check that the server runs and is reachable, then try again"
+                }
+            };
+            CachesError::Backing {
+                kind,
+                message: format!("backing {spec}: {message}; {hint}"),
+            }
+        }
+        CacheError::Config(m) => CachesError::Spec(CacheSpecError::InvalidOption(m)),
+        other => CachesError::Setup(other.to_string()),
+    }
+}
+
+impl Caches {
+    pub fn new(exports: Arc<ExportTable>, registry: Arc<Registry>, metrics_enabled: bool) -> Self {
+        Caches {
+            map: Mutex::new(BTreeMap::new()),
+            exports,
+            registry,
+            metrics_enabled,
+            nbd: OnceLock::new(),
+            sampler: Sampler::new(),
+            reopener: reopen::Reopener::default(),
+        }
+    }
+
+    /// Lets forced deletes close NBD connections.
+    pub fn set_nbd(&self, handle: ShutdownHandle) {
+        let _ = self.nbd.set(handle);
+    }
+
+    /// Every cache, by name.
+    pub fn list(&self) -> Vec<Arc<CacheEntry>> {
+        self.map.lock().values().cloned().collect()
+    }
+
+    pub fn get(&self, name: &str) -> Result<Arc<CacheEntry>, CachesError> {
+        self.map
+            .lock()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| CachesError::NotFound(name.to_owned()))
+    }
+
+    /// Names in order, for messages.
+    pub fn names(&self) -> Vec<String> {
+        self.map.lock().keys().cloned().collect()
+    }
+
+    /// Samples every serving cache's request counters (once a second).
+    pub fn sample(&self) {
+        let items = self
+            .list()
+            .iter()
+            .filter_map(|e| {
+                let live = e.live()?;
+                Some((e.name.clone(), live.metrics?.snapshot()))
+            })
+            .collect();
+        self.sampler.tick_totals(items);
+    }
+
+    /// Creates a cache and serves it: nothing is left behind when it fails.
+    pub fn create(&self, spec: CacheSpec, origin: Origin) -> Result<Arc<CacheEntry>, CachesError> {
+        spec.validate()?;
+        let entry = self.reserve(spec, origin)?;
+        match self.open(&entry) {
+            Ok(()) => Ok(entry),
+            Err(e) => {
+                self.forget(&entry);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a cache declared in the config. Like [`Caches::create`],
+    /// except that a backing that cannot be opened (not there yet, server
+    /// down) leaves the cache listed as unavailable, with its memory
+    /// promised, and retried in the background: the daemon serves
+    /// everything else meanwhile.
+    pub fn create_at_start(
+        self: &Arc<Self>,
+        spec: CacheSpec,
+        origin: Origin,
+    ) -> Result<Arc<CacheEntry>, CachesError> {
+        spec.validate()?;
+        let entry = self.reserve(spec, origin)?;
+        match self.open(&entry) {
+            Ok(()) => Ok(entry),
+            Err(CachesError::Backing { message, .. }) => {
+                let max =
+                    cache::metadata_bytes_max(&entry.spec.config) + entry.spec.config.cache_bytes;
+                if let Err(e) = self
+                    .registry
+                    .promise(&format!("cache '{}'", entry.name), max)
+                {
+                    self.forget(&entry);
+                    return Err(e.into());
+                }
+                entry.promised_bytes.store(max, Ordering::Relaxed);
+                tracing::error!(
+                    cache = %entry.name,
+                    "cache '{}' is UNAVAILABLE: {message}. The daemon serves everything else and retries this backing in the background (ramd cache info {} shows the state)",
+                    entry.name,
+                    entry.name
+                );
+                *entry.state.lock() = CacheState::Unavailable(Outage {
+                    error: message,
+                    attempts: 1,
+                    next_attempt: Instant::now() + reopen::backoff(1),
+                });
+                self.reopener.start(self.clone());
+                Ok(entry)
+            }
+            Err(e) => {
+                self.forget(&entry);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the name (state Opening) after the checks that need no I/O.
+    fn reserve(&self, spec: CacheSpec, origin: Origin) -> Result<Arc<CacheEntry>, CachesError> {
+        let name = spec.name.clone();
+        if self.registry.get(&name).is_ok() {
+            return Err(CachesError::Exists(format!(
+                "a drive named '{name}' already exists (drives and caches share NBD export names); pick another name"
+            )));
+        }
+        let (backing_kind, backing_id) = identify(&spec.backing);
+        let mut map = self.map.lock();
+        if map.contains_key(&name) {
+            return Err(CachesError::Exists(format!(
+                "a cache named '{name}' already exists; pick another name or delete it first (ramd cache delete {name})"
+            )));
+        }
+        if let Some(other) = map.values().find(|e| e.backing_id == backing_id) {
+            return Err(CachesError::Backing {
+                kind: BackingErrorKind::Busy,
+                message: format!(
+                    "backing {} is already cached by '{}': two caches over one disk would overwrite each other's data",
+                    spec.backing, other.name
+                ),
+            });
+        }
+        let entry = Arc::new(CacheEntry {
+            name: name.clone(),
+            spec,
+            origin,
+            backing_kind,
+            backing_id,
+            created_unix_s: now_unix_s(),
+            state: Mutex::new(CacheState::Opening),
+            promised_bytes: AtomicU64::new(0),
+        });
+        map.insert(name, entry.clone());
+        Ok(entry)
+    }
+
+    /// Removes an entry and gives back its budget.
+    fn forget(&self, entry: &Arc<CacheEntry>) {
+        let mut map = self.map.lock();
+        if map.get(&entry.name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            map.remove(&entry.name);
+        }
+        drop(map);
+        let promised = entry.promised_bytes.swap(0, Ordering::Relaxed);
+        if promised > 0 {
+            self.registry.unpromise(promised);
+        }
+    }
+
+    /// Opens the backing and brings an Opening or Unavailable entry to
+    /// Ready. On error the entry's state is left for the caller to settle.
+    fn open(&self, entry: &Arc<CacheEntry>) -> Result<(), CachesError> {
+        let spec = &entry.spec;
+        let backing = open_backing(&spec.backing, &spec.options).map_err(backing_error)?;
+        let size = backing.size();
+        if size == 0 {
+            return Err(CachesError::Backing {
+                kind: BackingErrorKind::Invalid,
+                message: format!(
+                    "backing {} is empty (size 0): nothing to cache",
+                    spec.backing
+                ),
+            });
+        }
+        let need =
+            cache::capacity_bytes(&spec.config, size) + cache::metadata_bytes(&spec.config, size);
+        let what = format!("cache '{}'", entry.name);
+        // The budget and the state change together, so a delete racing
+        // with a reopen cannot leave a promise behind.
+        let mut state = entry.state.lock();
+        if !matches!(*state, CacheState::Opening | CacheState::Unavailable(_)) {
+            return Err(CachesError::Busy(format!(
+                "cache '{}' was deleted while its backing was being opened",
+                entry.name
+            )));
+        }
+        let had = entry.promised_bytes.load(Ordering::Relaxed);
+        if need > had {
+            self.registry.promise(&what, need - had)?;
+        } else if had > need {
+            self.registry.unpromise(had - need);
+        }
+        entry.promised_bytes.store(need, Ordering::Relaxed);
+        let cache = Arc::new(
+            Cache::new(
+                backing,
+                spec.config.clone(),
+                Some(self.registry.budget().clone()),
+            )
+            .map_err(backing_error)?,
+        );
+        let metrics = self.metrics_enabled.then(|| Arc::new(DriveMetrics::new()));
+        let export = self.export_for(entry, &cache, metrics.clone());
+        if !self.exports.insert(export.clone()) {
+            drop(state);
+            let _ = cache.close(false);
+            return Err(CachesError::Exists(format!(
+                "the name '{}' was taken by a drive meanwhile; pick another name",
+                entry.name
+            )));
+        }
+        *state = CacheState::Ready(Live {
+            cache: cache.clone(),
+            export,
+            metrics,
+        });
+        drop(state);
+        let st = cache.stats();
+        tracing::info!(
+            cache = %entry.name,
+            mode = %spec.config.mode,
+            size = %format_size(st.capacity_bytes),
+            backing = %spec.backing,
+            backing_size = %format_size(size),
+            "cache created"
+        );
+        Ok(())
+    }
+
+    fn export_for(
+        &self,
+        entry: &CacheEntry,
+        cache: &Arc<Cache>,
+        metrics: Option<Arc<DriveMetrics>>,
+    ) -> Arc<Export> {
+        let desc = format!(
+            "ramd {} cache of {} over {}",
+            entry.spec.config.mode,
+            format_size(cache.stats().capacity_bytes),
+            entry.spec.backing
+        );
+        let mut export = Export::new(&entry.name, &desc, cache.clone() as Arc<dyn Backend>, false);
+        if let Some(m) = metrics {
+            export = export.with_metrics(m);
+        }
+        Arc::new(export)
+    }
+
+    /// Writes back every dirty block and flushes the backing (`ramd sync`).
+    pub fn sync(&self, name: &str) -> Result<SyncReport, CachesError> {
+        let entry = self.get(name)?;
+        let live = entry.live().ok_or_else(|| not_serving(&entry))?;
+        let before = live.cache.stats().writeback_bytes;
+        let started = Instant::now();
+        live.cache.sync().map_err(|e| {
+            CachesError::BackingFailed(format!(
+                "cache '{name}': syncing to {} failed: {e}; the dirty data ({}) stays in RAM and is retried in the background (ramd cache info {name} shows the backing's state)",
+                entry.spec.backing,
+                format_size(live.cache.dirty_bytes())
+            ))
+        })?;
+        let report = SyncReport {
+            written_back_bytes: live.cache.stats().writeback_bytes.saturating_sub(before),
+            dirty_bytes: live.cache.dirty_bytes(),
+            duration_ms: started.elapsed().as_millis() as u64,
+        };
+        tracing::info!(
+            cache = %name,
+            written_back = %format_size(report.written_back_bytes),
+            ms = report.duration_ms,
+            "cache synced"
+        );
+        Ok(report)
+    }
+
+    /// Deletes a cache. Every dirty block is written back first (while the
+    /// cache still serves, so a failure changes nothing and is reported
+    /// with what is at stake). `force` closes open NBD connections and, when
+    /// the backing cannot take the dirty data, drops it with a warning.
+    pub fn delete(&self, name: &str, force: bool) -> Result<DeleteReport, CachesError> {
+        let entry = self.get(name)?;
+        let live = {
+            let mut st = entry.state.lock();
+            match &*st {
+                CacheState::Opening => {
+                    return Err(CachesError::Busy(format!(
+                        "cache '{name}' is being created (its backing is being opened); try again in a moment"
+                    )))
+                }
+                CacheState::Closing => {
+                    return Err(CachesError::Busy(format!(
+                        "cache '{name}' is being deleted already"
+                    )))
+                }
+                CacheState::Unavailable(_) => {
+                    // Never opened: nothing to write back.
+                    *st = CacheState::Closing;
+                    drop(st);
+                    self.forget(&entry);
+                    tracing::info!(cache = %name, "unavailable cache deleted");
+                    return Ok(DeleteReport::default());
+                }
+                CacheState::Ready(l) => l.clone(),
+            }
+        };
+        let conns = live.export.connections();
+        if conns > 0 && !force {
+            return Err(CachesError::Busy(format!(
+                "cache '{name}' has {conns} open NBD connection{s}; disconnect the client{s} or delete with force (ramd cache delete --force), which closes them",
+                s = if conns == 1 { "" } else { "s" },
+            )));
+        }
+        let before = live.cache.stats().writeback_bytes;
+        if !force {
+            if let Err(e) = live.cache.sync() {
+                let dirty_bytes = live.cache.dirty_bytes();
+                return Err(CachesError::DirtyData {
+                    dirty_bytes,
+                    message: format!(
+                        "cache '{name}' holds {} of dirty data that cannot be written back to {} ({e}); nothing was deleted and the cache keeps serving and retrying. Fix the backing and delete again, or delete with force (ramd cache delete {name} --force) to DROP that data",
+                        format_size(dirty_bytes),
+                        entry.spec.backing
+                    ),
+                });
+            }
+        }
+        // Out of service: no new connections, open ones closed after their
+        // pending requests (the cache waits for those inside).
+        {
+            let mut st = entry.state.lock();
+            if !matches!(&*st, CacheState::Ready(l) if Arc::ptr_eq(&l.export, &live.export)) {
+                return Err(CachesError::Busy(format!(
+                    "cache '{name}' changed while being deleted; try again"
+                )));
+            }
+            *st = CacheState::Closing;
+        }
+        live.export.close();
+        self.exports.remove(name);
+        let closed = match self.nbd.get() {
+            Some(h) => h.close_export(&live.export),
+            None => 0,
+        };
+        match live.cache.close(force) {
+            Ok(CloseReport {
+                dropped_dirty_bytes,
+                ..
+            }) => {
+                self.forget(&entry);
+                // The counter covers the sync above and the close's own
+                // final write-back alike.
+                let report = DeleteReport {
+                    closed_connections: closed,
+                    written_back_bytes: live.cache.stats().writeback_bytes.saturating_sub(before),
+                    dropped_dirty_bytes,
+                };
+                if dropped_dirty_bytes > 0 {
+                    tracing::warn!(
+                        cache = %name,
+                        dropped = %format_size(dropped_dirty_bytes),
+                        "cache deleted by force: its dirty data was DROPPED (the backing {} could not take it)",
+                        entry.spec.backing
+                    );
+                } else {
+                    tracing::info!(
+                        cache = %name,
+                        written_back = %format_size(report.written_back_bytes),
+                        closed_connections = closed,
+                        "cache deleted"
+                    );
+                }
+                Ok(report)
+            }
+            Err(e) => {
+                // The backing failed between the sync and the close: serve
+                // again, keep the data, say so.
+                let export = self.export_for(&entry, &live.cache, live.metrics.clone());
+                self.exports.insert(export.clone());
+                *entry.state.lock() = CacheState::Ready(Live {
+                    export,
+                    ..live.clone()
+                });
+                Err(match e {
+                    CacheError::DirtyData { dirty_bytes, error } => CachesError::DirtyData {
+                        dirty_bytes,
+                        message: format!(
+                            "cache '{name}' holds {} of dirty data that cannot be written back to {} ({error}); nothing was deleted and the cache serves again. Fix the backing and delete again, or delete with force to DROP that data",
+                            format_size(dirty_bytes),
+                            entry.spec.backing
+                        ),
+                    },
+                    other => CachesError::Setup(other.to_string()),
+                })
+            }
+        }
+    }
+
+    /// Stops retrying unavailable caches (shutdown).
+    pub fn stop_reopening(&self) {
+        self.reopener.stop();
+    }
+}
+
+/// Samples every cache's request counters once a second (rates for
+/// `ramd stats`), until the runtime shuts down.
+pub async fn sample_loop(caches: Arc<Caches>) {
+    let mut tick = tokio::time::interval(super::sampler::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let c = caches.clone();
+        let _ = tokio::task::spawn_blocking(move || c.sample()).await;
+    }
+}
+
+fn not_serving(entry: &CacheEntry) -> CachesError {
+    let name = &entry.name;
+    match entry.state() {
+        CacheState::Unavailable(o) => CachesError::Unavailable(format!(
+            "cache '{name}' is unavailable: its backing {} could not be opened ({}); it is retried in the background",
+            entry.spec.backing, o.error
+        )),
+        s => CachesError::Unavailable(format!("cache '{name}' is {}", s.name())),
+    }
+}
