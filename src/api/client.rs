@@ -78,7 +78,7 @@ impl Client {
     }
 
     /// Sends one request; returns the status and body of a success.
-    fn send(
+    pub(crate) fn send(
         &self,
         method: Method,
         path: &str,
@@ -148,7 +148,7 @@ impl Client {
         })
     }
 
-    fn call<T: DeserializeOwned>(
+    pub(crate) fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
@@ -244,7 +244,7 @@ fn status_code_name(s: StatusCode) -> String {
 
 /// Percent-encodes a path segment (drive names are plain, but the CLI
 /// passes whatever the user typed and the daemon must see it intact).
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {

@@ -7,6 +7,8 @@ use axum::Json;
 
 use super::types::{ErrorBody, ErrorDetail};
 use crate::attach::AttachError;
+use crate::cache::BackingErrorKind;
+use crate::daemon::caches::{CacheSpecError, CachesError};
 use crate::daemon::registry::RegistryError;
 use crate::daemon::spec::SpecError;
 
@@ -84,6 +86,41 @@ impl From<AttachError> for ApiError {
             AttachError::NotFound(_) => (StatusCode::NOT_FOUND, "attachment_not_found"),
             AttachError::Busy(_) => (StatusCode::CONFLICT, "mount_busy"),
             AttachError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "attach_failed"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<CacheSpecError> for ApiError {
+    fn from(e: CacheSpecError) -> Self {
+        let code = match e {
+            CacheSpecError::InvalidName(_) => "invalid_name",
+            CacheSpecError::InvalidSize(_) => "invalid_size",
+            CacheSpecError::InvalidOption(_) => "invalid_cache_option",
+            CacheSpecError::InvalidBacking(_) => "bad_backing",
+        };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+    }
+}
+
+impl From<CachesError> for ApiError {
+    fn from(e: CachesError) -> Self {
+        use CachesError as C;
+        let (status, code) = match &e {
+            C::Spec(s) => return s.clone().into(),
+            C::Exists(_) => (StatusCode::CONFLICT, "cache_exists"),
+            C::NotFound(_) => (StatusCode::NOT_FOUND, "cache_not_found"),
+            C::OverBudget(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
+            C::Backing { kind, .. } => match kind {
+                BackingErrorKind::Invalid => (StatusCode::UNPROCESSABLE_ENTITY, "bad_backing"),
+                BackingErrorKind::Busy => (StatusCode::CONFLICT, "backing_busy"),
+                BackingErrorKind::Unreachable => (StatusCode::BAD_GATEWAY, "backing_unreachable"),
+            },
+            C::Busy(_) => (StatusCode::CONFLICT, "cache_busy"),
+            C::DirtyData { .. } => (StatusCode::CONFLICT, "dirty_data"),
+            C::BackingFailed(_) => (StatusCode::BAD_GATEWAY, "backing_failed"),
+            C::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "cache_unavailable"),
+            C::Setup(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cache_error"),
         };
         ApiError::new(status, code, e.to_string())
     }

@@ -6,8 +6,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
+use crate::cache::prometheus::{CacheCollector, CacheSample};
 use crate::daemon::Daemon;
-use crate::metrics::prometheus::{encode, DaemonSample, DriveSample, CONTENT_TYPE};
+use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let drives = d
@@ -32,5 +33,24 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         metrics_enabled: d.registry.metrics_enabled(),
         drives,
     };
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], encode(sample))
+    let caches = d
+        .caches
+        .list()
+        .iter()
+        .map(|e| {
+            let live = e.live();
+            CacheSample {
+                name: e.name.clone(),
+                stats: live.as_ref().map(|l| l.cache.stats()),
+                connections: live.as_ref().map_or(0, |l| l.export.connections() as u64),
+                totals: live
+                    .as_ref()
+                    .and_then(|l| l.metrics.as_ref().map(|m| m.snapshot())),
+            }
+        })
+        .collect();
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        encode_with(sample, vec![Box::new(CacheCollector(caches))]),
+    )
 }

@@ -1,6 +1,7 @@
 //! REST API v1 over the daemon's unix socket (axum on tokio).
 //!
 //! One file per resource: `drives`, `stats`, `health`, `attachments`,
+//! `caches` (RAM caches, with `cache_types` and `cache_client`),
 //! `metrics` (Prometheus); `types` holds the JSON bodies, `error` the one
 //! error shape, `client` the blocking client the CLI uses. The route table
 //! below is the single source of both the router and [`ROUTES`], which a
@@ -10,6 +11,9 @@
 //! in `spawn_blocking`.
 
 pub mod attachments;
+pub mod cache_client;
+pub mod cache_types;
+pub mod caches;
 pub mod client;
 pub mod drives;
 pub mod error;
@@ -54,6 +58,11 @@ routes! {
     get "/v1/attachments" => attachments::list,
     post "/v1/attachments" => attachments::create,
     delete "/v1/attachments/{id}" => attachments::delete,
+    get "/v1/caches" => caches::list,
+    post "/v1/caches" => caches::create,
+    get "/v1/caches/{name}" => caches::get,
+    delete "/v1/caches/{name}" => caches::delete,
+    post "/v1/caches/{name}/sync" => caches::sync,
     get "/metrics" => metrics::get,
 }
 

@@ -35,7 +35,7 @@ fn latencies(t: &Totals) -> BTreeMap<String, Latency> {
         .collect()
 }
 
-fn totals(t: &Totals) -> StatsTotals {
+pub(crate) fn totals(t: &Totals) -> StatsTotals {
     StatsTotals {
         ops: Op::ALL
             .iter()
@@ -55,7 +55,7 @@ fn totals(t: &Totals) -> StatsTotals {
     }
 }
 
-fn rates(w: &Window) -> StatsRates {
+pub(crate) fn rates(w: &Window) -> StatsRates {
     let s = w.interval.as_secs_f64().max(1e-9);
     let t = &w.delta;
     StatsRates {
@@ -99,5 +99,6 @@ pub async fn all(State(d): State<Arc<Daemon>>) -> Json<StatsReport> {
             .iter()
             .map(|x| drive_stats(&d, x))
             .collect(),
+        caches: super::caches::all(&d),
     })
 }

@@ -201,6 +201,9 @@ pub struct StatsReport {
     pub metrics_enabled: bool,
     pub memory_budget: Budget,
     pub drives: Vec<DriveStats>,
+    /// RAM caches with their counters and request rates.
+    #[serde(default)]
+    pub caches: Vec<super::cache_types::CacheInfo>,
 }
 
 /// `POST /v1/attachments`.

@@ -16,6 +16,7 @@
 //!                                ├ seq        sequential-stream bypass
 //!                                ├ health     backing failures and backoff
 //!                                ├ stats      counters and the snapshot
+//!                                ├ prometheus /metrics families (pure)
 //!                                └ sim        trace-driven policy comparison (pure)
 //! ```
 //!
@@ -58,6 +59,7 @@ mod gate;
 pub mod health;
 mod index;
 pub mod policy;
+pub mod prometheus;
 mod read;
 pub mod seq;
 pub mod sim;

@@ -4,6 +4,7 @@
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
 //! running"), 2 usage error (clap's own).
 
+pub mod cache;
 pub mod output;
 
 use std::io::{IsTerminal, Write};
@@ -30,6 +31,8 @@ use crate::size::format_size;
 ///   nbdinfo 'nbd+unix:///db?socket=/run/ramd/nbd.sock'
 ///   mkdir -p /mnt/db && ramd attach db /mnt/db   (then losetup /mnt/db/db)
 ///   ramd stats --watch                 IOPS, MiB/s, latency, memory
+///   ramd cache create c --backing /dev/sdb --size 2G --mode writeback
+///                                      a RAM cache in front of a slow disk
 ///
 /// Docs: docs/cli.md, docs/api.md, docs/config.md, docs/attach.md.
 #[derive(Parser, Debug)]
@@ -158,6 +161,19 @@ pub enum Command {
         out: JsonFlag,
     },
 
+    /// RAM caches in front of slower disks (files, block devices, NBD
+    /// exports): create, list, info, sync, delete.
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
+
+    /// Write a cache's dirty data back to its backing and flush it; returns
+    /// when it is durable.
+    Sync {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
     /// Expose a drive as a file MOUNTPOINT/NAME through FUSE.
     ///
     /// Then: dev=$(losetup -f --show MOUNTPOINT/NAME); mkfs.ext4 $dev;
@@ -229,7 +245,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
+pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Other(e.to_string()))?;
     println!("{text}");
     Ok(())
@@ -291,11 +307,20 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             );
         }
         Command::List { out } => {
-            let list = client().list_drives()?;
+            let c = client();
+            let list = c.list_drives()?;
             if out.json {
                 return print_json(&list);
             }
             print!("{}", output::drive_list(&list.drives));
+            // Caches have their own columns: point to them.
+            let caches = c.list_caches().map_or(0, |l| l.caches.len());
+            if caches > 0 {
+                println!(
+                    "and {caches} cache{} (ramd cache list)",
+                    if caches == 1 { "" } else { "s" }
+                );
+            }
         }
         Command::Info { name, out } => match name {
             Some(name) => {
@@ -450,6 +475,14 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             }
             println!("detached {} from {}", a.drive, a.mountpoint);
         }
+        Command::Cache(cmd) => cache::run(&client(), cmd)?,
+        Command::Sync { name, out } => {
+            if !cache::sync_if_cache(&client(), &name, out.json)? {
+                return Err(CliError::Other(format!(
+                    "no cache named '{name}' (see `ramd cache list`); RAM drives have nothing to write back"
+                )));
+            }
+        }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "ramd", &mut std::io::stdout());
@@ -472,11 +505,14 @@ fn stats(
         let mut report = client.stats()?;
         if let Some(n) = name {
             report.drives.retain(|d| d.name == n);
-            if report.drives.is_empty() {
+            report.caches.retain(|c| c.name == n);
+            if report.drives.is_empty() && report.caches.is_empty() {
                 return Err(ClientError::Api {
                     status: 404,
                     code: "drive_not_found".into(),
-                    message: format!("no drive named '{n}' (see `ramd list`)"),
+                    message: format!(
+                        "no drive or cache named '{n}' (see `ramd list` and `ramd cache list`)"
+                    ),
                 }
                 .into());
             }

@@ -212,10 +212,18 @@ pub fn stats(report: &StatsReport) -> String {
     for d in &report.drives {
         t.add_row(stats_row(d));
     }
-    out.push_str(&render(&t));
+    if !report.drives.is_empty() || report.caches.is_empty() {
+        out.push_str(&render(&t));
+    }
+    if !report.caches.is_empty() {
+        if !report.drives.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&super::cache::stats_section(&report.caches));
+    }
     let b = &report.memory_budget;
     out.push_str(&format!(
-        "budget: {} used of {} ({} promised to drives)\n",
+        "budget: {} used of {} ({} promised to drives and caches)\n",
         format_size(b.used_bytes),
         format_size(b.limit_bytes),
         format_size(b.committed_bytes)

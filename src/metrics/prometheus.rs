@@ -61,8 +61,16 @@ pub struct DaemonSample {
 
 /// Encodes a sample as OpenMetrics text (ends with `# EOF`).
 pub fn encode(sample: DaemonSample) -> String {
+    encode_with(sample, Vec::new())
+}
+
+/// [`encode`] plus other parts' families (caches, directories in RAM...).
+pub fn encode_with(sample: DaemonSample, extra: Vec<Box<dyn Collector>>) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(SampleCollector(sample)));
+    for c in extra {
+        registry.register_collector(c);
+    }
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .expect("encoding into a String cannot fail");
@@ -72,18 +80,14 @@ pub fn encode(sample: DaemonSample) -> String {
 #[derive(Debug)]
 struct SampleCollector(DaemonSample);
 
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 fn drive_label(d: &DriveSample) -> Labels {
     vec![("drive", d.name.clone())]
 }
 
-fn with(d: &DriveSample, key: &'static str, value: &str) -> Labels {
-    vec![("drive", d.name.clone()), (key, value.to_owned())]
-}
-
 /// Writes one family of gauges or counters: `(labels, value)` per series.
-fn family<M: EncodeMetric>(
+pub(crate) fn family<M: EncodeMetric>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -187,94 +191,113 @@ impl Collector for SampleCollector {
             None,
             per(&|d| d.connections),
         )?;
-        let recorded: Vec<(&DriveSample, &Totals)> = s
+        let recorded: Vec<(String, &Totals)> = s
             .drives
             .iter()
-            .filter_map(|d| d.totals.as_ref().map(|t| (d, t)))
+            .filter_map(|d| d.totals.as_ref().map(|t| (d.name.clone(), t)))
             .collect();
-        let c = ConstCounter::new;
-        family(
-            &mut enc,
-            "ramd_drive_connections_opened",
-            "Connections and attachments opened since the drive was created",
-            None,
-            recorded
-                .iter()
-                .map(|(d, t)| (drive_label(d), c(t.connections_total)))
-                .collect(),
-        )?;
-        let by_op = |f: &dyn Fn(&Totals, Op) -> u64| -> Vec<(Labels, ConstCounter)> {
-            recorded
-                .iter()
-                .flat_map(|(d, t)| {
-                    Op::ALL
-                        .iter()
-                        .map(move |&op| (with(d, "op", op.name()), c(f(t, op))))
-                })
-                .collect()
-        };
-        family(
-            &mut enc,
-            "ramd_drive_requests",
-            "Requests handled, successful or not",
-            None,
-            by_op(&|t, op| t.ops(op)),
-        )?;
-        family(
-            &mut enc,
-            "ramd_drive_io",
-            "Bytes of successful requests (trim, write_zeroes, cache: range length)",
-            Some(Unit::Bytes),
-            by_op(&|t, op| t.bytes(op)),
-        )?;
-        family(
-            &mut enc,
-            "ramd_drive_errors",
-            "Failed requests by the errno sent to the client",
-            None,
-            recorded
-                .iter()
-                .flat_map(|(d, t)| {
-                    ERRNOS
-                        .iter()
-                        .enumerate()
-                        .map(move |(i, (_, name))| (with(d, "errno", name), c(t.errors[i])))
-                })
-                .collect(),
-        )?;
-        if !recorded.is_empty() {
-            let unit = Unit::Seconds;
-            let mut m = enc.encode_descriptor(
-                "ramd_drive_request_duration",
-                "Time from reading a request to sending its reply",
-                Some(&unit),
-                MetricType::Histogram,
-            )?;
-            let bounds_ns: Vec<u64> = BOUNDS_POW2.map(|p| (1u64 << p) - 1).collect();
-            for (d, t) in &recorded {
-                for timed in Timed::ALL {
-                    let h = t.latency(timed);
-                    // The encoder wants per-bucket counts (it sums them).
-                    let cum = h.cumulative_at(&bounds_ns);
-                    let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(bounds_ns.len() + 1);
-                    let mut prev = 0;
-                    for (&b, n) in bounds_ns.iter().zip(cum) {
-                        buckets.push(((b + 1) as f64 / 1e9, n - prev));
-                        prev = n;
-                    }
-                    buckets.push((f64::INFINITY, h.count() - prev));
-                    let labels = with(d, "op", timed.name());
-                    m.encode_family(&labels)?.encode_histogram::<Labels>(
-                        h.sum_ns as f64 / 1e9,
-                        h.count(),
-                        &buckets,
-                        None,
-                    )?;
-                }
-            }
-        }
+        request_families(&mut enc, "ramd_drive", "drive", &recorded)?;
         Ok(())
     }
+}
+
+fn with_label(label: &'static str, name: &str, key: &'static str, value: &str) -> Labels {
+    vec![(label, name.to_owned()), (key, value.to_owned())]
+}
+
+/// The request families of NBD exports, drives or caches alike:
+/// `{prefix}_connections_opened_total`, `{prefix}_requests_total`,
+/// `{prefix}_io_bytes_total`, `{prefix}_errors_total` and
+/// `{prefix}_request_duration_seconds`, each series labelled
+/// `label="name"`.
+pub(crate) fn request_families(
+    enc: &mut DescriptorEncoder,
+    prefix: &str,
+    label: &'static str,
+    recorded: &[(String, &Totals)],
+) -> std::fmt::Result {
+    let c = ConstCounter::new;
+    family(
+        enc,
+        &format!("{prefix}_connections_opened"),
+        &format!("Connections and attachments opened since the {label} was created"),
+        None,
+        recorded
+            .iter()
+            .map(|(d, t)| (vec![(label, d.clone())], c(t.connections_total)))
+            .collect(),
+    )?;
+    let by_op = |f: &dyn Fn(&Totals, Op) -> u64| -> Vec<(Labels, ConstCounter)> {
+        recorded
+            .iter()
+            .flat_map(|(d, t)| {
+                Op::ALL
+                    .iter()
+                    .map(move |&op| (with_label(label, d, "op", op.name()), c(f(t, op))))
+            })
+            .collect()
+    };
+    family(
+        enc,
+        &format!("{prefix}_requests"),
+        "Requests handled, successful or not",
+        None,
+        by_op(&|t, op| t.ops(op)),
+    )?;
+    family(
+        enc,
+        &format!("{prefix}_io"),
+        "Bytes of successful requests (trim, write_zeroes, cache: range length)",
+        Some(Unit::Bytes),
+        by_op(&|t, op| t.bytes(op)),
+    )?;
+    family(
+        enc,
+        &format!("{prefix}_errors"),
+        "Failed requests by the errno sent to the client",
+        None,
+        recorded
+            .iter()
+            .flat_map(|(d, t)| {
+                ERRNOS.iter().enumerate().map(move |(i, (_, name))| {
+                    (with_label(label, d, "errno", name), c(t.errors[i]))
+                })
+            })
+            .collect(),
+    )?;
+    if !recorded.is_empty() {
+        let unit = Unit::Seconds;
+        let name = format!("{prefix}_request_duration");
+        let mut m = enc.encode_descriptor(
+            &name,
+            "Time from reading a request to sending its reply",
+            Some(&unit),
+            MetricType::Histogram,
+        )?;
+        let bounds_ns: Vec<u64> = BOUNDS_POW2.map(|p| (1u64 << p) - 1).collect();
+        for (d, t) in recorded {
+            for timed in Timed::ALL {
+                let h = t.latency(timed);
+                // The encoder wants per-bucket counts (it sums them).
+                let cum = h.cumulative_at(&bounds_ns);
+                let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(bounds_ns.len() + 1);
+                let mut prev = 0;
+                for (&b, n) in bounds_ns.iter().zip(cum) {
+                    buckets.push(((b + 1) as f64 / 1e9, n - prev));
+                    prev = n;
+                }
+                buckets.push((f64::INFINITY, h.count() - prev));
+                let labels = with_label(label, d, "op", timed.name());
+                m.encode_family(&labels)?.encode_histogram::<Labels>(
+                    h.sum_ns as f64 / 1e9,
+                    h.count(),
+                    &buckets,
+                    None,
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

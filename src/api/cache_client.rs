@@ -1,0 +1,42 @@
+//! The API client's calls for `/v1/caches` (used by `ramd cache ...` and
+//! `ramd sync`).
+
+use hyper::Method;
+
+use super::cache_types::{CacheDeleted, CacheInfo, CacheList, CacheSynced, CreateCache};
+use super::client::{enc, Client, ClientError};
+
+impl Client {
+    pub fn list_caches(&self) -> Result<CacheList, ClientError> {
+        self.call(Method::GET, "/v1/caches", None::<&()>)
+    }
+
+    pub fn cache(&self, name: &str) -> Result<CacheInfo, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/caches/{}", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    pub fn create_cache(&self, req: &CreateCache) -> Result<CacheInfo, ClientError> {
+        self.call(Method::POST, "/v1/caches", Some(req))
+    }
+
+    pub fn delete_cache(&self, name: &str, force: bool) -> Result<CacheDeleted, ClientError> {
+        let q = if force { "?force=true" } else { "" };
+        self.call(
+            Method::DELETE,
+            &format!("/v1/caches/{}{q}", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    pub fn sync_cache(&self, name: &str) -> Result<CacheSynced, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/caches/{}/sync", enc(name)),
+            None::<&()>,
+        )
+    }
+}

@@ -1,0 +1,562 @@
+//! `ramd cache create|list|info|sync|delete` and the caches' part of
+//! `ramd sync`, `ramd list` and `ramd stats` (thin clients of /v1/caches).
+
+use clap::Subcommand;
+
+use super::output::{count_rate, mib_s, micros, render, table};
+use super::{print_json, CliError, JsonFlag};
+use crate::api::cache_types::{CacheInfo, CreateCache, DurationValue, PercentValue};
+use crate::api::client::{Client, ClientError};
+use crate::api::types::{Latency, SizeValue};
+use crate::size::format_size;
+
+/// `ramd cache ...`
+#[derive(Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Put a RAM cache in front of a file, a block device or an NBD export,
+    /// and serve the result as the NBD export NAME (the backing's size).
+    ///
+    /// Examples:
+    ///   ramd cache create db --backing /dev/sdb --size 2G --mode writeback
+    ///   ramd cache create img --backing /srv/big.raw --size 4G --mode writethrough
+    ///   ramd cache create remote --backing nbd://storage:10809/vol1 --size 1G --mode writearound
+    ///
+    /// Modes: writethrough (acknowledged after the backing write), writearound
+    /// (writes go to the backing and drop cached copies), writeback (writes
+    /// stay in RAM and are written back in the background; FLUSH and FUA
+    /// write back and flush the backing first, so a filesystem on top is as
+    /// safe as on the bare disk). See docs/cache.md.
+    #[command(verbatim_doc_comment)]
+    Create(CreateArgs),
+
+    /// List caches: mode, size, use, dirty data, hit ratios, backing state.
+    List {
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Show one cache: settings, counters, the backing's health (failing or
+    /// not, last error, next retry) and request rates.
+    Info {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Write back every dirty block and flush the backing; returns when it
+    /// is durable (same as `ramd sync NAME`).
+    Sync {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Delete a cache: writes back every dirty block first, then stops
+    /// serving it (the backing keeps all data).
+    ///
+    /// Refused while the backing cannot take the dirty data, or while NBD
+    /// clients are connected. --force closes the connections and, if the
+    /// backing is dead, DROPS the dirty data (with a warning).
+    Delete {
+        name: String,
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+/// `ramd cache create` flags (the option names of docs/cache.md).
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    /// Cache name, also the NBD export name: 1-64 of a-z 0-9 _ -.
+    name: String,
+    /// What to cache: a file, a block device, nbd://HOST[:PORT]/EXPORT or
+    /// nbd+unix:///EXPORT?socket=PATH.
+    #[arg(long, value_name = "SRC")]
+    backing: String,
+    /// RAM for cached data: 512M, 2G, 1.5GiB (binary units).
+    #[arg(long, value_name = "SIZE")]
+    size: String,
+    /// writethrough, writearound or writeback.
+    #[arg(long, value_name = "MODE")]
+    mode: String,
+    /// Unit of caching, a power of two from 4K to 1M [default: 4K].
+    #[arg(long, value_name = "SIZE")]
+    block_size: Option<String>,
+    /// Eviction: s3fifo (scan resistant), lru or fifo [default: s3fifo].
+    #[arg(long, value_name = "POLICY")]
+    policy: Option<String>,
+    /// Sequential streams longer than this bypass the cache; 0: never
+    /// [default: 4M].
+    #[arg(long, value_name = "SIZE")]
+    sequential_cutoff: Option<String>,
+    /// Write-back starts when dirty data reaches this % of the cache
+    /// [default: 50].
+    #[arg(long, value_name = "PERCENT")]
+    dirty_high: Option<String>,
+    /// ...and stops at this % [default: 20].
+    #[arg(long, value_name = "PERCENT")]
+    dirty_low: Option<String>,
+    /// Write back data dirty for longer than this [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    max_dirty_age: Option<String>,
+    /// Largest write-back request [default: 1M].
+    #[arg(long, value_name = "SIZE")]
+    writeback_max_io: Option<String>,
+    /// First wait before retrying a failing backing [default: 100ms]...
+    #[arg(long, value_name = "DURATION")]
+    retry_initial: Option<String>,
+    /// ...doubled up to this [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    retry_max: Option<String>,
+    /// Open a file or block device with O_DIRECT (no second copy in the
+    /// host's page cache).
+    #[arg(long)]
+    direct: bool,
+    /// Most connections to an NBD backing [default: 4].
+    #[arg(long, value_name = "N")]
+    nbd_connections: Option<u64>,
+    /// Timeout of each NBD backing operation [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    nbd_timeout: Option<String>,
+    /// At daemon shutdown, how long to retry a failing backing before the
+    /// dirty data is saved to a rescue file instead [default: 2m].
+    #[arg(long, value_name = "DURATION")]
+    shutdown_timeout: Option<String>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+fn size(v: &Option<String>) -> Option<SizeValue> {
+    v.as_ref().map(|t| SizeValue::Text(t.clone()))
+}
+
+fn duration(v: &Option<String>) -> Option<DurationValue> {
+    v.as_ref().map(|t| DurationValue::Text(t.clone()))
+}
+
+fn percent(v: &Option<String>) -> Option<PercentValue> {
+    v.as_ref().map(|t| PercentValue::Text(t.clone()))
+}
+
+/// Runs `ramd cache ...`.
+pub fn run(client: &Client, cmd: CacheCommand) -> Result<(), CliError> {
+    match cmd {
+        CacheCommand::Create(a) => {
+            let c = client.create_cache(&CreateCache {
+                name: a.name,
+                backing: a.backing,
+                size: SizeValue::Text(a.size),
+                mode: a.mode,
+                block_size: size(&a.block_size),
+                policy: a.policy,
+                sequential_cutoff: size(&a.sequential_cutoff),
+                dirty_high: percent(&a.dirty_high),
+                dirty_low: percent(&a.dirty_low),
+                max_dirty_age: duration(&a.max_dirty_age),
+                writeback_max_io: size(&a.writeback_max_io),
+                retry_initial: duration(&a.retry_initial),
+                retry_max: duration(&a.retry_max),
+                direct: a.direct,
+                nbd_connections: a.nbd_connections,
+                nbd_timeout: duration(&a.nbd_timeout),
+                shutdown_timeout: duration(&a.shutdown_timeout),
+            })?;
+            if a.out.json {
+                return print_json(&c);
+            }
+            println!(
+                "created cache {} ({} {} over {}, {}) at {}",
+                c.name,
+                c.settings.mode,
+                format_size(
+                    c.stats
+                        .as_ref()
+                        .map_or(c.settings.cache_bytes, |s| s.capacity_bytes)
+                ),
+                c.backing.spec,
+                c.size_bytes.map_or("-".into(), format_size),
+                c.uri
+            );
+            println!("see it: ramd cache info {}", c.name);
+        }
+        CacheCommand::List { out } => {
+            let l = client.list_caches()?;
+            if out.json {
+                return print_json(&l);
+            }
+            print!("{}", list(&l.caches));
+        }
+        CacheCommand::Info { name, out } => {
+            let c = client.cache(&name)?;
+            if out.json {
+                return print_json(&c);
+            }
+            print!("{}", info(&c));
+        }
+        CacheCommand::Sync { name, out } => sync(client, &name, out.json)?,
+        CacheCommand::Delete { name, force, out } => {
+            let r = client.delete_cache(&name, force)?;
+            if out.json {
+                return print_json(&r);
+            }
+            if let Some(n) = &r.notice {
+                eprintln!("note: {n}");
+            }
+            if r.dropped_dirty_bytes > 0 {
+                eprintln!(
+                    "warning: {} of dirty data that the backing could not take was DROPPED",
+                    format_size(r.dropped_dirty_bytes)
+                );
+            }
+            let mut what = vec![];
+            if r.written_back_bytes > 0 {
+                what.push(format!("wrote back {}", format_size(r.written_back_bytes)));
+            }
+            if r.closed_connections > 0 {
+                what.push(format!(
+                    "closed {} connection{}",
+                    r.closed_connections,
+                    if r.closed_connections == 1 { "" } else { "s" }
+                ));
+            }
+            if what.is_empty() {
+                println!("deleted cache {}", r.name);
+            } else {
+                println!("deleted cache {} ({})", r.name, what.join(", "));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ramd cache sync NAME` / `ramd sync NAME` for a cache.
+fn sync(client: &Client, name: &str, json: bool) -> Result<(), CliError> {
+    let r = client.sync_cache(name)?;
+    if json {
+        return print_json(&r);
+    }
+    println!(
+        "synced cache {}: {} written back in {:.2}s, backing flushed{}",
+        r.name,
+        format_size(r.written_back_bytes),
+        r.duration_ms as f64 / 1000.0,
+        if r.dirty_bytes > 0 {
+            format!(
+                " ({} written since, still dirty)",
+                format_size(r.dirty_bytes)
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// `ramd sync NAME` when NAME is a cache: syncs it and returns true;
+/// false (nothing done) when no cache has that name, so the caller can
+/// try drives.
+pub fn sync_if_cache(client: &Client, name: &str, json: bool) -> Result<bool, CliError> {
+    match client.cache(name) {
+        Ok(_) => sync(client, name, json).map(|()| true),
+        Err(ClientError::Api { code, .. }) if code == "cache_not_found" => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn pct(r: f64) -> String {
+    format!("{:.1}%", r * 100.0)
+}
+
+/// The backing column: where, and its state when not healthy.
+fn backing_cell(c: &CacheInfo) -> String {
+    match c.backing.state.as_str() {
+        "healthy" => c.backing.spec.clone(),
+        s => format!("{} ({s})", c.backing.spec),
+    }
+}
+
+/// `ramd cache list`.
+pub fn list(caches: &[CacheInfo]) -> String {
+    if caches.is_empty() {
+        return "no caches (create one with: ramd cache create NAME --backing SRC --size 1G --mode writeback)\n".into();
+    }
+    let mut t = table(
+        &[
+            "NAME", "MODE", "SIZE", "CACHE", "USED", "DIRTY", "HIT R/W", "STATE", "CONNS",
+            "BACKING", "URI",
+        ],
+        &[2, 3, 4, 5, 6, 8],
+    );
+    for c in caches {
+        let s = c.stats.as_ref();
+        t.add_row(vec![
+            c.name.clone(),
+            c.settings.mode.clone(),
+            c.size_bytes.map_or("-".into(), format_size),
+            format_size(s.map_or(c.settings.cache_bytes, |s| s.capacity_bytes)),
+            s.map_or("-".into(), |s| format_size(s.resident_bytes)),
+            s.map_or("-".into(), |s| format_size(s.dirty_bytes)),
+            s.map_or("-".into(), |s| {
+                format!("{}/{}", pct(s.read_hit_ratio), pct(s.write_hit_ratio))
+            }),
+            c.state.clone(),
+            c.connections.to_string(),
+            backing_cell(c),
+            c.uri.clone(),
+        ]);
+    }
+    render(&t)
+}
+
+fn ms(v: u64) -> String {
+    micros(Some(v as f64 * 1000.0))
+}
+
+/// `ramd cache info NAME`.
+pub fn info(c: &CacheInfo) -> String {
+    let mut t = table(&["FIELD", "VALUE"], &[]);
+    let mut row = |k: &str, v: String| {
+        t.add_row(vec![k.to_owned(), v]);
+    };
+    let st = &c.settings;
+    row("name", c.name.clone());
+    row("state", c.state.clone());
+    row(
+        "mode",
+        format!(
+            "{} (policy {}, blocks of {})",
+            st.mode,
+            st.policy,
+            format_size(st.block_bytes)
+        ),
+    );
+    row(
+        "size",
+        c.size_bytes.map_or("- (backing not open)".into(), |s| {
+            format!("{} ({s} bytes, the backing's)", format_size(s))
+        }),
+    );
+    let b = &c.backing;
+    row("backing", format!("{} ({})", b.spec, b.kind));
+    let health = match b.state.as_str() {
+        "failing" => format!(
+            "FAILING for {}: requests that need it get EIO, cached data is served, dirty data is kept; next retry in {}",
+            ms(b.failing_for_ms),
+            ms(b.next_retry_in_ms)
+        ),
+        "unavailable" => format!(
+            "UNAVAILABLE: not opened yet ({} attempt{}); next attempt in {}",
+            b.open_attempts,
+            if b.open_attempts == 1 { "" } else { "s" },
+            ms(b.next_retry_in_ms)
+        ),
+        s => s.to_owned(),
+    };
+    row("backing state", health);
+    if let Some(e) = &b.last_error {
+        row("last error", e.clone());
+    }
+    row(
+        "backing errors",
+        format!(
+            "{} read, {} write, {} flush; {} retries",
+            b.read_errors, b.write_errors, b.flush_errors, b.retries
+        ),
+    );
+    if let Some(s) = &c.stats {
+        row(
+            "cache",
+            format!(
+                "{} used of {}, {} dirty",
+                format_size(s.resident_bytes),
+                format_size(s.capacity_bytes),
+                format_size(s.dirty_bytes)
+            ),
+        );
+        row(
+            "reads",
+            format!(
+                "{} hit ratio ({} hits, {} misses, in blocks)",
+                pct(s.read_hit_ratio),
+                s.read_hits,
+                s.read_misses
+            ),
+        );
+        row(
+            "writes",
+            format!(
+                "{} hit ratio ({} hits, {} misses, in blocks)",
+                pct(s.write_hit_ratio),
+                s.write_hits,
+                s.write_misses
+            ),
+        );
+        row(
+            "evictions",
+            format!("{} ({} invalidations)", s.evictions, s.invalidations),
+        );
+        row(
+            "write-back",
+            format!(
+                "{} in total, {}/s lately, oldest dirty block {}",
+                format_size(s.writeback_bytes),
+                format_size(s.writeback_rate_bytes_per_s),
+                if s.dirty_bytes == 0 {
+                    "-".into()
+                } else {
+                    ms(s.writeback_lag_ms)
+                }
+            ),
+        );
+        row(
+            "bypassed",
+            format!(
+                "{} requests, {}",
+                s.bypassed_requests,
+                format_size(s.bypassed_bytes)
+            ),
+        );
+        row(
+            "backing i/o",
+            format!(
+                "{} read, {} written",
+                format_size(s.backing_read_bytes),
+                format_size(s.backing_write_bytes)
+            ),
+        );
+    }
+    if let Some(r) = c.io.as_ref().and_then(|io| io.rates.as_ref()) {
+        row(
+            "requests",
+            format!(
+                "{}/{} IOPS, {}/{} MiB/s read/write (last second)",
+                count_rate(r.read_iops),
+                count_rate(r.write_iops),
+                mib_s(r.read_bytes_per_s),
+                mib_s(r.write_bytes_per_s)
+            ),
+        );
+    }
+    row(
+        "watermarks",
+        format!(
+            "write back from {}% down to {}% dirty, or after {}; up to {} per write",
+            st.dirty_high_percent,
+            st.dirty_low_percent,
+            ms(st.max_dirty_age_ms),
+            format_size(st.writeback_max_io_bytes)
+        ),
+    );
+    row(
+        "sequential cutoff",
+        if st.sequential_cutoff_bytes == 0 {
+            "off".into()
+        } else {
+            format_size(st.sequential_cutoff_bytes)
+        },
+    );
+    row(
+        "retries",
+        format!(
+            "{} doubling to {}",
+            ms(st.retry_initial_ms),
+            ms(st.retry_max_ms)
+        ),
+    );
+    if b.kind == "nbd" {
+        row(
+            "nbd",
+            format!(
+                "{} connection(s), {} timeout",
+                st.nbd_connections,
+                ms(st.nbd_timeout_ms)
+            ),
+        );
+    } else {
+        row("o_direct", if st.direct { "yes" } else { "no" }.into());
+    }
+    row("shutdown timeout", ms(st.shutdown_timeout_ms));
+    row("memory promised", format_size(c.promised_bytes));
+    row("connections", c.connections.to_string());
+    row("origin", c.origin.clone());
+    row("uri", c.uri.clone());
+    for u in &c.tcp_uris {
+        row("tcp uri", u.clone());
+    }
+    render(&t)
+}
+
+fn lat_pair(l: Option<&Latency>) -> String {
+    match l {
+        Some(l) if l.count > 0 => format!("{}/{}", micros(l.p50_us), micros(l.p99_us)),
+        _ => "-".into(),
+    }
+}
+
+/// The caches' table of `ramd stats`: request rates of the last second
+/// and the cache's own numbers (ratios since creation).
+pub fn stats_section(caches: &[CacheInfo]) -> String {
+    let mut t = table(
+        &[
+            "CACHE",
+            "IOPS R/W",
+            "MiB/s R/W",
+            "READ p50/p99",
+            "WRITE p50/p99",
+            "HIT R/W",
+            "DIRTY",
+            "WB RATE",
+            "WB LAG",
+            "BACKING",
+            "ERRORS",
+        ],
+        &[1, 2, 3, 4, 5, 6, 7, 8, 10],
+    );
+    for c in caches {
+        let rates = c.io.as_ref().and_then(|io| io.rates.as_ref());
+        let (iops, mibs, r, w) = match rates {
+            Some(r) => (
+                format!("{}/{}", count_rate(r.read_iops), count_rate(r.write_iops)),
+                format!(
+                    "{}/{}",
+                    mib_s(r.read_bytes_per_s),
+                    mib_s(r.write_bytes_per_s)
+                ),
+                lat_pair(r.latency.get("read")),
+                lat_pair(r.latency.get("write")),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        let s = c.stats.as_ref();
+        let errors =
+            c.io.as_ref()
+                .and_then(|io| io.totals.as_ref())
+                .map_or("-".into(), |t| t.errors.values().sum::<u64>().to_string());
+        t.add_row(vec![
+            c.name.clone(),
+            iops,
+            mibs,
+            r,
+            w,
+            s.map_or("-".into(), |s| {
+                format!("{}/{}", pct(s.read_hit_ratio), pct(s.write_hit_ratio))
+            }),
+            s.map_or("-".into(), |s| format_size(s.dirty_bytes)),
+            s.map_or("-".into(), |s| {
+                format!("{}/s", format_size(s.writeback_rate_bytes_per_s))
+            }),
+            s.map_or("-".into(), |s| {
+                if s.dirty_bytes == 0 {
+                    "-".into()
+                } else {
+                    ms(s.writeback_lag_ms)
+                }
+            }),
+            c.backing.state.clone(),
+            errors,
+        ]);
+    }
+    render(&t)
+}
