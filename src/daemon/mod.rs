@@ -463,10 +463,10 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .filter(|(_, o)| o.failed())
         .map(|(name, o)| match o {
             caches::shutdown::Outcome::Rescued {
-                dirty_bytes, dir, ..
+                saved_bytes, dir, ..
             } => format!(
                 "cache '{name}': {} of dirty data saved to {} (run its apply.sh once the backing works)",
-                format_size(*dirty_bytes),
+                format_size(*saved_bytes),
                 dir.display()
             ),
             _ => format!("cache '{name}': dirty data LOST (see the log)"),

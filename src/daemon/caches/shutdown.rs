@@ -54,7 +54,8 @@ pub enum Outcome {
     Clean { written_back_bytes: u64 },
     /// The backing kept failing: the dirty data was saved to `dir`.
     Rescued {
-        dirty_bytes: u64,
+        /// Bytes saved: the parts of dirty blocks the cache held.
+        saved_bytes: u64,
         dir: PathBuf,
         error: String,
     },
@@ -217,7 +218,7 @@ fn give_up(entry: &CacheEntry, live: &Live, rescue_root: &Path, error: String) -
                 dir.display()
             );
             Outcome::Rescued {
-                dirty_bytes,
+                saved_bytes: saved,
                 dir,
                 error,
             }
@@ -300,31 +301,39 @@ fn apply_script(entry: &CacheEntry) -> String {
         name = entry.name
     );
     let body = match entry.backing_kind {
-        BackingKind::Nbd => "nbdsh -u \"$target\" -c '\n\
-with open(\"data.img\", \"rb\") as f:\n\
-    for line in open(\"ranges\"):\n\
-        off, n = map(int, line.split())\n\
-        f.seek(off)\n\
-        h.pwrite(f.read(n), off)\n\
-h.flush()\n\
-print(\"rescued data written back\")\n\
-'\n"
-        .to_string(),
-        BackingKind::File | BackingKind::BlockDevice => "python3 - \"$target\" <<'EOF'\n\
-import os, sys\n\
-src = os.open(\"data.img\", os.O_RDONLY)\n\
-dst = os.open(sys.argv[1], os.O_WRONLY)\n\
-for line in open(\"ranges\"):\n\
-    off, n = map(int, line.split())\n\
-    data = os.pread(src, n, off)\n\
-    assert len(data) == n, \"data.img is short\"\n\
-    done = 0\n\
-    while done < n:\n\
-        done += os.pwrite(dst, data[done:], off + done)\n\
-os.fsync(dst)\n\
-print(\"rescued data written back\")\n\
-EOF\n"
-            .to_string(),
+        BackingKind::Nbd => NBD_APPLY,
+        BackingKind::File | BackingKind::BlockDevice => FILE_APPLY,
     };
-    head + &body
+    head + body
 }
+
+/// Copies the ranges onto an NBD backing (nbdsh from libnbd).
+const NBD_APPLY: &str = r#"nbdsh -u "$target" -c '
+with open("data.img", "rb") as f:
+    for line in open("ranges"):
+        off, n = map(int, line.split())
+        f.seek(off)
+        data = f.read(n)
+        assert len(data) == n, "data.img is short"
+        h.pwrite(data, off)
+h.flush()
+print("rescued data written back")
+'
+"#;
+
+/// Copies the ranges onto a file or block device (python3), then fsyncs.
+const FILE_APPLY: &str = r#"python3 - "$target" <<'EOF'
+import os, sys
+src = os.open("data.img", os.O_RDONLY)
+dst = os.open(sys.argv[1], os.O_WRONLY)
+for line in open("ranges"):
+    off, n = map(int, line.split())
+    data = os.pread(src, n, off)
+    assert len(data) == n, "data.img is short"
+    done = 0
+    while done < n:
+        done += os.pwrite(dst, data[done:], off + done)
+os.fsync(dst)
+print("rescued data written back")
+EOF
+"#;
