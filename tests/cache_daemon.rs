@@ -279,9 +279,15 @@ fn cli_round_trip(
     }
     let on_disk = read_backing();
     if mode == "writeback" {
-        assert!(on_disk != oracle, "{name}: write-back data reached the backing early");
+        assert!(
+            on_disk != oracle,
+            "{name}: write-back data reached the backing early"
+        );
     } else {
-        assert!(on_disk == oracle, "{name}: {mode} must write the backing at once");
+        assert!(
+            on_disk == oracle,
+            "{name}: {mode} must write the backing at once"
+        );
     }
     assert!(nbd_read(&uri, 0, size) == oracle, "{name}: reads differ");
     // (That one request was long enough to bypass the cache: these fill it
@@ -294,7 +300,10 @@ fn cli_round_trip(
     let list = e.ramd(&["cache", "list"]).ok().stdout;
     assert!(list.contains(name) && list.contains(mode), "{list}");
     let info = e.ramd(&["cache", "info", name]).ok().stdout;
-    assert!(info.contains("healthy") && info.contains("hit ratio"), "{info}");
+    assert!(
+        info.contains("healthy") && info.contains("hit ratio"),
+        "{info}"
+    );
     let stats = e.ramd(&["stats", name]).ok().stdout;
     assert!(stats.contains(name) && stats.contains("HIT R/W"), "{stats}");
     let v: Value =
@@ -311,7 +320,10 @@ fn cli_round_trip(
     // ramd sync: durable on return.
     let out = e.ramd(&["sync", name]).ok();
     assert!(out.stdout.contains("synced cache"), "{out}");
-    assert!(read_backing() == oracle, "{name}: backing differs after sync");
+    assert!(
+        read_backing() == oracle,
+        "{name}: backing differs after sync"
+    );
     // More writes, then delete: written back first.
     let data = random_bytes(10_000, seed + 77);
     nbd_write(&uri, 12_345, &data);
@@ -321,7 +333,10 @@ fn cli_round_trip(
     if mode == "writeback" {
         assert!(out.stdout.contains("wrote back"), "{out}");
     }
-    assert!(read_backing() == oracle, "{name}: backing differs after delete");
+    assert!(
+        read_backing() == oracle,
+        "{name}: backing differs after delete"
+    );
     let out = e.ramd(&["cache", "info", name]).failed();
     assert!(out.stderr.contains("no cache named"), "{out}");
 }
@@ -368,7 +383,10 @@ fn api_round_trip_every_mode_over_a_file() {
             assert!(on_disk != oracle, "{mode}: written back too early");
             assert!(v["stats"]["dirty_bytes"].as_u64().unwrap() > 0, "{v}");
         } else {
-            assert!(on_disk == oracle, "{mode}: the backing must have every write");
+            assert!(
+                on_disk == oracle,
+                "{mode}: the backing must have every write"
+            );
             assert_eq!(v["stats"]["dirty_bytes"], 0, "{v}");
         }
         let s = e.expect(
@@ -382,7 +400,10 @@ fn api_round_trip_every_mode_over_a_file() {
         if *mode == "writeback" {
             assert!(s["written_back_bytes"].as_u64().unwrap() > 0, "{s}");
         }
-        assert!(std::fs::read(&file).unwrap() == oracle, "{mode}: after sync");
+        assert!(
+            std::fs::read(&file).unwrap() == oracle,
+            "{mode}: after sync"
+        );
         assert_eq!(e.info(&name)["stats"]["dirty_bytes"], 0);
     }
     // Every cache shows in /v1/stats and /metrics.
@@ -441,11 +462,16 @@ fn api_errors_have_the_right_status_and_code() {
         .unwrap()
         .set_len(512 * MIB)
         .unwrap();
-    let base = |name: &str, backing: &Path| {
-        json!({"name": name, "backing": backing, "size": "4M", "mode": "writeback"})
-    };
+    let base = |name: &str, backing: &Path| json!({"name": name, "backing": backing, "size": "4M", "mode": "writeback"});
     let post = |body: &Value, status: u16, code: &str| {
-        e.expect("POST", "/v1/caches", "/v1/caches", Some(body), status, Some(code))
+        e.expect(
+            "POST",
+            "/v1/caches",
+            "/v1/caches",
+            Some(body),
+            status,
+            Some(code),
+        )
     };
     let mut b = base("x", &file);
     b["turbo"] = json!(true);
@@ -457,16 +483,26 @@ fn api_errors_have_the_right_status_and_code() {
     let mut b = base("x", &file);
     b["mode"] = json!("fastest");
     let v = post(&b, 422, "invalid_cache_option");
-    assert!(v["error"]["message"].as_str().unwrap().contains("writeback"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("writeback"));
     let mut b = base("x", &file);
     b["block_size"] = json!("3K");
     post(&b, 422, "invalid_cache_option");
     let mut b = base("x", &file);
     b["dirty_low"] = json!(60);
     post(&b, 422, "invalid_cache_option");
-    let v = post(&base("x", Path::new("/nonexistent/disk.img")), 422, "bad_backing");
+    let v = post(
+        &base("x", Path::new("/nonexistent/disk.img")),
+        422,
+        "bad_backing",
+    );
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("No such file"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("No such file"),
         "{v}"
     );
     post(&base("x", &dir), 422, "bad_backing");
@@ -475,16 +511,32 @@ fn api_errors_have_the_right_status_and_code() {
     b["backing"] = json!(format!("nbd+unix:///x?socket={}/none.sock", dir.display()));
     let v = post(&b, 502, "backing_unreachable");
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("none.sock"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("none.sock"),
         "{v}"
     );
     // Names are shared with drives; a backing is cached once.
     let v = post(&base("ram0", &file), 409, "cache_exists");
-    assert!(v["error"]["message"].as_str().unwrap().contains("drive"), "{v}");
-    e.expect("POST", "/v1/caches", "/v1/caches", Some(&base("a", &file)), 201, None);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("drive"),
+        "{v}"
+    );
+    e.expect(
+        "POST",
+        "/v1/caches",
+        "/v1/caches",
+        Some(&base("a", &file)),
+        201,
+        None,
+    );
     post(&base("a", &dir.join("other.img")), 409, "cache_exists");
     let v = post(&base("b", &file), 409, "backing_busy");
-    assert!(v["error"]["message"].as_str().unwrap().contains("'a'"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("'a'"),
+        "{v}"
+    );
     // A drive cannot take a cache's name either.
     let (s, _) = e.call(
         "POST",
@@ -502,7 +554,13 @@ fn api_errors_have_the_right_status_and_code() {
     let mut b = base("big", &big);
     b["size"] = json!("128M");
     let v = post(&b, 507, "over_budget");
-    assert!(v["error"]["message"].as_str().unwrap().contains("cache 'big'"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cache 'big'"),
+        "{v}"
+    );
     // Unknown caches.
     for (m, t, p) in [
         ("GET", "/v1/caches/{name}", "/v1/caches/nope"),
@@ -548,7 +606,10 @@ fn api_errors_have_the_right_status_and_code() {
         409,
         Some("cache_busy"),
     );
-    assert!(v["error"]["message"].as_str().unwrap().contains("1 open NBD connection"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1 open NBD connection"));
     let v = e.expect(
         "DELETE",
         "/v1/caches/{name}",
@@ -666,9 +727,15 @@ fn a_failing_backing_gives_eio_keeps_serving_and_shows_in_info() {
         b["last_error"].as_str().unwrap().contains("Input/output"),
         "{v}"
     );
-    assert!(v["stats"]["dirty_bytes"].as_u64().unwrap() >= 300_000, "{v}");
+    assert!(
+        v["stats"]["dirty_bytes"].as_u64().unwrap() >= 300_000,
+        "{v}"
+    );
     let info = e.ramd(&["cache", "info", "flaky"]).ok().stdout;
-    assert!(info.contains("FAILING") && info.contains("next retry"), "{info}");
+    assert!(
+        info.contains("FAILING") && info.contains("next retry"),
+        "{info}"
+    );
     assert!(info.contains("Input/output"), "{info}");
     let list = e.ramd(&["cache", "list"]).ok().stdout;
     assert!(list.contains("(failing)"), "{list}");
@@ -704,7 +771,10 @@ fn a_failing_backing_gives_eio_keeps_serving_and_shows_in_info() {
             v["backing"]["state"] == "healthy" && v["stats"]["dirty_bytes"] == 0
         },
     );
-    assert!(nbd_read(&kit.uri(), 0, 16 * MIB) == oracle, "backing differs");
+    assert!(
+        nbd_read(&kit.uri(), 0, 16 * MIB) == oracle,
+        "backing differs"
+    );
     // Dirty again, backing dead again: only --force deletes, with a warning.
     nbd_write(&uri, 5 * MIB, &[7u8; 65536]);
     std::fs::write(&trigger, b"").unwrap();
@@ -730,7 +800,10 @@ fn config_caches_come_up_and_a_clean_stop_writes_everything_back() {
     let mut oracle = random_bytes((8 * MIB) as usize, 3);
     std::fs::write(&file, &oracle).unwrap();
     // An NBD server that is not up yet when the daemon starts.
-    let later = tempfile::Builder::new().prefix("ramd-later-").tempdir().unwrap();
+    let later = tempfile::Builder::new()
+        .prefix("ramd-later-")
+        .tempdir()
+        .unwrap();
     let later_sock = later.path().join("nbdkit.sock");
     let cfg = write_config(
         dir.path(),
@@ -772,7 +845,10 @@ mode = "writethrough"
     assert_eq!(v["backing"]["state"], "unavailable");
     assert!(v["backing"]["open_attempts"].as_u64().unwrap() >= 1, "{v}");
     assert!(
-        v["backing"]["last_error"].as_str().unwrap().contains("nbdkit.sock"),
+        v["backing"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("nbdkit.sock"),
         "{v}"
     );
     let info = e.ramd(&["cache", "info", "remote"]).ok().stdout;
@@ -808,16 +884,26 @@ mode = "writethrough"
     let status = e.d.terminate();
     assert!(status.success(), "{status}; log:\n{}", e.d.log());
     let log = e.d.log();
-    assert!(log.contains("before exit") && log.contains("written back"), "{log}");
-    assert!(std::fs::read(&file).unwrap() == oracle, "not written back at stop");
+    assert!(
+        log.contains("before exit") && log.contains("written back"),
+        "{log}"
+    );
+    assert!(
+        std::fs::read(&file).unwrap() == oracle,
+        "not written back at stop"
+    );
 }
 
 #[test]
 fn a_bad_cache_in_the_config_stops_the_start_with_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
-    let base = "[[cache]]\nname = \"db\"\nbacking = \"/dev/null\"\nsize = \"64M\"\nmode = \"writeback\"\n";
+    let base =
+        "[[cache]]\nname = \"db\"\nbacking = \"/dev/null\"\nsize = \"64M\"\nmode = \"writeback\"\n";
     for (extra, want) in [
-        ("policy = \"mru\"\n", ":6:10: policy=mru: unknown eviction policy"),
+        (
+            "policy = \"mru\"\n",
+            ":6:10: policy=mru: unknown eviction policy",
+        ),
         ("dirty_low = 70\n", ":2:8: cache 'db': dirty watermarks"),
         ("sise = 1\n", ":6:1: unknown field `sise`"),
     ] {
@@ -874,15 +960,27 @@ fn a_stop_with_a_dead_backing_saves_a_rescue_file_that_restores_the_data() {
     std::fs::write(&trigger, b"").unwrap();
     let status = e.d.terminate();
     let log = e.d.log();
-    assert_eq!(status.code(), Some(1), "the stop must fail loudly; log:\n{log}");
-    assert!(log.contains("could NOT be written back") && log.contains("SAVED"), "{log}");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the stop must fail loudly; log:\n{log}"
+    );
+    assert!(
+        log.contains("could NOT be written back") && log.contains("SAVED"),
+        "{log}"
+    );
     let rescue: Vec<PathBuf> = std::fs::read_dir(state.join("cache-rescue"))
         .unwrap()
         .map(|d| d.unwrap().path())
         .collect();
     assert_eq!(rescue.len(), 1, "{rescue:?}");
     let r = &rescue[0];
-    assert!(r.file_name().unwrap().to_str().unwrap().starts_with("doomed-"));
+    assert!(r
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("doomed-"));
     let ranges = std::fs::read_to_string(r.join("ranges")).unwrap();
     assert!(ranges.lines().count() >= 5, "{ranges}");
     // The backing works again: the script puts the data where it belongs.
@@ -890,7 +988,10 @@ fn a_stop_with_a_dead_backing_saves_a_rescue_file_that_restores_the_data() {
     assert!(nbd_read(&kit.uri(), 0, 16 * MIB) != oracle);
     let out = run(tool("sh").arg(r.join("apply.sh"))).ok();
     assert!(out.stdout.contains("rescued data written back"), "{out}");
-    assert!(nbd_read(&kit.uri(), 0, 16 * MIB) == oracle, "rescue did not restore the data");
+    assert!(
+        nbd_read(&kit.uri(), 0, 16 * MIB) == oracle,
+        "rescue did not restore the data"
+    );
 }
 
 /// nbdfuse + a loop device over an NBD URI; torn down (nbdfuse killed
@@ -919,9 +1020,11 @@ impl FuseLoop {
             dev: None,
         };
         let file = fuse_dir.join("nbd");
-        wait_until("nbdfuse to expose its file", Duration::from_secs(30), || {
-            file.exists()
-        });
+        wait_until(
+            "nbdfuse to expose its file",
+            Duration::from_secs(30),
+            || file.exists(),
+        );
         let out = run(tool("losetup").args(["-f", "--show"]).arg(&file)).ok();
         s.dev = Some(out.stdout.trim().to_owned());
         s
@@ -965,22 +1068,28 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        let _ = try_run(tool("umount").arg("-l").arg(&self.0), Duration::from_secs(20));
+        let _ = try_run(
+            tool("umount").arg("-l").arg(&self.0),
+            Duration::from_secs(20),
+        );
     }
 }
 
-/// The crash test. A real ext4 on a write-back cache over a file,
-/// through the daemon (nbdfuse + losetup on its export); files written and
-/// `sync`ed, more written and not synced, then the daemon is killed with
-/// SIGKILL while the cache holds dirty data. On a copy of the backing
-/// file alone: mounting replays ext4's journal (what the kernel does after
-/// a power cut), after which `e2fsck -f -n` must find the filesystem clean
-/// and every synced file must have its exact checksum.
+/// The crash test, three times over. A real ext4 on a write-back
+/// cache over a file, through the daemon (nbdfuse + losetup on its
+/// export); each round writes files and `sync`s them, writes more without
+/// syncing (O_DIRECT, so they sit dirty in the cache), and kills the daemon
+/// with SIGKILL while the cache holds dirty data. After each crash, on a
+/// copy of the backing file alone: mounting it replays ext4's journal
+/// (what the kernel does after a power cut), after which `e2fsck -f -n`
+/// must find the filesystem clean and every file synced in any round must
+/// have its exact checksum. The next round starts a new daemon and cache
+/// over the same (crashed) backing and goes on from there.
 ///
 /// Why that is "as safe as the bare disk": `sync` makes ext4 commit its
 /// journal with a FLUSH (and FUA), which the cache answers only after
 /// writing back every dirty block and fsyncing the file; writes after it
-/// may be lost or partly written back in any order, exactly what a disk
+/// may be lost, or partly written back in any order, exactly what a disk
 /// with a volatile write cache may do at a power cut. ext4 is built to
 /// survive that, so a clean fsck and intact synced files are precisely the
 /// bare disk's guarantee.
@@ -1001,92 +1110,117 @@ fn ext4_on_a_writeback_cache_survives_kill_9_of_the_daemon() {
     if !require(&tools) || !require_root_block_devices() {
         return;
     }
-    let mut e = Env::start(&[]);
-    let dir = e.d.dir().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
     let img = dir.join("backing.img");
     std::fs::File::create(&img)
         .unwrap()
-        .set_len(96 * MIB)
+        .set_len(128 * MIB)
         .unwrap();
-    // Small next to what is written (evictions and write-backs under
-    // pressure), and nothing written back by age: dirty data at the kill.
-    e.ramd(&[
-        "cache",
-        "create",
-        "fs",
-        "--backing",
-        img.to_str().unwrap(),
-        "--size",
-        "6M",
-        "--mode",
-        "writeback",
-        "--max-dirty-age",
-        "1h",
-        "--dirty-high",
-        "90",
-        "--dirty-low",
-        "80",
-    ])
-    .ok();
-    let src = dir.join("src");
-    std::fs::create_dir(&src).unwrap();
-    let synced: [(&str, usize); 5] = [
-        ("one", 1),
-        ("odd", 4097),
-        ("small", 100_000),
-        ("mib", MIB as usize),
-        ("big", 9 * MIB as usize + 5),
-    ];
-    let names: Vec<&str> = synced.iter().map(|f| f.0).collect();
-    for (i, (name, len)) in synced.iter().enumerate() {
-        std::fs::write(src.join(name), random_bytes(*len, 300 + i as u64)).unwrap();
-    }
-    let sums = |d: &Path| run(tool("sha256sum").current_dir(d).args(&names)).ok().stdout;
-    let want = sums(&src);
-
-    let stack = FuseLoop::attach(&dir.join("fuse"), &e.d.uri("fs"));
-    run(tool("mkfs.ext4").args(["-q", "-F", stack.dev()])).ok();
-    // No periodic journal commit during the test: only `sync` commits.
-    let mnt = Mounted::mount(stack.dev(), &dir.join("mnt"), "commit=600");
-    run(tool("cp").arg("-t").arg(&mnt.0).args(&names).current_dir(&src)).ok();
-    run(tool("sync").arg("-f").arg(&mnt.0)).ok();
-    assert_eq!(sums(&mnt.0), want);
-    // Not synced: lost or not, it must not harm what was. O_DIRECT sends
-    // the data to the device at once, without a FLUSH: it stays dirty in
-    // the cache.
-    std::fs::create_dir(mnt.0.join("later")).unwrap();
-    for i in 0..4 {
-        run(tool("dd")
-            .args(["if=/dev/urandom", "bs=64K", "count=12", "oflag=direct"])
-            .arg(format!("of={}", mnt.0.join(format!("later/f{i}")).display())))
+    let sizes: [usize; 5] = [1, 4097, 100_000, MIB as usize, 9 * MIB as usize + 5];
+    // (path in the filesystem, sha256sum line) of every synced file so far.
+    let mut synced: Vec<String> = Vec::new();
+    let sums = |d: &Path, files: &[String]| {
+        run(tool("sha256sum").current_dir(d).args(files))
+            .ok()
+            .stdout
+    };
+    for round in 0..3u64 {
+        let mut e = Env::start(&[]);
+        // Small next to what is written (evictions and write-backs under
+        // pressure), and nothing written back by age: dirty data at the kill.
+        e.ramd(&[
+            "cache",
+            "create",
+            "fs",
+            "--backing",
+            img.to_str().unwrap(),
+            "--size",
+            "6M",
+            "--mode",
+            "writeback",
+            "--max-dirty-age",
+            "1h",
+            "--dirty-high",
+            "90",
+            "--dirty-low",
+            "80",
+        ])
         .ok();
-    }
-    let v = e.info("fs");
-    assert!(
-        v["stats"]["dirty_bytes"].as_u64().unwrap() > 0,
-        "the cache was meant to hold dirty data at the crash: {v}"
-    );
-    assert!(
-        v["stats"]["evictions"].as_u64().unwrap() > 0
-            && v["stats"]["writeback_bytes"].as_u64().unwrap() > 0,
-        "the cache was meant to be under pressure: {v}"
-    );
-    signal(e.d.pid(), libc::SIGKILL);
-    wait_until("the daemon to die", Duration::from_secs(10), || {
-        !e.d.is_running()
-    });
-    drop(mnt);
-    drop(stack);
+        let stack = FuseLoop::attach(&dir.join(format!("fuse{round}")), &e.d.uri("fs"));
+        if round == 0 {
+            run(tool("mkfs.ext4").args(["-q", "-F", stack.dev()])).ok();
+        }
+        // No periodic journal commit during the test: only `sync` commits.
+        let mnt = Mounted::mount(stack.dev(), &dir.join(format!("mnt{round}")), "commit=600");
+        // Earlier rounds' synced files came through the crash.
+        if !synced.is_empty() {
+            let want: String = synced.iter().map(|l| format!("{l}\n")).collect();
+            let files: Vec<String> = synced.iter().map(|l| l[66..].to_owned()).collect();
+            assert_eq!(sums(&mnt.0, &files), want, "round {round}: before writing");
+        }
+        let sub = format!("r{round}");
+        std::fs::create_dir(mnt.0.join(&sub)).unwrap();
+        let mut files = Vec::new();
+        for (i, len) in sizes.iter().enumerate() {
+            let f = format!("{sub}/f{i}");
+            std::fs::write(mnt.0.join(&f), random_bytes(*len, 100 * round + i as u64)).unwrap();
+            files.push(f);
+        }
+        run(tool("sync").arg("-f").arg(&mnt.0)).ok();
+        synced.extend(sums(&mnt.0, &files).lines().map(str::to_owned));
+        // Not synced: lost or not, it must not harm what was. O_DIRECT sends
+        // the data to the device at once, without a FLUSH: it stays dirty in
+        // the cache.
+        for i in 0..4 {
+            run(tool("dd")
+                .args(["if=/dev/urandom", "bs=64K", "count=12", "oflag=direct"])
+                .arg(format!(
+                    "of={}",
+                    mnt.0.join(format!("{sub}/later{i}")).display()
+                )))
+            .ok();
+        }
+        let v = e.info("fs");
+        let s = &v["stats"];
+        eprintln!(
+            "round {round}: at the kill: {} dirty bytes, {} evictions, {} bytes written back",
+            s["dirty_bytes"], s["evictions"], s["writeback_bytes"]
+        );
+        assert!(
+            s["dirty_bytes"].as_u64().unwrap() > 0,
+            "the cache was meant to hold dirty data at the crash: {v}"
+        );
+        assert!(
+            s["evictions"].as_u64().unwrap() > 0 && s["writeback_bytes"].as_u64().unwrap() > 0,
+            "the cache was meant to be under pressure: {v}"
+        );
+        e.d.kill_hard();
+        drop(mnt);
+        drop(stack);
 
-    // The backing file alone, as after a power cut: journal replay by a
-    // mount, then a full read-only check, then the synced files.
-    let copy = dir.join("copy.img");
-    std::fs::copy(&img, &copy).unwrap();
-    let lo = Loop::attach(&copy);
-    Mounted::mount(&lo.0, &dir.join("replay"), "rw").unmount();
-    let out = run(tool("e2fsck").args(["-f", "-n", &lo.0]));
-    assert_eq!(out.code(), 0, "the filesystem must be clean: {out}");
-    let mnt = Mounted::mount(&lo.0, &dir.join("check"), "ro");
-    assert_eq!(sums(&mnt.0), want, "synced files differ after the crash");
-    mnt.unmount();
+        // The backing file alone, as after a power cut: journal replay by a
+        // mount, then a full read-only check, then every synced file.
+        let copy = dir.join("copy.img");
+        std::fs::copy(&img, &copy).unwrap();
+        let lo = Loop::attach(&copy);
+        Mounted::mount(&lo.0, &dir.join("replay"), "rw").unmount();
+        let out = run(tool("e2fsck").args(["-f", "-n", &lo.0]));
+        assert_eq!(
+            out.code(),
+            0,
+            "round {round}: the filesystem must be clean: {out}"
+        );
+        let mnt = Mounted::mount(&lo.0, &dir.join("check"), "ro");
+        let want: String = synced.iter().map(|l| format!("{l}\n")).collect();
+        let files: Vec<String> = synced.iter().map(|l| l[66..].to_owned()).collect();
+        assert_eq!(
+            sums(&mnt.0, &files),
+            want,
+            "round {round}: synced files differ after the crash"
+        );
+        mnt.unmount();
+        drop(lo);
+        std::fs::remove_file(&copy).unwrap();
+    }
 }

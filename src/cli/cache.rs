@@ -27,7 +27,7 @@ pub enum CacheCommand {
     /// write back and flush the backing first, so a filesystem on top is as
     /// safe as on the bare disk). See docs/cache.md.
     #[command(verbatim_doc_comment)]
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
 
     /// List caches: mode, size, use, dirty data, hit ratios, backing state.
     List {

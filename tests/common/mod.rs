@@ -468,6 +468,15 @@ impl Daemon {
         }
     }
 
+    /// SIGKILL, as a crash: waits for the daemon to die and forgets it
+    /// (so dropping the guard signals nothing).
+    #[track_caller]
+    pub fn kill_hard(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("ramd is running");
+        let _ = child.kill();
+        wait_timeout(&mut child, DAEMON_TIMEOUT).expect("ramd dies on SIGKILL")
+    }
+
     /// Sends SIGTERM and waits (bounded) for the daemon to exit.
     #[track_caller]
     pub fn terminate(&mut self) -> ExitStatus {
