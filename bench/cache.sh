@@ -13,11 +13,12 @@
 #           (s3fifo, lru, fifo): the cache's own hit ratio and fio's IOPS.
 # 3. write: fio 4 KiB random write, QD32 x 2, writeback vs writethrough.
 #
-# How caches are served: SERVE=ramd (default once the daemon lands) uses
-#   ramd daemon + ramd cache create NAME --backing SRC --size S --mode M
-#   [--block-size B] [--policy P] and ramd stats NAME --json;
-# SERVE=example uses the stand-in `cargo run --example cache-serve`, which
-# works today (phase 1) and prints the cache's stats when it stops.
+# How caches are served: SERVE=ramd (default) uses the daemon:
+#   ramd daemon + ramd create plain --size S + ramd cache create NAME
+#   --backing SRC --size S --mode M --block-size B --policy P, and reads the
+#   cache's counters with ramd cache info NAME --json;
+# SERVE=example uses the in-process stand-in `cargo run --example
+# cache-serve` (no API; SIGUSR1 prints its stats), for comparison.
 #
 # Knobs: RUNTIME (s, default 30), RUNS (default 1; the median is the figure
 # to quote when > 1), CACHE (default 512M), DELAY (backing latency, default
@@ -93,20 +94,22 @@ start_server() {
   else
     export XDG_RUNTIME_DIR="$work/$tag" XDG_STATE_HOME="$work/$tag/state"
     nbd_sock="$XDG_RUNTIME_DIR/ramd/nbd.sock"
-    "$bin" daemon >"$work/$tag/server.log" 2>&1 &
+    "$bin" daemon --no-default-drive >"$work/$tag/server.log" 2>&1 &
     server_pid=$!; pids+=($server_pid)
     wait_for "$XDG_RUNTIME_DIR/ramd/api.sock" "$server_pid" "$work/$tag/server.log"
-    "$bin" create plain --size "$cache"
+    "$bin" create plain --size "$cache" >/dev/null
     for c in "$@"; do
       set -- $c
       "$bin" cache create "$1" --backing "$2" --size "$cache" --mode "$3" \
-        --policy "$4" --block-size "$block"
+        --policy "$4" --block-size "$block" >/dev/null
     done
   fi
 }
 
+# stop_server [SIGNAL]: TERM (default) writes every cache back first; the
+# write benchmark uses KILL, as its dirty data need not be kept.
 stop_server() {
-  kill -TERM "$server_pid"; wait "$server_pid" 2>/dev/null || true
+  kill -"${1:-TERM}" "$server_pid"; wait "$server_pid" 2>/dev/null || true
 }
 
 uri() { echo "nbd+unix:///$1?socket=$nbd_sock"; }
@@ -120,7 +123,7 @@ read_counts() {
     grep "^cache $1: read hit ratio" "$work/$tag/server.log" | tail -1 |
       sed 's/.*(\([0-9]*\) hits, \([0-9]*\) misses).*/\1 \2/'
   else
-    "$bin" stats "$1" --json | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["read_hits"], s["read_misses"])'
+    "$bin" cache info "$1" --json | python3 -c 'import json,sys; s=json.load(sys.stdin)["stats"]; print(s["read_hits"], s["read_misses"])'
   fi
 }
 
@@ -186,7 +189,7 @@ bench_write() {
     start_server "$tag" "c0 $slow $mode s3fifo"
     iops=$(fio_iops "$(uri c0)" --rw=randwrite --iodepth=32 --numjobs=2 --size="$ws" \
       --time_based --runtime="$runtime" --group_reporting)
-    stop_server
+    stop_server KILL
     echo "randwrite 4k QD32x2, $mode: $iops IOPS"
   done
 }

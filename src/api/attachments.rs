@@ -1,4 +1,4 @@
-//! `/v1/attachments`: drives exposed as files through FUSE.
+//! `/v1/attachments`: drives and caches exposed as files through FUSE.
 
 use std::sync::Arc;
 
@@ -9,8 +9,32 @@ use axum::Json;
 
 use super::types::{AttachmentInfo, AttachmentList, CreateAttachment};
 use super::{blocking, ApiError};
-use crate::attach;
+use crate::attach::{self, Attachable};
+use crate::daemon::caches::CachesError;
+use crate::daemon::registry::RegistryError;
 use crate::daemon::Daemon;
+
+/// The drive, or else the serving cache, of that name.
+fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
+    match d.registry.get(name) {
+        Ok(drive) => return Ok(drive),
+        Err(RegistryError::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match d.caches.get(name) {
+        Ok(c) if c.live().is_some() => Ok(c),
+        Ok(c) => Err(CachesError::Unavailable(format!(
+            "cache '{name}' is {}: it can be attached once it serves (ramd cache info {name})",
+            c.state().name()
+        ))
+        .into()),
+        Err(_) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "drive_not_found",
+            format!("no drive or cache named '{name}' (see `ramd list` and `ramd cache list`)"),
+        )),
+    }
+}
 
 fn view(a: attach::AttachmentInfo) -> AttachmentInfo {
     AttachmentInfo {
@@ -32,7 +56,7 @@ pub async fn create(
     body: Result<Json<CreateAttachment>, JsonRejection>,
 ) -> Result<(StatusCode, Json<AttachmentInfo>), ApiError> {
     let Json(req) = body?;
-    let drive = d.registry.get(&req.drive)?;
+    let drive = attachable(&d, &req.drive)?;
     let info = blocking(move || {
         Ok(d.attachments
             .attach(drive, std::path::Path::new(&req.mountpoint))?)

@@ -202,6 +202,8 @@ pub struct CacheInfo {
     pub promised_bytes: u64,
     /// Open NBD connections.
     pub connections: u64,
+    /// Mountpoints where it is attached through FUSE (`ramd attach`).
+    pub attachments: Vec<String>,
     pub uri: String,
     pub tcp_uris: Vec<String>,
     pub backing: BackingInfo,

@@ -126,6 +126,12 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
         size_bytes,
         promised_bytes: e.promised_bytes(),
         connections,
+        attachments: e
+            .attachments
+            .lock()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
         uri: d.unix_uri(&e.name),
         tcp_uris: d.tcp_uris(&e.name),
         backing,
@@ -235,6 +241,10 @@ pub async fn delete(
     let Query(q) = query?;
     blocking(move || {
         let e = d.caches.get(&name)?;
+        if q.force {
+            // A forced delete detaches first; a busy mount stops it.
+            d.attachments.detach_drive(&name)?;
+        }
         let r = d.caches.delete(&name, q.force)?;
         Ok(Json(CacheDeleted {
             name: e.name.clone(),

@@ -1,4 +1,4 @@
-//! `ramd attach`: drives exposed as files through FUSE, served inside the
+//! `ramd attach`: drives (and caches) exposed as files through FUSE, served inside the
 //! daemon so I/O goes straight to the drive (no NBD hop) and the CLI
 //! returns at once.
 //!
@@ -37,7 +37,32 @@ use fuser::MountOption;
 use parking_lot::Mutex;
 
 use crate::daemon::registry::Drive;
+use crate::nbd::Export;
 pub use fs::DriveFs;
+
+/// What can be attached: a drive or a cache, anything served as an export.
+pub trait Attachable: Send + Sync {
+    /// The name, which is also the file's name under the mountpoint.
+    fn name(&self) -> &str;
+    /// The export to serve through FUSE (None while it serves nothing, as
+    /// a cache whose backing is not open).
+    fn export(&self) -> Option<Arc<Export>>;
+    /// Mountpoints where it is attached: kept by [`Attachments`], read by
+    /// delete (refused while attached) and listings.
+    fn attached_at(&self) -> &Mutex<Vec<PathBuf>>;
+}
+
+impl Attachable for Drive {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn export(&self) -> Option<Arc<Export>> {
+        Some(self.export.clone())
+    }
+    fn attached_at(&self) -> &Mutex<Vec<PathBuf>> {
+        &self.attachments
+    }
+}
 
 /// Why an attach or detach failed.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +96,7 @@ pub struct AttachmentInfo {
 
 struct Attachment {
     info: AttachmentInfo,
-    drive: Arc<Drive>,
+    drive: Arc<dyn Attachable>,
     /// Runs the FUSE session; returns once the filesystem is unmounted.
     thread: Option<JoinHandle<io::Result<()>>>,
 }
@@ -119,7 +144,7 @@ impl Attachments {
     /// that is not already a mount point).
     pub fn attach(
         &self,
-        drive: Arc<Drive>,
+        drive: Arc<dyn Attachable>,
         mountpoint: &Path,
     ) -> Result<AttachmentInfo, AttachError> {
         if !mountpoint.is_absolute() {
@@ -171,7 +196,7 @@ impl Attachments {
             }
         }
         let mut options = vec![
-            MountOption::FSName(format!("ramd:{}", drive.name)),
+            MountOption::FSName(format!("ramd:{}", drive.name())),
             MountOption::Subtype("ramd".into()),
             MountOption::NoDev,
             MountOption::NoSuid,
@@ -181,7 +206,10 @@ impl Attachments {
             // Let root's losetup open a file mounted by another user.
             options.push(MountOption::AllowRoot);
         }
-        let fs = DriveFs::new(drive.export.clone());
+        let export = drive
+            .export()
+            .ok_or_else(|| AttachError::Failed(format!("'{}' is not serving now", drive.name())))?;
+        let fs = DriveFs::new(export);
         let mut session = fuser::Session::new(fs, &mountpoint, &options).map_err(|e| {
             AttachError::Failed(format!(
                 "cannot mount FUSE at {}: {e}{}",
@@ -193,7 +221,7 @@ impl Attachments {
                 }
             ))
         })?;
-        let name = drive.name.clone();
+        let name = drive.name().to_owned();
         let thread = std::thread::Builder::new()
             .name(format!("fuse-{name}"))
             .spawn(move || session.run())
@@ -205,7 +233,7 @@ impl Attachments {
             file: mountpoint.join(&name),
             mountpoint: mountpoint.clone(),
         };
-        drive.attachments.lock().push(mountpoint.clone());
+        drive.attached_at().lock().push(mountpoint.clone());
         inner.by_id.insert(
             info.id,
             Attachment {
@@ -278,7 +306,7 @@ impl Attachments {
                         "{e}; detaching lazily: I/O through it fails from now on"
                     );
                     let _ = unmount(&mp, true);
-                    a.drive.attachments.lock().retain(|p| p != &mp);
+                    a.drive.attached_at().lock().retain(|p| p != &mp);
                 }
             }
         }
@@ -295,7 +323,7 @@ fn finish(a: &mut Attachment) {
         }
     }
     a.drive
-        .attachments
+        .attached_at()
         .lock()
         .retain(|p| p != &a.info.mountpoint);
 }

@@ -480,6 +480,14 @@ pub fn info(c: &CacheInfo) -> String {
     row("shutdown timeout", ms(st.shutdown_timeout_ms));
     row("memory promised", format_size(c.promised_bytes));
     row("connections", c.connections.to_string());
+    row(
+        "attached at",
+        if c.attachments.is_empty() {
+            "-".into()
+        } else {
+            c.attachments.join(", ")
+        },
+    );
     row("origin", c.origin.clone());
     row("uri", c.uri.clone());
     for u in &c.tcp_uris {

@@ -174,7 +174,7 @@ pub enum Command {
         out: JsonFlag,
     },
 
-    /// Expose a drive as a file MOUNTPOINT/NAME through FUSE.
+    /// Expose a drive (or a cache) as a file MOUNTPOINT/NAME through FUSE.
     ///
     /// Then: dev=$(losetup -f --show MOUNTPOINT/NAME); mkfs.ext4 $dev;
     /// mount $dev /mnt/data. Undo with `ramd detach MOUNTPOINT` after

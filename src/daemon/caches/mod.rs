@@ -38,6 +38,7 @@ pub mod spec;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -46,6 +47,7 @@ use parking_lot::Mutex;
 
 use super::registry::{Origin, Registry, RegistryError};
 use super::sampler::Sampler;
+use crate::attach::Attachable;
 use crate::backend::Backend;
 use crate::cache::{
     self, open_backing, BackingErrorKind, BackingSpec, Cache, CacheError, CloseReport,
@@ -182,6 +184,21 @@ pub struct CacheEntry {
     state: Mutex<CacheState>,
     /// Budget promised for this cache (see the module invariants).
     promised_bytes: AtomicU64,
+    /// Mountpoints where it is attached through FUSE (kept by
+    /// `attach::Attachments`; a delete is refused while attached).
+    pub attachments: Mutex<Vec<PathBuf>>,
+}
+
+impl Attachable for CacheEntry {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn export(&self) -> Option<Arc<Export>> {
+        self.live().map(|l| l.export)
+    }
+    fn attached_at(&self) -> &Mutex<Vec<PathBuf>> {
+        &self.attachments
+    }
 }
 
 impl std::fmt::Debug for CacheEntry {
@@ -445,6 +462,7 @@ impl Caches {
             created_unix_s: now_unix_s(),
             state: Mutex::new(CacheState::Opening),
             promised_bytes: AtomicU64::new(0),
+            attachments: Mutex::new(Vec::new()),
         });
         map.insert(name, entry.clone());
         Ok(entry)
@@ -609,6 +627,15 @@ impl Caches {
                 CacheState::Ready(l) => l.clone(),
             }
         };
+        let attached = entry.attachments.lock().clone();
+        if !attached.is_empty() {
+            let list: Vec<String> = attached.iter().map(|p| p.display().to_string()).collect();
+            return Err(CachesError::Busy(format!(
+                "cache '{name}' is attached at {}; unmount what uses it and run `ramd detach MOUNTPOINT` first{}",
+                list.join(", "),
+                if force { "" } else { " (or delete with force)" }
+            )));
+        }
         let conns = live.export.connections();
         if conns > 0 && !force {
             return Err(CachesError::Busy(format!(
