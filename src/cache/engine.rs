@@ -103,6 +103,11 @@ pub(crate) struct Meta {
     pub valid: u64,
 }
 
+/// One cache line per slot: the hit path touches a slot's lock word, block,
+/// state and valid mask, which then take one cache miss, never two (an
+/// unaligned 56-byte slot straddles two lines most of the time), and
+/// readers of neighbouring slots never share a line.
+#[repr(align(64))]
 pub(crate) struct Slot {
     pub meta: RwLock<Meta>,
     /// Serialises write-backs of this slot (and zero/trim of it), so an
