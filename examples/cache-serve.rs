@@ -1,7 +1,7 @@
 //! Serves caches (and plain RAM drives, for comparison) over NBD until
 //! SIGINT/SIGTERM, then closes every cache cleanly (dirty data written
-//! back). A stand-in for `ramd cache create` until the daemon wiring lands,
-//! so bench/cache.sh can run today:
+//! back): caches without the daemon, its API and its metrics, for
+//! comparisons (bench/cache.sh SERVE=example) and experiments:
 //!
 //!     cargo run --release --example cache-serve -- --socket /tmp/c.sock \
 //!         --cache c0=nbd+unix:///?socket=/tmp/slow.sock,size=1G,mode=writeback \

@@ -416,6 +416,19 @@ fn api_round_trip_every_mode_over_a_file() {
         .collect();
     assert_eq!(names, ["c-writearound", "c-writeback", "c-writethrough"]);
     let (_, metrics) = e.d.http("GET", "/metrics", None);
+    // Python's OpenMetrics parser reads it all.
+    if require_python_module("prometheus_client", "python3-prometheus-client") {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &metrics).unwrap();
+        let out = python(
+            "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+             n=sum(1 for f in text_string_to_metric_families(open(sys.argv[1]).read()) if f.name.startswith('ramd_cache'))\n\
+             print(n)\n",
+            &[f.path().to_str().unwrap()],
+        )
+        .ok();
+        assert!(out.stdout.trim().parse::<u32>().unwrap() > 25, "{out}");
+    }
     for want in [
         "ramd_caches 3\n",
         "ramd_cache_up{cache=\"c-writeback\"} 1\n",

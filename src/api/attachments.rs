@@ -31,7 +31,7 @@ fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
         Err(_) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "drive_not_found",
-            format!("no drive or cache named '{name}' (see `ramd list` and `ramd cache list`)"),
+            format!("no drive named '{name}', nor a cache (see `ramd list` and `ramd cache list`)"),
         )),
     }
 }

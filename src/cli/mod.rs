@@ -511,7 +511,7 @@ fn stats(
                     status: 404,
                     code: "drive_not_found".into(),
                     message: format!(
-                        "no drive or cache named '{n}' (see `ramd list` and `ramd cache list`)"
+                        "no drive named '{n}', nor a cache (see `ramd list` and `ramd cache list`)"
                     ),
                 }
                 .into());
