@@ -750,6 +750,9 @@ fn a_failing_backing_gives_eio_keeps_serving_and_shows_in_info() {
         "{info}"
     );
     assert!(info.contains("Input/output"), "{info}");
+    // `ramd info NAME` shows a cache too (the spelling).
+    let info = e.ramd(&["info", "flaky"]).ok().stdout;
+    assert!(info.contains("FAILING") && info.contains("state"), "{info}");
     let list = e.ramd(&["cache", "list"]).ok().stdout;
     assert!(list.contains("(failing)"), "{list}");
     let (_, metrics) = e.d.http("GET", "/metrics", None);

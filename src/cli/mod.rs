@@ -99,7 +99,8 @@ pub enum Command {
         out: JsonFlag,
     },
 
-    /// Show one drive in detail, or the daemon when no name is given.
+    /// Show one drive (or cache) in detail, or the daemon when no name is
+    /// given.
     Info {
         name: Option<String>,
         #[command(flatten)]
@@ -324,7 +325,20 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Info { name, out } => match name {
             Some(name) => {
-                let d = client().drive(&name)?;
+                let c = client();
+                let d = match c.drive(&name) {
+                    Ok(d) => d,
+                    // A cache's name shows the cache.
+                    Err(e) if e.code() == Some("drive_not_found") => match c.cache(&name) {
+                        Ok(cache) if out.json => return print_json(&cache),
+                        Ok(cache) => {
+                            print!("{}", cache::info(&cache));
+                            return Ok(());
+                        }
+                        Err(_) => return Err(e.into()),
+                    },
+                    Err(e) => return Err(e.into()),
+                };
                 if out.json {
                     return print_json(&d);
                 }
