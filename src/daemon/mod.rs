@@ -12,8 +12,10 @@
 //! Shutdown (SIGTERM/SIGINT): STOPPING=1 to systemd; the API stops
 //! accepting and finishes the requests it has; the NBD server stops
 //! accepting, answers every request already received and closes each
-//! connection; FUSE attachments are unmounted; sockets and the pid lock
-//! are removed. Exit status 0.
+//! connection; FUSE attachments are unmounted; every cache writes its dirty
+//! data back (`caches::shutdown`: bounded, and never silent about data a
+//! dead backing could not take: exit status 1 then); sockets and the pid
+//! lock are removed. Exit status 0.
 //!
 //! The NBD data path stays on plain threads with blocking I/O (measured
 //! faster than async for RAM requests); tokio runs only the API.

@@ -8,7 +8,8 @@
 //!   create, table first on delete).
 //! - The daemon budget is never promised twice: the sum of every drive's
 //!   commitment (`min(size, mem_limit)` plus its metadata; only metadata for
-//!   a drive created with `overcommit`) stays within the budget. An
+//!   a drive created with `overcommit`), plus what caches were promised
+//!   ([`Registry::promise`]), stays within the budget. An
 //!   overcommitted drive relies on the budget's hard limit at write time
 //!   (ENOSPC), never on the host's memory.
 //! - The registry mutex is a plain (parking_lot) one, never held across an
