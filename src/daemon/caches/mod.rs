@@ -756,3 +756,171 @@ fn not_serving(entry: &CacheEntry) -> CachesError {
         s => CachesError::Unavailable(format!("cache '{name}' is {}", s.name())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::spec::DriveSpec;
+    use crate::store::MemoryBudget;
+    use std::time::Duration;
+
+    fn caches(budget: u64) -> (Arc<Caches>, Arc<Registry>) {
+        let exports = Arc::new(ExportTable::new());
+        let registry = Arc::new(Registry::new(
+            exports.clone(),
+            Arc::new(MemoryBudget::new(budget)),
+            true,
+        ));
+        (
+            Arc::new(Caches::new(exports, registry.clone(), true)),
+            registry,
+        )
+    }
+
+    fn file(dir: &std::path::Path, name: &str, len: u64) -> String {
+        let p = dir.join(name);
+        std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+        p.display().to_string()
+    }
+
+    fn spec(name: &str, backing: &str, size: &str) -> CacheSpec {
+        CacheSpec::new(name, backing, size, "writeback").unwrap()
+    }
+
+    #[test]
+    fn create_sync_delete_and_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, r) = caches(64 << 20);
+        let b = file(dir.path(), "a.img", 32 << 20);
+        let e = c.create(spec("a", &b, "4M"), Origin::Api).unwrap();
+        let live = e.live().unwrap();
+        assert!(c.exports.get("a").is_some());
+        // Capacity plus metadata is promised.
+        let promised = e.promised_bytes();
+        assert!(promised > 4 << 20 && promised < 5 << 20, "{promised}");
+        assert_eq!(r.committed_bytes(), promised);
+        live.cache.write(4096, &[7u8; 8192], false).unwrap();
+        assert!(live.cache.dirty_bytes() > 0);
+        let s = c.sync("a").unwrap();
+        assert_eq!(s.written_back_bytes, 8192);
+        assert_eq!(std::fs::read(&b).unwrap()[4096..12288], [7u8; 8192]);
+        live.cache.write(0, &[9u8; 4096], false).unwrap();
+        let d = c.delete("a", false).unwrap();
+        assert_eq!(d.written_back_bytes, 4096);
+        assert_eq!(std::fs::read(&b).unwrap()[..4096], [9u8; 4096]);
+        assert!(c.exports.get("a").is_none());
+        assert!(matches!(c.get("a"), Err(CachesError::NotFound(_))));
+        assert_eq!(r.committed_bytes(), 0);
+        // Over the budget, promised to drives and caches alike.
+        r.create(
+            &DriveSpec {
+                name: "d".into(),
+                size_bytes: 40 << 20,
+                mem_limit_bytes: None,
+                read_only: false,
+                overcommit: false,
+            },
+            Origin::Api,
+        )
+        .unwrap();
+        let e = c.create(spec("b", &b, "30M"), Origin::Api).unwrap_err();
+        assert!(matches!(e, CachesError::OverBudget(_)), "{e}");
+        assert!(c.list().is_empty());
+    }
+
+    #[test]
+    fn names_and_backings_are_taken_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, r) = caches(1 << 30);
+        let a = file(dir.path(), "a.img", 8 << 20);
+        let b = file(dir.path(), "b.img", 8 << 20);
+        r.create(
+            &DriveSpec {
+                name: "ram0".into(),
+                size_bytes: 1 << 20,
+                mem_limit_bytes: None,
+                read_only: false,
+                overcommit: false,
+            },
+            Origin::Api,
+        )
+        .unwrap();
+        assert!(matches!(
+            c.create(spec("ram0", &a, "1M"), Origin::Api),
+            Err(CachesError::Exists(_))
+        ));
+        c.create(spec("x", &a, "1M"), Origin::Api).unwrap();
+        assert!(matches!(
+            c.create(spec("x", &b, "1M"), Origin::Api),
+            Err(CachesError::Exists(_))
+        ));
+        // The same file under another spelling is the same backing.
+        let again = format!("{}/./a.img", dir.path().display());
+        let e = c.create(spec("y", &again, "1M"), Origin::Api).unwrap_err();
+        assert!(matches!(
+            e,
+            CachesError::Backing {
+                kind: BackingErrorKind::Busy,
+                ..
+            }
+        ));
+        // Concurrent creates of one name: exactly one wins.
+        let files: Vec<String> = (0..4)
+            .map(|i| file(dir.path(), &format!("c{i}.img"), 8 << 20))
+            .collect();
+        let won: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = files
+                .iter()
+                .map(|f| s.spawn(|| c.create(spec("race", f, "1M"), Origin::Api).is_ok()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap() as usize).sum()
+        });
+        assert_eq!(won, 1);
+        assert_eq!(c.names(), ["race", "x"]);
+    }
+
+    #[test]
+    fn a_missing_backing_at_start_comes_up_when_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, r) = caches(1 << 30);
+        let path = dir.path().join("later.img").display().to_string();
+        let e = c
+            .create_at_start(spec("later", &path, "1M"), Origin::Api)
+            .unwrap();
+        let CacheState::Unavailable(o) = e.state() else {
+            panic!("must be unavailable: {e:?}");
+        };
+        assert!(o.error.contains("No such file"), "{}", o.error);
+        // Its memory is kept for it (the most it could need).
+        assert!(r.committed_bytes() >= 1 << 20);
+        assert!(matches!(c.sync("later"), Err(CachesError::Unavailable(_))));
+        assert!(c.exports.get("later").is_none());
+        file(dir.path(), "later.img", 4 << 20);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while e.live().is_none() {
+            assert!(std::time::Instant::now() < deadline, "never came up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(c.exports.get("later").is_some());
+        // Once open, the promise is the exact need.
+        assert_eq!(r.committed_bytes(), e.promised_bytes());
+        c.sync("later").unwrap();
+        // An unavailable cache can be deleted (nothing to write back).
+        let gone = dir.path().join("gone.img").display().to_string();
+        c.create_at_start(spec("gone", &gone, "1M"), Origin::Api)
+            .unwrap();
+        c.delete("gone", false).unwrap();
+        assert_eq!(r.committed_bytes(), e.promised_bytes());
+        let out = c.shutdown(&dir.path().join("rescue"));
+        assert_eq!(
+            out,
+            [(
+                "later".to_string(),
+                shutdown::Outcome::Clean {
+                    written_back_bytes: 0
+                }
+            )]
+        );
+        assert_eq!(r.committed_bytes(), 0);
+    }
+}
