@@ -52,6 +52,9 @@ pub struct Client {
     socket: PathBuf,
     /// Runs hyper's futures; one thread, no workers.
     rt: tokio::runtime::Runtime,
+    /// Longest wait for one answer ([`TIMEOUT`] unless changed with
+    /// [`Client::with_timeout`]).
+    timeout: Duration,
 }
 
 impl Client {
@@ -63,7 +66,15 @@ impl Client {
         Client {
             socket: socket.to_owned(),
             rt,
+            timeout: TIMEOUT,
         }
+    }
+
+    /// Waits up to `timeout` for answers (for calls that may take long,
+    /// such as writing a big cache back to a slow disk).
+    pub fn with_timeout(mut self, timeout: Duration) -> Client {
+        self.timeout = timeout;
+        self
     }
 
     pub fn socket(&self) -> &Path {
@@ -129,8 +140,8 @@ impl Client {
         };
         let (status, bytes) = self
             .rt
-            .block_on(async { tokio::time::timeout(TIMEOUT, fut).await })
-            .map_err(|_| self.transport(format!("no answer within {TIMEOUT:?}")))??;
+            .block_on(async { tokio::time::timeout(self.timeout, fut).await })
+            .map_err(|_| self.transport(format!("no answer within {:?}", self.timeout)))??;
         if status.is_success() {
             return Ok(bytes.to_vec());
         }

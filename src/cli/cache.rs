@@ -1,6 +1,9 @@
 //! `ramd cache create|list|info|sync|delete` and the caches' part of
 //! `ramd sync`, `ramd list` and `ramd stats` (thin clients of /v1/caches).
 
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
 use clap::Subcommand;
 
 use super::output::{count_rate, mib_s, micros, render, table};
@@ -197,7 +200,7 @@ pub fn run(client: &Client, cmd: CacheCommand) -> Result<(), CliError> {
         }
         CacheCommand::Sync { name, out } => sync(client, &name, out.json)?,
         CacheCommand::Delete { name, force, out } => {
-            let r = client.delete_cache(&name, force)?;
+            let r = with_progress(client, &name, !out.json, |c| c.delete_cache(&name, force))?;
             if out.json {
                 return print_json(&r);
             }
@@ -231,9 +234,61 @@ pub fn run(client: &Client, cmd: CacheCommand) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Longest wait for a sync or delete: writing a big cache back to a slow
+/// disk can take long, and it goes on in the daemon anyway.
+const WRITE_BACK_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Runs a call that writes a cache back (sync, delete) with no short
+/// timeout; on a terminal, shows the dirty data left and the write-back
+/// rate on stderr meanwhile.
+fn with_progress<T: Send>(
+    client: &Client,
+    name: &str,
+    show: bool,
+    call: impl FnOnce(&Client) -> Result<T, ClientError> + Send,
+) -> Result<T, ClientError> {
+    let socket = client.socket().to_owned();
+    let long = || Client::new(&socket).with_timeout(WRITE_BACK_TIMEOUT);
+    if !show || !std::io::stderr().is_terminal() {
+        return call(&long());
+    }
+    std::thread::scope(|s| {
+        let h = s.spawn(|| call(&long()));
+        let started = Instant::now();
+        let mut shown = false;
+        // (written back so far, when) at the previous look, for the rate.
+        let mut last: Option<(u64, Instant)> = None;
+        while !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(250));
+            if started.elapsed() < Duration::from_secs(1) || h.is_finished() {
+                continue;
+            }
+            let Ok(Some(st)) = client.cache(name).map(|c| c.stats) else {
+                continue;
+            };
+            let now = Instant::now();
+            let rate = last.map_or(0.0, |(b, t)| {
+                st.writeback_bytes.saturating_sub(b) as f64
+                    / now.duration_since(t).as_secs_f64().max(1e-3)
+            });
+            last = Some((st.writeback_bytes, now));
+            eprint!(
+                "\r\x1b[Kwriting back cache '{name}': {} dirty left, {}/s",
+                format_size(st.dirty_bytes),
+                format_size(rate as u64)
+            );
+            shown = true;
+        }
+        if shown {
+            eprint!("\r\x1b[K");
+        }
+        h.join().expect("the API call does not panic")
+    })
+}
+
 /// `ramd cache sync NAME` / `ramd sync NAME` for a cache.
 fn sync(client: &Client, name: &str, json: bool) -> Result<(), CliError> {
-    let r = client.sync_cache(name)?;
+    let r = with_progress(client, name, !json, |c| c.sync_cache(name))?;
     if json {
         return print_json(&r);
     }
