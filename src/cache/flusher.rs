@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::config::Mode;
 use super::engine::Inner;
+use super::stats::Ctr;
 
 /// How often the flusher looks when nobody kicks it.
 const TICK: Duration = Duration::from_millis(100);
@@ -78,7 +79,8 @@ fn run(inner: &Inner, stop: &AtomicBool) {
     let mut next_try = Instant::now();
     let mut draining = false;
     let mut backlog = false;
-    let mut rate_window = (Instant::now(), 0u64);
+    // (start, write-back counter at the start) of the rate's window.
+    let mut rate_window = (Instant::now(), inner.stats.get(Ctr::WritebackBytes));
     loop {
         let wait = next_try.saturating_duration_since(Instant::now()).max(TICK);
         inner.flusher_signal.wait(if inner.health.is_failing() {
@@ -170,7 +172,7 @@ fn round(
         }
         let list: Vec<(u64, u32)> = chunk.iter().map(|d| (d.block, d.slot)).collect();
         match inner.writeback_blocks(&list) {
-            Ok(n) => rate_window.1 += n,
+            Ok(_) => {}
             Err(_) => {
                 result = Err(());
                 break;
@@ -187,15 +189,17 @@ fn round(
         // The retry batch went through: catch up without waiting a tick.
         inner.flusher_signal.kick();
     }
-    // Rate over windows of at least a second, smoothed.
+    // Rate over windows of at least a second, smoothed: every write-back
+    // counts (this thread's, FLUSH's, FUA's, making room's).
     let elapsed = rate_window.0.elapsed();
     if elapsed >= Duration::from_secs(1) {
-        let now_rate = (rate_window.1 as f64 / elapsed.as_secs_f64()) as u64;
+        let total = inner.stats.get(Ctr::WritebackBytes);
+        let now_rate = (total.saturating_sub(rate_window.1) as f64 / elapsed.as_secs_f64()) as u64;
         let old = inner.writeback_rate.load(Ordering::Relaxed);
         inner
             .writeback_rate
             .store((old + 3 * now_rate) / 4, Ordering::Relaxed);
-        *rate_window = (Instant::now(), 0);
+        *rate_window = (Instant::now(), total);
     }
     if result.is_ok() && *draining {
         // Still above the low watermark: go again without waiting.

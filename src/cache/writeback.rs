@@ -1,16 +1,25 @@
 //! Writing dirty blocks back to the backing (write-back mode): the one
 //! mechanism behind the flusher, FLUSH, FUA, making room, and close.
 //!
-//! Dirty blocks are written in ascending block order; runs of adjacent
+//! Dirty blocks are grouped in ascending block order; runs of adjacent
 //! dirty blocks become one backing write of at most `writeback_max_io_bytes`
-//! (slow backings are dominated by per-request latency). Each block's data
+//! (slow backings are dominated by per-request latency), and up to
+//! `WRITEBACK_WORKERS` such writes are in flight at once. Each block's data
 //! is copied out under its read lock, so writers are held up only for the
 //! copy, never for the backing I/O; a block written again meanwhile stays
 //! dirty (its generation moved) and goes in a later round.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
 use super::engine::{Inner, State};
 use super::stats::Ctr;
 use crate::backend::Result;
+
+/// Most backing writes one write-back keeps in flight (the NBD client's
+/// default connection count; a disk's queue takes as many).
+pub(crate) const WRITEBACK_WORKERS: usize = 4;
 
 /// One dirty block found by a scan.
 #[derive(Debug, Clone, Copy)]
@@ -66,23 +75,71 @@ impl Inner {
     }
 
     /// Writes back `(block, slot)` pairs (any order); returns the bytes
-    /// written. Stops at the first backing error, leaving what is not
-    /// written dirty.
+    /// written. Runs of adjacent blocks become one backing write each, and
+    /// up to [`WRITEBACK_WORKERS`] of them are in flight at once (a slow
+    /// backing is bound by its latency, not its bandwidth: an NBD server
+    /// with several connections, a disk with a queue). Stops at the first
+    /// backing error, leaving what is not written dirty.
     pub(crate) fn writeback_blocks(&self, list: &[(u64, u32)]) -> Result<u64> {
         let mut list = list.to_vec();
         list.sort_unstable();
         let max_blocks = (self.cfg.writeback_max_io_bytes / self.bs).max(1) as usize;
-        let mut written = 0;
+        let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
         let mut i = 0;
         while i < list.len() {
             let mut j = i + 1;
             while j < list.len() && j - i < max_blocks && list[j].0 == list[j - 1].0 + 1 {
                 j += 1;
             }
-            written += self.writeback_group(&list[i..j])?;
+            groups.push(i..j);
             i = j;
         }
-        Ok(written)
+        let workers = groups.len().min(WRITEBACK_WORKERS);
+        if workers <= 1 {
+            let mut written = 0;
+            for g in groups {
+                written += self.writeback_group(&list[g])?;
+            }
+            return Ok(written);
+        }
+        // Groups hold disjoint slots and each takes its slots' locks in
+        // ascending order and releases them before the next: workers
+        // cannot deadlock one another or anyone else.
+        let next = AtomicUsize::new(0);
+        let written = AtomicU64::new(0);
+        let first_error: Mutex<Option<crate::backend::Error>> = Mutex::new(None);
+        let work = || loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= groups.len() || first_error.lock().is_some() {
+                return;
+            }
+            match self.writeback_group(&list[groups[k].clone()]) {
+                Ok(n) => {
+                    written.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    first_error.lock().get_or_insert(e);
+                    return;
+                }
+            }
+        };
+        std::thread::scope(|s| {
+            for _ in 1..workers {
+                if std::thread::Builder::new()
+                    .name("ramd-cache-wb".into())
+                    .spawn_scoped(s, work)
+                    .is_err()
+                {
+                    // No thread: fewer writes in flight, same result.
+                    break;
+                }
+            }
+            work();
+        });
+        match first_error.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(written.into_inner()),
+        }
     }
 
     /// Writes back a run of consecutive blocks: the units each holds (a
