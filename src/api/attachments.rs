@@ -32,7 +32,7 @@ pub async fn create(
     body: Result<Json<CreateAttachment>, JsonRejection>,
 ) -> Result<(StatusCode, Json<AttachmentInfo>), ApiError> {
     let Json(req) = body?;
-    let drive = d.registry.get(&req.drive)?;
+    let drive = d.registry.get_ready(&req.drive)?;
     let info = blocking(move || {
         Ok(d.attachments
             .attach(drive, std::path::Path::new(&req.mountpoint))?)

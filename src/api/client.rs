@@ -192,11 +192,54 @@ impl Client {
     }
 
     pub fn delete_drive(&self, name: &str, force: bool) -> Result<Deleted, ClientError> {
-        let q = if force { "?force=true" } else { "" };
+        self.delete_drive_with(name, force, false)
+    }
+
+    /// `DELETE /v1/drives/{name}` with `keep_data` (persistent drives).
+    pub fn delete_drive_with(
+        &self,
+        name: &str,
+        force: bool,
+        keep_data: bool,
+    ) -> Result<Deleted, ClientError> {
+        let mut q = Vec::new();
+        if force {
+            q.push("force=true");
+        }
+        if keep_data {
+            q.push("keep_data=true");
+        }
+        let q = if q.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", q.join("&"))
+        };
         self.call(
             Method::DELETE,
             &format!("/v1/drives/{}{q}", enc(name)),
             None::<&()>,
+        )
+    }
+
+    /// `POST /v1/drives/{name}/sync`: returns once the drive is durable.
+    pub fn sync_drive(&self, name: &str) -> Result<SyncResult, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/drives/{}/sync", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    /// `POST /v1/drives/{name}/restore` (answers at once, restoring).
+    pub fn restore_drive(
+        &self,
+        name: &str,
+        req: &RestoreRequest,
+    ) -> Result<DriveInfo, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/drives/{}/restore", enc(name)),
+            Some(req),
         )
     }
 

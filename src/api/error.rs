@@ -55,6 +55,7 @@ impl From<SpecError> for ApiError {
             SpecError::InvalidName(_) => "invalid_name",
             SpecError::InvalidSize(_) => "invalid_size",
             SpecError::Malformed(_) => "invalid_request",
+            SpecError::Persist(_) => "invalid_persistence",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
     }
@@ -71,6 +72,10 @@ impl From<RegistryError> for ApiError {
             R::DataBeyondSize(_) => (StatusCode::CONFLICT, "data_beyond_size"),
             R::Busy(_) => (StatusCode::CONFLICT, "drive_busy"),
             R::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
+            R::NotReady(_) => (StatusCode::CONFLICT, "drive_not_ready"),
+            R::NotPersistent(_) => (StatusCode::CONFLICT, "not_persistent"),
+            R::Persist(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persist_error"),
+            R::SyncFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sync_failed"),
         };
         ApiError::new(status, code, e.to_string())
     }

@@ -17,7 +17,7 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         .map(|x| DriveSample {
             name: x.name.clone(),
             size_bytes: x.size_bytes(),
-            allocated_bytes: x.store.allocated_bytes(),
+            allocated_bytes: x.allocated_bytes(),
             mem_limit_bytes: x.mem_limit_bytes(),
             connections: (x.connections() + x.attachments.lock().len()) as u64,
             read_only: x.export.is_read_only(),

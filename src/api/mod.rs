@@ -15,6 +15,7 @@ pub mod drives;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod persistence;
 pub mod stats;
 pub mod types;
 
@@ -49,6 +50,8 @@ routes! {
     get "/v1/drives/{name}" => drives::get,
     patch "/v1/drives/{name}" => drives::patch,
     delete "/v1/drives/{name}" => drives::delete,
+    post "/v1/drives/{name}/sync" => persistence::sync,
+    post "/v1/drives/{name}/restore" => persistence::restore,
     get "/v1/drives/{name}/stats" => stats::drive,
     get "/v1/stats" => stats::all,
     get "/v1/attachments" => attachments::list,

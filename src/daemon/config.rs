@@ -24,6 +24,11 @@
 //! mem_limit = "512M"
 //! read_only = false
 //! overcommit = false
+//! persist = true              # keep it in STATE_DIR/drives/NAME
+//! durability = "flush"        # none | periodic | flush
+//! sync_interval = "60s"
+//! encrypt = true
+//! key_file = "/etc/ramd/ram0.key"
 //! ```
 
 use std::net::SocketAddr;
@@ -32,7 +37,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::spec::{check_name, parse_drive_size, DriveSpec};
+use super::spec::{
+    check_name, parse_drive_size, parse_durability, parse_sync_interval_ms, DriveSpec,
+    PersistOptions,
+};
 use crate::size::parse_size;
 
 /// The default config file, read when present and no `--config` is given.
@@ -135,6 +143,16 @@ pub struct DriveEntry {
     pub read_only: bool,
     #[serde(default)]
     pub overcommit: bool,
+    /// Keep the drive in the state directory (restored at every start).
+    pub persist: Option<Spanned<bool>>,
+    /// `none`, `periodic` or `flush`.
+    pub durability: Option<Spanned<String>>,
+    /// A duration: `"60s"`, `"10m"`, `"500ms"`.
+    pub sync_interval: Option<Spanned<String>>,
+    /// Encrypt the state directory (needs `key_file`).
+    pub encrypt: Option<Spanned<bool>>,
+    /// The key: 32 raw bytes or 64 hex digits.
+    pub key_file: Option<Spanned<PathBuf>>,
 }
 
 /// A parsed and checked config.
@@ -182,12 +200,49 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let size = d.size.get_ref().0;
         parse_drive_size(&size.to_string())
             .map_err(|e| invalid(d.size.span().start, e.to_string()))?;
+        let mut p = PersistOptions {
+            persist: d.persist.as_ref().is_some_and(|v| *v.get_ref()),
+            encrypt: d.encrypt.as_ref().is_some_and(|v| *v.get_ref()),
+            key_file: d.key_file.as_ref().map(|v| v.get_ref().clone()),
+            ..PersistOptions::default()
+        };
+        if let Some(v) = &d.durability {
+            p.durability = Some(
+                parse_durability(v.get_ref())
+                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
+            );
+        }
+        if let Some(v) = &d.sync_interval {
+            p.sync_interval_ms = Some(
+                parse_sync_interval_ms(v.get_ref())
+                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
+            );
+        }
+        // Point at the key that made the combination wrong.
+        let blame = d
+            .key_file
+            .as_ref()
+            .map(|v| v.span().start)
+            .or(d.encrypt.as_ref().map(|v| v.span().start))
+            .or(d.durability.as_ref().map(|v| v.span().start))
+            .or(d.sync_interval.as_ref().map(|v| v.span().start))
+            .unwrap_or(d.name.span().start);
+        let persist = p.into_spec().map_err(|e| {
+            invalid(
+                blame,
+                e.to_string()
+                    .replace("--persist (config: persist = true)", "persist = true")
+                    .replace("--key-file F", "key_file")
+                    .replace("--encrypt", "encrypt = true"),
+            )
+        })?;
         drives.push(DriveSpec {
             name: name.clone(),
             size_bytes: size,
             mem_limit_bytes: d.mem_limit.map(|s| s.0),
             read_only: d.read_only,
             overcommit: d.overcommit,
+            persist,
         });
     }
     Ok(Config {
@@ -243,6 +298,54 @@ read_only = true
         assert_eq!(c.drives.len(), 2);
         assert_eq!(c.drives[0].mem_limit_bytes, Some(1 << 20));
         assert!(c.drives[1].read_only);
+    }
+
+    #[test]
+    fn persistent_drives() {
+        let c = parse(
+            Path::new("x.toml"),
+            "[[drive]]\nname = \"db\"\nsize = \"1G\"\npersist = true\ndurability = \"flush\"\nsync_interval = \"5s\"\nencrypt = true\nkey_file = \"/etc/k\"\n",
+        )
+        .unwrap();
+        let p = c.drives[0].persist.as_ref().unwrap();
+        assert_eq!(p.durability, crate::persist::Durability::Flush);
+        assert_eq!(p.sync_interval_ms, 5000);
+        assert_eq!(p.key_file.as_deref(), Some(Path::new("/etc/k")));
+        let d = "[[drive]]\nname = \"db\"\nsize = \"1G\"\n";
+        for (extra, want) in [
+            (
+                "durability = \"flush\"\n",
+                "ramd.toml:4:14: a durability mode needs a persistent drive: add persist = true",
+            ),
+            (
+                "persist = true\ndurability = \"fast\"\n",
+                "ramd.toml:5:14: unknown durability 'fast'",
+            ),
+            (
+                "persist = true\nsync_interval = \"1ms\"\n",
+                "ramd.toml:5:17: a sync interval of 1 ms is shorter",
+            ),
+            (
+                "persist = true\nsync_interval = \"soon\"\n",
+                "ramd.toml:5:17: invalid sync interval",
+            ),
+            (
+                "persist = true\nencrypt = true\n",
+                "ramd.toml:5:11: encryption needs a key file: add key_file",
+            ),
+            (
+                "persist = true\nkey_file = \"/k\"\n",
+                "ramd.toml:5:12: a key file is only used with encryption: add encrypt = true",
+            ),
+            (
+                "persist = true\nencrypt = true\nkey_file = \"k\"\n",
+                "ramd.toml:6:12: the key file must be an absolute path",
+            ),
+            ("persist = 1\n", "ramd.toml:4:11: invalid type"),
+        ] {
+            let e = err(&format!("{d}{extra}"));
+            assert!(e.starts_with(want), "want {want:?} got {e:?}");
+        }
     }
 
     #[test]

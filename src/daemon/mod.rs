@@ -21,6 +21,7 @@
 pub mod config;
 pub mod lock;
 mod logging;
+pub mod persistent;
 pub mod registry;
 pub mod sampler;
 pub mod spec;
@@ -323,11 +324,10 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => MemoryBudget::default_daemon(),
     });
     let exports = Arc::new(ExportTable::new());
-    let registry = Arc::new(Registry::new(
-        exports.clone(),
-        budget.clone(),
-        settings.metrics,
-    ));
+    let registry = Arc::new(
+        Registry::new(exports.clone(), budget.clone(), settings.metrics)
+            .with_state_dir(settings.state_dir.clone()),
+    );
     for (spec, origin) in &settings.drives {
         registry
             .create(spec, origin.clone())
@@ -336,6 +336,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 source,
             })?;
     }
+    // Persistent drives created through the API (or no longer declared)
+    // come back too; restores run in the background, READY=1 waits.
+    persistent::restore_stored(&registry, &settings);
 
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
@@ -392,16 +395,18 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let served = runtime.block_on(async {
         let listener = tokio::net::UnixListener::from_std(api_listener)?;
         tokio::spawn(daemon.sampler.clone().run(daemon.registry.clone()));
-        let _ = sd_notify::notify(
-            false,
-            &[
-                sd_notify::NotifyState::Ready,
-                sd_notify::NotifyState::Status(&format!(
-                    "serving {} drive(s)",
-                    daemon.registry.list().len()
-                )),
-            ],
-        );
+        // READY=1 once no drive is restoring (the API answers meanwhile).
+        let r = daemon.registry.clone();
+        tokio::task::spawn_blocking(move || {
+            persistent::wait_restores(&r);
+            let _ = sd_notify::notify(
+                false,
+                &[
+                    sd_notify::NotifyState::Ready,
+                    sd_notify::NotifyState::Status(&format!("serving {} drive(s)", r.list().len())),
+                ],
+            );
+        });
         let mut stop = stop_rx;
         crate::api::serve(listener, daemon.clone(), async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -419,6 +424,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Err(_) => tracing::error!("NBD server thread panicked"),
     }
     daemon.attachments.shutdown();
+    // No client can write any more: save every persistent drive.
+    registry.shutdown_persistent();
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     remove_if_socket(&settings.api_socket);
     tracing::info!("stopped");

@@ -14,23 +14,32 @@
 //! - The registry mutex is a plain (parking_lot) one, never held across an
 //!   `.await`: API handlers call in from `spawn_blocking`.
 //!
-//! # Seams for later kinds
+//! - A [`Drive`] value never changes kind or data: a persistent drive that
+//!   goes from restoring (or failed) to ready is *replaced* in the registry
+//!   and the export table by a new `Drive` (same name, origin, metrics and
+//!   [`Persistence`]). Holders of the old `Arc<Drive>` see the old state.
+//! - At most one restore reads the disk at a time (`restore_turn`).
 //!
-//! [`DriveKind`] and [`DriveState`] are enums so persistent drives
-//! (restoring, failed) and caches join as variants; [`Drive`] keeps the
-//! store behind the `Backend` the export serves.
+//! # Kinds and states
+//!
+//! [`DriveKind`]: RAM only or persistent (caches join later). [`DriveState`]:
+//! ready, restoring (NBD clients refused with the progress), failed (NBD
+//! clients refused with the precise error; `ramd restore` decides).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
-use super::spec::{check_name, DriveSpec, SpecError};
+use super::persistent::{self, DiskDrive, Found, Offline, Persistence, RestoreRecord};
+use super::spec::{check_name, DriveSpec, PersistSpec, SpecError};
 use crate::backend::Backend;
 use crate::metrics::DriveMetrics;
 use crate::nbd::{Export, ExportTable, ShutdownHandle};
+use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
 use crate::size::format_size;
 use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
 
@@ -39,12 +48,15 @@ use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
 pub enum DriveKind {
     /// Memory only: contents are lost when the daemon stops.
     Ram,
+    /// Kept in a state directory too (`--persist`).
+    Persistent,
 }
 
 impl DriveKind {
     pub fn name(self) -> &'static str {
         match self {
             DriveKind::Ram => "ram",
+            DriveKind::Persistent => "persistent",
         }
     }
 }
@@ -54,14 +66,36 @@ impl DriveKind {
 pub enum DriveState {
     /// Serving I/O.
     Ready,
+    /// Loading its state directory; NBD clients are refused until ready.
+    Restoring,
+    /// Its state directory could not be loaded (the precise error); nothing
+    /// on disk was changed. `ramd restore` or `ramd delete` decide.
+    Failed(String),
 }
 
 impl DriveState {
     pub fn name(&self) -> &'static str {
         match self {
             DriveState::Ready => "ready",
+            DriveState::Restoring => "restoring",
+            DriveState::Failed(_) => "failed",
         }
     }
+}
+
+/// What holds a drive's bytes.
+pub enum DriveData {
+    /// A RAM store.
+    Ram(Arc<RamStore>),
+    /// A RAM store with a state directory.
+    Persistent(Arc<DiskDrive>),
+    /// Nothing in memory: the drive is restoring or failed.
+    Offline {
+        /// Its size as far as known (0 when even that is unreadable).
+        size_bytes: u64,
+        /// The memory limit it will get.
+        mem_limit_bytes: Option<u64>,
+    },
 }
 
 /// Who asked for a drive: config-declared drives come back at every start,
@@ -107,8 +141,10 @@ pub struct Drive {
     pub kind: DriveKind,
     pub state: Mutex<DriveState>,
     pub origin: Origin,
-    /// The memory behind the drive.
-    pub store: Arc<RamStore>,
+    /// The bytes behind the drive.
+    pub data: DriveData,
+    /// The state directory side of a persistent drive (None: RAM only).
+    pub persist: Option<Arc<Persistence>>,
     /// What NBD clients (and FUSE attachments) see: the store plus the
     /// read-only switch and the connection count.
     pub export: Arc<Export>,
@@ -134,13 +170,66 @@ impl std::fmt::Debug for Drive {
 }
 
 impl Drive {
+    /// The RAM store, when the drive has its data in memory.
+    pub fn store(&self) -> Option<&RamStore> {
+        match &self.data {
+            DriveData::Ram(s) => Some(s),
+            DriveData::Persistent(p) => Some(p.store()),
+            DriveData::Offline { .. } => None,
+        }
+    }
+
+    /// The persistent drive, when ready.
+    pub fn persistent(&self) -> Option<&Arc<DiskDrive>> {
+        match &self.data {
+            DriveData::Persistent(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn size_bytes(&self) -> u64 {
-        self.store.size()
+        match (&self.data, self.store()) {
+            (DriveData::Offline { size_bytes, .. }, _) => *size_bytes,
+            (_, Some(s)) => s.size(),
+            _ => 0,
+        }
+    }
+
+    /// Memory the drive holds now.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.store().map_or(0, |s| s.allocated_bytes())
     }
 
     /// The drive's own memory limit, None when unlimited.
     pub fn mem_limit_bytes(&self) -> Option<u64> {
-        Some(self.store.mem_limit_bytes()).filter(|&l| l != u64::MAX)
+        match (&self.data, self.store()) {
+            (
+                DriveData::Offline {
+                    mem_limit_bytes, ..
+                },
+                _,
+            ) => *mem_limit_bytes,
+            (_, Some(s)) => Some(s.mem_limit_bytes()).filter(|&l| l != u64::MAX),
+            _ => None,
+        }
+    }
+
+    /// True when the drive serves I/O.
+    pub fn is_ready(&self) -> bool {
+        *self.state.lock() == DriveState::Ready
+    }
+
+    /// The spec that would make this drive again (for settings files and
+    /// restores).
+    fn spec(&self) -> DriveSpec {
+        DriveSpec {
+            name: self.name.clone(),
+            size_bytes: self.size_bytes().max(1),
+            mem_limit_bytes: self.mem_limit_bytes(),
+            read_only: self.export.is_read_only(),
+            overcommit: *self.overcommit.lock(),
+            persist: self.persist.as_ref().map(|p| p.spec.lock().clone()),
+        }
     }
 
     /// Open NBD connections.
@@ -151,7 +240,9 @@ impl Drive {
     /// Budget promised to this drive: its reachable memory plus metadata,
     /// or only its metadata when it was created with overcommit.
     fn commitment(&self) -> u64 {
-        if *self.overcommit.lock() {
+        if matches!(self.data, DriveData::Offline { size_bytes: 0, .. }) {
+            0
+        } else if *self.overcommit.lock() {
             metadata_estimate(self.size_bytes())
         } else {
             commitment(self.size_bytes(), self.mem_limit_bytes())
@@ -194,6 +285,18 @@ pub enum RegistryError {
     /// The store refused.
     #[error("{0}")]
     Store(#[from] crate::backend::Error),
+    /// The drive is restoring or failed.
+    #[error("{0}")]
+    NotReady(String),
+    /// The operation needs a persistent drive.
+    #[error("drive '{0}' is not persistent (RAM only): it has no data on disk; create a drive with --persist to keep one")]
+    NotPersistent(String),
+    /// A persistent drive's state directory could not be created or used.
+    #[error("{0}")]
+    Persist(String),
+    /// A sync failed; the drive keeps serving from RAM.
+    #[error("{0}")]
+    SyncFailed(String),
 }
 
 /// The daemon's drives.
@@ -208,6 +311,14 @@ pub struct Registry {
     metrics_enabled: bool,
     /// Closes NBD connections on forced delete (set once the server binds).
     nbd: OnceLock<ShutdownHandle>,
+    /// The daemon's state directory (persistent drives live in its
+    /// `drives/`); None: persistent drives are refused.
+    state_dir: Option<PathBuf>,
+    /// Held by the restore running now: restores share the disk, so they
+    /// run one at a time (the others show as queued).
+    restore_turn: Mutex<()>,
+    /// Set at shutdown: restores that finish later are not served.
+    shutting_down: AtomicBool,
 }
 
 /// A change to a drive (`PATCH`). Absent fields stay as they are.
@@ -233,7 +344,26 @@ impl Registry {
             budget,
             metrics_enabled,
             nbd: OnceLock::new(),
+            state_dir: None,
+            restore_turn: Mutex::new(()),
+            shutting_down: AtomicBool::new(false),
         }
+    }
+
+    /// Keeps persistent drives in `state_dir/drives/NAME`.
+    pub fn with_state_dir(mut self, state_dir: PathBuf) -> Self {
+        self.state_dir = Some(state_dir);
+        self
+    }
+
+    /// The state directory of drive `name`.
+    pub fn drive_dir(&self, name: &str) -> Result<PathBuf, RegistryError> {
+        let dir = self.state_dir.as_ref().ok_or_else(|| {
+            RegistryError::Persist(
+                "this daemon has no state directory for persistent drives".into(),
+            )
+        })?;
+        Ok(persistent::drives_dir(dir).join(name))
     }
 
     /// Lets forced deletes close NBD connections.
@@ -265,6 +395,15 @@ impl Registry {
             .get(name)
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))
+    }
+
+    /// A drive that serves I/O (not restoring or failed).
+    pub fn get_ready(&self, name: &str) -> Result<Arc<Drive>, RegistryError> {
+        let d = self.get(name)?;
+        if d.store().is_none() {
+            return Err(not_ready(&d));
+        }
+        Ok(d)
     }
 
     fn check_budget(
@@ -305,21 +444,19 @@ impl Registry {
         Ok(())
     }
 
-    /// Creates a drive and starts serving it.
-    pub fn create(&self, spec: &DriveSpec, origin: Origin) -> Result<Arc<Drive>, RegistryError> {
+    /// Creates a drive and starts serving it. A persistent drive whose
+    /// state directory already holds one is restored instead: it is
+    /// registered as restoring at once and becomes ready (or failed) when
+    /// its restore thread is done.
+    pub fn create(
+        self: &Arc<Self>,
+        spec: &DriveSpec,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
         check_name(&spec.name)?;
-        if spec.size_bytes == 0 {
-            return Err(
-                SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into(),
-            );
-        }
-        if spec.size_bytes > MAX_DRIVE_BYTES {
-            return Err(SpecError::InvalidSize(format!(
-                "{} is larger than the largest drive ({})",
-                format_size(spec.size_bytes),
-                format_size(MAX_DRIVE_BYTES)
-            ))
-            .into());
+        check_size(spec.size_bytes)?;
+        if let Some(p) = &spec.persist {
+            return self.create_persistent(spec, p, origin);
         }
         let mut drives = self.drives.lock();
         if drives.contains_key(&spec.name) {
@@ -338,38 +475,17 @@ impl Registry {
             spec.mem_limit_bytes,
             self.budget.clone(),
         )?);
-        let metrics = self.metrics_enabled.then(|| Arc::new(DriveMetrics::new()));
-        let desc = format!("ramd RAM drive, {}", format_size(spec.size_bytes));
-        let mut export = Export::new(
-            &spec.name,
-            &desc,
-            store.clone() as Arc<dyn Backend>,
-            spec.read_only,
-        );
-        if let Some(m) = &metrics {
-            export = export.with_metrics(m.clone());
-        }
-        let export = Arc::new(export);
-        let drive = Arc::new(Drive {
-            name: spec.name.clone(),
-            kind: DriveKind::Ram,
-            state: Mutex::new(DriveState::Ready),
+        let drive = self.assemble(
+            spec,
             origin,
-            store,
-            export: export.clone(),
-            metrics,
-            overcommit: Mutex::new(spec.overcommit),
-            created_unix_s: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            attachments: Mutex::new(Vec::new()),
-        });
-        drives.insert(spec.name.clone(), drive.clone());
-        if !self.exports.insert(export) {
-            // Only a table changed behind the registry's back gets here.
-            drives.remove(&spec.name);
-            return Err(RegistryError::Exists(spec.name.clone()));
-        }
+            DriveKind::Ram,
+            DriveState::Ready,
+            DriveData::Ram(store),
+            None,
+            None,
+            now_unix_s(),
+        );
+        self.insert(&mut drives, &drive)?;
         tracing::info!(
             drive = %spec.name,
             size = %format_size(spec.size_bytes),
@@ -379,6 +495,632 @@ impl Registry {
         Ok(drive)
     }
 
+    /// Builds a drive and its export (not yet registered). `metrics`: the
+    /// counters of the entry this one replaces, so they run on.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        &self,
+        spec: &DriveSpec,
+        origin: Origin,
+        kind: DriveKind,
+        state: DriveState,
+        data: DriveData,
+        persist: Option<Arc<Persistence>>,
+        metrics: Option<Option<Arc<DriveMetrics>>>,
+        created_unix_s: u64,
+    ) -> Arc<Drive> {
+        let metrics =
+            metrics.unwrap_or_else(|| self.metrics_enabled.then(|| Arc::new(DriveMetrics::new())));
+        let (backend, size): (Arc<dyn Backend>, u64) = match &data {
+            DriveData::Ram(s) => (s.clone(), s.size()),
+            DriveData::Persistent(p) => (p.clone(), p.size()),
+            DriveData::Offline { size_bytes, .. } => (
+                Arc::new(Offline {
+                    size_bytes: *size_bytes,
+                }),
+                *size_bytes,
+            ),
+        };
+        let desc = match (&state, &persist) {
+            (DriveState::Ready, None) => format!("ramd RAM drive, {}", format_size(size)),
+            (DriveState::Ready, Some(p)) => format!(
+                "ramd persistent drive, {}, durability {}",
+                format_size(size),
+                p.spec.lock().durability
+            ),
+            (s, _) => format!(
+                "ramd persistent drive, {} ({})",
+                format_size(size),
+                s.name()
+            ),
+        };
+        let mut export = Export::new(&spec.name, &desc, backend, spec.read_only);
+        if let Some(m) = &metrics {
+            export = export.with_metrics(m.clone());
+        }
+        match (&state, &persist) {
+            (DriveState::Restoring, Some(p)) => {
+                let (p, name) = (p.clone(), spec.name.clone());
+                export = export.with_unavailable(Box::new(move || {
+                    format!(
+                        "drive '{name}' is restoring from {} ({}); it is served once ready (see `ramd info {name}`)",
+                        p.dir.display(),
+                        p.restore_text()
+                    )
+                }));
+            }
+            (DriveState::Failed(e), _) => {
+                let text = format!(
+                    "drive '{}' failed to restore: {e}. Decide with `ramd restore {} --force` or `--discard-journal`, or `ramd delete {}`",
+                    spec.name, spec.name, spec.name
+                );
+                export = export.with_unavailable(Box::new(move || text.clone()));
+            }
+            _ => {}
+        }
+        Arc::new(Drive {
+            name: spec.name.clone(),
+            kind,
+            state: Mutex::new(state),
+            origin,
+            data,
+            persist,
+            export: Arc::new(export),
+            metrics,
+            overcommit: Mutex::new(spec.overcommit),
+            created_unix_s,
+            attachments: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Registers a new drive and its export.
+    fn insert(
+        &self,
+        drives: &mut BTreeMap<String, Arc<Drive>>,
+        drive: &Arc<Drive>,
+    ) -> Result<(), RegistryError> {
+        drives.insert(drive.name.clone(), drive.clone());
+        if !self.exports.insert(drive.export.clone()) {
+            // Only a table changed behind the registry's back gets here.
+            drives.remove(&drive.name);
+            return Err(RegistryError::Exists(drive.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Puts `new` where `old` is registered (same name).
+    fn replace(
+        &self,
+        drives: &mut BTreeMap<String, Arc<Drive>>,
+        old: &Arc<Drive>,
+        new: &Arc<Drive>,
+    ) {
+        old.export.close();
+        self.exports.remove(&old.name);
+        drives.insert(new.name.clone(), new.clone());
+        if !self.exports.insert(new.export.clone()) {
+            tracing::error!(drive = %new.name, "export table out of step with the registry");
+        }
+    }
+
+    /// `create` for a persistent drive: a new one, or a restore.
+    fn create_persistent(
+        self: &Arc<Self>,
+        spec: &DriveSpec,
+        persist: &PersistSpec,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let dir = self.drive_dir(&spec.name)?;
+        let mut drives = self.drives.lock();
+        if drives.contains_key(&spec.name) {
+            return Err(RegistryError::Exists(spec.name.clone()));
+        }
+        match persistent::probe(&dir) {
+            Found::New => {
+                self.check_budget(
+                    &drives,
+                    None,
+                    &spec.name,
+                    spec.size_bytes,
+                    spec.mem_limit_bytes,
+                    spec.overcommit,
+                )?;
+                let pd =
+                    persistent::create_new(&dir, spec, persist, origin.name(), self.budget.clone())
+                        .map_err(RegistryError::Persist)?;
+                let p = Arc::new(Persistence::new(
+                    dir.clone(),
+                    persist.clone(),
+                    origin.name(),
+                    RestoreRecord::None,
+                ));
+                let pd = Arc::new(pd);
+                let drive = self.assemble(
+                    spec,
+                    origin,
+                    DriveKind::Persistent,
+                    DriveState::Ready,
+                    DriveData::Persistent(pd.clone()),
+                    Some(p.clone()),
+                    None,
+                    now_unix_s(),
+                );
+                self.insert(&mut drives, &drive)?;
+                p.start_scheduler(&pd, &spec.name);
+                tracing::info!(
+                    drive = %spec.name,
+                    size = %format_size(spec.size_bytes),
+                    durability = %persist.durability,
+                    interval = %super::spec::format_interval(persist.sync_interval_ms),
+                    encrypted = persist.key_file.is_some(),
+                    dir = %dir.display(),
+                    "persistent drive created"
+                );
+                Ok(drive)
+            }
+            Found::Existing { size_bytes } => {
+                self.check_budget(
+                    &drives,
+                    None,
+                    &spec.name,
+                    size_bytes,
+                    spec.mem_limit_bytes,
+                    spec.overcommit,
+                )?;
+                let p = Arc::new(Persistence::new(
+                    dir.clone(),
+                    persist.clone(),
+                    origin.name(),
+                    RestoreRecord::Queued,
+                ));
+                let placeholder = self.assemble(
+                    spec,
+                    origin.clone(),
+                    DriveKind::Persistent,
+                    DriveState::Restoring,
+                    DriveData::Offline {
+                        size_bytes,
+                        mem_limit_bytes: spec.mem_limit_bytes,
+                    },
+                    Some(p),
+                    None,
+                    now_unix_s(),
+                );
+                self.insert(&mut drives, &placeholder)?;
+                drop(drives);
+                tracing::info!(
+                    drive = %spec.name,
+                    dir = %dir.display(),
+                    size = %format_size(size_bytes),
+                    "restoring persistent drive from its state directory"
+                );
+                // A declared size (config, flags, `ramd create --size`)
+                // is applied after the restore.
+                self.spawn_restore(
+                    &placeholder,
+                    Some(spec.size_bytes),
+                    RestoreOptions::default(),
+                );
+                Ok(placeholder)
+            }
+            Found::Broken(error) => {
+                let p = Arc::new(Persistence::new(
+                    dir,
+                    persist.clone(),
+                    origin.name(),
+                    RestoreRecord::Failed(error.clone()),
+                ));
+                let drive = self.assemble(
+                    spec,
+                    origin,
+                    DriveKind::Persistent,
+                    DriveState::Failed(error.clone()),
+                    DriveData::Offline {
+                        size_bytes: 0,
+                        mem_limit_bytes: spec.mem_limit_bytes,
+                    },
+                    Some(p),
+                    None,
+                    now_unix_s(),
+                );
+                self.insert(&mut drives, &drive)?;
+                tracing::error!(drive = %spec.name, "persistent drive failed: {error}");
+                Ok(drive)
+            }
+        }
+    }
+
+    /// Registers a drive whose settings file is unusable, as failed.
+    pub fn add_unusable(
+        &self,
+        name: &str,
+        error: String,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let dir = self.drive_dir(name)?;
+        let spec = DriveSpec {
+            name: name.to_owned(),
+            size_bytes: 1,
+            mem_limit_bytes: None,
+            read_only: false,
+            overcommit: false,
+            persist: Some(PersistSpec::default()),
+        };
+        let p = Arc::new(Persistence::new(
+            dir,
+            PersistSpec::default(),
+            origin.name(),
+            RestoreRecord::Failed(error.clone()),
+        ));
+        let drive = self.assemble(
+            &spec,
+            origin,
+            DriveKind::Persistent,
+            DriveState::Failed(error.clone()),
+            DriveData::Offline {
+                size_bytes: 0,
+                mem_limit_bytes: None,
+            },
+            Some(p),
+            None,
+            now_unix_s(),
+        );
+        let mut drives = self.drives.lock();
+        if drives.contains_key(name) {
+            return Err(RegistryError::Exists(name.to_owned()));
+        }
+        self.insert(&mut drives, &drive)?;
+        tracing::error!(drive = %name, "persistent drive failed: {error}");
+        Ok(drive)
+    }
+
+    /// Starts the restore of `placeholder` (registered, restoring) on its
+    /// own thread; `want_size` is applied afterwards when given.
+    fn spawn_restore(
+        self: &Arc<Self>,
+        placeholder: &Arc<Drive>,
+        want_size: Option<u64>,
+        opts: RestoreOptions,
+    ) {
+        let (me, ph) = (self.clone(), placeholder.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("restore-{}", placeholder.name))
+            .spawn(move || me.run_restore(&ph, want_size, opts));
+        if let Err(e) = spawned {
+            let mut drives = self.drives.lock();
+            self.finish_failed(
+                &mut drives,
+                placeholder,
+                format!("cannot start the restore thread: {e}"),
+            );
+        }
+    }
+
+    fn run_restore(
+        self: &Arc<Self>,
+        placeholder: &Arc<Drive>,
+        want_size: Option<u64>,
+        opts: RestoreOptions,
+    ) {
+        let Some(p) = placeholder.persist.clone() else {
+            return;
+        };
+        let turn = self.restore_turn.lock();
+        if !self.is_current(placeholder) {
+            return;
+        }
+        let progress = Arc::new(RestoreProgress::new());
+        *p.restore.lock() = RestoreRecord::Running(progress.clone());
+        let pspec = p.spec.lock().clone();
+        let started = Instant::now();
+        let result = persistent::open(
+            &p.dir,
+            &pspec,
+            opts,
+            &progress,
+            placeholder.mem_limit_bytes(),
+            self.budget.clone(),
+        );
+        drop(turn);
+        let mut drives = self.drives.lock();
+        if !self.is_current_locked(&drives, placeholder)
+            || self.shutting_down.load(Ordering::SeqCst)
+        {
+            // Deleted meanwhile, or the daemon is stopping: nothing was
+            // served from it, so nothing needs saving.
+            if let Ok((pd, _)) = result {
+                let _ = pd.close();
+            }
+            return;
+        }
+        let (pd, report) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(
+                    drive = %placeholder.name,
+                    "restore failed after {:.2}s: {e}",
+                    started.elapsed().as_secs_f64()
+                );
+                self.finish_failed(&mut drives, placeholder, e);
+                return;
+            }
+        };
+        let pd = Arc::new(pd);
+        let mut spec = placeholder.spec();
+        spec.size_bytes = pd.size();
+        let drive = self.assemble(
+            &spec,
+            placeholder.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Ready,
+            DriveData::Persistent(pd.clone()),
+            Some(p.clone()),
+            Some(placeholder.metrics.clone()),
+            placeholder.created_unix_s,
+        );
+        let text = persistent::report_text(&report);
+        *p.restore.lock() = RestoreRecord::Done(report);
+        self.replace(&mut drives, placeholder, &drive);
+        tracing::info!(drive = %drive.name, "{text}");
+        if let Some(want) = want_size.filter(|&w| w != pd.size()) {
+            self.apply_declared_size(&drives, &drive, want);
+        }
+        drop(drives);
+        p.save_settings(&drive.spec());
+        p.start_scheduler(&pd, &drive.name);
+    }
+
+    /// Grows (or, when no data would be lost, shrinks) a restored drive to
+    /// the size its declaration asks for; otherwise keeps it and says why.
+    fn apply_declared_size(
+        &self,
+        drives: &BTreeMap<String, Arc<Drive>>,
+        drive: &Arc<Drive>,
+        want: u64,
+    ) {
+        let Some(store) = drive.store() else { return };
+        let have = store.size();
+        let name = &drive.name;
+        if let Err(e) = self.check_budget(
+            drives,
+            Some(name),
+            name,
+            want,
+            drive.mem_limit_bytes(),
+            *drive.overcommit.lock(),
+        ) {
+            tracing::warn!(drive = %name, "keeping the restored size {}: {e}", format_size(have));
+            return;
+        }
+        if want < have {
+            match data_end(store, want, have) {
+                Ok(None) => {}
+                Ok(Some(end)) => {
+                    tracing::warn!(
+                        drive = %name,
+                        "keeping the restored size {}: the declared {} would discard data stored up to {}; shrink with `ramd resize {name} SIZE --force`",
+                        format_size(have), format_size(want), format_size(end)
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(drive = %name, "keeping the restored size: {e}");
+                    return;
+                }
+            }
+        }
+        match store.resize(want) {
+            Ok(()) => tracing::info!(
+                drive = %name,
+                from = %format_size(have),
+                to = %format_size(want),
+                "restored drive resized to its declared size"
+            ),
+            Err(e) => tracing::warn!(drive = %name, "cannot resize to the declared size: {e}"),
+        }
+    }
+
+    /// Replaces `placeholder` with a failed drive showing `error`.
+    fn finish_failed(
+        &self,
+        drives: &mut BTreeMap<String, Arc<Drive>>,
+        placeholder: &Arc<Drive>,
+        error: String,
+    ) {
+        if let Some(p) = &placeholder.persist {
+            *p.restore.lock() = RestoreRecord::Failed(error.clone());
+        }
+        let spec = placeholder.spec();
+        let drive = self.assemble(
+            &spec,
+            placeholder.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Failed(error),
+            DriveData::Offline {
+                size_bytes: placeholder.size_bytes(),
+                mem_limit_bytes: placeholder.mem_limit_bytes(),
+            },
+            placeholder.persist.clone(),
+            Some(placeholder.metrics.clone()),
+            placeholder.created_unix_s,
+        );
+        self.replace(drives, placeholder, &drive);
+    }
+
+    fn is_current_locked(&self, drives: &BTreeMap<String, Arc<Drive>>, d: &Arc<Drive>) -> bool {
+        drives.get(&d.name).is_some_and(|x| Arc::ptr_eq(x, d))
+    }
+
+    fn is_current(&self, d: &Arc<Drive>) -> bool {
+        self.is_current_locked(&self.drives.lock(), d)
+    }
+
+    /// Restores a failed persistent drive again with `opts` (and, when
+    /// given, another key file). Returns the drive, now restoring.
+    pub fn restore(
+        self: &Arc<Self>,
+        name: &str,
+        opts: RestoreOptions,
+        key_file: Option<PathBuf>,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let mut drives = self.drives.lock();
+        let drive = drives
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let Some(p) = drive.persist.clone() else {
+            return Err(RegistryError::NotPersistent(name.to_owned()));
+        };
+        let state = drive.state.lock().clone();
+        match state {
+            DriveState::Failed(_) => {}
+            DriveState::Ready => {
+                return Err(RegistryError::NotReady(format!(
+                    "drive '{name}' is ready: `ramd restore` is for a drive that failed to restore (to reload from disk, `ramd delete {name} --keep-data` and create it again)"
+                )))
+            }
+            DriveState::Restoring => {
+                return Err(RegistryError::NotReady(format!(
+                    "drive '{name}' is already restoring ({})",
+                    p.restore_text()
+                )))
+            }
+        }
+        let size_bytes = match persistent::probe(&p.dir) {
+            Found::Existing { size_bytes } => size_bytes,
+            Found::Broken(_) => 0,
+            Found::New => {
+                return Err(RegistryError::Persist(format!(
+                    "there is nothing to restore in {}: delete the drive (`ramd delete {name}`) and create it again",
+                    p.dir.display()
+                )))
+            }
+        };
+        if let Some(k) = key_file {
+            p.spec.lock().key_file = Some(k);
+        }
+        self.check_budget(
+            &drives,
+            Some(name),
+            name,
+            size_bytes,
+            drive.mem_limit_bytes(),
+            *drive.overcommit.lock(),
+        )?;
+        *p.restore.lock() = RestoreRecord::Queued;
+        let spec = drive.spec();
+        let placeholder = self.assemble(
+            &spec,
+            drive.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Restoring,
+            DriveData::Offline {
+                size_bytes,
+                mem_limit_bytes: drive.mem_limit_bytes(),
+            },
+            Some(p),
+            Some(drive.metrics.clone()),
+            drive.created_unix_s,
+        );
+        self.replace(&mut drives, &drive, &placeholder);
+        drop(drives);
+        tracing::info!(drive = %name, force = opts.force, discard_journal = opts.discard_journal, "restoring again");
+        self.spawn_restore(&placeholder, None, opts);
+        Ok(placeholder)
+    }
+
+    /// True while any drive is restoring.
+    pub fn restoring(&self) -> Vec<Arc<Drive>> {
+        self.list()
+            .into_iter()
+            .filter(|d| *d.state.lock() == DriveState::Restoring)
+            .collect()
+    }
+
+    /// Syncs a persistent drive now; returns once everything written
+    /// before the call is durable.
+    pub fn sync(&self, name: &str) -> Result<(Arc<Drive>, SyncReport), RegistryError> {
+        let drive = self.get(name)?;
+        let pd = self.ready_persistent(&drive)?;
+        let r = pd.sync().map_err(|e| {
+            RegistryError::SyncFailed(format!(
+                "sync of '{name}' failed: {e}. The drive keeps serving from RAM; the disk holds its last completed sync"
+            ))
+        })?;
+        Ok((drive.clone(), r))
+    }
+
+    fn ready_persistent<'a>(&self, drive: &'a Drive) -> Result<&'a Arc<DiskDrive>, RegistryError> {
+        if drive.persist.is_none() {
+            return Err(RegistryError::NotPersistent(drive.name.clone()));
+        }
+        drive.persistent().ok_or_else(|| not_ready(drive))
+    }
+
+    /// Changes a persistent drive's durability and/or sync interval.
+    pub fn set_persistence(
+        &self,
+        name: &str,
+        durability: Option<Durability>,
+        sync_interval_ms: Option<u64>,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let drive = self.get(name)?;
+        let pd = self.ready_persistent(&drive)?.clone();
+        let p = drive.persist.clone().expect("checked persistent");
+        {
+            let mut s = p.spec.lock();
+            if let Some(d) = durability {
+                s.durability = d;
+                pd.set_durability(d);
+            }
+            if let Some(ms) = sync_interval_ms {
+                s.sync_interval_ms = ms;
+                pd.set_sync_interval_ms(ms);
+            }
+        }
+        p.wake_scheduler();
+        p.save_settings(&drive.spec());
+        tracing::info!(drive = %name, durability = ?durability, sync_interval_ms = ?sync_interval_ms, "persistence changed");
+        Ok(drive)
+    }
+
+    /// Clean shutdown of every persistent drive: stops its sync thread and
+    /// saves everything (sync and checkpoint), logging each. Call after
+    /// the NBD server and attachments have stopped.
+    pub fn shutdown_persistent(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        for d in self.list() {
+            let Some(p) = &d.persist else { continue };
+            match (&d.data, &*d.state.lock()) {
+                (DriveData::Persistent(pd), _) => {
+                    p.stop_scheduler();
+                    let dirty = pd.status().dirty_bytes;
+                    let started = Instant::now();
+                    match pd.close() {
+                        Ok(r) => tracing::info!(
+                            drive = %d.name,
+                            dirty = %format_size(dirty),
+                            journal = %format_size(r.journal_bytes),
+                            ms = started.elapsed().as_millis() as u64,
+                            "saved to {}",
+                            p.dir.display()
+                        ),
+                        Err(e) => tracing::error!(
+                            drive = %d.name,
+                            "could not save at shutdown: {e}; the disk holds the last completed sync"
+                        ),
+                    }
+                }
+                (_, DriveState::Restoring) => tracing::info!(
+                    drive = %d.name,
+                    "was still restoring ({}); its state directory is unchanged and it restores at the next start",
+                    p.restore_text()
+                ),
+                _ => {}
+            }
+        }
+    }
+
     /// Applies a change: resize, lock/unlock, memory limit.
     pub fn change(&self, name: &str, change: &DriveChange) -> Result<Arc<Drive>, RegistryError> {
         let drives = self.drives.lock();
@@ -386,6 +1128,9 @@ impl Registry {
             .get(name)
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let Some(store) = drive.store() else {
+            return Err(not_ready(&drive));
+        };
         let size = change.size_bytes.unwrap_or(drive.size_bytes());
         let limit = change.mem_limit_bytes.unwrap_or(drive.mem_limit_bytes());
         if let Some(new_size) = change.size_bytes {
@@ -409,7 +1154,7 @@ impl Registry {
         }
         let old_size = drive.size_bytes();
         if size < old_size && !change.force {
-            if let Some(end) = data_end(&drive.store, size, old_size)? {
+            if let Some(end) = data_end(store, size, old_size)? {
                 return Err(RegistryError::DataBeyondSize(format!(
                     "shrinking '{name}' to {} would discard data stored up to {}; pass force (ramd resize --force) to discard it",
                     format_size(size),
@@ -418,15 +1163,19 @@ impl Registry {
             }
         }
         if let Some(l) = change.mem_limit_bytes {
-            drive.store.set_mem_limit_bytes(l);
+            store.set_mem_limit_bytes(l);
         }
         if size != old_size {
-            drive.store.resize(size)?;
+            store.resize(size)?;
             tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
         }
         if let Some(ro) = change.read_only {
             drive.export.set_read_only(ro);
             tracing::info!(drive = %name, read_only = ro, "drive {}", if ro { "locked" } else { "unlocked" });
+        }
+        drop(drives);
+        if let Some(p) = &drive.persist {
+            p.save_settings(&drive.spec());
         }
         Ok(drive)
     }
@@ -435,13 +1184,31 @@ impl Registry {
     /// attachments is refused; with it, its connections are closed after
     /// their pending requests (attachments must be detached by the caller
     /// first). The memory is freed when the last connection has gone.
+    ///
+    /// A persistent drive: with `keep_data`, its last writes are saved
+    /// (sync and checkpoint) and the state directory stays (a failed sync
+    /// puts the drive back and returns the error); without, the state
+    /// directory is removed. A restoring drive cannot be deleted.
     /// Returns the drive and how many connections were closed.
-    pub fn delete(&self, name: &str, force: bool) -> Result<(Arc<Drive>, usize), RegistryError> {
+    pub fn delete(
+        &self,
+        name: &str,
+        force: bool,
+        keep_data: bool,
+    ) -> Result<(Arc<Drive>, usize), RegistryError> {
         let mut drives = self.drives.lock();
         let drive = drives
             .get(name)
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        if keep_data && drive.persist.is_none() {
+            return Err(RegistryError::NotPersistent(name.to_owned()));
+        }
+        if *drive.state.lock() == DriveState::Restoring {
+            return Err(RegistryError::NotReady(format!(
+                "drive '{name}' is restoring; wait until it is ready or failed (`ramd info {name}`), then delete it"
+            )));
+        }
         let conns = drive.connections();
         let attached = drive.attachments.lock().clone();
         if !attached.is_empty() {
@@ -467,13 +1234,109 @@ impl Registry {
             Some(h) => h.close_export(&drive.export),
             None => 0,
         };
+        if let Some(p) = &drive.persist {
+            p.stop_scheduler();
+            if keep_data {
+                if let Some(pd) = drive.persistent() {
+                    self.final_save(&drive, pd, p)?;
+                }
+                tracing::info!(drive = %name, dir = %p.dir.display(), "drive deleted; its data stays in the state directory");
+            } else {
+                match std::fs::remove_dir_all(&p.dir) {
+                    Ok(()) => {
+                        tracing::warn!(drive = %name, dir = %p.dir.display(), "drive deleted with its saved data")
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::error!(
+                        drive = %name,
+                        "drive deleted, but its state directory {} could not be removed: {e}",
+                        p.dir.display()
+                    ),
+                }
+            }
+        }
         tracing::info!(drive = %name, closed_connections = closed, "drive deleted");
         Ok((drive, closed))
+    }
+
+    /// Saves a persistent drive being deleted with its data kept: waits
+    /// (bounded) for its closing connections to finish their requests,
+    /// syncs, checkpoints. On failure the drive is registered again.
+    fn final_save(
+        &self,
+        drive: &Arc<Drive>,
+        pd: &Arc<DiskDrive>,
+        p: &Arc<Persistence>,
+    ) -> Result<(), RegistryError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while drive.connections() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let saved = pd.sync().and_then(|_| pd.close());
+        let Err(e) = saved else { return Ok(()) };
+        let msg = format!(
+            "drive '{}' was not deleted: saving its data failed: {e}. It is still served from RAM; fix the disk and retry, or delete it without --keep-data",
+            drive.name
+        );
+        let spec = drive.spec();
+        let back = self.assemble(
+            &spec,
+            drive.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Ready,
+            DriveData::Persistent(pd.clone()),
+            Some(p.clone()),
+            Some(drive.metrics.clone()),
+            drive.created_unix_s,
+        );
+        let mut drives = self.drives.lock();
+        if drives.contains_key(&drive.name) || self.insert(&mut drives, &back).is_err() {
+            tracing::error!(drive = %drive.name, "{msg}; its name was taken meanwhile, so it cannot be served again: its unsaved writes are lost");
+        } else {
+            drop(drives);
+            p.start_scheduler(pd, &drive.name);
+        }
+        Err(RegistryError::SyncFailed(msg))
     }
 
     /// Names in order, for messages.
     pub fn names(&self) -> Vec<String> {
         self.drives.lock().keys().cloned().collect()
+    }
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn check_size(size: u64) -> Result<(), RegistryError> {
+    if size == 0 {
+        return Err(SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into());
+    }
+    if size > MAX_DRIVE_BYTES {
+        return Err(SpecError::InvalidSize(format!(
+            "{} is larger than the largest drive ({})",
+            format_size(size),
+            format_size(MAX_DRIVE_BYTES)
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The error for an operation on a drive that is not ready.
+fn not_ready(drive: &Drive) -> RegistryError {
+    let name = &drive.name;
+    match &*drive.state.lock() {
+        DriveState::Failed(e) => RegistryError::NotReady(format!(
+            "drive '{name}' failed to restore: {e}. Decide with `ramd restore {name} --force` or `--discard-journal`, or `ramd delete {name}`"
+        )),
+        _ => RegistryError::NotReady(format!(
+            "drive '{name}' is restoring ({}); try again when it is ready (`ramd info {name}`)",
+            drive.persist.as_ref().map_or_else(String::new, |p| p.restore_text())
+        )),
     }
 }
 
@@ -501,12 +1364,12 @@ fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, Registr
 mod tests {
     use super::*;
 
-    fn registry(budget: u64) -> Registry {
-        Registry::new(
+    fn registry(budget: u64) -> Arc<Registry> {
+        Arc::new(Registry::new(
             Arc::new(ExportTable::new()),
             Arc::new(MemoryBudget::new(budget)),
             true,
-        )
+        ))
     }
 
     fn spec(name: &str, size: u64) -> DriveSpec {
@@ -516,6 +1379,7 @@ mod tests {
             mem_limit_bytes: None,
             read_only: false,
             overcommit: false,
+            persist: None,
         }
     }
 
@@ -550,7 +1414,10 @@ mod tests {
     fn shrink_below_data_needs_force() {
         let r = registry(1 << 30);
         let d = r.create(&spec("a", 4 << 20), Origin::Api).unwrap();
-        d.store.write(3 << 20, &[1u8; 4096], false).unwrap();
+        d.store()
+            .unwrap()
+            .write(3 << 20, &[1u8; 4096], false)
+            .unwrap();
         let shrink = DriveChange {
             size_bytes: Some(1 << 20),
             ..Default::default()
@@ -576,15 +1443,112 @@ mod tests {
         let r = registry(1 << 30);
         let d = r.create(&spec("a", 1 << 20), Origin::Api).unwrap();
         let guard = d.export.connect();
-        let e = r.delete("a", false).unwrap_err();
+        let e = r.delete("a", false, false).unwrap_err();
         assert!(e.to_string().contains("1 open NBD connection"), "{e}");
-        let (_, _) = r.delete("a", true).unwrap();
+        let (_, _) = r.delete("a", true, false).unwrap();
         assert!(matches!(r.get("a"), Err(RegistryError::NotFound(_))));
         assert!(d.export.is_closed());
         drop(guard);
         assert!(matches!(
-            r.delete("a", true),
+            r.delete("a", true, false),
             Err(RegistryError::NotFound(_))
         ));
+    }
+
+    fn wait_state(r: &Registry, name: &str) -> Arc<Drive> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let d = r.get(name).unwrap();
+            if *d.state.lock() != DriveState::Restoring {
+                return d;
+            }
+            assert!(Instant::now() < deadline, "restore of {name} never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn persistent(name: &str, size: u64) -> DriveSpec {
+        DriveSpec {
+            persist: Some(PersistSpec {
+                durability: Durability::Flush,
+                ..PersistSpec::default()
+            }),
+            ..spec(name, size)
+        }
+    }
+
+    #[test]
+    fn persistent_drives_restore_keep_or_drop_their_data() {
+        let state = tempfile::tempdir().unwrap();
+        let make = || {
+            Arc::new(
+                Registry::new(
+                    Arc::new(ExportTable::new()),
+                    Arc::new(MemoryBudget::new(1 << 30)),
+                    true,
+                )
+                .with_state_dir(state.path().to_owned()),
+            )
+        };
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        assert_eq!(d.kind, DriveKind::Persistent);
+        assert!(d.is_ready());
+        d.export.backend.write(4096, b"kept", false).unwrap();
+        d.export.backend.flush().unwrap();
+        // Syncing a RAM drive, or restoring a ready one, is refused.
+        r.create(&spec("ram", 1 << 20), Origin::Api).unwrap();
+        assert!(matches!(
+            r.sync("ram"),
+            Err(RegistryError::NotPersistent(_))
+        ));
+        assert!(matches!(
+            r.restore("p", RestoreOptions::default(), None),
+            Err(RegistryError::NotReady(_))
+        ));
+        assert!(matches!(
+            r.delete("ram", false, true),
+            Err(RegistryError::NotPersistent(_))
+        ));
+        r.delete("p", false, true).unwrap();
+        let dir = r.drive_dir("p").unwrap();
+        assert!(dir.join("meta").exists() && dir.join("drive.json").exists());
+
+        // Created again: restored (asynchronously), with the data.
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        assert_eq!(*d.state.lock(), DriveState::Restoring);
+        assert!(d.export.unavailable().unwrap().contains("is restoring"));
+        let d = wait_state(&r, "p");
+        assert!(d.is_ready(), "{:?}", d.state.lock());
+        let mut buf = [0u8; 4];
+        d.export.backend.read(4096, &mut buf).unwrap();
+        assert_eq!(&buf, b"kept");
+        assert!(d.export.unavailable().is_none());
+        assert!(matches!(
+            &*d.persist.as_ref().unwrap().restore.lock(),
+            RestoreRecord::Done(_)
+        ));
+        r.sync("p").unwrap();
+        r.shutdown_persistent();
+
+        // A corrupt meta: failed, with the reason, data untouched.
+        std::fs::write(dir.join("meta"), b"not a meta").unwrap();
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        match &*d.state.lock() {
+            DriveState::Failed(e) => assert!(e.contains("metadata"), "{e}"),
+            s => panic!("{s:?}"),
+        }
+        assert!(matches!(r.sync("p"), Err(RegistryError::NotReady(_))));
+        assert!(d
+            .export
+            .unavailable()
+            .unwrap()
+            .contains("failed to restore"));
+        assert_eq!(std::fs::read(dir.join("meta")).unwrap(), b"not a meta");
+        // Deleting without keep_data removes the state directory.
+        r.delete("p", false, false).unwrap();
+        assert!(!dir.exists());
     }
 }
