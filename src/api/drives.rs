@@ -26,10 +26,12 @@ use crate::size::parse_size;
 
 /// The API view of a drive.
 pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveInfo {
+    // One lock, released before anything else looks at the state.
+    let state = drive.state.lock().clone();
     DriveInfo {
         name: drive.name.clone(),
         kind: drive.kind.name().into(),
-        state: drive.state.lock().name().into(),
+        state: state.name().into(),
         size_bytes: drive.size_bytes(),
         read_only: drive.export.is_read_only(),
         mem_limit_bytes: drive.mem_limit_bytes(),
@@ -48,8 +50,8 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
         tcp_uris: d.tcp_uris(&drive.name),
         notice,
         persist: persist_info(drive),
-        error: match &*drive.state.lock() {
-            DriveState::Failed(e) => Some(e.clone()),
+        error: match state {
+            DriveState::Failed(e) => Some(e),
             _ => None,
         },
     }
