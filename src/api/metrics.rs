@@ -7,7 +7,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::daemon::Daemon;
-use crate::metrics::prometheus::{encode, DaemonSample, DriveSample, CONTENT_TYPE};
+use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let drives = d
@@ -32,5 +32,12 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         metrics_enabled: d.registry.metrics_enabled(),
         drives,
     };
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], encode(sample))
+    let persist = super::persistence::metrics_samples(&d.registry.list());
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        encode_with(
+            sample,
+            vec![Box::new(crate::metrics::persist::PersistCollector(persist))],
+        ),
+    )
 }

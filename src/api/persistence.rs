@@ -19,6 +19,7 @@ use crate::daemon::persistent::{phase_name, report_text, RestoreRecord};
 use crate::daemon::registry::Drive;
 use crate::daemon::spec::{check_sync_interval_ms, parse_sync_interval_ms, SpecError};
 use crate::daemon::Daemon;
+use crate::metrics::persist::{PersistLive, PersistSample};
 use crate::persist::{Durability, PersistStatus, RestoreOptions};
 
 /// A sync interval from a request.
@@ -128,6 +129,39 @@ pub(crate) fn persist_info(drive: &Drive) -> Option<PersistInfo> {
         status: status.as_ref().map(status_info),
         restore: restore_info(&p.restore.lock()),
     })
+}
+
+/// The `/metrics` samples of every persistent drive.
+pub(crate) fn metrics_samples(drives: &[Arc<Drive>]) -> Vec<PersistSample> {
+    drives
+        .iter()
+        .filter_map(|d| {
+            let p = d.persist.as_ref()?;
+            let state = d.state.lock().name();
+            let restore_seconds = match &*p.restore.lock() {
+                RestoreRecord::Done(r) => Some(r.duration.as_secs_f64()),
+                _ => None,
+            };
+            let live = d.persistent().map(|pd| {
+                let s = pd.status();
+                PersistLive {
+                    sync_durations: s.sync_durations,
+                    syncs_failed: s.syncs_failed,
+                    bytes_written: s.bytes_written,
+                    consecutive_failures: s.consecutive_failures as u64,
+                    dirty_bytes: s.dirty_bytes,
+                    journal_bytes: s.journal_bytes,
+                    last_sync_unix_ms: s.last_sync_unix_ms,
+                }
+            });
+            Some(PersistSample {
+                name: d.name.clone(),
+                state,
+                live,
+                restore_seconds,
+            })
+        })
+        .collect()
 }
 
 pub async fn sync(
