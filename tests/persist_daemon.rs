@@ -496,7 +496,7 @@ fn corrupt_state_fails_precisely_and_restore_decides() {
         assert!(e.contains(want), "{name}: want {want:?} in {e}");
         assert!(e.contains("Nothing was changed on disk"), "{e}");
         // NBD clients are refused with the reason.
-        let out = run(tool("nbdinfo").arg(d.uri(name))).failed();
+        let out = run(tool("nbdinfo").env("LIBNBD_DEBUG", "1").arg(d.uri(name))).failed();
         assert!(out.stderr.contains("failed to restore"), "{out}");
         // The CLI shows it, and what to do next.
         let out = run(d.cli().args(["info", name])).ok();
@@ -684,7 +684,7 @@ fn encrypted_drive_round_trip_and_a_wrong_key_is_refused_clearly() {
     let v = settled(&d, "enc");
     assert_eq!(v["state"], "failed", "{v}");
     assert!(v["error"].as_str().unwrap().contains("wrong key"), "{v}");
-    let out = run(tool("nbdinfo").arg(d.uri("enc"))).failed();
+    let out = run(tool("nbdinfo").env("LIBNBD_DEBUG", "1").arg(d.uri("enc"))).failed();
     assert!(out.stderr.contains("wrong key"), "{out}");
     // The right key again, through `ramd restore --key-file`.
     let right = d.dir().join("right.key");
