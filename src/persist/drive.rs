@@ -403,7 +403,15 @@ impl<S: Storage> PersistentDrive<S> {
     /// commit: a sync that started after this call and succeeded is enough).
     pub fn flush_durable(&self) -> Result<()> {
         let arrived = self.syncs_begun.load(Ordering::SeqCst);
-        let mut engine = self.engine.lock();
+        let mut engine = match self.engine.try_lock() {
+            Some(e) => e,
+            None => {
+                // A sync is running: it must not run at low priority while
+                // this FLUSH waits for it.
+                self.sync_progress.boost.store(true, Ordering::Relaxed);
+                self.engine.lock()
+            }
+        };
         if self.last_ok_begun.load(Ordering::SeqCst) > arrived {
             return Ok(());
         }

@@ -51,6 +51,10 @@ pub struct SyncProgress {
     pub done_bytes: std::sync::atomic::AtomicU64,
     /// Bytes dirty when the sync began (what it set out to save).
     pub total_bytes: std::sync::atomic::AtomicU64,
+    /// Set by a FLUSH that waits for this sync: a background sync running
+    /// at low CPU priority goes back to normal priority for the rest of it
+    /// (no priority inversion).
+    pub boost: std::sync::atomic::AtomicBool,
 }
 
 impl SyncProgress {
@@ -58,13 +62,16 @@ impl SyncProgress {
         use std::sync::atomic::Ordering::Relaxed;
         self.done_bytes.store(0, Relaxed);
         self.total_bytes.store(total, Relaxed);
+        self.boost.store(false, Relaxed);
     }
     fn add(&self, bytes: u64) {
         self.done_bytes
             .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
     }
     fn end(&self) {
-        self.start(0);
+        use std::sync::atomic::Ordering::Relaxed;
+        self.done_bytes.store(0, Relaxed);
+        self.total_bytes.store(0, Relaxed);
     }
 }
 
@@ -424,6 +431,12 @@ impl<S: Storage> Engine<S> {
                     }
                 }
                 progress.add(pages * PAGE_BYTES as u64);
+                if progress
+                    .boost
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    super::scheduler::normal_thread_priority();
+                }
             }
             if !begun {
                 if size == self.durable_size && min_size >= size {
