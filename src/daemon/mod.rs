@@ -9,11 +9,16 @@
 //!  thread "signals"     sigwait(SIGINT, SIGTERM) ─► shutdown
 //! ```
 //!
+//! Start-up: persistent drives (declared, or found in STATE_DIR/drives)
+//! restore in the background while the API and NBD already serve; READY=1
+//! goes to systemd once none is restoring (`persistent::wait_restores`).
+//!
 //! Shutdown (SIGTERM/SIGINT): STOPPING=1 to systemd; the API stops
 //! accepting and finishes the requests it has; the NBD server stops
 //! accepting, answers every request already received and closes each
-//! connection; FUSE attachments are unmounted; sockets and the pid lock
-//! are removed. Exit status 0.
+//! connection; FUSE attachments are unmounted; every persistent drive is
+//! synced and checkpointed (logged); sockets and the pid lock are removed.
+//! Exit status 0.
 //!
 //! The NBD data path stays on plain threads with blocking I/O (measured
 //! faster than async for RAM requests); tokio runs only the API.
@@ -79,8 +84,11 @@ pub struct DaemonArgs {
     pub nbd_listen: Vec<SocketAddr>,
 
     /// A drive to create at start: NAME=SIZE[,mem-limit=SIZE][,read-only]
-    /// [,overcommit]. Repeatable. Without any --drive and without drives in
-    /// the config, a 1 GiB drive "ram0" is created.
+    /// [,overcommit][,persist][,durability=none|periodic|flush]
+    /// [,sync-interval=DURATION][,key-file=PATH]. Repeatable. A persistent
+    /// drive is restored from STATE_DIR/drives/NAME when it is there.
+    /// Without any --drive and without drives in the config, a 1 GiB drive
+    /// "ram0" is created.
     #[arg(long = "drive", value_name = "SPEC")]
     pub drives: Vec<String>,
 
