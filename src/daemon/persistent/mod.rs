@@ -501,7 +501,16 @@ pub fn scan(drives_dir: &Path, declared: &[String]) -> Vec<Stored> {
         let has_meta = dir.join(names::META).exists();
         match settings::read(&dir) {
             Ok(Some(s)) if s.name == name => match s.to_spec() {
-                Ok(spec) => out.push(Stored::Drive(spec)),
+                Ok(spec) => {
+                    if s.origin != "api" {
+                        tracing::info!(
+                            "drive '{name}' was declared in the {} but no longer is: restoring it from {} like a drive created through the API (`ramd delete {name}` removes it and its data)",
+                            if s.origin == "config" { "config file" } else { "daemon's command line" },
+                            dir.display()
+                        );
+                    }
+                    out.push(Stored::Drive(spec))
+                }
                 Err(e) => out.push(Stored::Unusable {
                     name,
                     error: format!("{}: {e}", dir.join(settings::FILE).display()),
