@@ -1028,3 +1028,40 @@ print(h.pread(4096, int(sys.argv[2])) == bytes((int(sys.argv[3]) * 131 + i * 7) 
     // The restore is in the drive's JSON and the log.
     assert!(d.log().contains("restored"), "{}", d.log());
 }
+
+#[test]
+fn ready_is_sent_to_systemd_only_once_every_drive_is_restored() {
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(DAEMON_TIMEOUT)).unwrap();
+    let wait_ready = || loop {
+        let mut buf = [0u8; 4096];
+        let n = sock.recv(&mut buf).expect("READY=1 within the timeout");
+        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if msg.lines().any(|l| l == "READY=1") {
+            return;
+        }
+    };
+    let mut d = Daemon::launch(
+        &drive_flag("big=64M,persist"),
+        &[("NOTIFY_SOCKET", path.to_str().unwrap())],
+    );
+    wait_ready();
+    let data = dir.path().join("data");
+    std::fs::write(&data, random_bytes(48 << 20, 5)).unwrap();
+    run(tool("nbdcopy").arg(&data).arg(d.uri("big"))).ok();
+    assert!(d.terminate().success());
+    d.restart();
+    wait_ready();
+    // By READY=1 the restore is over, whatever the order of the sockets.
+    let v = drive(&d, "big");
+    assert_eq!(v["state"], "ready", "READY=1 before the restore ended: {v}");
+    assert_eq!(v["persist"]["restore"]["phase"], "done", "{v}");
+    let img = image(&d, "big");
+    assert!(img[..48 << 20] == random_bytes(48 << 20, 5)[..]);
+}
