@@ -70,6 +70,7 @@ pub(crate) fn status_info(s: &PersistStatus) -> PersistStatusInfo {
         }),
         sync_count: s.sync_durations.count(),
         sync_seconds_total: s.sync_durations.sum_ns as f64 / 1e9,
+        restore_duration_ms: s.restore_duration.map(ms),
     }
 }
 

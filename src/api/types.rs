@@ -175,6 +175,8 @@ pub struct PersistStatusInfo {
     /// Sync durations since open: count and sum (for rates and means).
     pub sync_count: u64,
     pub sync_seconds_total: f64,
+    /// How long the restore at open took (null: created new).
+    pub restore_duration_ms: Option<f64>,
 }
 
 /// The last restore of a persistent drive.

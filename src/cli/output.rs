@@ -338,6 +338,7 @@ pub fn persist_stats(report: &StatsReport) -> String {
                 micros(mean),
                 micros(Some(s.max_sync_duration_ms * 1000.0))
             ),
+            micros(s.restore_duration_ms.map(|m| m * 1000.0)),
             s.last_error.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
