@@ -158,6 +158,10 @@ pub struct Drive {
     /// Mountpoints where the drive is attached through FUSE (kept by
     /// `attach::Attachments`, read by delete and listings).
     pub attachments: Mutex<Vec<PathBuf>>,
+    /// The size a resize in progress is taking the drive to: the resize
+    /// runs without the registry lock (a persistent drive's resize waits for
+    /// a running sync), so budget checks meanwhile count the larger size.
+    pending_size_bytes: Mutex<Option<u64>>,
 }
 
 impl std::fmt::Debug for Drive {
@@ -241,12 +245,15 @@ impl Drive {
     /// Budget promised to this drive: its reachable memory plus metadata,
     /// or only its metadata when it was created with overcommit.
     fn commitment(&self) -> u64 {
+        let size = self
+            .size_bytes()
+            .max(self.pending_size_bytes.lock().unwrap_or(0));
         if matches!(self.data, DriveData::Offline { size_bytes: 0, .. }) {
             0
         } else if *self.overcommit.lock() {
-            metadata_estimate(self.size_bytes())
+            metadata_estimate(size)
         } else {
-            commitment(self.size_bytes(), self.mem_limit_bytes())
+            commitment(size, self.mem_limit_bytes())
         }
     }
 }
@@ -571,6 +578,7 @@ impl Registry {
             overcommit: Mutex::new(spec.overcommit),
             created_unix_s,
             attachments: Mutex::new(Vec::new()),
+            pending_size_bytes: Mutex::new(None),
         })
     }
 
@@ -648,15 +656,21 @@ impl Registry {
         if let Some(l) = change.mem_limit_bytes {
             store.set_mem_limit_bytes(l);
         }
-        if size != old_size {
-            store.resize(size)?;
-            tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
-        }
         if let Some(ro) = change.read_only {
             drive.export.set_read_only(ro);
             tracing::info!(drive = %name, read_only = ro, "drive {}", if ro { "locked" } else { "unlocked" });
         }
-        drop(drives);
+        if size != old_size {
+            // Outside the registry lock: it may wait for a running sync.
+            *drive.pending_size_bytes.lock() = Some(size);
+            drop(drives);
+            let resized = store.resize(size);
+            *drive.pending_size_bytes.lock() = None;
+            resized?;
+            tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
+        } else {
+            drop(drives);
+        }
         if let Some(p) = &drive.persist {
             p.save_settings(&drive.spec());
         }
