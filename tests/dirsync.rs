@@ -909,7 +909,7 @@ fn stop_with_files_open_for_writing_hands_over() {
     open.write_all(b"before stop").unwrap();
     // remove refuses while a file is open for writing...
     let err = m.remove(&dir, false).unwrap_err();
-    assert_eq!(err.code(), "busy", "{err}");
+    assert_eq!(err.code(), "dir_busy", "{err}");
     assert!(err.to_string().contains("fuser"), "{err}");
     // ...and stop syncs and leaves it mounted for the next daemon.
     let out = m.shutdown();
@@ -1032,7 +1032,7 @@ fn refusals_and_the_lock() {
     let other = DirManager::open(ManagerConfig::new(s.path("run2"), s.path("state2"))).unwrap();
     let out = other.recover_all();
     let err = out[0].1.as_ref().unwrap_err();
-    assert_eq!(err.code(), "locked", "{err}");
+    assert_eq!(err.code(), "dir_locked", "{err}");
     assert!(
         err.to_string()
             .contains(&format!("pid {}", std::process::id())),
@@ -1046,7 +1046,7 @@ fn refusals_and_the_lock() {
     // Invalid settings.
     let mut bad = AddRequest::new(&dir);
     bad.sync_interval_ms = 5;
-    assert_eq!(m.add(bad).unwrap_err().code(), "invalid_argument");
+    assert_eq!(m.add(bad).unwrap_err().code(), "invalid_request");
 }
 
 #[test]
