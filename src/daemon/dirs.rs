@@ -224,13 +224,9 @@ impl Dirs {
         }
         for (path, result) in manager.recover_all() {
             match result {
-                Ok(RecoverOutcome::Restored) => {}
-                Ok(RecoverOutcome::Adopted) => {}
-                Ok(RecoverOutcome::Recovered { copy }) => tracing::warn!(
-                    path = %path.display(),
-                    "the RAM content the previous ramd left unsynced is kept at {} (`ramd dir list` shows it)",
-                    copy.display()
-                ),
+                // The manager logged each (the recovery copy with a warning).
+                Ok(RecoverOutcome::Restored | RecoverOutcome::Adopted) => {}
+                Ok(RecoverOutcome::Recovered { .. }) => {}
                 Err(e) => tracing::error!(
                     path = %path.display(),
                     "not kept in RAM: {e} (listed as failed; fix it and restart ramd, or `ramd dir remove {}`)",
