@@ -426,6 +426,55 @@ pub fn list_table(dirs: &[DirInfo]) -> String {
     s
 }
 
+/// Directories under `ramd stats` (empty when there are none).
+pub fn stats_section(client: &Client) -> String {
+    let Ok(list) = client.list_dirs() else {
+        return String::new();
+    };
+    if list.dirs.is_empty() {
+        return String::new();
+    }
+    let mut t = output::table(
+        &[
+            "DIRECTORY",
+            "RAM USED",
+            "USE%",
+            "LAST SYNC",
+            "TOOK",
+            "SYNCS",
+            "FAILED",
+            "WRITTEN",
+        ],
+        &[1, 2, 4, 5, 6, 7],
+    );
+    for d in &list.dirs {
+        t.add_row(vec![
+            d.path.display().to_string(),
+            d.usage
+                .map(|u| {
+                    format!(
+                        "{} / {}",
+                        format_size(u.used_bytes),
+                        format_size(u.total_bytes)
+                    )
+                })
+                .unwrap_or_else(|| "-".into()),
+            d.usage_percent
+                .map(|p| format!("{p}%"))
+                .unwrap_or_else(|| "-".into()),
+            ago(d.last_sync_unix_ms),
+            d.last_sync
+                .as_ref()
+                .map(|r| format!("{:.2}s", r.duration_ms as f64 / 1000.0))
+                .unwrap_or_else(|| "-".into()),
+            d.totals.syncs.to_string(),
+            d.totals.failed_syncs.to_string(),
+            format_size(d.totals.bytes_copied),
+        ]);
+    }
+    format!("\n{}", output::render(&t))
+}
+
 /// `ramd dir info`.
 pub fn info_table(d: &DirInfo) -> String {
     let mut t = output::table(&["FIELD", "VALUE"], &[]);

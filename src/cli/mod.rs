@@ -514,6 +514,9 @@ fn stats(
                 let _ = write!(out, "\x1b[H\x1b[2J");
             }
             let _ = write!(out, "{}", output::stats(&report));
+            if name.is_none() {
+                let _ = write!(out, "{}", dirs::stats_section(client));
+            }
             if watch && !tty {
                 let _ = writeln!(out);
             }
