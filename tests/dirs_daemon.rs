@@ -285,7 +285,7 @@ fn cli_round_trip_with_checksums() {
     let out = cli_ok(&d, &["dir", "sync", dir.to_str().unwrap()]);
     assert!(
         out.stdout
-            .starts_with(&format!("synced {}: 2 files copied", dir.display())),
+            .starts_with(&format!("synced {}: 3 files copied", dir.display())),
         "{out}"
     );
     assert!(out.stdout.contains("deleted"), "{out}");
@@ -387,7 +387,7 @@ fn api_round_trip_and_every_error() {
         None,
     );
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["report"]["files_copied"], 2, "{v}");
+    assert_eq!(v["report"]["files_copied"], 3, "{v}");
     assert_same(
         &snapshot(&dir),
         &snapshot(&s.disk_view(&id)),
