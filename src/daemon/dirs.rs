@@ -38,7 +38,7 @@ use crate::size::format_size;
 pub enum DirsError {
     /// The manager could not read its state.
     #[error("directories in RAM: {0}")]
-    Open(DirError),
+    Open(Box<DirError>),
     /// A `[[dir]]` could not be kept in RAM.
     #[error("{}:{}:{}: cannot keep {} in RAM: {source}", file.display(), line, column, path.display())]
     Declared {
@@ -46,7 +46,7 @@ pub enum DirsError {
         line: usize,
         column: usize,
         path: PathBuf,
-        source: DirError,
+        source: Box<DirError>,
     },
 }
 
@@ -175,7 +175,7 @@ impl DirSpec {
             line: self.at.1,
             column: self.at.2,
             path: self.path.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 }
@@ -208,7 +208,8 @@ impl Dirs {
         declared: &[DirSpec],
     ) -> Result<Dirs, DirsError> {
         let manager = Arc::new(
-            DirManager::open(ManagerConfig::new(run_dir, state_dir)).map_err(DirsError::Open)?,
+            DirManager::open(ManagerConfig::new(run_dir, state_dir))
+                .map_err(|e| DirsError::Open(Box::new(e)))?,
         );
         let records = manager.records();
         if (!records.is_empty() || !declared.is_empty()) && in_host_mount_namespace() == Some(false)
