@@ -482,6 +482,14 @@ fn announce(d: &Daemon) {
     if let Some(p) = &s.config_path {
         tracing::info!("config: {}", p.display());
     }
+    let dirs = d.dirs.manager.paths();
+    if !dirs.is_empty() {
+        tracing::info!(
+            "{} director{} in RAM (ramd dir list)",
+            dirs.len(),
+            if dirs.len() == 1 { "y" } else { "ies" }
+        );
+    }
     for drive in &drives {
         tracing::info!(
             "drive {} ({}{}) at {}",
