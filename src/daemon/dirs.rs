@@ -282,8 +282,16 @@ impl Dirs {
                     && c.size_limit_bytes == want.size_limit_bytes
                     && c.sync_interval_ms == want.sync_interval_ms
                     && c.recovery_generations == want.recovery_generations;
-                if same || !m.paths().contains(&d.path) {
-                    // Unchanged, or its recovery failed (listed as failed).
+                if same {
+                    continue;
+                }
+                let active = m
+                    .info(&d.path)
+                    .is_ok_and(|i| i.status == crate::dirsync::manager::DirStatus::Active);
+                if !active {
+                    tracing::warn!(path = %d.path.display(),
+                        "{}:{}: new settings not applied: the directory could not be restored (see `ramd dir list`)",
+                        d.at.0.display(), d.at.1);
                     continue;
                 }
                 status(&format!("applying new settings to {}", d.path.display()));
