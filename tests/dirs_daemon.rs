@@ -95,7 +95,12 @@ impl Scratch {
             self.path("state").display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Daemon::launch(&args, &[])
+        let d = Daemon::launch(&args, &[]);
+        // The API socket exists before directories are restored; the first
+        // request is answered once start-up is done (READY=1).
+        let (status, body) = d.http("GET", "/v1/health", None);
+        assert_eq!(status, 200, "{body}");
+        d
     }
     /// The on-disk copy of a managed directory (the daemon's private view).
     fn disk_view(&self, id: &str) -> PathBuf {
