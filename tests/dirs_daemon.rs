@@ -40,20 +40,34 @@ fn require_root() -> bool {
     panic!("this test needs root (tmpfs and overlayfs mounts); set {SKIP_ENV}=1 to skip");
 }
 
+/// The tests of this file run one at a time: a child process another test
+/// thread forks inherits, until it execs, every file this process has open
+/// (close-on-exec or not), and a file open for writing in a directory in
+/// RAM makes its remove fail as busy (or its stop hand it over). Real
+/// programs do not fork under ramd's feet like that; parallel tests would.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A unique directory on disk whose mounts are all detached on drop.
 struct Scratch {
     base: PathBuf,
+    /// Held for the test's life (see [`SERIAL`]).
+    _serial: Option<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("dirs-daemon-{name}-{}", std::process::id()));
-        let s = Scratch { base };
-        s.cleanup();
-        std::fs::create_dir_all(&s.base).unwrap();
+        // Dropping it detaches and deletes what an earlier run left.
+        drop(Scratch {
+            base: base.clone(),
+            _serial: None,
+        });
+        std::fs::create_dir_all(&base).unwrap();
         Scratch {
-            base: std::fs::canonicalize(&s.base).unwrap(),
+            base: std::fs::canonicalize(&base).unwrap(),
+            _serial: Some(serial),
         }
     }
     fn path(&self, rel: &str) -> PathBuf {
@@ -128,6 +142,7 @@ struct Entry {
     target: Option<PathBuf>,
     /// The first path with the same inode (hard links).
     link_of: Option<PathBuf>,
+    xattrs: Vec<(std::ffi::OsString, Vec<u8>)>,
 }
 
 /// The tree under `root`; names starting with `.ramd-` (the sync's own
@@ -168,6 +183,7 @@ fn snapshot_with(root: &Path, skip_internal: bool) -> BTreeMap<PathBuf, Entry> {
                         .is_symlink()
                         .then(|| std::fs::read_link(&p).unwrap()),
                     link_of,
+                    xattrs: ramd::dirsync::meta::read_xattrs(&p).unwrap(),
                 },
             );
             if m.is_dir() {
@@ -211,6 +227,17 @@ fn make_tree(root: &Path) {
     std::os::unix::fs::symlink("sub/b.bin", root.join("link")).unwrap();
     std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
     std::fs::hard_link(root.join("a.txt"), root.join("sub/a-again")).unwrap();
+    let xattr = |rel: &str, value: &[u8]| {
+        rustix::fs::lsetxattr(
+            root.join(rel),
+            "user.ramd-test",
+            value,
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap()
+    };
+    xattr("sub/b.bin", b"kept");
+    xattr("sub", b"on a directory");
 }
 
 fn change_tree(root: &Path) {

@@ -1,6 +1,7 @@
 //! `ramd dir add|list|info|sync|remove`: directories kept in RAM, through
 //! the daemon's `/v1/dirs` API.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
@@ -20,10 +21,11 @@ const INSTALLED_DROP_IN: &str = "/etc/systemd/system/ramd.service.d/dirs.conf";
 
 #[derive(Subcommand, Debug)]
 pub enum DirCommand {
-    /// Keep a directory in RAM: its content is copied into a tmpfs mounted
-    /// over it (or an overlay with --overlay), and synced back to disk
-    /// crash-safely every interval, on `ramd dir sync`, before suspend and
-    /// when the daemon stops.
+    /// Keep a directory in RAM, synced back to disk crash-safely.
+    ///
+    /// Its content is copied into a tmpfs mounted over it (or an overlay
+    /// with --overlay), and synced back to disk every interval, on
+    /// `ramd dir sync`, before suspend and when the daemon stops.
     ///
     /// Examples:
     ///   ramd dir add ~/.cache --interval 30m --size-limit 2G
@@ -81,8 +83,9 @@ pub enum DirCommand {
         out: JsonFlag,
     },
 
-    /// Stop keeping a directory in RAM: final sync, unmount; PATH is a
-    /// normal directory again with the latest content.
+    /// Stop keeping a directory in RAM (final sync, unmount).
+    ///
+    /// PATH is a normal directory again, with the latest content.
     ///
     /// Refused while a program has a file open for writing there (see
     /// `fuser -vm PATH`) unless --force (then writes after the final sync
@@ -95,6 +98,23 @@ pub enum DirCommand {
         #[command(flatten)]
         out: JsonFlag,
     },
+}
+
+/// Runs `f` (a call that waits for the daemon to copy or sync a tree)
+/// with a spinner and the elapsed time on stderr when it is a terminal.
+fn waiting<T>(what: String, quiet: bool, f: impl FnOnce() -> T) -> T {
+    if quiet || !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let bar = indicatif::ProgressBar::new_spinner().with_message(what);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .expect("a valid template"),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let out = f();
+    bar.finish_and_clear();
+    out
 }
 
 /// A path argument as the daemon knows it (absolute, symlinks resolved),
@@ -136,13 +156,18 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                     abs.display()
                 );
             }
-            let info = client.add_dir(&AddDir {
+            let req = AddDir {
                 path: abs.display().to_string(),
                 interval: interval.map(IntervalValue::Text),
                 overlay,
                 size_limit: size_limit.map(SizeValue::Text),
                 recovery_generations,
-            })?;
+            };
+            let info = waiting(
+                format!("copying {} into RAM", abs.display()),
+                out.json,
+                || client.add_dir(&req),
+            )?;
             if out.json {
                 return print_json(&info);
             }
@@ -173,7 +198,9 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
         }
         DirCommand::Sync { dir, all, out } => {
             if all {
-                let r = client.sync_all_dirs()?;
+                let r = waiting("syncing every directory".into(), out.json, || {
+                    client.sync_all_dirs()
+                })?;
                 if out.json {
                     print_json(&r)?;
                 }
@@ -200,14 +227,18 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                 return Ok(());
             }
             let dir = dir.expect("clap requires a directory without --all");
-            let r = client.sync_dir(&key(&dir)?)?;
+            let k = key(&dir)?;
+            let r = waiting(format!("syncing {k}"), out.json, || client.sync_dir(&k))?;
             if out.json {
                 return print_json(&r);
             }
             print_sync(&r.path, &r.report);
         }
         DirCommand::Remove { dir, force, out } => {
-            let r = client.remove_dir(&key(&dir)?, force)?;
+            let k = key(&dir)?;
+            let r = waiting(format!("final sync of {k}"), out.json, || {
+                client.remove_dir(&k, force)
+            })?;
             if out.json {
                 return print_json(&r);
             }
