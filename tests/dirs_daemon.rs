@@ -572,6 +572,82 @@ fn api_round_trip_and_every_error() {
         "unknown_field",
     );
 
+    // New settings: interval, a bigger tmpfs, fewer recovery copies.
+    let p = "/v1/dirs/{id}";
+    let path = format!("/v1/dirs/{id}");
+    let (st, v) = call(
+        "PATCH",
+        p,
+        &path,
+        Some(r#"{"interval":"30m","size_limit":"48M"}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["sync_interval_ms"], 1_800_000, "{v}");
+    assert_eq!(v["size_limit_bytes"], 48 << 20, "{v}");
+    assert_eq!(
+        v["usage"]["total_bytes"],
+        48 << 20,
+        "the tmpfs was resized: {v}"
+    );
+    assert!(v.get("notice").is_none(), "{v}");
+    let (st, v) = call(
+        "PATCH",
+        p,
+        &path,
+        Some(r#"{"size_limit":"none","recovery_generations":1}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["size_limit_bytes"], Value::Null, "{v}");
+    assert!(
+        v["usage"]["total_bytes"].as_u64().unwrap() > 48 << 20,
+        "{v}"
+    );
+    let m = expect_err(
+        "PATCH",
+        p,
+        &path,
+        Some(r#"{"size_limit":"16K"}"#),
+        422,
+        "invalid_request",
+    );
+    assert!(m.contains("cannot be set"), "{m}");
+    expect_err("PATCH", p, &path, Some("{}"), 422, "invalid_request");
+    expect_err(
+        "PATCH",
+        p,
+        &path,
+        Some(r#"{"interval":"1ms"}"#),
+        422,
+        "invalid_request",
+    );
+    expect_err(
+        "PATCH",
+        p,
+        &path,
+        Some(r#"{"size_limit":0}"#),
+        422,
+        "invalid_size",
+    );
+    expect_err(
+        "PATCH",
+        p,
+        &path,
+        Some(r#"{"intervall":"1m"}"#),
+        400,
+        "unknown_field",
+    );
+    expect_err(
+        "PATCH",
+        p,
+        "/v1/dirs/nope",
+        Some(r#"{"interval":"1m"}"#),
+        404,
+        "dir_not_found",
+    );
+    // Read back.
+    let (_, v) = call("GET", one, &path, None);
+    assert_eq!(v["sync_interval_ms"], 1_800_000, "{v}");
+
     // A file open for writing blocks remove; force goes ahead.
     let mut open = File::create(dir.join("open-for-writing")).unwrap();
     open.write_all(b"busy").unwrap();
@@ -648,6 +724,13 @@ fn config_dirs_come_up_mounted_and_bad_ones_fail_with_file_line() {
     wait_until("a periodic sync", Duration::from_secs(60), || {
         s.disk_view(&id).join("new.log").exists()
     });
+    // Changing a declared directory works until the next start, and says so.
+    let out = cli_ok(
+        &d,
+        &["dir", "set", logs.to_str().unwrap(), "--interval", "5s"],
+    );
+    assert!(out.stderr.contains("declared in"), "{out}");
+    assert!(out.stdout.contains("synced every 5s"), "{out}");
     // Removing a declared directory works until the next start, and says so.
     let out = cli_ok(&d, &["dir", "remove", logs.to_str().unwrap()]);
     assert!(out.stderr.contains("declared in"), "{out}");
@@ -1103,6 +1186,18 @@ fn usage_warnings_metrics_and_install_units() {
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
     assert_eq!(get()["usage_level"], "full");
     std::fs::remove_file(dir.join("overflow")).unwrap();
+    // Raising the limit ends the warning.
+    let out = cli_ok(&d, &["dir", "set", &id, "--size-limit", "8M"]);
+    assert!(out.stdout.contains("limit 8 MiB"), "{out}");
+    assert_eq!(get()["usage_level"], "ok");
+    wait_until(
+        "usage back to normal in the log",
+        Duration::from_secs(60),
+        || d.log().contains("RAM copy usage back to normal"),
+    );
+    let out = run(d.cli().args(["dir", "set", &id]));
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("nothing to change"), "{out}");
 
     // Metrics.
     cli_ok(&d, &["dir", "sync", &id]);
@@ -1114,7 +1209,7 @@ fn usage_warnings_metrics_and_install_units() {
         format!("ramd_dir_syncs_total{label} 1\n"),
         format!("ramd_dir_sync_failures_total{label} 0\n"),
         format!("ramd_dir_synced_files_total{label} 2\n"),
-        format!("ramd_dir_ram_size_bytes{label} 1048576\n"),
+        format!("ramd_dir_ram_size_bytes{label} 8388608\n"),
         format!("ramd_dir_recovery_copies{label} 0\n"),
     ] {
         assert!(text.contains(&want), "want {want:?} in:\n{text}");

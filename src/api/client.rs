@@ -267,6 +267,11 @@ impl Client {
         self.call_within(Method::POST, "/v1/dirs", Some(req), DIR_TIMEOUT)
     }
 
+    /// New interval, size limit or recovery generations.
+    pub fn patch_dir(&self, key: &str, req: &PatchDir) -> Result<DirPatched, ClientError> {
+        self.call(Method::PATCH, &format!("/v1/dirs/{}", enc(key)), Some(req))
+    }
+
     /// Final sync, unmount, forget.
     pub fn remove_dir(&self, key: &str, force: bool) -> Result<DirRemoved, ClientError> {
         let q = if force { "?force=true" } else { "" };

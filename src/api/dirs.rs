@@ -18,15 +18,15 @@ use axum::serve::IncomingStream;
 use axum::Json;
 
 use super::types::{
-    AddDir, DeleteQuery, DirList, DirRemoved, DirSyncAll, DirSyncResult, DirSynced, ErrorDetail,
-    IntervalValue,
+    AddDir, DeleteQuery, DirList, DirPatched, DirRemoved, DirSyncAll, DirSyncResult, DirSynced,
+    ErrorDetail, IntervalValue, PatchDir, SizeValue,
 };
 use super::{blocking, ApiError};
 use crate::daemon::dirs::{clean_path, parse_interval_ms};
 use crate::daemon::Daemon;
 use crate::dirsync::manager::{
-    AddRequest, DirInfo, DirOrigin, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS,
-    MIN_SYNC_INTERVAL_MS,
+    AddRequest, DirChange, DirInfo, DirOrigin, DEFAULT_RECOVERY_GENERATIONS,
+    DEFAULT_SYNC_INTERVAL_MS, MIN_SYNC_INTERVAL_MS,
 };
 use crate::dirsync::mounts::MountMode;
 use crate::size::parse_size;
@@ -72,6 +72,20 @@ fn interval_ms(v: &IntervalValue) -> Result<u64, ApiError> {
     }
 }
 
+/// A size limit in a request: a size of at least one byte.
+fn size_limit(v: &SizeValue) -> Result<u64, ApiError> {
+    let b = parse_size(&v.as_text())
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_size", e))?;
+    if b == 0 {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_size",
+            "a size limit must be at least 1 byte (leave it out, or \"none\", for the tmpfs default, half of RAM)",
+        ));
+    }
+    Ok(b)
+}
+
 fn notice(info_origin: &DirOrigin, path: &Path) -> Option<String> {
     match info_origin {
         DirOrigin::Config { file } => Some(format!(
@@ -103,21 +117,7 @@ pub async fn add(
         Some(v) => interval_ms(v)?,
         None => DEFAULT_SYNC_INTERVAL_MS,
     };
-    let size_limit_bytes = match &req.size_limit {
-        Some(v) => {
-            let b = parse_size(&v.as_text())
-                .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_size", e))?;
-            if b == 0 {
-                return Err(ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_size",
-                    "a size limit must be at least 1 byte (leave it out for the tmpfs default, half of RAM)",
-                ));
-            }
-            Some(b)
-        }
-        None => None,
-    };
+    let size_limit_bytes = req.size_limit.as_ref().map(size_limit).transpose()?;
     require_root()?;
     let add = AddRequest {
         path,
@@ -151,6 +151,42 @@ pub async fn get(
     blocking(move || {
         let path = d.dirs.resolve(&key)?;
         Ok(Json(d.dirs.manager.info(&path)?))
+    })
+    .await
+}
+
+pub async fn patch(
+    State(d): State<Arc<Daemon>>,
+    UrlPath(key): UrlPath<String>,
+    body: Result<Json<PatchDir>, JsonRejection>,
+) -> Result<Json<DirPatched>, ApiError> {
+    let Json(req) = body?;
+    if req.interval.is_none() && req.size_limit.is_none() && req.recovery_generations.is_none() {
+        return Err(ApiError::invalid(
+            "nothing to change: give interval, size_limit or recovery_generations",
+        ));
+    }
+    let change = DirChange {
+        sync_interval_ms: req.interval.as_ref().map(interval_ms).transpose()?,
+        size_limit_bytes: match &req.size_limit {
+            Some(SizeValue::Text(t)) if matches!(t.trim(), "none" | "default") => Some(None),
+            Some(v) => Some(Some(size_limit(v)?)),
+            None => None,
+        },
+        recovery_generations: req.recovery_generations,
+    };
+    blocking(move || {
+        let path = d.dirs.resolve(&key)?;
+        let info = d.dirs.reconfigure(&path, &change)?;
+        let notice = match &info.origin {
+            DirOrigin::Config { file } => Some(format!(
+                "{} is declared in {}: the file's settings apply again at the next start; edit the file to keep this change",
+                path.display(),
+                file.display()
+            )),
+            DirOrigin::Api => None,
+        };
+        Ok(Json(DirPatched { info, notice }))
     })
     .await
 }

@@ -59,6 +59,7 @@ routes! {
     post "/v1/dirs" => dirs::add,
     post "/v1/dirs/sync" => dirs::sync_all,
     get "/v1/dirs/{id}" => dirs::get,
+    patch "/v1/dirs/{id}" => dirs::patch,
     delete "/v1/dirs/{id}" => dirs::delete,
     post "/v1/dirs/{id}/sync" => dirs::sync,
     get "/metrics" => metrics::get,

@@ -271,6 +271,32 @@ pub struct AddDir {
     pub recovery_generations: Option<u32>,
 }
 
+/// `PATCH /v1/dirs/{id}`: absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchDir {
+    /// Time between periodic syncs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<IntervalValue>,
+    /// New size limit; "none" for the tmpfs default (half of RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<SizeValue>,
+    /// Dated recovery copies kept (older ones are deleted at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_generations: Option<u32>,
+}
+
+/// A directory after `PATCH /v1/dirs/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirPatched {
+    #[serde(flatten)]
+    pub info: crate::dirsync::manager::DirInfo,
+    /// Set for a directory declared in the config (its settings are
+    /// applied again at the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
 /// `GET /v1/dirs`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirList {

@@ -8,7 +8,7 @@ use clap::Subcommand;
 
 use super::{output, print_json, CliError, JsonFlag};
 use crate::api::client::Client;
-use crate::api::types::{AddDir, IntervalValue, SizeValue};
+use crate::api::types::{AddDir, IntervalValue, PatchDir, SizeValue};
 use crate::daemon::dirs::format_interval;
 use crate::dirsync::guard::UsageLevel;
 use crate::dirsync::manager::{DirInfo, DirStatus, StopOutcome};
@@ -64,6 +64,29 @@ pub enum DirCommand {
     Info {
         /// The directory's path or id.
         dir: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Change a directory's interval, size limit or recovery copies.
+    ///
+    /// The tmpfs is resized at once (not below what it holds); the next
+    /// sync is one new interval from now at the latest.
+    ///
+    /// Example: ramd dir set ~/.cache --size-limit 4G --interval 1h
+    #[command(verbatim_doc_comment)]
+    Set {
+        /// The directory's path or id.
+        dir: String,
+        /// Time between syncs to disk: 30s, 10m, 1h.
+        #[arg(long, value_name = "DURATION")]
+        interval: Option<String>,
+        /// Most RAM the copy may use, or "none" (half of RAM).
+        #[arg(long, value_name = "SIZE")]
+        size_limit: Option<String>,
+        /// Dated copies of unsynced RAM content kept after a crash.
+        #[arg(long, value_name = "N")]
+        recovery_generations: Option<u32>,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -188,6 +211,43 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                 return print_json(&list);
             }
             print!("{}", list_table(&list.dirs));
+        }
+        DirCommand::Set {
+            dir,
+            interval,
+            size_limit,
+            recovery_generations,
+            out,
+        } => {
+            if interval.is_none() && size_limit.is_none() && recovery_generations.is_none() {
+                return Err(CliError::Other(
+                    "nothing to change: give --interval, --size-limit or --recovery-generations"
+                        .into(),
+                ));
+            }
+            let r = client.patch_dir(
+                &key(&dir)?,
+                &PatchDir {
+                    interval: interval.map(IntervalValue::Text),
+                    size_limit: size_limit.map(SizeValue::Text),
+                    recovery_generations,
+                },
+            )?;
+            if out.json {
+                return print_json(&r);
+            }
+            if let Some(n) = &r.notice {
+                eprintln!("note: {n}");
+            }
+            let i = &r.info;
+            println!(
+                "{}: {}, synced every {}",
+                i.path.display(),
+                i.size_limit_bytes
+                    .map(|l| format!("limit {}", format_size(l)))
+                    .unwrap_or_else(|| "no size limit (half of RAM)".into()),
+                format_interval(i.sync_interval_ms),
+            );
         }
         DirCommand::Info { dir, out } => {
             let info = client.dir(&key(&dir)?)?;
@@ -373,7 +433,7 @@ fn warnings(d: &DirInfo) -> Vec<String> {
             UsageLevel::Ok => {}
             UsageLevel::Warning => out.push(format!("{p}: warning: {what}")),
             UsageLevel::Critical => out.push(format!(
-                "{p}: critical: {what}; raise its size limit (remove and add it again) or delete files"
+                "{p}: critical: {what}; raise its size limit (ramd dir set PATH --size-limit SIZE) or delete files"
             )),
             UsageLevel::Full => out.push(format!(
                 "{p}: full: {what}; writes fail with 'No space left on device'"

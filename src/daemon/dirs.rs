@@ -25,7 +25,7 @@ use parking_lot::RwLock;
 
 use super::config::DirEntry;
 use crate::dirsync::manager::{
-    AddRequest, DirError, DirInfo, DirManager, DirOrigin, ManagerConfig, RecoverOutcome,
+    AddRequest, DirChange, DirError, DirInfo, DirManager, DirOrigin, ManagerConfig, RecoverOutcome,
     StopOutcome, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS, MIN_SYNC_INTERVAL_MS,
 };
 use crate::dirsync::mounts::MountMode;
@@ -327,6 +327,17 @@ impl Dirs {
             w.remove(path);
         }
         Ok(out)
+    }
+
+    /// Changes a directory's settings and reschedules its syncs.
+    pub fn reconfigure(&self, path: &Path, change: &DirChange) -> Result<DirInfo, DirError> {
+        let info = self.manager.reconfigure(path, change)?;
+        if change.sync_interval_ms.is_some() {
+            if let Some(w) = self.worker.read().as_ref() {
+                w.set_interval(path, Duration::from_millis(info.sync_interval_ms));
+            }
+        }
+        Ok(info)
     }
 
     /// Syncs one directory now (durable on return).

@@ -182,6 +182,17 @@ impl AddRequest {
     }
 }
 
+/// New settings for a managed directory; `None` leaves one as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirChange {
+    /// Time between periodic syncs.
+    pub sync_interval_ms: Option<u64>,
+    /// New tmpfs size limit (`Some(None)`: the kernel default, half of RAM).
+    pub size_limit_bytes: Option<Option<u64>>,
+    /// Dated recovery copies kept (older ones are deleted at once).
+    pub recovery_generations: Option<u32>,
+}
+
 /// Where a directory is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -295,6 +306,9 @@ struct Live {
     notes: Vec<String>,
     /// Counters for metrics.
     totals: SyncTotals,
+    /// The settings in force: the record's, changed by
+    /// [`DirManager::reconfigure`] (path and mode never change).
+    config: DirConfig,
 }
 
 #[derive(Debug)]
@@ -433,10 +447,11 @@ impl DirManager {
 
     /// Settings of a managed directory.
     pub fn config(&self, path: &Path) -> Result<DirConfig, DirError> {
-        Ok(self.get(path)?.record.config.clone())
+        Ok(self.get(path)?.live.lock().config.clone())
     }
 
     fn insert(&self, record: DirRecord, status: DirStatus) -> Arc<Managed> {
+        let config = record.config.clone();
         let m = Arc::new(Managed {
             layout: self.layout(&record.id),
             record,
@@ -450,6 +465,7 @@ impl DirManager {
                 usage: UsageTracker::default(),
                 notes: Vec::new(),
                 totals: SyncTotals::default(),
+                config,
             }),
         });
         self.dirs
@@ -586,15 +602,15 @@ impl DirManager {
             let _ = std::fs::remove_file(layout.handover());
             let disk = layout.disk();
             let root = Meta::lstat(&disk).map_err(io_err("stat", &disk))?;
-            mounts::mount_tmpfs(&layout.ram(), &layout.tag, cfg.size_limit_bytes, 0o700)?;
+            let size_limit_bytes = m.live.lock().config.size_limit_bytes;
+            mounts::mount_tmpfs(&layout.ram(), &layout.tag, size_limit_bytes, 0o700)?;
             match cfg.mode {
                 MountMode::Tmpfs => {
                     let report = sync::sync_tree(&disk, &layout.ram(), &SyncOptions::to_ram())
                         .map_err(|e| match e {
                             SyncError::NoSpace { .. } => DirError::RamFull {
                                 path: cfg.path.clone(),
-                                limit: cfg
-                                    .size_limit_bytes
+                                limit: size_limit_bytes
                                     .map(format_size)
                                     .unwrap_or_else(|| "(tmpfs default)".into()),
                             },
@@ -919,7 +935,8 @@ impl DirManager {
                     let _ = mounts::unmount(&layout.stale_view(), true);
                 }
                 let (copy, _) = copy?;
-                for old in recovery::prune(&rec_dir, cfg.recovery_generations) {
+                let generations = m.live.lock().config.recovery_generations;
+                for old in recovery::prune(&rec_dir, generations) {
                     tracing::info!(path = %old.display(), "deleted an old recovery copy");
                 }
                 tracing::warn!(path = %path.display(), copy = %copy.display(),
@@ -990,8 +1007,8 @@ impl DirManager {
             path: cfg.path.clone(),
             id: m.record.id.clone(),
             mode: cfg.mode,
-            size_limit_bytes: cfg.size_limit_bytes,
-            sync_interval_ms: cfg.sync_interval_ms,
+            size_limit_bytes: live.config.size_limit_bytes,
+            sync_interval_ms: live.config.sync_interval_ms,
             status: live.status,
             usage_percent: usage.map(|u| u.percent()),
             usage_level: usage.map(|u| u.level()),
@@ -1004,6 +1021,85 @@ impl DirManager {
             origin: m.record.origin.clone(),
             totals: live.totals.clone(),
         }
+    }
+
+    /// Changes a directory's interval, size limit or recovery generations,
+    /// in RAM (the tmpfs is resized at once) and in the state file. A size
+    /// limit below what the RAM copy holds is refused. The caller
+    /// reschedules the syncs ([`super::schedule::SyncWorker::set_interval`]).
+    pub fn reconfigure(&self, path: &Path, change: &DirChange) -> Result<DirInfo, DirError> {
+        if change
+            .sync_interval_ms
+            .is_some_and(|ms| ms < MIN_SYNC_INTERVAL_MS)
+        {
+            return Err(DirError::Invalid(format!(
+                "sync interval below the minimum of {MIN_SYNC_INTERVAL_MS} ms"
+            )));
+        }
+        if change.recovery_generations == Some(0) {
+            return Err(DirError::Invalid(
+                "recovery generations must be at least 1".into(),
+            ));
+        }
+        if change.size_limit_bytes == Some(Some(0)) {
+            return Err(DirError::Invalid(
+                "a size limit must be at least 1 byte".into(),
+            ));
+        }
+        let m = self.get(path)?;
+        let _op = m.op.lock();
+        let (old, active) = {
+            let live = m.live.lock();
+            (live.config.clone(), live.status == DirStatus::Active)
+        };
+        let mut new = old.clone();
+        if let Some(ms) = change.sync_interval_ms {
+            new.sync_interval_ms = ms;
+        }
+        if let Some(g) = change.recovery_generations {
+            new.recovery_generations = g;
+        }
+        if let Some(limit) = change.size_limit_bytes {
+            new.size_limit_bytes = limit;
+        }
+        let resized = active && new.size_limit_bytes != old.size_limit_bytes;
+        if resized {
+            mounts::resize_tmpfs(&m.layout.ram(), new.size_limit_bytes).map_err(|e| match e {
+                MountError::Failed { source, .. }
+                    if source.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    let used = Usage::of(&m.layout.ram()).map(|u| u.used_bytes).unwrap_or(0);
+                    DirError::Invalid(format!(
+                        "the RAM copy of {} holds {}: a size limit below that cannot be set; delete files first",
+                        path.display(),
+                        format_size(used)
+                    ))
+                }
+                e => e.into(),
+            })?;
+        }
+        let saved = self.save_records(|s| {
+            for r in s.dirs.iter_mut().filter(|r| r.config.path == path) {
+                r.config = new.clone();
+            }
+        });
+        if let Err(e) = saved {
+            if resized {
+                let _ = mounts::resize_tmpfs(&m.layout.ram(), old.size_limit_bytes);
+            }
+            return Err(e);
+        }
+        m.live.lock().config = new.clone();
+        if new.recovery_generations < old.recovery_generations {
+            for gone in recovery::prune(&self.recovery_dir(&m.record.id), new.recovery_generations)
+            {
+                tracing::info!(path = %gone.display(), "deleted an old recovery copy");
+            }
+        }
+        tracing::info!(path = %path.display(), interval_ms = new.sync_interval_ms,
+            size_limit = ?new.size_limit_bytes, generations = new.recovery_generations, "settings changed");
+        drop(_op);
+        Ok(self.info_of(&m))
     }
 
     /// The owner uid of PATH's on-disk directory (for API permission checks).
