@@ -7,7 +7,8 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::daemon::Daemon;
-use crate::metrics::prometheus::{encode, DaemonSample, DriveSample, CONTENT_TYPE};
+use crate::dirsync::metrics::DirsCollector;
+use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let drives = d
@@ -32,5 +33,13 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         metrics_enabled: d.registry.metrics_enabled(),
         drives,
     };
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], encode(sample))
+    // Listing directories stats their tmpfs: off the async threads.
+    let d2 = d.clone();
+    let dirs = super::blocking(move || Ok(d2.dirs.manager.list()))
+        .await
+        .unwrap_or_default();
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        encode_with(sample, vec![Box::new(DirsCollector(dirs))]),
+    )
 }

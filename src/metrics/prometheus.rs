@@ -61,8 +61,16 @@ pub struct DaemonSample {
 
 /// Encodes a sample as OpenMetrics text (ends with `# EOF`).
 pub fn encode(sample: DaemonSample) -> String {
+    encode_with(sample, Vec::new())
+}
+
+/// [`encode`] plus other parts' families (directories in RAM...).
+pub fn encode_with(sample: DaemonSample, extra: Vec<Box<dyn Collector>>) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(SampleCollector(sample)));
+    for c in extra {
+        registry.register_collector(c);
+    }
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .expect("encoding into a String cannot fail");
@@ -72,7 +80,7 @@ pub fn encode(sample: DaemonSample) -> String {
 #[derive(Debug)]
 struct SampleCollector(DaemonSample);
 
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 fn drive_label(d: &DriveSample) -> Labels {
     vec![("drive", d.name.clone())]
@@ -83,7 +91,7 @@ fn with(d: &DriveSample, key: &'static str, value: &str) -> Labels {
 }
 
 /// Writes one family of gauges or counters: `(labels, value)` per series.
-fn family<M: EncodeMetric>(
+pub(crate) fn family<M: EncodeMetric>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
