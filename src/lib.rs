@@ -20,6 +20,9 @@
 //!  persist::PersistentDrive  a RamStore plus its state directory: syncs
 //!                     (journal, checkpoint), restore, durability modes;
 //!                     generic over persist::Storage (real or simulated disk)
+//!        │
+//!  cache::Cache       (or) RAM blocks in front of a slower backing: a file,
+//!                     a block device, or an NBD export via nbd::client
 //! ```
 //!
 //! Around it: `daemon` (start-up, config, the drive registry that keeps
@@ -38,6 +41,7 @@
 pub mod api;
 pub mod attach;
 pub mod backend;
+pub mod cache;
 pub mod cli;
 pub mod daemon;
 pub mod dirsync;

@@ -15,6 +15,10 @@ use super::types::*;
 
 /// Longest wait for one API call (drive creation of a huge drive, a mount).
 const TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest wait for directory work: filling a RAM copy or syncing a big
+/// tree takes as long as the disk needs (Ctrl-C gives up waiting; the
+/// daemon finishes the work either way).
+const DIR_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,12 +81,23 @@ impl Client {
         }
     }
 
-    /// Sends one request; returns the status and body of a success.
+    /// Sends one request; returns the body of a success.
     fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, ClientError> {
+        self.send_within(method, path, body, TIMEOUT)
+    }
+
+    /// [`Client::send`] with its own time limit.
+    fn send_within(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
     ) -> Result<Vec<u8>, ClientError> {
         let socket = self.socket.clone();
         let fut = async {
@@ -129,8 +144,8 @@ impl Client {
         };
         let (status, bytes) = self
             .rt
-            .block_on(async { tokio::time::timeout(TIMEOUT, fut).await })
-            .map_err(|_| self.transport(format!("no answer within {TIMEOUT:?}")))??;
+            .block_on(async { tokio::time::timeout(timeout, fut).await })
+            .map_err(|_| self.transport(format!("no answer within {timeout:?}")))??;
         if status.is_success() {
             return Ok(bytes.to_vec());
         }
@@ -154,11 +169,21 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
+        self.call_within(method, path, body, TIMEOUT)
+    }
+
+    fn call_within<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        timeout: Duration,
+    ) -> Result<T, ClientError> {
         let body = body
             .map(serde_json::to_vec)
             .transpose()
             .map_err(|e| self.transport(e))?;
-        let bytes = self.send(method, path, body)?;
+        let bytes = self.send_within(method, path, body, timeout)?;
         serde_json::from_slice(&bytes)
             .map_err(|e| self.transport(format!("unexpected answer: {e}")))
     }
@@ -269,6 +294,51 @@ impl Client {
             &format!("/v1/attachments/{id}"),
             None::<&()>,
         )
+    }
+
+    pub fn list_dirs(&self) -> Result<DirList, ClientError> {
+        self.call(Method::GET, "/v1/dirs", None::<&()>)
+    }
+
+    /// One directory by id or path.
+    pub fn dir(&self, key: &str) -> Result<crate::dirsync::manager::DirInfo, ClientError> {
+        self.call(Method::GET, &format!("/v1/dirs/{}", enc(key)), None::<&()>)
+    }
+
+    /// Returns once PATH shows the RAM copy.
+    pub fn add_dir(&self, req: &AddDir) -> Result<crate::dirsync::manager::DirInfo, ClientError> {
+        self.call_within(Method::POST, "/v1/dirs", Some(req), DIR_TIMEOUT)
+    }
+
+    /// New interval, size limit or recovery generations.
+    pub fn patch_dir(&self, key: &str, req: &PatchDir) -> Result<DirPatched, ClientError> {
+        self.call(Method::PATCH, &format!("/v1/dirs/{}", enc(key)), Some(req))
+    }
+
+    /// Final sync, unmount, forget.
+    pub fn remove_dir(&self, key: &str, force: bool) -> Result<DirRemoved, ClientError> {
+        let q = if force { "?force=true" } else { "" };
+        self.call_within(
+            Method::DELETE,
+            &format!("/v1/dirs/{}{q}", enc(key)),
+            None::<&()>,
+            DIR_TIMEOUT,
+        )
+    }
+
+    /// Returns once the on-disk copy is durable.
+    pub fn sync_dir(&self, key: &str) -> Result<DirSynced, ClientError> {
+        self.call_within(
+            Method::POST,
+            &format!("/v1/dirs/{}/sync", enc(key)),
+            None::<&()>,
+            DIR_TIMEOUT,
+        )
+    }
+
+    /// Syncs every directory.
+    pub fn sync_all_dirs(&self) -> Result<DirSyncAll, ClientError> {
+        self.call_within(Method::POST, "/v1/dirs/sync", None::<&()>, DIR_TIMEOUT)
     }
 
     /// `/metrics` as text.

@@ -9,6 +9,7 @@ use super::types::{ErrorBody, ErrorDetail};
 use crate::attach::AttachError;
 use crate::daemon::registry::RegistryError;
 use crate::daemon::spec::SpecError;
+use crate::dirsync::manager::DirError;
 
 /// An error response.
 #[derive(Debug)]
@@ -91,6 +92,21 @@ impl From<AttachError> for ApiError {
             AttachError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "attach_failed"),
         };
         ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<DirError> for ApiError {
+    fn from(e: DirError) -> Self {
+        let status = match e.code() {
+            "dir_not_found" => StatusCode::NOT_FOUND,
+            "dir_exists" | "dir_busy" | "dir_locked" | "dir_not_active" | "dir_covered" => {
+                StatusCode::CONFLICT
+            }
+            "dir_refused" | "invalid_request" => StatusCode::UNPROCESSABLE_ENTITY,
+            "ram_full" | "disk_full" => StatusCode::INSUFFICIENT_STORAGE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.code(), e.to_string())
     }
 }
 

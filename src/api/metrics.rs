@@ -7,6 +7,8 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::daemon::Daemon;
+use crate::dirsync::metrics::DirsCollector;
+use crate::metrics::persist::PersistCollector;
 use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
@@ -33,11 +35,19 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         drives,
     };
     let persist = super::persistence::metrics_samples(&d.registry.list());
+    // Listing directories stats their tmpfs: off the async threads.
+    let d2 = d.clone();
+    let dirs = super::blocking(move || Ok(d2.dirs.manager.list()))
+        .await
+        .unwrap_or_default();
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         encode_with(
             sample,
-            vec![Box::new(crate::metrics::persist::PersistCollector(persist))],
+            vec![
+                Box::new(DirsCollector(dirs)),
+                Box::new(PersistCollector(persist)),
+            ],
         ),
     )
 }

@@ -1,7 +1,7 @@
 //! REST API v1 over the daemon's unix socket (axum on tokio).
 //!
 //! One file per resource: `drives`, `stats`, `health`, `attachments`,
-//! `metrics` (Prometheus); `types` holds the JSON bodies, `error` the one
+//! `dirs` (directories in RAM), `metrics` (Prometheus); `types` holds the JSON bodies, `error` the one
 //! error shape, `client` the blocking client the CLI uses. The route table
 //! below is the single source of both the router and [`ROUTES`], which a
 //! test compares with docs/openapi.yaml.
@@ -11,6 +11,7 @@
 
 pub mod attachments;
 pub mod client;
+pub mod dirs;
 pub mod drives;
 pub mod error;
 pub mod health;
@@ -57,6 +58,13 @@ routes! {
     get "/v1/attachments" => attachments::list,
     post "/v1/attachments" => attachments::create,
     delete "/v1/attachments/{id}" => attachments::delete,
+    get "/v1/dirs" => dirs::list,
+    post "/v1/dirs" => dirs::add,
+    post "/v1/dirs/sync" => dirs::sync_all,
+    get "/v1/dirs/{id}" => dirs::get,
+    patch "/v1/dirs/{id}" => dirs::patch,
+    delete "/v1/dirs/{id}" => dirs::delete,
+    post "/v1/dirs/{id}/sync" => dirs::sync,
     get "/metrics" => metrics::get,
 }
 
@@ -107,7 +115,9 @@ pub async fn serve(
     daemon: Arc<Daemon>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(daemon))
+    // With the caller's credentials (SO_PEERCRED) for handlers that need them.
+    let app = router(daemon).into_make_service_with_connect_info::<dirs::Peer>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await
 }

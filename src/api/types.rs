@@ -406,3 +406,103 @@ pub struct ErrorDetail {
     /// For people: what went wrong and what to do.
     pub message: String,
 }
+
+/// An interval in a request: milliseconds, or a duration like `"10m"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IntervalValue {
+    Millis(u64),
+    Text(String),
+}
+
+/// `POST /v1/dirs`: keep a directory in RAM.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddDir {
+    /// Absolute path of an existing directory.
+    pub path: String,
+    /// Time between periodic syncs (default 10m, at least 1s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<IntervalValue>,
+    /// overlayfs (on-disk copy as lower dir, RAM holds only changes)
+    /// instead of a full tmpfs copy.
+    #[serde(default)]
+    pub overlay: bool,
+    /// tmpfs size limit (default: the kernel's, half of RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<SizeValue>,
+    /// Dated recovery copies kept after crashes (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_generations: Option<u32>,
+}
+
+/// `PATCH /v1/dirs/{id}`: absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchDir {
+    /// Time between periodic syncs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<IntervalValue>,
+    /// New size limit; "none" for the tmpfs default (half of RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<SizeValue>,
+    /// Dated recovery copies kept (older ones are deleted at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_generations: Option<u32>,
+}
+
+/// A directory after `PATCH /v1/dirs/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirPatched {
+    #[serde(flatten)]
+    pub info: crate::dirsync::manager::DirInfo,
+    /// Set for a directory declared in the config (its settings are
+    /// applied again at the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+/// `GET /v1/dirs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirList {
+    pub dirs: Vec<crate::dirsync::manager::DirInfo>,
+}
+
+/// `POST /v1/dirs/{id}/sync`: what one sync did (durable on return).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirSynced {
+    pub path: String,
+    pub id: String,
+    pub report: crate::dirsync::sync::SyncReport,
+}
+
+/// One directory's result in `POST /v1/dirs/sync`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirSyncResult {
+    pub path: String,
+    /// Set when the sync succeeded.
+    #[serde(default)]
+    pub report: Option<crate::dirsync::sync::SyncReport>,
+    /// Set when it failed.
+    #[serde(default)]
+    pub error: Option<ErrorDetail>,
+}
+
+/// `POST /v1/dirs/sync`: every active directory synced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirSyncAll {
+    pub results: Vec<DirSyncResult>,
+}
+
+/// `DELETE /v1/dirs/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirRemoved {
+    pub path: String,
+    pub id: String,
+    /// What the final sync and unmount did.
+    pub result: crate::dirsync::manager::StopOutcome,
+    /// Set when the directory is declared in the config (it comes back at
+    /// the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}

@@ -4,8 +4,10 @@
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
 //! running"), 2 usage error (clap's own).
 
+pub mod dirs;
 pub mod output;
 pub mod persist;
+pub mod units;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -33,6 +35,7 @@ use crate::size::format_size;
 ///   nbdinfo 'nbd+unix:///db?socket=/run/ramd/nbd.sock'
 ///   mkdir -p /mnt/db && ramd attach db /mnt/db   (then losetup /mnt/db/db)
 ///   ramd stats --watch                 IOPS, MiB/s, latency, memory
+///   ramd dir add ~/.cache              keep a directory in RAM, synced to disk
 ///
 /// Docs: docs/cli.md, docs/api.md, docs/config.md, docs/attach.md.
 #[derive(Parser, Debug)]
@@ -245,6 +248,19 @@ pub enum Command {
         out: JsonFlag,
     },
 
+    /// Directories kept in RAM (tmpfs or overlay over them), synced back to
+    /// disk crash-safely: add, list, info, sync, remove.
+    #[command(subcommand)]
+    Dir(dirs::DirCommand),
+
+    /// Install the systemd units (ramd.service, ramd-sleep.service and the
+    /// shutdown-ordering drop-in for directories in RAM).
+    ///
+    /// Example: ramd install-units && systemctl daemon-reload &&
+    ///          systemctl enable --now ramd.service ramd-sleep.service
+    #[command(verbatim_doc_comment)]
+    InstallUnits(units::InstallArgs),
+
     /// Print a shell completion script.
     ///
     /// Example: ramd completions bash > /etc/bash_completion.d/ramd
@@ -289,7 +305,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
+pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Other(e.to_string()))?;
     println!("{text}");
     Ok(())
@@ -563,6 +579,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             )?;
             persist::wait_restore(&c, d, out.json, no_wait)?;
         }
+        Command::Dir(cmd) => dirs::run(&client(), cmd)?,
+        Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "ramd", &mut std::io::stdout());
@@ -610,6 +628,9 @@ fn stats(
             }
             let _ = write!(out, "{}", output::stats(&report));
             let _ = write!(out, "{}", output::persist_stats(&report));
+            if name.is_none() {
+                let _ = write!(out, "{}", dirs::stats_section(client));
+            }
             if watch && !tty {
                 let _ = writeln!(out);
             }

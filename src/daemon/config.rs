@@ -29,6 +29,13 @@
 //! sync_interval = "60s"
 //! encrypt = true
 //! key_file = "/etc/ramd/ram0.key"
+//!
+//! [[dir]]
+//! path = "/var/log"
+//! interval = "10m"
+//! overlay = false
+//! size_limit = "2G"
+//! recovery_generations = 3
 //! ```
 
 use std::net::SocketAddr;
@@ -37,6 +44,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::dirs::DirSpec;
 use super::spec::{
     check_name, parse_drive_size, parse_durability, parse_sync_interval_ms, DriveSpec,
     PersistOptions,
@@ -114,6 +122,9 @@ pub struct ConfigFile {
     /// Drives created at start.
     #[serde(default, rename = "drive")]
     pub drives: Vec<DriveEntry>,
+    /// Directories kept in RAM (added or restored at start).
+    #[serde(default, rename = "dir")]
+    pub dirs: Vec<DirEntry>,
 }
 
 /// `[daemon]`: each key matches a `ramd daemon` flag, which wins over it.
@@ -155,6 +166,18 @@ pub struct DriveEntry {
     pub key_file: Option<Spanned<PathBuf>>,
 }
 
+/// `[[dir]]`: see [`super::dirs::DirSpec`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirEntry {
+    pub path: Spanned<PathBuf>,
+    pub interval: Option<Spanned<String>>,
+    #[serde(default)]
+    pub overlay: bool,
+    pub size_limit: Option<Spanned<Size>>,
+    pub recovery_generations: Option<Spanned<u32>>,
+}
+
 /// A parsed and checked config.
 #[derive(Debug, Default)]
 pub struct Config {
@@ -162,6 +185,8 @@ pub struct Config {
     pub path: Option<PathBuf>,
     pub daemon: DaemonSection,
     pub drives: Vec<DriveSpec>,
+    /// Directories to keep in RAM, each with where it is declared.
+    pub dirs: Vec<DirSpec>,
 }
 
 /// 1-based line and column of a byte offset.
@@ -245,10 +270,37 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             persist,
         });
     }
+    let mut dirs: Vec<DirSpec> = Vec::new();
+    for d in &file.dirs {
+        let at = |offset: usize| {
+            let (line, column) = line_col(text, offset);
+            (path.to_owned(), line, column)
+        };
+        let spec = DirSpec::from_entry(d, at(d.path.span().start))
+            .map_err(|(offset, message)| invalid(offset, message))?;
+        if let Some(other) = dirs
+            .iter()
+            .find(|o| o.path.starts_with(&spec.path) || spec.path.starts_with(&o.path))
+        {
+            let message = if other.path == spec.path {
+                format!("directory {} is declared twice", spec.path.display())
+            } else {
+                format!(
+                    "directory {} overlaps {} (line {}): one directory cannot be kept in RAM inside another",
+                    spec.path.display(),
+                    other.path.display(),
+                    other.at.1
+                )
+            };
+            return Err(invalid(d.path.span().start, message));
+        }
+        dirs.push(spec);
+    }
     Ok(Config {
         path: Some(path.to_owned()),
         daemon: file.daemon,
         drives,
+        dirs,
     })
 }
 
@@ -345,6 +397,69 @@ read_only = true
         ] {
             let e = err(&format!("{d}{extra}"));
             assert!(e.starts_with(want), "want {want:?} got {e:?}");
+        }
+    }
+
+    #[test]
+    fn dirs() {
+        let c = parse(
+            Path::new("x.toml"),
+            "[[dir]]\npath = \"/var/log/\"\ninterval = \"5m\"\nsize_limit = \"1G\"\n\n[[dir]]\npath = \"/home/u/.cache\"\noverlay = true\nrecovery_generations = 1\n",
+        )
+        .unwrap();
+        assert_eq!(c.dirs.len(), 2);
+        assert_eq!(c.dirs[0].path, Path::new("/var/log"));
+        assert_eq!(c.dirs[0].sync_interval_ms, 300_000);
+        assert_eq!(c.dirs[0].size_limit_bytes, Some(1 << 30));
+        assert_eq!(c.dirs[0].at.1, 2);
+        assert_eq!(c.dirs[1].mode, crate::dirsync::mounts::MountMode::Overlay);
+        assert_eq!(c.dirs[1].recovery_generations, 1);
+        assert_eq!(
+            c.dirs[1].sync_interval_ms,
+            crate::dirsync::manager::DEFAULT_SYNC_INTERVAL_MS
+        );
+        for (text, want) in [
+            (
+                "[[dir]]\npath = \"var/log\"\n",
+                "ramd.toml:2:8: the directory must be an absolute path",
+            ),
+            ("[[dir]]\npath = \"/a/../b\"\n", "ramd.toml:2:8: "),
+            (
+                "[[dir]]\npath = \"/a\"\ninterval = \"soon\"\n",
+                "ramd.toml:3:12: invalid interval",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\ninterval = \"10ms\"\n",
+                "ramd.toml:3:12: ",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nsize_limit = \"12Q\"\n",
+                "ramd.toml:3:14: unknown size unit",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nsize_limit = 0\n",
+                "ramd.toml:3:14: ",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nrecovery_generations = 0\n",
+                "ramd.toml:3:24: ",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nintervall = \"1m\"\n",
+                "ramd.toml:3:1: unknown field `intervall`",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\n[[dir]]\npath = \"/a\"\n",
+                "ramd.toml:4:8: directory /a is declared twice",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\n[[dir]]\npath = \"/a/b\"\n",
+                "ramd.toml:4:8: directory /a/b overlaps /a (line 2)",
+            ),
+            ("[[dir]]\ninterval = \"1m\"\n", "missing field `path`"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(want), "want {want:?} in {e:?} for {text:?}");
         }
     }
 

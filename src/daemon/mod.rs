@@ -24,6 +24,7 @@
 //! faster than async for RAM requests); tokio runs only the API.
 
 pub mod config;
+pub mod dirs;
 pub mod lock;
 mod logging;
 pub mod persistent;
@@ -43,6 +44,7 @@ use crate::size::{format_size, parse_size};
 use crate::store::MemoryBudget;
 pub use config::LogFormat;
 use config::{Config, ConfigError};
+use dirs::{DirSpec, Dirs, DirsError};
 use lock::{LockError, PidLock};
 use registry::{Origin, Registry, RegistryError};
 use sampler::Sampler;
@@ -151,6 +153,9 @@ pub enum DaemonError {
     /// Threads or the runtime could not start.
     #[error("cannot start: {0}")]
     Start(std::io::Error),
+    /// Directories in RAM could not be brought up.
+    #[error(transparent)]
+    Dirs(#[from] DirsError),
 }
 
 /// Settings after flags, config and defaults are merged.
@@ -171,6 +176,11 @@ pub struct Settings {
     pub drives: Vec<(DriveSpec, Origin)>,
     /// The config file read, if any.
     pub config_path: Option<PathBuf>,
+    /// The runtime directory (directories in RAM keep their mounts in
+    /// `dirs/` there).
+    pub runtime_dir: PathBuf,
+    /// Directories to keep in RAM, from the config.
+    pub dirs: Vec<DirSpec>,
 }
 
 impl Settings {
@@ -243,6 +253,8 @@ impl Settings {
             log_format: args.log_format.or(c.log_format).unwrap_or_default(),
             drives,
             config_path: config.path,
+            runtime_dir: runtime,
+            dirs: config.dirs,
         })
     }
 }
@@ -257,6 +269,8 @@ pub struct Daemon {
     pub started: Instant,
     pub started_unix_s: u64,
     pub sampler: Arc<Sampler>,
+    /// Directories kept in RAM.
+    pub dirs: Arc<Dirs>,
 }
 
 impl Daemon {
@@ -361,6 +375,16 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     api_listener
         .set_nonblocking(true)
         .map_err(DaemonError::Start)?;
+    // Before the API serves and before READY=1: every directory is in RAM
+    // (or listed as failed) before anything may use it. API requests made
+    // meanwhile wait in the listen queue.
+    let dirs = Dirs::start(
+        settings.runtime_dir.join("dirs"),
+        settings.state_dir.join("dirs"),
+        settings.config_path.as_deref(),
+        &settings.dirs,
+    )
+    .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
 
     let daemon = Arc::new(Daemon {
         registry: registry.clone(),
@@ -372,6 +396,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         sampler: Arc::new(Sampler::new()),
+        dirs: Arc::new(dirs),
     });
 
     let nbd_thread = std::thread::Builder::new()
@@ -424,6 +449,17 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if let Err(e) = &served {
         tracing::error!("API server failed: {e}");
     }
+    // No more API requests: sync and release the directories in RAM (the
+    // systemd unit's stop ordering relies on this happening before exit).
+    if !daemon.dirs.manager.paths().is_empty() {
+        let _ = sd_notify::notify(
+            false,
+            &[sd_notify::NotifyState::Status(
+                "syncing directories to disk",
+            )],
+        );
+    }
+    daemon.dirs.stop();
     // The API has stopped; now NBD: finish in-flight requests, close.
     nbd_handle.shutdown();
     match nbd_thread.join() {
@@ -460,6 +496,14 @@ fn announce(d: &Daemon) {
     );
     if let Some(p) = &s.config_path {
         tracing::info!("config: {}", p.display());
+    }
+    let dirs = d.dirs.manager.paths();
+    if !dirs.is_empty() {
+        tracing::info!(
+            "{} director{} in RAM (ramd dir list)",
+            dirs.len(),
+            if dirs.len() == 1 { "y" } else { "ies" }
+        );
     }
     for drive in &drives {
         tracing::info!(

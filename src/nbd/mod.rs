@@ -1,7 +1,9 @@
 //! The NBD server: `proto` (pure wire format), `handshake` (option phase),
 //! `conn` (transmission loop), `export` (what is served), `server`
-//! (listeners, connection threads, shutdown).
+//! (listeners, connection threads, shutdown), and `client` (a blocking
+//! client, for caches whose backing is an NBD export).
 
+pub mod client;
 pub mod conn;
 pub mod export;
 pub mod handshake;

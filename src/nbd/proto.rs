@@ -598,6 +598,199 @@ pub fn encode_block_status(
     covered
 }
 
+// ------------------------------------------------------------ client side
+//
+// What an NBD client (nbd::client) sends and parses: the mirror images of
+// the server-side functions above, equally pure.
+
+pub const GREETING_BYTES: usize = 18;
+pub const OPTION_REPLY_HEADER_BYTES: usize = 20;
+
+/// Parses the server's opening (fixed newstyle only); returns its
+/// handshake flags.
+pub fn parse_greeting(buf: &[u8]) -> Result<Parse<u16>, ProtoError> {
+    if buf.len() < GREETING_BYTES {
+        return Ok(Parse::Incomplete);
+    }
+    for (at, expected) in [(0, NBDMAGIC), (8, IHAVEOPT)] {
+        let found = be64(&buf[at..]);
+        if found != expected {
+            return Err(ProtoError::BadMagic { found, expected });
+        }
+    }
+    Ok(Parse::Done(be16(&buf[16..]), GREETING_BYTES))
+}
+
+/// Appends an option request: IHAVEOPT, option, length, data.
+pub fn encode_option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// The data of NBD_OPT_GO / NBD_OPT_INFO: export name and info requests.
+pub fn encode_info_request(name: &str, requests: &[u16]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(6 + name.len() + 2 * requests.len());
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(requests.len() as u16).to_be_bytes());
+    for r in requests {
+        d.extend_from_slice(&r.to_be_bytes());
+    }
+    d
+}
+
+/// An option reply header: which option it answers, the reply type and
+/// how many data bytes follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionReplyHeader {
+    pub option: u32,
+    pub reply: u32,
+    pub len: u32,
+}
+
+impl OptionReplyHeader {
+    /// True for NBD_REP_ERR_* replies.
+    pub fn is_error(&self) -> bool {
+        self.reply & (1 << 31) != 0
+    }
+}
+
+/// Parses a 20-byte option reply header.
+pub fn parse_option_reply_header(buf: &[u8]) -> Result<Parse<OptionReplyHeader>, ProtoError> {
+    if buf.len() < OPTION_REPLY_HEADER_BYTES {
+        return Ok(Parse::Incomplete);
+    }
+    let magic = be64(buf);
+    if magic != OPT_REPLY_MAGIC {
+        return Err(ProtoError::BadMagic {
+            found: magic,
+            expected: OPT_REPLY_MAGIC,
+        });
+    }
+    Ok(Parse::Done(
+        OptionReplyHeader {
+            option: be32(&buf[8..]),
+            reply: be32(&buf[12..]),
+            len: be32(&buf[16..]),
+        },
+        OPTION_REPLY_HEADER_BYTES,
+    ))
+}
+
+/// The payload of an NBD_REP_INFO reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InfoReply {
+    Export {
+        size: u64,
+        flags: u16,
+    },
+    BlockSize {
+        min: u32,
+        preferred: u32,
+        max: u32,
+    },
+    Name(String),
+    Description(String),
+    /// An information type this client does not know (ignored).
+    Unknown(u16),
+}
+
+/// Parses an NBD_REP_INFO payload.
+pub fn parse_info_reply(data: &[u8]) -> Result<InfoReply, InvalidOption> {
+    let mut r = Reader {
+        buf: data,
+        what: "REP_INFO",
+    };
+    let kind = r.u16("information type")?;
+    let reply = match kind {
+        INFO_EXPORT => {
+            let size = be64(r.take(8, "export size")?);
+            let flags = r.u16("transmission flags")?;
+            InfoReply::Export { size, flags }
+        }
+        INFO_BLOCK_SIZE => InfoReply::BlockSize {
+            min: r.u32("minimum block size")?,
+            preferred: r.u32("preferred block size")?,
+            max: r.u32("maximum block size")?,
+        },
+        INFO_NAME | INFO_DESCRIPTION => {
+            let text = String::from_utf8_lossy(r.buf).into_owned();
+            r.buf = &[];
+            if kind == INFO_NAME {
+                InfoReply::Name(text)
+            } else {
+                InfoReply::Description(text)
+            }
+        }
+        other => {
+            r.buf = &[];
+            InfoReply::Unknown(other)
+        }
+    };
+    r.finish()?;
+    Ok(reply)
+}
+
+/// Bytes of the server's answer to NBD_OPT_EXPORT_NAME.
+pub fn export_name_reply_bytes(no_zeroes: bool) -> usize {
+    if no_zeroes {
+        10
+    } else {
+        134
+    }
+}
+
+/// Parses the answer to NBD_OPT_EXPORT_NAME: size and transmission flags.
+pub fn parse_export_name_reply(buf: &[u8], no_zeroes: bool) -> Parse<(u64, u16)> {
+    let n = export_name_reply_bytes(no_zeroes);
+    if buf.len() < n {
+        return Parse::Incomplete;
+    }
+    Parse::Done((be64(buf), be16(&buf[8..])), n)
+}
+
+/// A simple reply header as the client reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimpleReply {
+    pub error: u32,
+    pub cookie: u64,
+}
+
+/// Parses a 16-byte simple reply header (a structured reply is a protocol
+/// error for a client that did not negotiate them).
+pub fn parse_simple_reply(buf: &[u8]) -> Result<Parse<SimpleReply>, ProtoError> {
+    if buf.len() < SIMPLE_REPLY_BYTES {
+        return Ok(Parse::Incomplete);
+    }
+    let magic = be32(buf);
+    if magic != SIMPLE_REPLY_MAGIC {
+        return Err(ProtoError::BadMagic {
+            found: magic as u64,
+            expected: SIMPLE_REPLY_MAGIC as u64,
+        });
+    }
+    Ok(Parse::Done(
+        SimpleReply {
+            error: be32(&buf[4..]),
+            cookie: be64(&buf[8..]),
+        },
+        SIMPLE_REPLY_BYTES,
+    ))
+}
+
+/// The OS error for an NBD error value (NBD uses Linux's numbers; anything
+/// unknown is EIO).
+pub fn io_error_for_errno(errno: u32) -> std::io::Error {
+    match errno {
+        EPERM | EIO | ENOMEM | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | ESHUTDOWN => {
+            std::io::Error::from_raw_os_error(errno as i32)
+        }
+        _ => std::io::Error::from_raw_os_error(libc::EIO),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -808,5 +1001,121 @@ mod tests {
             ENOSPC
         );
         assert_eq!(errno_for(&Error::Io(std::io::Error::other("x"))), EIO);
+    }
+
+    #[test]
+    fn client_side_greeting_and_option_replies() {
+        let mut g = Vec::new();
+        encode_greeting(&mut g);
+        for cut in 0..g.len() {
+            assert_eq!(parse_greeting(&g[..cut]).unwrap(), Parse::Incomplete);
+        }
+        assert_eq!(
+            parse_greeting(&g).unwrap(),
+            Parse::Done(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES, 18)
+        );
+        let mut old = g.clone();
+        old[8] = 0; // oldstyle servers send a size here
+        assert!(parse_greeting(&old).is_err());
+
+        let mut r = Vec::new();
+        encode_option_reply(
+            &mut r,
+            OPT_GO,
+            REP_INFO,
+            &encode_info_export(1 << 30, 0x1234),
+        );
+        let Parse::Done(h, n) = parse_option_reply_header(&r).unwrap() else {
+            panic!()
+        };
+        assert_eq!((h.option, h.reply, h.len, n), (OPT_GO, REP_INFO, 12, 20));
+        assert!(!h.is_error());
+        assert_eq!(
+            parse_info_reply(&r[20..]).unwrap(),
+            InfoReply::Export {
+                size: 1 << 30,
+                flags: 0x1234
+            }
+        );
+        for cut in 0..12 {
+            assert!(parse_info_reply(&r[20..20 + cut]).is_err(), "cut {cut}");
+        }
+        assert_eq!(
+            parse_info_reply(&encode_info_block_size(1, 4096, 1 << 25)).unwrap(),
+            InfoReply::BlockSize {
+                min: 1,
+                preferred: 4096,
+                max: 1 << 25
+            }
+        );
+        assert_eq!(
+            parse_info_reply(&encode_info_string(INFO_NAME, "ram0")).unwrap(),
+            InfoReply::Name("ram0".into())
+        );
+        assert_eq!(
+            parse_info_reply(&[0, 99, 1, 2]).unwrap(),
+            InfoReply::Unknown(99)
+        );
+        let err = OptionReplyHeader {
+            option: OPT_GO,
+            reply: REP_ERR_UNKNOWN,
+            len: 0,
+        };
+        assert!(err.is_error());
+        let mut bad = r.clone();
+        bad[0] ^= 1;
+        assert!(parse_option_reply_header(&bad).is_err());
+    }
+
+    #[test]
+    fn client_side_options_requests_and_replies() {
+        let d = encode_info_request("disk", &[INFO_BLOCK_SIZE]);
+        assert_eq!(
+            parse_info_request(&d).unwrap(),
+            InfoRequest {
+                name: "disk".into(),
+                requests: vec![INFO_BLOCK_SIZE]
+            }
+        );
+        let mut o = Vec::new();
+        encode_option(&mut o, OPT_GO, &d);
+        assert_eq!(
+            parse_option_header(&o).unwrap(),
+            Parse::Done(
+                OptionHeader {
+                    option: OPT_GO,
+                    len: d.len() as u32
+                },
+                16
+            )
+        );
+        let mut v = Vec::new();
+        encode_simple_reply(&mut v, 42, EIO);
+        assert_eq!(parse_simple_reply(&v[..15]).unwrap(), Parse::Incomplete);
+        assert_eq!(
+            parse_simple_reply(&v).unwrap(),
+            Parse::Done(
+                SimpleReply {
+                    error: EIO,
+                    cookie: 42
+                },
+                16
+            )
+        );
+        let mut s = Vec::new();
+        encode_chunk_header(&mut s, 0, 0, 1, 0);
+        assert!(parse_simple_reply(&s).is_err());
+        let mut e = Vec::new();
+        encode_export_name_reply(&mut e, 5 << 20, 3, false);
+        assert_eq!(parse_export_name_reply(&e[..133], false), Parse::Incomplete);
+        assert_eq!(
+            parse_export_name_reply(&e, false),
+            Parse::Done((5 << 20, 3), 134)
+        );
+        assert_eq!(
+            io_error_for_errno(ENOSPC).raw_os_error(),
+            Some(libc::ENOSPC)
+        );
+        assert_eq!(io_error_for_errno(9999).raw_os_error(), Some(libc::EIO));
     }
 }

@@ -36,6 +36,7 @@ fn package_for(tool: &str) -> &'static str {
         "nbdinfo" | "nbdcopy" | "nbdfuse" => "libnbd-bin",
         "nbdsh" => "python3-libnbd",
         "fio" => "fio",
+        "nbdkit" => "nbdkit",
         "losetup" | "mount" | "umount" => "mount",
         "fstrim" => "util-linux",
         "mkfs.ext4" | "e2fsck" => "e2fsprogs",
