@@ -32,4 +32,10 @@ for i in $(seq "$runs"); do
     echo "-- run $i: sync $dirty vs dd write+fdatasync"
     "$bin" sync "$dir" --dirty "$dirty"
 done
+# Not for the figures (per-write counters add ~1 us): what the slow writes
+# during a sync were, and the sync thread at normal priority for comparison.
+echo "-- explain: writes over 1 ms during a sync of $dirty"
+"$bin" latency "$dir" --size "$size" --dirty "$dirty" --idle-writes "$idle" --explain
+echo "-- comparison: the sync thread at the writers' priority"
+"$bin" latency "$dir" --size "$size" --dirty "$dirty" --idle-writes "$idle" --same-priority
 rm -rf "$dir/bench-drive"

@@ -2,8 +2,15 @@
 //!
 //! ```text
 //! persist_bench latency DIR [--size 2G] [--dirty 1G] [--idle-writes 200000]
+//!                           [--explain] [--same-priority]
 //!     4 KiB random write latency (QD1) while idle vs while a sync of DIRTY
 //!     bytes runs. Targets: p99 during sync <= 2x idle p99, max <= 10 ms.
+//!     The sync runs at the daemon's background-sync priority (nice 10)
+//!     unless --same-priority. --explain attributes every write over 1 ms
+//!     during the sync: per-thread page faults, voluntary context switches
+//!     (it blocked: a lock or a wait for the sync), involuntary ones (it was
+//!     preempted: the CPU went to another thread), and whether it copied a
+//!     chunk aside (copy-on-write).
 //! persist_bench restore DIR [--data 1G]
 //!     restore throughput vs `dd` of the same image file (page cache dropped
 //!     before each when running as root). Target: >= 90% of dd.
@@ -127,7 +134,56 @@ fn next(x: &mut u64) -> u64 {
     *x
 }
 
+/// This thread's resource usage (faults, context switches).
+fn thread_usage() -> libc::rusage {
+    // SAFETY: getrusage fills the struct we pass; RUSAGE_THREAD is valid
+    // on Linux and the struct is plain data.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
+        u
+    }
+}
+
+/// A write over 1 ms during the sync, and what happened in it.
+struct Slow {
+    took: Duration,
+    minflt: i64,
+    majflt: i64,
+    nvcsw: i64,
+    nivcsw: i64,
+    cow: bool,
+}
+
+fn explain(slow: &[Slow], total: usize) {
+    let count = |f: &dyn Fn(&Slow) -> bool| slow.iter().filter(|s| f(s)).count();
+    println!(
+        "explain: {} of {total} writes during the sync took > 1 ms ({} > 10 ms)",
+        slow.len(),
+        count(&|s| s.took > Duration::from_millis(10))
+    );
+    println!(
+        "  preempted (involuntary switch): {}  blocked (voluntary switch): {}  page fault: {} (major {})  copy-on-write: {}  none of these: {}",
+        count(&|s| s.nivcsw > 0),
+        count(&|s| s.nvcsw > 0),
+        count(&|s| s.minflt + s.majflt > 0),
+        count(&|s| s.majflt > 0),
+        count(&|s| s.cow),
+        count(&|s| s.nivcsw == 0 && s.nvcsw == 0 && s.minflt + s.majflt == 0 && !s.cow),
+    );
+    let mut worst: Vec<&Slow> = slow.iter().collect();
+    worst.sort_by_key(|s| std::cmp::Reverse(s.took));
+    for s in worst.iter().take(10) {
+        println!(
+            "  {:>8.2?}: faults {}+{}  switches vol {} invol {}  cow {}",
+            s.took, s.minflt, s.majflt, s.nvcsw, s.nivcsw, s.cow
+        );
+    }
+}
+
 fn latency(dir: &Path, args: &[String]) {
+    let explain_slow = args.iter().any(|a| a == "--explain");
+    let same_priority = args.iter().any(|a| a == "--same-priority");
     let size = arg(args, "--size", "2G");
     let dirty = arg(args, "--dirty", "1G");
     let idle_writes = arg(args, "--idle-writes", "200000") as usize;
@@ -149,22 +205,50 @@ fn latency(dir: &Path, args: &[String]) {
     let (ds, flag) = (d.clone(), syncing.clone());
     let t0 = Instant::now();
     let syncer = std::thread::spawn(move || {
+        if !same_priority {
+            // As the daemon's background sync thread does.
+            ramd::persist::scheduler::lower_thread_priority();
+        }
         let r = ds.sync().expect("sync");
         flag.store(false, Ordering::Release);
         r
     });
     let mut during = Vec::new();
+    let mut slow = Vec::new();
     while syncing.load(Ordering::Acquire) {
         let off = next(&mut x) % pages * PAGE;
+        if explain_slow {
+            let (u0, c0) = (thread_usage(), d.store().snapshot_copy_bytes());
+            let t = Instant::now();
+            d.write(off, &block, false).unwrap();
+            let took = t.elapsed();
+            let (u1, c1) = (thread_usage(), d.store().snapshot_copy_bytes());
+            if took > Duration::from_millis(1) {
+                slow.push(Slow {
+                    took,
+                    minflt: u1.ru_minflt - u0.ru_minflt,
+                    majflt: u1.ru_majflt - u0.ru_majflt,
+                    nvcsw: u1.ru_nvcsw - u0.ru_nvcsw,
+                    nivcsw: u1.ru_nivcsw - u0.ru_nivcsw,
+                    cow: c1 > c0,
+                });
+            }
+            during.push(took);
+            continue;
+        }
         let t = Instant::now();
         d.write(off, &block, false).unwrap();
         during.push(t.elapsed());
     }
+    let during_n = during.len();
     let report = syncer.join().unwrap();
     let sync_time = t0.elapsed();
     let (si, sd) = (stats(idle), stats(during));
     print_stats("idle", &si);
     print_stats("during sync", &sd);
+    if explain_slow {
+        explain(&slow, during_n);
+    }
     println!(
         "sync: {} MiB in {:.2?} (peak copy-on-write memory is freed when it ends)",
         (report.data_pages * PAGE) >> 20,

@@ -26,7 +26,8 @@
 //! ```
 //!
 //! Around it: `daemon` (start-up, config, the drive registry that keeps
-//! drives and exports in step, shutdown), `api` (REST over a unix socket,
+//! drives and exports in step, persistent drives' state directories and
+//! restores, shutdown), `api` (REST over a unix socket,
 //! and the client `cli` uses), `attach` (drives as FUSE files), `metrics`
 //! (per-connection counters that `nbd::conn` records into).
 //!

@@ -608,3 +608,249 @@ fn concurrent_creates_and_deletes_stay_consistent() {
         "budget promises leaked: {h}"
     );
 }
+
+/// Waits (bounded) until a drive is no longer restoring, checking every
+/// answer against the spec.
+fn settled(api: &Api, name: &str) -> Value {
+    let path = format!("/v1/drives/{name}");
+    let mut v = Value::Null;
+    wait_until("the restore to end", DAEMON_TIMEOUT, || {
+        v = api.expect("GET", "/v1/drives/{name}", &path, None, 200, None);
+        v["state"] != "restoring"
+    });
+    v
+}
+
+#[test]
+fn persistent_drive_routes_and_errors_match_the_spec() {
+    let api = Api::start(&["--drive", "ram0=1M"]);
+    let (d, one) = ("/v1/drives", "/v1/drives/{name}");
+    let sync = "/v1/drives/{name}/sync";
+    let restore = "/v1/drives/{name}/restore";
+
+    // Persistence options that do not fit together.
+    for body in [
+        r#"{"name":"x","size":"1M","durability":"flush"}"#,
+        r#"{"name":"x","size":"1M","persist":true,"durability":"fast"}"#,
+        r#"{"name":"x","size":"1M","persist":true,"sync_interval":1}"#,
+        r#"{"name":"x","size":"1M","persist":true,"encrypt":true}"#,
+        r#"{"name":"x","size":"1M","persist":true,"encrypt":true,"key_file":"k"}"#,
+    ] {
+        api.expect("POST", d, d, Some(body), 422, Some("invalid_persistence"));
+    }
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"x","persist":true}"#),
+        422,
+        Some("invalid_request"),
+    );
+    api.expect(
+        "POST",
+        d,
+        d,
+        Some(
+            r#"{"name":"x","size":"1M","persist":true,"encrypt":true,"key_file":"/nonexistent/k"}"#,
+        ),
+        500,
+        Some("persist_error"),
+    );
+
+    // A new persistent drive, its status, a sync, a change.
+    let v = api.expect(
+        "POST",
+        d,
+        d,
+        Some(
+            r#"{"name":"p","size":"4M","persist":true,"durability":"flush","sync_interval":"30s"}"#,
+        ),
+        201,
+        None,
+    );
+    assert_eq!(
+        (v["kind"].as_str(), v["state"].as_str()),
+        (Some("persistent"), Some("ready"))
+    );
+    assert_eq!(v["persist"]["durability"], "flush");
+    assert_eq!(v["persist"]["sync_interval_ms"], 30_000);
+    assert!(v["persist"]["status"].is_object(), "{v}");
+    assert_eq!(v["persist"]["restore"], Value::Null);
+    let r = api.expect("POST", sync, "/v1/drives/p/sync", None, 200, None);
+    assert_eq!(r["name"], "p");
+    let v = api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/p",
+        Some(r#"{"durability":"none","sync_interval":60000}"#),
+        200,
+        None,
+    );
+    assert_eq!(v["persist"]["flush_is_noop"], true);
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/p",
+        Some(r#"{"sync_interval":"1ms"}"#),
+        422,
+        Some("invalid_persistence"),
+    );
+    let s = api.expect(
+        "GET",
+        "/v1/drives/{name}/stats",
+        "/v1/drives/p/stats",
+        None,
+        200,
+        None,
+    );
+    assert!(s["persist"].is_object(), "{s}");
+    api.expect("GET", "/v1/stats", "/v1/stats", None, 200, None);
+
+    // Persistence routes on a RAM drive, a ready drive, no drive.
+    api.expect(
+        "POST",
+        sync,
+        "/v1/drives/ram0/sync",
+        None,
+        409,
+        Some("not_persistent"),
+    );
+    api.expect(
+        "POST",
+        restore,
+        "/v1/drives/ram0/restore",
+        Some("{}"),
+        409,
+        Some("not_persistent"),
+    );
+    api.expect(
+        "POST",
+        restore,
+        "/v1/drives/p/restore",
+        Some("{}"),
+        409,
+        Some("drive_not_ready"),
+    );
+    api.expect(
+        "POST",
+        sync,
+        "/v1/drives/nope/sync",
+        None,
+        404,
+        Some("drive_not_found"),
+    );
+    api.expect(
+        "POST",
+        restore,
+        "/v1/drives/p/restore",
+        Some(r#"{"force":true,"discard_journal":true}"#),
+        422,
+        Some("invalid_request"),
+    );
+    api.expect(
+        "POST",
+        restore,
+        "/v1/drives/p/restore",
+        Some(r#"{"forse":true}"#),
+        400,
+        Some("unknown_field"),
+    );
+    api.expect(
+        "DELETE",
+        one,
+        "/v1/drives/ram0?keep_data=true",
+        None,
+        409,
+        Some("not_persistent"),
+    );
+
+    // Keep the data, create again: restoring, then ready with a report.
+    let v = api.expect(
+        "DELETE",
+        one,
+        "/v1/drives/p?keep_data=true",
+        None,
+        200,
+        None,
+    );
+    assert_eq!(v["data_kept"], true);
+    assert!(
+        v["state_dir"].as_str().unwrap().ends_with("drives/p"),
+        "{v}"
+    );
+    let v = api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"p","persist":true}"#),
+        201,
+        None,
+    );
+    assert_eq!(
+        v["size_bytes"],
+        4u64 << 20,
+        "the size comes from the state directory: {v}"
+    );
+    let v = settled(&api, "p");
+    assert_eq!(v["state"], "ready", "{v}");
+    assert_eq!(v["persist"]["restore"]["phase"], "done", "{v}");
+    assert!(v["persist"]["restore"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("restored"));
+
+    // A damaged meta: failed, with the error; restore keeps failing.
+    let v = api.expect(
+        "DELETE",
+        one,
+        "/v1/drives/p?keep_data=true",
+        None,
+        200,
+        None,
+    );
+    let dir = std::path::PathBuf::from(v["state_dir"].as_str().unwrap());
+    std::fs::write(dir.join("meta"), b"damaged").unwrap();
+    let v = api.expect(
+        "POST",
+        d,
+        d,
+        Some(r#"{"name":"p","size":"4M","persist":true}"#),
+        201,
+        None,
+    );
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("metadata"), "{v}");
+    assert_eq!(v["persist"]["restore"]["phase"], "failed");
+    api.expect(
+        "POST",
+        sync,
+        "/v1/drives/p/sync",
+        None,
+        409,
+        Some("drive_not_ready"),
+    );
+    api.expect(
+        "PATCH",
+        one,
+        "/v1/drives/p",
+        Some(r#"{"size":"8M"}"#),
+        409,
+        Some("drive_not_ready"),
+    );
+    let v = api.expect(
+        "POST",
+        restore,
+        "/v1/drives/p/restore",
+        Some(r#"{"force":true}"#),
+        202,
+        None,
+    );
+    assert_eq!(v["state"], "restoring");
+    let v = settled(&api, "p");
+    assert_eq!(v["state"], "failed", "{v}");
+    api.expect("GET", d, d, None, 200, None);
+    // Deleting it without keep_data removes the directory.
+    let v = api.expect("DELETE", one, "/v1/drives/p", None, 200, None);
+    assert_eq!(v["data_kept"], false);
+    assert!(!dir.exists());
+}

@@ -45,20 +45,34 @@ fn require_root() -> bool {
     panic!("this test needs root (tmpfs and overlayfs mounts); set {SKIP_ENV}=1 to skip");
 }
 
+/// The tests of this file run one at a time: a child process another test
+/// thread forks inherits, until it execs, every file this process has open,
+/// and a file open for writing in a directory in RAM makes its remove fail
+/// as busy (or its stop hand it over).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A unique scratch directory whose mounts are all detached on drop.
 struct Scratch {
     base: PathBuf,
+    /// Held for the test's life (see [`SERIAL`]).
+    _serial: Option<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("dirsync-{name}-{}", std::process::id()));
-        let s = Scratch { base };
-        s.cleanup();
-        std::fs::create_dir_all(&s.base).unwrap();
-        let base = std::fs::canonicalize(&s.base).unwrap();
-        Scratch { base }
+        // Dropping it detaches and deletes what an earlier run left.
+        drop(Scratch {
+            base: base.clone(),
+            _serial: None,
+        });
+        std::fs::create_dir_all(&base).unwrap();
+        Scratch {
+            base: std::fs::canonicalize(&base).unwrap(),
+            _serial: Some(serial),
+        }
     }
     fn path(&self, rel: &str) -> PathBuf {
         self.base.join(rel)
@@ -909,7 +923,7 @@ fn stop_with_files_open_for_writing_hands_over() {
     open.write_all(b"before stop").unwrap();
     // remove refuses while a file is open for writing...
     let err = m.remove(&dir, false).unwrap_err();
-    assert_eq!(err.code(), "busy", "{err}");
+    assert_eq!(err.code(), "dir_busy", "{err}");
     assert!(err.to_string().contains("fuser"), "{err}");
     // ...and stop syncs and leaves it mounted for the next daemon.
     let out = m.shutdown();
@@ -1032,7 +1046,7 @@ fn refusals_and_the_lock() {
     let other = DirManager::open(ManagerConfig::new(s.path("run2"), s.path("state2"))).unwrap();
     let out = other.recover_all();
     let err = out[0].1.as_ref().unwrap_err();
-    assert_eq!(err.code(), "locked", "{err}");
+    assert_eq!(err.code(), "dir_locked", "{err}");
     assert!(
         err.to_string()
             .contains(&format!("pid {}", std::process::id())),
@@ -1046,7 +1060,7 @@ fn refusals_and_the_lock() {
     // Invalid settings.
     let mut bad = AddRequest::new(&dir);
     bad.sync_interval_ms = 5;
-    assert_eq!(m.add(bad).unwrap_err().code(), "invalid_argument");
+    assert_eq!(m.add(bad).unwrap_err().code(), "invalid_request");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::daemon::Daemon;
 
 /// The drive, or else the serving cache, of that name.
 fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
-    match d.registry.get(name) {
+    match d.registry.get_ready(name) {
         Ok(drive) => return Ok(drive),
         Err(RegistryError::NotFound(_)) => {}
         Err(e) => return Err(e.into()),

@@ -1,10 +1,17 @@
 //! The API client's calls for `/v1/caches` (used by `ramd cache ...` and
 //! `ramd sync`).
 
+use std::time::Duration;
+
 use hyper::Method;
 
 use super::cache_types::{CacheDeleted, CacheInfo, CacheList, CacheSynced, CreateCache};
 use super::client::{enc, Client, ClientError};
+
+/// Longest wait for a sync or delete: writing a big cache back to a slow
+/// disk takes as long as the disk needs (the daemon finishes it either
+/// way; Ctrl-C only stops waiting).
+pub const WRITE_BACK_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 impl Client {
     pub fn list_caches(&self) -> Result<CacheList, ClientError> {
@@ -25,18 +32,20 @@ impl Client {
 
     pub fn delete_cache(&self, name: &str, force: bool) -> Result<CacheDeleted, ClientError> {
         let q = if force { "?force=true" } else { "" };
-        self.call(
+        self.call_within(
             Method::DELETE,
             &format!("/v1/caches/{}{q}", enc(name)),
             None::<&()>,
+            WRITE_BACK_TIMEOUT,
         )
     }
 
     pub fn sync_cache(&self, name: &str) -> Result<CacheSynced, ClientError> {
-        self.call(
+        self.call_within(
             Method::POST,
             &format!("/v1/caches/{}/sync", enc(name)),
             None::<&()>,
+            WRITE_BACK_TIMEOUT,
         )
     }
 }

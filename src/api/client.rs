@@ -15,6 +15,10 @@ use super::types::*;
 
 /// Longest wait for one API call (drive creation of a huge drive, a mount).
 const TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest wait for directory work: filling a RAM copy or syncing a big
+/// tree takes as long as the disk needs (Ctrl-C gives up waiting; the
+/// daemon finishes the work either way).
+const DIR_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,9 +56,6 @@ pub struct Client {
     socket: PathBuf,
     /// Runs hyper's futures; one thread, no workers.
     rt: tokio::runtime::Runtime,
-    /// Longest wait for one answer ([`TIMEOUT`] unless changed with
-    /// [`Client::with_timeout`]).
-    timeout: Duration,
 }
 
 impl Client {
@@ -66,15 +67,7 @@ impl Client {
         Client {
             socket: socket.to_owned(),
             rt,
-            timeout: TIMEOUT,
         }
-    }
-
-    /// Waits up to `timeout` for answers (for calls that may take long,
-    /// such as writing a big cache back to a slow disk).
-    pub fn with_timeout(mut self, timeout: Duration) -> Client {
-        self.timeout = timeout;
-        self
     }
 
     pub fn socket(&self) -> &Path {
@@ -88,12 +81,23 @@ impl Client {
         }
     }
 
-    /// Sends one request; returns the status and body of a success.
-    pub(crate) fn send(
+    /// Sends one request; returns the body of a success.
+    fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, ClientError> {
+        self.send_within(method, path, body, TIMEOUT)
+    }
+
+    /// [`Client::send`] with its own time limit.
+    fn send_within(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
     ) -> Result<Vec<u8>, ClientError> {
         let socket = self.socket.clone();
         let fut = async {
@@ -140,8 +144,8 @@ impl Client {
         };
         let (status, bytes) = self
             .rt
-            .block_on(async { tokio::time::timeout(self.timeout, fut).await })
-            .map_err(|_| self.transport(format!("no answer within {:?}", self.timeout)))??;
+            .block_on(async { tokio::time::timeout(timeout, fut).await })
+            .map_err(|_| self.transport(format!("no answer within {timeout:?}")))??;
         if status.is_success() {
             return Ok(bytes.to_vec());
         }
@@ -165,11 +169,21 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
+        self.call_within(method, path, body, TIMEOUT)
+    }
+
+    pub(crate) fn call_within<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        timeout: Duration,
+    ) -> Result<T, ClientError> {
         let body = body
             .map(serde_json::to_vec)
             .transpose()
             .map_err(|e| self.transport(e))?;
-        let bytes = self.send(method, path, body)?;
+        let bytes = self.send_within(method, path, body, timeout)?;
         serde_json::from_slice(&bytes)
             .map_err(|e| self.transport(format!("unexpected answer: {e}")))
     }
@@ -203,11 +217,54 @@ impl Client {
     }
 
     pub fn delete_drive(&self, name: &str, force: bool) -> Result<Deleted, ClientError> {
-        let q = if force { "?force=true" } else { "" };
+        self.delete_drive_with(name, force, false)
+    }
+
+    /// `DELETE /v1/drives/{name}` with `keep_data` (persistent drives).
+    pub fn delete_drive_with(
+        &self,
+        name: &str,
+        force: bool,
+        keep_data: bool,
+    ) -> Result<Deleted, ClientError> {
+        let mut q = Vec::new();
+        if force {
+            q.push("force=true");
+        }
+        if keep_data {
+            q.push("keep_data=true");
+        }
+        let q = if q.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", q.join("&"))
+        };
         self.call(
             Method::DELETE,
             &format!("/v1/drives/{}{q}", enc(name)),
             None::<&()>,
+        )
+    }
+
+    /// `POST /v1/drives/{name}/sync`: returns once the drive is durable.
+    pub fn sync_drive(&self, name: &str) -> Result<SyncResult, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/drives/{}/sync", enc(name)),
+            None::<&()>,
+        )
+    }
+
+    /// `POST /v1/drives/{name}/restore` (answers at once, restoring).
+    pub fn restore_drive(
+        &self,
+        name: &str,
+        req: &RestoreRequest,
+    ) -> Result<DriveInfo, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/drives/{}/restore", enc(name)),
+            Some(req),
         )
     }
 
@@ -237,6 +294,51 @@ impl Client {
             &format!("/v1/attachments/{id}"),
             None::<&()>,
         )
+    }
+
+    pub fn list_dirs(&self) -> Result<DirList, ClientError> {
+        self.call(Method::GET, "/v1/dirs", None::<&()>)
+    }
+
+    /// One directory by id or path.
+    pub fn dir(&self, key: &str) -> Result<crate::dirsync::manager::DirInfo, ClientError> {
+        self.call(Method::GET, &format!("/v1/dirs/{}", enc(key)), None::<&()>)
+    }
+
+    /// Returns once PATH shows the RAM copy.
+    pub fn add_dir(&self, req: &AddDir) -> Result<crate::dirsync::manager::DirInfo, ClientError> {
+        self.call_within(Method::POST, "/v1/dirs", Some(req), DIR_TIMEOUT)
+    }
+
+    /// New interval, size limit or recovery generations.
+    pub fn patch_dir(&self, key: &str, req: &PatchDir) -> Result<DirPatched, ClientError> {
+        self.call(Method::PATCH, &format!("/v1/dirs/{}", enc(key)), Some(req))
+    }
+
+    /// Final sync, unmount, forget.
+    pub fn remove_dir(&self, key: &str, force: bool) -> Result<DirRemoved, ClientError> {
+        let q = if force { "?force=true" } else { "" };
+        self.call_within(
+            Method::DELETE,
+            &format!("/v1/dirs/{}{q}", enc(key)),
+            None::<&()>,
+            DIR_TIMEOUT,
+        )
+    }
+
+    /// Returns once the on-disk copy is durable.
+    pub fn sync_dir(&self, key: &str) -> Result<DirSynced, ClientError> {
+        self.call_within(
+            Method::POST,
+            &format!("/v1/dirs/{}/sync", enc(key)),
+            None::<&()>,
+            DIR_TIMEOUT,
+        )
+    }
+
+    /// Syncs every directory.
+    pub fn sync_all_dirs(&self) -> Result<DirSyncAll, ClientError> {
+        self.call_within(Method::POST, "/v1/dirs/sync", None::<&()>, DIR_TIMEOUT)
     }
 
     /// `/metrics` as text.

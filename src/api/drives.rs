@@ -1,5 +1,7 @@
-//! `/v1/drives`: list, create, get, patch (resize, lock/unlock, memory
-//! limit), delete.
+//! `/v1/drives`: list, create (RAM or persistent; a persistent drive whose
+//! state directory holds one is restored), get, patch (resize, lock/unlock,
+//! memory limit, durability, sync interval), delete (persistent drives:
+//! keep or remove their data).
 
 use std::sync::Arc;
 
@@ -9,25 +11,31 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
+use super::persistence::{interval_ms, key_path, persist_info};
 use super::types::{
     CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, SizeValue,
 };
 use super::{blocking, ApiError};
-use crate::daemon::registry::{Drive, DriveChange, Origin};
-use crate::daemon::spec::{check_name, parse_drive_size, DriveSpec, SpecError};
+use crate::daemon::persistent::{probe, Found};
+use crate::daemon::registry::{Drive, DriveChange, DriveState, Origin};
+use crate::daemon::spec::{
+    check_name, parse_drive_size, parse_durability, DriveSpec, PersistOptions, SpecError,
+};
 use crate::daemon::Daemon;
 use crate::size::parse_size;
 
 /// The API view of a drive.
 pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveInfo {
+    // One lock, released before anything else looks at the state.
+    let state = drive.state.lock().clone();
     DriveInfo {
         name: drive.name.clone(),
         kind: drive.kind.name().into(),
-        state: drive.state.lock().name().into(),
+        state: state.name().into(),
         size_bytes: drive.size_bytes(),
         read_only: drive.export.is_read_only(),
         mem_limit_bytes: drive.mem_limit_bytes(),
-        allocated_bytes: drive.store.allocated_bytes(),
+        allocated_bytes: drive.allocated_bytes(),
         overcommit: *drive.overcommit.lock(),
         connections: drive.connections() as u64,
         attachments: drive
@@ -41,6 +49,11 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
         uri: d.unix_uri(&drive.name),
         tcp_uris: d.tcp_uris(&drive.name),
         notice,
+        persist: persist_info(drive),
+        error: match state {
+            DriveState::Failed(e) => Some(e),
+            _ => None,
+        },
     }
 }
 
@@ -77,15 +90,44 @@ pub async fn create(
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
     check_name(&req.name)?;
+    let persist = PersistOptions {
+        persist: req.persist,
+        durability: req
+            .durability
+            .as_deref()
+            .map(parse_durability)
+            .transpose()?,
+        sync_interval_ms: req.sync_interval.as_ref().map(interval_ms).transpose()?,
+        encrypt: req.encrypt,
+        key_file: req.key_file.as_deref().map(key_path).transpose()?,
+    }
+    .into_spec()?;
+    let size_bytes = match &req.size {
+        Some(s) => parse_drive_size(&s.as_text())?,
+        None => {
+            // Only a persistent drive that exists already may omit it.
+            let existing = match (&persist, d.registry.drive_dir(&req.name)) {
+                (Some(_), Ok(dir)) => match probe(&dir) {
+                    Found::Existing { size_bytes } => Some(size_bytes),
+                    _ => None,
+                },
+                _ => None,
+            };
+            existing.ok_or_else(|| {
+                ApiError::invalid("missing field `size`: give the size of the new drive (a persistent drive that exists in the state directory keeps its own)")
+            })?
+        }
+    };
     let spec = DriveSpec {
         name: req.name.clone(),
-        size_bytes: parse_drive_size(&req.size.as_text())?,
+        size_bytes,
         mem_limit_bytes: match &req.mem_limit {
             Some(v) => mem_limit(v)?,
             None => None,
         },
         read_only: req.read_only,
         overcommit: req.overcommit,
+        persist,
     };
     let d2 = d.clone();
     let drive = blocking(move || Ok(d2.registry.create(&spec, Origin::Api)?)).await?;
@@ -103,11 +145,22 @@ pub async fn patch(
     body: Result<Json<PatchDrive>, JsonRejection>,
 ) -> Result<Json<DriveInfo>, ApiError> {
     let Json(req) = body?;
-    if req.size.is_none() && req.read_only.is_none() && req.mem_limit.is_none() {
+    if req.size.is_none()
+        && req.read_only.is_none()
+        && req.mem_limit.is_none()
+        && req.durability.is_none()
+        && req.sync_interval.is_none()
+    {
         return Err(ApiError::invalid(
-            "nothing to change: give size, read_only or mem_limit",
+            "nothing to change: give size, read_only, mem_limit, durability or sync_interval",
         ));
     }
+    let durability = req
+        .durability
+        .as_deref()
+        .map(parse_durability)
+        .transpose()?;
+    let sync_interval_ms = req.sync_interval.as_ref().map(interval_ms).transpose()?;
     let change = DriveChange {
         size_bytes: match &req.size {
             Some(s) => Some(parse_drive_size(&s.as_text())?),
@@ -120,8 +173,22 @@ pub async fn patch(
         },
         force: req.force,
     };
+    let plain = change.size_bytes.is_some()
+        || change.read_only.is_some()
+        || change.mem_limit_bytes.is_some();
     let d2 = d.clone();
-    let drive = blocking(move || Ok(d2.registry.change(&name, &change)?)).await?;
+    let drive = blocking(move || {
+        if durability.is_some() || sync_interval_ms.is_some() {
+            // Checked (persistent, ready) before anything changes.
+            d2.registry
+                .set_persistence(&name, durability, sync_interval_ms)?;
+        }
+        if plain {
+            return Ok(d2.registry.change(&name, &change)?);
+        }
+        Ok(d2.registry.get(&name)?)
+    })
+    .await?;
     let notice = drive.origin.ephemeral_notice(&drive.name);
     Ok(Json(info(&d, &drive, notice)))
 }
@@ -139,10 +206,12 @@ pub async fn delete(
             d2.registry.get(&name)?;
             d2.attachments.detach_drive(&name)?;
         }
-        let (drive, closed) = d2.registry.delete(&name, q.force)?;
+        let (drive, closed) = d2.registry.delete(&name, q.force, q.keep_data)?;
         Ok(Json(Deleted {
             name: drive.name.clone(),
             closed_connections: closed as u64,
+            state_dir: drive.persist.as_ref().map(|p| p.dir.display().to_string()),
+            data_kept: drive.persist.as_ref().map(|_| q.keep_data),
             notice: match &drive.origin {
                 Origin::Api => None,
                 o => o

@@ -11,6 +11,7 @@ use crate::cache::BackingErrorKind;
 use crate::daemon::caches::{CacheSpecError, CachesError};
 use crate::daemon::registry::RegistryError;
 use crate::daemon::spec::SpecError;
+use crate::dirsync::manager::DirError;
 
 /// An error response.
 #[derive(Debug)]
@@ -57,6 +58,7 @@ impl From<SpecError> for ApiError {
             SpecError::InvalidName(_) => "invalid_name",
             SpecError::InvalidSize(_) => "invalid_size",
             SpecError::Malformed(_) => "invalid_request",
+            SpecError::Persist(_) => "invalid_persistence",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
     }
@@ -73,6 +75,10 @@ impl From<RegistryError> for ApiError {
             R::DataBeyondSize(_) => (StatusCode::CONFLICT, "data_beyond_size"),
             R::Busy(_) => (StatusCode::CONFLICT, "drive_busy"),
             R::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
+            R::NotReady(_) => (StatusCode::CONFLICT, "drive_not_ready"),
+            R::NotPersistent(_) => (StatusCode::CONFLICT, "not_persistent"),
+            R::Persist(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persist_error"),
+            R::SyncFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sync_failed"),
         };
         ApiError::new(status, code, e.to_string())
     }
@@ -123,6 +129,21 @@ impl From<CachesError> for ApiError {
             C::Setup(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cache_error"),
         };
         ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<DirError> for ApiError {
+    fn from(e: DirError) -> Self {
+        let status = match e.code() {
+            "dir_not_found" => StatusCode::NOT_FOUND,
+            "dir_exists" | "dir_busy" | "dir_locked" | "dir_not_active" | "dir_covered" => {
+                StatusCode::CONFLICT
+            }
+            "dir_refused" | "invalid_request" => StatusCode::UNPROCESSABLE_ENTITY,
+            "ram_full" | "disk_full" => StatusCode::INSUFFICIENT_STORAGE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.code(), e.to_string())
     }
 }
 

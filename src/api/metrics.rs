@@ -8,6 +8,8 @@ use axum::response::IntoResponse;
 
 use crate::cache::prometheus::{CacheCollector, CacheSample};
 use crate::daemon::Daemon;
+use crate::dirsync::metrics::DirsCollector;
+use crate::metrics::persist::PersistCollector;
 use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
@@ -18,7 +20,7 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         .map(|x| DriveSample {
             name: x.name.clone(),
             size_bytes: x.size_bytes(),
-            allocated_bytes: x.store.allocated_bytes(),
+            allocated_bytes: x.allocated_bytes(),
             mem_limit_bytes: x.mem_limit_bytes(),
             connections: (x.connections() + x.attachments.lock().len()) as u64,
             read_only: x.export.is_read_only(),
@@ -33,6 +35,12 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         metrics_enabled: d.registry.metrics_enabled(),
         drives,
     };
+    let persist = super::persistence::metrics_samples(&d.registry.list());
+    // Listing directories stats their tmpfs: off the async threads.
+    let d2 = d.clone();
+    let dirs = super::blocking(move || Ok(d2.dirs.manager.list()))
+        .await
+        .unwrap_or_default();
     let caches = d
         .caches
         .list()
@@ -51,6 +59,13 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         .collect();
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        encode_with(sample, vec![Box::new(CacheCollector(caches))]),
+        encode_with(
+            sample,
+            vec![
+                Box::new(DirsCollector(dirs)),
+                Box::new(PersistCollector(persist)),
+                Box::new(CacheCollector(caches)),
+            ],
+        ),
     )
 }

@@ -1,8 +1,8 @@
 //! REST API v1 over the daemon's unix socket (axum on tokio).
 //!
 //! One file per resource: `drives`, `stats`, `health`, `attachments`,
-//! `caches` (RAM caches, with `cache_types` and `cache_client`),
-//! `metrics` (Prometheus); `types` holds the JSON bodies, `error` the one
+//! `caches` (RAM caches, with `cache_types` and `cache_client`), `dirs`
+//! (directories in RAM), `metrics` (Prometheus); `types` holds the JSON bodies, `error` the one
 //! error shape, `client` the blocking client the CLI uses. The route table
 //! below is the single source of both the router and [`ROUTES`], which a
 //! test compares with docs/openapi.yaml.
@@ -15,10 +15,12 @@ pub mod cache_client;
 pub mod cache_types;
 pub mod caches;
 pub mod client;
+pub mod dirs;
 pub mod drives;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod persistence;
 pub mod stats;
 pub mod types;
 
@@ -53,6 +55,8 @@ routes! {
     get "/v1/drives/{name}" => drives::get,
     patch "/v1/drives/{name}" => drives::patch,
     delete "/v1/drives/{name}" => drives::delete,
+    post "/v1/drives/{name}/sync" => persistence::sync,
+    post "/v1/drives/{name}/restore" => persistence::restore,
     get "/v1/drives/{name}/stats" => stats::drive,
     get "/v1/stats" => stats::all,
     get "/v1/attachments" => attachments::list,
@@ -63,6 +67,13 @@ routes! {
     get "/v1/caches/{name}" => caches::get,
     delete "/v1/caches/{name}" => caches::delete,
     post "/v1/caches/{name}/sync" => caches::sync,
+    get "/v1/dirs" => dirs::list,
+    post "/v1/dirs" => dirs::add,
+    post "/v1/dirs/sync" => dirs::sync_all,
+    get "/v1/dirs/{id}" => dirs::get,
+    patch "/v1/dirs/{id}" => dirs::patch,
+    delete "/v1/dirs/{id}" => dirs::delete,
+    post "/v1/dirs/{id}/sync" => dirs::sync,
     get "/metrics" => metrics::get,
 }
 
@@ -113,7 +124,9 @@ pub async fn serve(
     daemon: Arc<Daemon>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(daemon))
+    // With the caller's credentials (SO_PEERCRED) for handlers that need them.
+    let app = router(daemon).into_make_service_with_connect_info::<dirs::Peer>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await
 }

@@ -73,11 +73,14 @@ pub(crate) fn drive_stats(d: &Daemon, drive: &Drive) -> DriveStats {
     DriveStats {
         name: drive.name.clone(),
         size_bytes: drive.size_bytes(),
-        allocated_bytes: drive.store.allocated_bytes(),
+        allocated_bytes: drive.allocated_bytes(),
         mem_limit_bytes: drive.mem_limit_bytes(),
         connections: drive.connections() as u64,
         totals: drive.metrics.as_ref().map(|m| totals(&m.snapshot())),
         rates: d.sampler.window(&drive.name).as_ref().map(rates),
+        persist: drive
+            .persistent()
+            .map(|pd| super::persistence::status_info(&pd.status())),
     }
 }
 

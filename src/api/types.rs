@@ -25,18 +25,45 @@ impl SizeValue {
     }
 }
 
+/// A duration in a request: milliseconds or a human duration ("60s").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DurationValue {
+    Millis(u64),
+    Text(String),
+}
+
 /// `POST /v1/drives`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDrive {
     pub name: String,
-    pub size: SizeValue,
+    /// Required, except for a persistent drive whose state directory
+    /// already holds one (it keeps its own size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<SizeValue>,
     #[serde(default)]
     pub read_only: bool,
     #[serde(default)]
     pub overcommit: bool,
+    /// Keep the drive in the daemon's state directory (restored when it
+    /// holds one already).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persist: bool,
+    /// `none`, `periodic` (default) or `flush`; needs `persist`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// Background sync interval (default 60s); needs `persist`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_interval: Option<DurationValue>,
+    /// Encrypt the state directory (AES-256-GCM); needs `key_file`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
+    /// Absolute path of the key file, read by the daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
 }
 
 /// `PATCH /v1/drives/{name}`: absent fields stay as they are.
@@ -55,14 +82,136 @@ pub struct PatchDrive {
     /// Shrink even when it discards data.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force: bool,
+    /// A persistent drive's new durability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// A persistent drive's new sync interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_interval: Option<DurationValue>,
 }
 
-/// `DELETE /v1/drives/{name}?force=true`.
+/// `DELETE /v1/drives/{name}?force=true&keep_data=true`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteQuery {
     #[serde(default)]
     pub force: bool,
+    /// A persistent drive: save it and keep its state directory (without:
+    /// the state directory is removed).
+    #[serde(default)]
+    pub keep_data: bool,
+}
+
+/// `POST /v1/drives/{name}/restore`: restore a failed drive again.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// Load despite damage: corrupt image pages as they are (zero when
+    /// encrypted), the journal up to its damage.
+    #[serde(default)]
+    pub force: bool,
+    /// Ignore the journal: load the image as of its last checkpoint.
+    #[serde(default)]
+    pub discard_journal: bool,
+    /// Use this key file from now on (absolute path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
+}
+
+/// `POST /v1/drives/{name}/sync`: what the sync saved (it is durable).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncResult {
+    pub name: String,
+    /// The generation written (0: nothing had changed).
+    pub generation: u64,
+    /// Bytes of pages with data saved.
+    pub data_bytes: u64,
+    /// Bytes of pages saved as zero (trimmed).
+    pub zero_bytes: u64,
+    /// Bytes appended to the journal.
+    pub journal_bytes: u64,
+    pub duration_ms: f64,
+    /// Every write acknowledged before this moment is on disk.
+    pub durable_as_of_unix_ms: Option<u64>,
+}
+
+/// Done and total bytes of a running sync or restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// The live persistence figures of a ready persistent drive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PersistStatusInfo {
+    /// `idle`, `syncing`, `retrying`, `failing`.
+    pub sync_state: String,
+    /// When the last successful sync finished.
+    pub last_sync_unix_ms: Option<u64>,
+    /// The moment the disk's state shows (the last sync's cut).
+    pub durable_as_of_unix_ms: Option<u64>,
+    pub last_sync_duration_ms: Option<f64>,
+    pub max_sync_duration_ms: f64,
+    /// Newest durable generation.
+    pub durable_generation: u64,
+    /// Changed in RAM, not yet on disk.
+    pub dirty_bytes: u64,
+    /// Committed journal not yet checkpointed into the image.
+    pub journal_bytes: u64,
+    /// Copies held for a running sync (copy-on-write).
+    pub snapshot_copy_bytes: u64,
+    /// Written to disk since the drive was opened.
+    pub bytes_written: u64,
+    pub syncs_ok: u64,
+    pub syncs_failed: u64,
+    pub consecutive_failures: u64,
+    pub checkpoints: u64,
+    /// The last sync or checkpoint error since the last success.
+    pub last_error: Option<String>,
+    pub last_error_unix_ms: Option<u64>,
+    /// The running sync's progress.
+    pub sync_progress: Option<Progress>,
+    /// Sync durations since open: count and sum (for rates and means).
+    pub sync_count: u64,
+    pub sync_seconds_total: f64,
+    /// How long the restore at open took (null: created new).
+    pub restore_duration_ms: Option<f64>,
+}
+
+/// The last restore of a persistent drive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreInfo {
+    /// `queued`, `verifying`, `loading_image`, `replaying`,
+    /// `checkpointing`, `done`, `failed`.
+    pub phase: String,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// How long it took (when done).
+    pub duration_ms: Option<f64>,
+    /// What it did, for people (when done).
+    pub summary: Option<String>,
+    /// A torn journal tail that was cut (when done).
+    pub torn_tail: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// How a persistent drive keeps its data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PersistInfo {
+    pub state_dir: String,
+    /// `none`, `periodic`, `flush`.
+    pub durability: String,
+    /// True in `none` mode: FLUSH returns at once and saves nothing.
+    pub flush_is_noop: bool,
+    pub sync_interval_ms: u64,
+    pub encrypted: bool,
+    pub key_file: Option<String>,
+    /// Null until the drive is ready.
+    pub status: Option<PersistStatusInfo>,
+    /// Null for a drive created new in this run.
+    pub restore: Option<RestoreInfo>,
 }
 
 /// A drive as the API shows it.
@@ -94,6 +243,12 @@ pub struct DriveInfo {
     /// Set on changes to a drive the daemon re-creates at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// A persistent drive's persistence; absent for RAM drives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persist: Option<PersistInfo>,
+    /// Why a failed drive failed (the precise error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `GET /v1/drives`.
@@ -110,6 +265,13 @@ pub struct Deleted {
     pub closed_connections: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// A persistent drive's state directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<String>,
+    /// A persistent drive: true when its data was saved and kept, false
+    /// when the state directory was removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_kept: Option<bool>,
 }
 
 /// The daemon memory budget.
@@ -193,6 +355,9 @@ pub struct DriveStats {
     pub totals: Option<StatsTotals>,
     /// Null when metrics are off or before the first full interval.
     pub rates: Option<StatsRates>,
+    /// A ready persistent drive's persistence figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persist: Option<PersistStatusInfo>,
 }
 
 /// `GET /v1/stats`.
@@ -243,4 +408,104 @@ pub struct ErrorDetail {
     pub code: String,
     /// For people: what went wrong and what to do.
     pub message: String,
+}
+
+/// An interval in a request: milliseconds, or a duration like `"10m"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IntervalValue {
+    Millis(u64),
+    Text(String),
+}
+
+/// `POST /v1/dirs`: keep a directory in RAM.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddDir {
+    /// Absolute path of an existing directory.
+    pub path: String,
+    /// Time between periodic syncs (default 10m, at least 1s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<IntervalValue>,
+    /// overlayfs (on-disk copy as lower dir, RAM holds only changes)
+    /// instead of a full tmpfs copy.
+    #[serde(default)]
+    pub overlay: bool,
+    /// tmpfs size limit (default: the kernel's, half of RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<SizeValue>,
+    /// Dated recovery copies kept after crashes (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_generations: Option<u32>,
+}
+
+/// `PATCH /v1/dirs/{id}`: absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchDir {
+    /// Time between periodic syncs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<IntervalValue>,
+    /// New size limit; "none" for the tmpfs default (half of RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<SizeValue>,
+    /// Dated recovery copies kept (older ones are deleted at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_generations: Option<u32>,
+}
+
+/// A directory after `PATCH /v1/dirs/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirPatched {
+    #[serde(flatten)]
+    pub info: crate::dirsync::manager::DirInfo,
+    /// Set for a directory declared in the config (its settings are
+    /// applied again at the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+/// `GET /v1/dirs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirList {
+    pub dirs: Vec<crate::dirsync::manager::DirInfo>,
+}
+
+/// `POST /v1/dirs/{id}/sync`: what one sync did (durable on return).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirSynced {
+    pub path: String,
+    pub id: String,
+    pub report: crate::dirsync::sync::SyncReport,
+}
+
+/// One directory's result in `POST /v1/dirs/sync`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirSyncResult {
+    pub path: String,
+    /// Set when the sync succeeded.
+    #[serde(default)]
+    pub report: Option<crate::dirsync::sync::SyncReport>,
+    /// Set when it failed.
+    #[serde(default)]
+    pub error: Option<ErrorDetail>,
+}
+
+/// `POST /v1/dirs/sync`: every active directory synced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirSyncAll {
+    pub results: Vec<DirSyncResult>,
+}
+
+/// `DELETE /v1/dirs/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirRemoved {
+    pub path: String,
+    pub id: String,
+    /// What the final sync and unmount did.
+    pub result: crate::dirsync::manager::StopOutcome,
+    /// Set when the directory is declared in the config (it comes back at
+    /// the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }

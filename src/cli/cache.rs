@@ -234,26 +234,21 @@ pub fn run(client: &Client, cmd: CacheCommand) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Longest wait for a sync or delete: writing a big cache back to a slow
-/// disk can take long, and it goes on in the daemon anyway.
-const WRITE_BACK_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-
-/// Runs a call that writes a cache back (sync, delete) with no short
-/// timeout; on a terminal, shows the dirty data left and the write-back
-/// rate on stderr meanwhile.
+/// Runs a call that writes a cache back (sync, delete: they wait as long
+/// as the disk needs); on a terminal, shows the dirty data left and the
+/// write-back rate on stderr meanwhile.
 fn with_progress<T: Send>(
     client: &Client,
     name: &str,
     show: bool,
     call: impl FnOnce(&Client) -> Result<T, ClientError> + Send,
 ) -> Result<T, ClientError> {
-    let socket = client.socket().to_owned();
-    let long = || Client::new(&socket).with_timeout(WRITE_BACK_TIMEOUT);
     if !show || !std::io::stderr().is_terminal() {
-        return call(&long());
+        return call(client);
     }
+    let socket = client.socket().to_owned();
     std::thread::scope(|s| {
-        let h = s.spawn(|| call(&long()));
+        let h = s.spawn(|| call(&Client::new(&socket)));
         let started = Instant::now();
         let mut shown = false;
         // (written back so far, when) at the previous look, for the rate.

@@ -5,7 +5,10 @@
 //! running"), 2 usage error (clap's own).
 
 pub mod cache;
+pub mod dirs;
 pub mod output;
+pub mod persist;
+pub mod units;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -16,7 +19,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::api::client::{Client, ClientError};
-use crate::api::types::{CreateAttachment, CreateDrive, PatchDrive, SizeValue};
+use crate::api::types::{
+    CreateAttachment, CreateDrive, DurationValue, PatchDrive, RestoreRequest, SizeValue,
+};
 use crate::daemon::DaemonArgs;
 use crate::size::format_size;
 
@@ -33,6 +38,7 @@ use crate::size::format_size;
 ///   ramd stats --watch                 IOPS, MiB/s, latency, memory
 ///   ramd cache create c --backing /dev/sdb --size 2G --mode writeback
 ///                                      a RAM cache in front of a slow disk
+///   ramd dir add ~/.cache              keep a directory in RAM, synced to disk
 ///
 /// Docs: docs/cli.md, docs/api.md, docs/config.md, docs/attach.md.
 #[derive(Parser, Debug)]
@@ -72,13 +78,25 @@ pub enum Command {
 
     /// Create a drive and serve it at once.
     ///
-    /// Example: ramd create db --size 4G --mem-limit 2G
+    /// Examples:
+    ///   ramd create db --size 4G --mem-limit 2G
+    ///   ramd create db --size 4G --persist --durability flush
+    ///   ramd create vault --size 1G --persist --encrypt --key-file /etc/ramd/vault.key
+    ///
+    /// --persist keeps the drive in the daemon's state directory
+    /// (STATE_DIR/drives/NAME); when that already holds the drive, it is
+    /// restored (with a progress bar) instead of created, and --size may be
+    /// left out. Durability: none (saved by `ramd sync` and clean shutdown
+    /// only; FLUSH is a no-op), periodic (a whole point-in-time image at most
+    /// one interval old), flush (periodic, and an acknowledged FLUSH/FUA means
+    /// every earlier write is on disk). See docs/persistence.md.
+    #[command(verbatim_doc_comment)]
     Create {
         /// Drive name: 1-64 of a-z 0-9 _ -, starting with a letter or digit.
         name: String,
         /// Size: 512, 4K, 1.5G, 2GiB (binary units).
-        #[arg(long, value_name = "SIZE")]
-        size: String,
+        #[arg(long, value_name = "SIZE", required_unless_present = "persist")]
+        size: Option<String>,
         /// Most memory the drive may hold; writes past it fail with ENOSPC.
         #[arg(long, value_name = "SIZE")]
         mem_limit: Option<String>,
@@ -89,6 +107,46 @@ pub enum Command {
         /// past the budget then fail with ENOSPC).
         #[arg(long)]
         overcommit: bool,
+        #[command(flatten)]
+        persist: persist::PersistArgs,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Save a persistent drive now, or write a cache's dirty data back to
+    /// its backing and flush it; returns once it is durable.
+    ///
+    /// Prints what was saved and how long it took. Works in every
+    /// durability mode (it is how `none` drives are saved).
+    Sync {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
+    /// Restore a persistent drive that failed to restore (corrupt image,
+    /// meta or journal, wrong key), deciding what to do with the damage.
+    ///
+    /// Without options it tries again as it is (after you fixed the cause,
+    /// e.g. the key file). Nothing on disk changes until a restore succeeds.
+    #[command(verbatim_doc_comment)]
+    Restore {
+        name: String,
+        /// Load despite damage: corrupt image pages as they are (zero when
+        /// encrypted; the next sync rewrites them), the journal up to its
+        /// damage (later generations are dropped).
+        #[arg(long, conflicts_with = "discard_journal")]
+        force: bool,
+        /// Ignore the journal: load the image as of its last checkpoint and
+        /// empty the journal (the syncs since then are lost).
+        #[arg(long)]
+        discard_journal: bool,
+        /// Use this key file from now on (an encrypted drive).
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
+        /// Return at once instead of waiting with a progress bar.
+        #[arg(long)]
+        no_wait: bool,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -153,11 +211,17 @@ pub enum Command {
     ///
     /// A drive with open NBD connections or attachments is refused unless
     /// --force, which closes the connections (after their pending
-    /// requests) and detaches it first.
+    /// requests) and detaches it first. A persistent drive's saved data is
+    /// removed too, unless --keep-data (which saves its last writes first;
+    /// create it again with --persist to restore it).
     Delete {
         name: String,
         #[arg(long)]
         force: bool,
+        /// Persistent drives: save the last writes and keep the state
+        /// directory.
+        #[arg(long)]
+        keep_data: bool,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -166,14 +230,6 @@ pub enum Command {
     /// exports): create, list, info, sync, delete.
     #[command(subcommand)]
     Cache(cache::CacheCommand),
-
-    /// Write a cache's dirty data back to its backing and flush it; returns
-    /// when it is durable.
-    Sync {
-        name: String,
-        #[command(flatten)]
-        out: JsonFlag,
-    },
 
     /// Expose a drive (or a cache) as a file MOUNTPOINT/NAME through FUSE.
     ///
@@ -201,6 +257,19 @@ pub enum Command {
         #[command(flatten)]
         out: JsonFlag,
     },
+
+    /// Directories kept in RAM (tmpfs or overlay over them), synced back to
+    /// disk crash-safely: add, list, info, sync, remove.
+    #[command(subcommand)]
+    Dir(dirs::DirCommand),
+
+    /// Install the systemd units (ramd.service, ramd-sleep.service and the
+    /// shutdown-ordering drop-in for directories in RAM).
+    ///
+    /// Example: ramd install-units && systemctl daemon-reload &&
+    ///          systemctl enable --now ramd.service ramd-sleep.service
+    #[command(verbatim_doc_comment)]
+    InstallUnits(units::InstallArgs),
 
     /// Print a shell completion script.
     ///
@@ -283,15 +352,34 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             mem_limit,
             read_only,
             overcommit,
+            persist,
             out,
         } => {
-            let d = client().create_drive(&CreateDrive {
+            let c = client();
+            let key_file = persist
+                .key_file
+                .as_deref()
+                .map(|k| {
+                    std::path::absolute(k)
+                        .map(|p| p.display().to_string())
+                        .map_err(|e| CliError::Other(format!("{}: {e}", k.display())))
+                })
+                .transpose()?;
+            let d = c.create_drive(&CreateDrive {
                 name,
-                size: size_value(&size),
+                size: size.as_deref().map(size_value),
                 mem_limit: mem_limit.as_deref().map(size_value),
                 read_only,
                 overcommit,
+                persist: persist.persist,
+                durability: persist.durability.clone(),
+                sync_interval: persist.sync_interval.clone().map(DurationValue::Text),
+                encrypt: persist.encrypt,
+                key_file,
             })?;
+            if d.persist.is_some() {
+                return persist::after_create(&c, d, out.json, persist.no_wait);
+            }
             if out.json {
                 return print_json(&d);
             }
@@ -402,12 +490,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 if d.read_only { "read-only" } else { "writable" }
             );
         }
-        Command::Delete { name, force, out } => {
-            let r = client().delete_drive(&name, force)?;
+        Command::Delete {
+            name,
+            force,
+            keep_data,
+            out,
+        } => {
+            let r = client().delete_drive_with(&name, force, keep_data)?;
             if out.json {
                 return print_json(&r);
             }
             notice(&r.notice);
+            persist::after_delete(&r);
             if r.closed_connections > 0 {
                 println!(
                     "deleted {} (closed {} connection{})",
@@ -491,12 +585,40 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Cache(cmd) => cache::run(&client(), cmd)?,
         Command::Sync { name, out } => {
+            // A cache's name syncs the cache; else the drive's.
             if !cache::sync_if_cache(&client(), &name, out.json)? {
-                return Err(CliError::Other(format!(
-                    "no cache named '{name}' (see `ramd cache list`); RAM drives have nothing to write back"
-                )));
+                persist::sync(&socket, &name, out.json)?
             }
         }
+        Command::Restore {
+            name,
+            force,
+            discard_journal,
+            key_file,
+            no_wait,
+            out,
+        } => {
+            let key_file = key_file
+                .as_deref()
+                .map(|k| {
+                    std::path::absolute(k)
+                        .map(|p| p.display().to_string())
+                        .map_err(|e| CliError::Other(format!("{}: {e}", k.display())))
+                })
+                .transpose()?;
+            let c = client();
+            let d = c.restore_drive(
+                &name,
+                &RestoreRequest {
+                    force,
+                    discard_journal,
+                    key_file,
+                },
+            )?;
+            persist::wait_restore(&c, d, out.json, no_wait)?;
+        }
+        Command::Dir(cmd) => dirs::run(&client(), cmd)?,
+        Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "ramd", &mut std::io::stdout());
@@ -546,6 +668,10 @@ fn stats(
                 let _ = write!(out, "\x1b[H\x1b[2J");
             }
             let _ = write!(out, "{}", output::stats(&report));
+            let _ = write!(out, "{}", output::persist_stats(&report));
+            if name.is_none() {
+                let _ = write!(out, "{}", dirs::stats_section(client));
+            }
             if watch && !tty {
                 let _ = writeln!(out);
             }

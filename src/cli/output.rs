@@ -3,7 +3,7 @@
 
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 
-use crate::api::types::{DriveInfo, DriveStats, Health, Latency, StatsReport};
+use crate::api::types::{DriveInfo, DriveStats, Health, Latency, PersistInfo, StatsReport};
 use crate::size::format_size;
 
 /// A borderless table, columns aligned, numbers right-aligned.
@@ -82,7 +82,7 @@ pub fn drive_list(drives: &[DriveInfo]) -> String {
             format_size(d.size_bytes),
             format_size(d.allocated_bytes),
             size_or_dash(d.mem_limit_bytes),
-            if d.read_only { "ro" } else { "rw" }.into(),
+            list_mode(d),
             d.connections.to_string(),
             if d.attachments.is_empty() {
                 "-".into()
@@ -93,6 +93,141 @@ pub fn drive_list(drives: &[DriveInfo]) -> String {
         ]);
     }
     render(&t)
+}
+
+/// The MODE column: rw/ro, with the durability of a persistent drive
+/// (`rw/flush`), or its state when it is not ready.
+fn list_mode(d: &DriveInfo) -> String {
+    let rw = if d.read_only { "ro" } else { "rw" };
+    match (&d.persist, d.state.as_str()) {
+        (_, "restoring") => "restoring".into(),
+        (_, "failed") => "FAILED".into(),
+        (Some(p), _) => format!("{rw}/{}", p.durability),
+        (None, _) => rw.into(),
+    }
+}
+
+/// "12s ago" from a Unix time in milliseconds.
+fn ago(unix_ms: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let s = now.saturating_sub(unix_ms) as f64 / 1000.0;
+    if s < 60.0 {
+        format!("{s:.1}s ago")
+    } else if s < 3600.0 {
+        format!("{:.0}m {:.0}s ago", (s / 60.0).floor(), s % 60.0)
+    } else {
+        format!("{:.1}h ago", s / 3600.0)
+    }
+}
+
+/// The persistence rows of `ramd info NAME`.
+fn persist_rows(p: &PersistInfo, rows: &mut Vec<(String, String)>) {
+    let mut row = |k: &str, v: String| rows.push((k.to_owned(), v));
+    row(
+        "durability",
+        match p.durability.as_str() {
+            "none" => "none (FLUSH is a no-op: saved only by `ramd sync` and clean shutdown)".into(),
+            "periodic" => "periodic (a whole point-in-time image, at most one interval plus one sync old; FLUSH does not wait for the disk)".into(),
+            "flush" => "flush (an acknowledged FLUSH/FUA means every earlier write is on disk)".into(),
+            other => other.to_owned(),
+        },
+    );
+    row(
+        "sync interval",
+        if p.durability == "none" {
+            format!(
+                "{} (no background syncs in mode none)",
+                crate::daemon::spec::format_interval(p.sync_interval_ms)
+            )
+        } else {
+            crate::daemon::spec::format_interval(p.sync_interval_ms)
+        },
+    );
+    row("state dir", p.state_dir.clone());
+    row(
+        "encrypted",
+        match &p.key_file {
+            Some(k) => format!("yes (AES-256-GCM, key file {k})"),
+            None => "no".into(),
+        },
+    );
+    if let Some(s) = &p.status {
+        row(
+            "sync state",
+            match &s.sync_progress {
+                Some(pr) => format!(
+                    "{} ({} of {})",
+                    s.sync_state,
+                    format_size(pr.done_bytes),
+                    format_size(pr.total_bytes)
+                ),
+                None => s.sync_state.clone(),
+            },
+        );
+        row(
+            "last sync",
+            match s.last_sync_unix_ms {
+                Some(t) => format!(
+                    "{} (took {}), generation {}",
+                    ago(t),
+                    micros(s.last_sync_duration_ms.map(|m| m * 1000.0)),
+                    s.durable_generation
+                ),
+                None => "never".into(),
+            },
+        );
+        if let Some(t) = s.durable_as_of_unix_ms {
+            row("on disk", format!("the drive as of {}", ago(t)));
+        }
+        row(
+            "dirty",
+            format!("{} not yet on disk", format_size(s.dirty_bytes)),
+        );
+        row("journal", format_size(s.journal_bytes));
+        row(
+            "syncs",
+            format!(
+                "{} ok, {} failed, {} checkpoints, {} written, longest {}",
+                s.syncs_ok,
+                s.syncs_failed,
+                s.checkpoints,
+                format_size(s.bytes_written),
+                micros(Some(s.max_sync_duration_ms * 1000.0))
+            ),
+        );
+        row(
+            "last error",
+            match &s.last_error {
+                Some(e) => format!(
+                    "{e} ({}{})",
+                    s.last_error_unix_ms.map(ago).unwrap_or_default(),
+                    if s.consecutive_failures > 0 {
+                        format!(", {} failure(s) in a row, retrying", s.consecutive_failures)
+                    } else {
+                        String::new()
+                    }
+                ),
+                None => "-".into(),
+            },
+        );
+    }
+    if let Some(r) = &p.restore {
+        row(
+            "restore",
+            match r.phase.as_str() {
+                "done" => r.summary.clone().unwrap_or_else(|| "done".into()),
+                "failed" => format!("failed: {}", r.error.as_deref().unwrap_or("?")),
+                phase => format!(
+                    "{} {} of {}",
+                    phase.replace('_', " "),
+                    format_size(r.done_bytes),
+                    format_size(r.total_bytes)
+                ),
+            },
+        );
+    }
 }
 
 /// `ramd info NAME`.
@@ -142,7 +277,72 @@ pub fn drive_info(d: &DriveInfo) -> String {
     for u in &d.tcp_uris {
         row("tcp uri", u.clone());
     }
+    if let Some(e) = &d.error {
+        row("error", e.clone());
+        row(
+            "next",
+            format!(
+                "ramd restore {n} --force | ramd restore {n} --discard-journal | ramd delete {n}",
+                n = d.name
+            ),
+        );
+    }
+    if let Some(p) = &d.persist {
+        let mut rows = Vec::new();
+        persist_rows(p, &mut rows);
+        for (k, v) in rows {
+            row(&k, v);
+        }
+    }
     render(&t)
+}
+
+/// `ramd stats`: the persistence of each persistent drive (empty when
+/// there is none).
+pub fn persist_stats(report: &StatsReport) -> String {
+    let drives: Vec<&DriveStats> = report
+        .drives
+        .iter()
+        .filter(|d| d.persist.is_some())
+        .collect();
+    if drives.is_empty() {
+        return String::new();
+    }
+    let mut t = table(
+        &[
+            "NAME",
+            "SYNC",
+            "LAST SYNC",
+            "DIRTY",
+            "JOURNAL",
+            "WRITTEN",
+            "SYNCS OK/FAIL",
+            "MEAN/MAX",
+            "LAST ERROR",
+        ],
+        &[3, 4, 5, 6],
+    );
+    for d in drives {
+        let s = d.persist.as_ref().expect("filtered");
+        let mean = (s.sync_count > 0).then(|| s.sync_seconds_total / s.sync_count as f64 * 1e6);
+        t.add_row(vec![
+            d.name.clone(),
+            s.sync_state.clone(),
+            s.last_sync_unix_ms.map_or_else(|| "never".into(), ago),
+            format_size(s.dirty_bytes),
+            format_size(s.journal_bytes),
+            format_size(s.bytes_written),
+            format!("{}/{}", s.syncs_ok, s.syncs_failed),
+            format!(
+                "{}/{}",
+                micros(mean),
+                micros(Some(s.max_sync_duration_ms * 1000.0))
+            ),
+            micros(s.restore_duration_ms.map(|m| m * 1000.0)),
+            s.last_error.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    format!("\npersistence:\n{}", render(&t))
 }
 
 /// `ramd info` (no name): the daemon.

@@ -24,6 +24,18 @@
 //! mem_limit = "512M"
 //! read_only = false
 //! overcommit = false
+//! persist = true              # keep it in STATE_DIR/drives/NAME
+//! durability = "flush"        # none | periodic | flush
+//! sync_interval = "60s"
+//! encrypt = true
+//! key_file = "/etc/ramd/ram0.key"
+//!
+//! [[dir]]
+//! path = "/var/log"
+//! interval = "10m"
+//! overlay = false
+//! size_limit = "2G"
+//! recovery_generations = 3
 //!
 //! [[cache]]
 //! name = "db"
@@ -40,7 +52,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::caches::{CacheConfigEntry, CacheSpec};
-use super::spec::{check_name, parse_drive_size, DriveSpec};
+use super::dirs::DirSpec;
+use super::spec::{
+    check_name, parse_drive_size, parse_durability, parse_sync_interval_ms, DriveSpec,
+    PersistOptions,
+};
 use crate::size::parse_size;
 
 /// The default config file, read when present and no `--config` is given.
@@ -117,6 +133,9 @@ pub struct ConfigFile {
     /// RAM caches created at start.
     #[serde(default, rename = "cache")]
     pub caches: Vec<CacheConfigEntry>,
+    /// Directories kept in RAM (added or restored at start).
+    #[serde(default, rename = "dir")]
+    pub dirs: Vec<DirEntry>,
 }
 
 /// `[daemon]`: each key matches a `ramd daemon` flag, which wins over it.
@@ -146,6 +165,28 @@ pub struct DriveEntry {
     pub read_only: bool,
     #[serde(default)]
     pub overcommit: bool,
+    /// Keep the drive in the state directory (restored at every start).
+    pub persist: Option<Spanned<bool>>,
+    /// `none`, `periodic` or `flush`.
+    pub durability: Option<Spanned<String>>,
+    /// A duration: `"60s"`, `"10m"`, `"500ms"`.
+    pub sync_interval: Option<Spanned<String>>,
+    /// Encrypt the state directory (needs `key_file`).
+    pub encrypt: Option<Spanned<bool>>,
+    /// The key: 32 raw bytes or 64 hex digits.
+    pub key_file: Option<Spanned<PathBuf>>,
+}
+
+/// `[[dir]]`: see [`super::dirs::DirSpec`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirEntry {
+    pub path: Spanned<PathBuf>,
+    pub interval: Option<Spanned<String>>,
+    #[serde(default)]
+    pub overlay: bool,
+    pub size_limit: Option<Spanned<Size>>,
+    pub recovery_generations: Option<Spanned<u32>>,
 }
 
 /// A parsed and checked config.
@@ -157,6 +198,8 @@ pub struct Config {
     pub drives: Vec<DriveSpec>,
     /// Caches to create at start.
     pub caches: Vec<CacheSpec>,
+    /// Directories to keep in RAM, each with where it is declared.
+    pub dirs: Vec<DirSpec>,
 }
 
 /// 1-based line and column of a byte offset.
@@ -195,12 +238,49 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let size = d.size.get_ref().0;
         parse_drive_size(&size.to_string())
             .map_err(|e| invalid(d.size.span().start, e.to_string()))?;
+        let mut p = PersistOptions {
+            persist: d.persist.as_ref().is_some_and(|v| *v.get_ref()),
+            encrypt: d.encrypt.as_ref().is_some_and(|v| *v.get_ref()),
+            key_file: d.key_file.as_ref().map(|v| v.get_ref().clone()),
+            ..PersistOptions::default()
+        };
+        if let Some(v) = &d.durability {
+            p.durability = Some(
+                parse_durability(v.get_ref())
+                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
+            );
+        }
+        if let Some(v) = &d.sync_interval {
+            p.sync_interval_ms = Some(
+                parse_sync_interval_ms(v.get_ref())
+                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
+            );
+        }
+        // Point at the key that made the combination wrong.
+        let blame = d
+            .key_file
+            .as_ref()
+            .map(|v| v.span().start)
+            .or(d.encrypt.as_ref().map(|v| v.span().start))
+            .or(d.durability.as_ref().map(|v| v.span().start))
+            .or(d.sync_interval.as_ref().map(|v| v.span().start))
+            .unwrap_or(d.name.span().start);
+        let persist = p.into_spec().map_err(|e| {
+            invalid(
+                blame,
+                e.to_string()
+                    .replace("--persist (config: persist = true)", "persist = true")
+                    .replace("--key-file F", "key_file")
+                    .replace("--encrypt", "encrypt = true"),
+            )
+        })?;
         drives.push(DriveSpec {
             name: name.clone(),
             size_bytes: size,
             mem_limit_bytes: d.mem_limit.map(|s| s.0),
             read_only: d.read_only,
             overcommit: d.overcommit,
+            persist,
         });
     }
     let mut caches: Vec<CacheSpec> = Vec::new();
@@ -222,11 +302,38 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
         caches.push(spec);
     }
+    let mut dirs: Vec<DirSpec> = Vec::new();
+    for d in &file.dirs {
+        let at = |offset: usize| {
+            let (line, column) = line_col(text, offset);
+            (path.to_owned(), line, column)
+        };
+        let spec = DirSpec::from_entry(d, at(d.path.span().start))
+            .map_err(|(offset, message)| invalid(offset, message))?;
+        if let Some(other) = dirs
+            .iter()
+            .find(|o| o.path.starts_with(&spec.path) || spec.path.starts_with(&o.path))
+        {
+            let message = if other.path == spec.path {
+                format!("directory {} is declared twice", spec.path.display())
+            } else {
+                format!(
+                    "directory {} overlaps {} (line {}): one directory cannot be kept in RAM inside another",
+                    spec.path.display(),
+                    other.path.display(),
+                    other.at.1
+                )
+            };
+            return Err(invalid(d.path.span().start, message));
+        }
+        dirs.push(spec);
+    }
     Ok(Config {
         path: Some(path.to_owned()),
         daemon: file.daemon,
         drives,
         caches,
+        dirs,
     })
 }
 
@@ -346,6 +453,117 @@ read_only = true
         ] {
             let e = err(text);
             assert!(e.contains(want), "want {want:?} in {e:?}");
+        }
+    }
+
+    #[test]
+    fn persistent_drives() {
+        let c = parse(
+            Path::new("x.toml"),
+            "[[drive]]\nname = \"db\"\nsize = \"1G\"\npersist = true\ndurability = \"flush\"\nsync_interval = \"5s\"\nencrypt = true\nkey_file = \"/etc/k\"\n",
+        )
+        .unwrap();
+        let p = c.drives[0].persist.as_ref().unwrap();
+        assert_eq!(p.durability, crate::persist::Durability::Flush);
+        assert_eq!(p.sync_interval_ms, 5000);
+        assert_eq!(p.key_file.as_deref(), Some(Path::new("/etc/k")));
+        let d = "[[drive]]\nname = \"db\"\nsize = \"1G\"\n";
+        for (extra, want) in [
+            (
+                "durability = \"flush\"\n",
+                "ramd.toml:4:14: a durability mode needs a persistent drive: add persist = true",
+            ),
+            (
+                "persist = true\ndurability = \"fast\"\n",
+                "ramd.toml:5:14: unknown durability 'fast'",
+            ),
+            (
+                "persist = true\nsync_interval = \"1ms\"\n",
+                "ramd.toml:5:17: a sync interval of 1 ms is shorter",
+            ),
+            (
+                "persist = true\nsync_interval = \"soon\"\n",
+                "ramd.toml:5:17: invalid sync interval",
+            ),
+            (
+                "persist = true\nencrypt = true\n",
+                "ramd.toml:5:11: encryption needs a key file: add key_file",
+            ),
+            (
+                "persist = true\nkey_file = \"/k\"\n",
+                "ramd.toml:5:12: a key file is only used with encryption: add encrypt = true",
+            ),
+            (
+                "persist = true\nencrypt = true\nkey_file = \"k\"\n",
+                "ramd.toml:6:12: the key file must be an absolute path",
+            ),
+            ("persist = 1\n", "ramd.toml:4:11: invalid type"),
+        ] {
+            let e = err(&format!("{d}{extra}"));
+            assert!(e.starts_with(want), "want {want:?} got {e:?}");
+        }
+    }
+
+    #[test]
+    fn dirs() {
+        let c = parse(
+            Path::new("x.toml"),
+            "[[dir]]\npath = \"/var/log/\"\ninterval = \"5m\"\nsize_limit = \"1G\"\n\n[[dir]]\npath = \"/home/u/.cache\"\noverlay = true\nrecovery_generations = 1\n",
+        )
+        .unwrap();
+        assert_eq!(c.dirs.len(), 2);
+        assert_eq!(c.dirs[0].path, Path::new("/var/log"));
+        assert_eq!(c.dirs[0].sync_interval_ms, 300_000);
+        assert_eq!(c.dirs[0].size_limit_bytes, Some(1 << 30));
+        assert_eq!(c.dirs[0].at.1, 2);
+        assert_eq!(c.dirs[1].mode, crate::dirsync::mounts::MountMode::Overlay);
+        assert_eq!(c.dirs[1].recovery_generations, 1);
+        assert_eq!(
+            c.dirs[1].sync_interval_ms,
+            crate::dirsync::manager::DEFAULT_SYNC_INTERVAL_MS
+        );
+        for (text, want) in [
+            (
+                "[[dir]]\npath = \"var/log\"\n",
+                "ramd.toml:2:8: the directory must be an absolute path",
+            ),
+            ("[[dir]]\npath = \"/a/../b\"\n", "ramd.toml:2:8: "),
+            (
+                "[[dir]]\npath = \"/a\"\ninterval = \"soon\"\n",
+                "ramd.toml:3:12: invalid interval",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\ninterval = \"10ms\"\n",
+                "ramd.toml:3:12: ",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nsize_limit = \"12Q\"\n",
+                "ramd.toml:3:14: unknown size unit",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nsize_limit = 0\n",
+                "ramd.toml:3:14: ",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nrecovery_generations = 0\n",
+                "ramd.toml:3:24: ",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\nintervall = \"1m\"\n",
+                "ramd.toml:3:1: unknown field `intervall`",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\n[[dir]]\npath = \"/a\"\n",
+                "ramd.toml:4:8: directory /a is declared twice",
+            ),
+            (
+                "[[dir]]\npath = \"/a\"\n[[dir]]\npath = \"/a/b\"\n",
+                "ramd.toml:4:8: directory /a/b overlaps /a (line 2)",
+            ),
+            ("[[dir]]\ninterval = \"1m\"\n", "missing field `path`"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(want), "want {want:?} in {e:?} for {text:?}");
         }
     }
 

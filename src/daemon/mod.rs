@@ -9,21 +9,28 @@
 //!  thread "signals"     sigwait(SIGINT, SIGTERM) ─► shutdown
 //! ```
 //!
+//! Start-up: persistent drives (declared, or found in STATE_DIR/drives)
+//! restore in the background while the API and NBD already serve; READY=1
+//! goes to systemd once none is restoring (`persistent::wait_restores`).
+//!
 //! Shutdown (SIGTERM/SIGINT): STOPPING=1 to systemd; the API stops
 //! accepting and finishes the requests it has; the NBD server stops
 //! accepting, answers every request already received and closes each
-//! connection; FUSE attachments are unmounted; every cache writes its dirty
-//! data back (`caches::shutdown`: bounded, and never silent about data a
-//! dead backing could not take: exit status 1 then); sockets and the pid
-//! lock are removed. Exit status 0.
+//! connection; FUSE attachments are unmounted; every persistent drive is
+//! synced and checkpointed (logged); every cache writes its dirty data
+//! back (`caches::shutdown`: bounded, and never silent about data a dead
+//! backing could not take: exit status 1 then); sockets and the pid lock
+//! are removed. Exit status 0.
 //!
 //! The NBD data path stays on plain threads with blocking I/O (measured
 //! faster than async for RAM requests); tokio runs only the API.
 
 pub mod caches;
 pub mod config;
+pub mod dirs;
 pub mod lock;
 mod logging;
+pub mod persistent;
 pub mod registry;
 pub mod sampler;
 pub mod spec;
@@ -41,6 +48,7 @@ use crate::store::MemoryBudget;
 use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;
 use config::{Config, ConfigError};
+use dirs::{DirSpec, Dirs, DirsError};
 use lock::{LockError, PidLock};
 use registry::{Origin, Registry, RegistryError};
 use sampler::Sampler;
@@ -82,8 +90,11 @@ pub struct DaemonArgs {
     pub nbd_listen: Vec<SocketAddr>,
 
     /// A drive to create at start: NAME=SIZE[,mem-limit=SIZE][,read-only]
-    /// [,overcommit]. Repeatable. Without any --drive and without drives in
-    /// the config, a 1 GiB drive "ram0" is created.
+    /// [,overcommit][,persist][,durability=none|periodic|flush]
+    /// [,sync-interval=DURATION][,key-file=PATH]. Repeatable. A persistent
+    /// drive is restored from STATE_DIR/drives/NAME when it is there.
+    /// Without any --drive and without drives in the config, a 1 GiB drive
+    /// "ram0" is created.
     #[arg(long = "drive", value_name = "SPEC")]
     pub drives: Vec<String>,
 
@@ -152,6 +163,9 @@ pub enum DaemonError {
     /// At shutdown, dirty data of a cache could not reach its backing.
     #[error("{0}")]
     CacheData(String),
+    /// Directories in RAM could not be brought up.
+    #[error(transparent)]
+    Dirs(#[from] DirsError),
 }
 
 /// Settings after flags, config and defaults are merged.
@@ -174,6 +188,11 @@ pub struct Settings {
     pub config_path: Option<PathBuf>,
     /// Caches to create at start (from the config).
     pub caches: Vec<CacheSpec>,
+    /// The runtime directory (directories in RAM keep their mounts in
+    /// `dirs/` there).
+    pub runtime_dir: PathBuf,
+    /// Directories to keep in RAM, from the config.
+    pub dirs: Vec<DirSpec>,
 }
 
 impl Settings {
@@ -247,6 +266,8 @@ impl Settings {
             drives,
             config_path: config.path,
             caches: config.caches,
+            runtime_dir: runtime,
+            dirs: config.dirs,
         })
     }
 }
@@ -263,6 +284,8 @@ pub struct Daemon {
     pub sampler: Arc<Sampler>,
     /// RAM caches in front of slower disks.
     pub caches: Arc<Caches>,
+    /// Directories kept in RAM.
+    pub dirs: Arc<Dirs>,
 }
 
 impl Daemon {
@@ -338,11 +361,10 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => MemoryBudget::default_daemon(),
     });
     let exports = Arc::new(ExportTable::new());
-    let registry = Arc::new(Registry::new(
-        exports.clone(),
-        budget.clone(),
-        settings.metrics,
-    ));
+    let registry = Arc::new(
+        Registry::new(exports.clone(), budget.clone(), settings.metrics)
+            .with_state_dir(settings.state_dir.clone()),
+    );
     for (spec, origin) in &settings.drives {
         registry
             .create(spec, origin.clone())
@@ -368,6 +390,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 source,
             })?;
     }
+    // Persistent drives created through the API (or no longer declared)
+    // come back too; restores run in the background, READY=1 waits.
+    persistent::restore_stored(&registry, &settings);
 
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
@@ -383,6 +408,16 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     api_listener
         .set_nonblocking(true)
         .map_err(DaemonError::Start)?;
+    // Before the API serves and before READY=1: every directory is in RAM
+    // (or listed as failed) before anything may use it. API requests made
+    // meanwhile wait in the listen queue.
+    let dirs = Dirs::start(
+        settings.runtime_dir.join("dirs"),
+        settings.state_dir.join("dirs"),
+        settings.config_path.as_deref(),
+        &settings.dirs,
+    )
+    .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
 
     let daemon = Arc::new(Daemon {
         registry: registry.clone(),
@@ -395,6 +430,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .map_or(0, |d| d.as_secs()),
         sampler: Arc::new(Sampler::new()),
         caches: caches.clone(),
+        dirs: Arc::new(dirs),
     });
 
     let nbd_thread = std::thread::Builder::new()
@@ -427,16 +463,18 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let listener = tokio::net::UnixListener::from_std(api_listener)?;
         tokio::spawn(daemon.sampler.clone().run(daemon.registry.clone()));
         tokio::spawn(caches::sample_loop(daemon.caches.clone()));
-        let _ = sd_notify::notify(
-            false,
-            &[
-                sd_notify::NotifyState::Ready,
-                sd_notify::NotifyState::Status(&format!(
-                    "serving {} drive(s)",
-                    daemon.registry.list().len()
-                )),
-            ],
-        );
+        // READY=1 once no drive is restoring (the API answers meanwhile).
+        let r = daemon.registry.clone();
+        tokio::task::spawn_blocking(move || {
+            persistent::wait_restores(&r);
+            let _ = sd_notify::notify(
+                false,
+                &[
+                    sd_notify::NotifyState::Ready,
+                    sd_notify::NotifyState::Status(&format!("serving {} drive(s)", r.list().len())),
+                ],
+            );
+        });
         let mut stop = stop_rx;
         crate::api::serve(listener, daemon.clone(), async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -446,6 +484,17 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if let Err(e) = &served {
         tracing::error!("API server failed: {e}");
     }
+    // No more API requests: sync and release the directories in RAM (the
+    // systemd unit's stop ordering relies on this happening before exit).
+    if !daemon.dirs.manager.paths().is_empty() {
+        let _ = sd_notify::notify(
+            false,
+            &[sd_notify::NotifyState::Status(
+                "syncing directories to disk",
+            )],
+        );
+    }
+    daemon.dirs.stop();
     // The API has stopped; now NBD: finish in-flight requests, close.
     nbd_handle.shutdown();
     match nbd_thread.join() {
@@ -454,7 +503,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Err(_) => tracing::error!("NBD server thread panicked"),
     }
     daemon.attachments.shutdown();
-    // Nothing writes any more: write every cache back (bounded, loud).
+    // No client can write any more: save every persistent drive, and
+    // write every cache back (bounded, loud).
+    registry.shutdown_persistent();
     let outcomes = daemon
         .caches
         .shutdown(&settings.state_dir.join("cache-rescue"));
@@ -516,6 +567,14 @@ fn announce(d: &Daemon) {
             c.spec.summary(),
             c.state().name(),
             d.unix_uri(&c.name)
+        );
+    }
+    let dirs = d.dirs.manager.paths();
+    if !dirs.is_empty() {
+        tracing::info!(
+            "{} director{} in RAM (ramd dir list)",
+            dirs.len(),
+            if dirs.len() == 1 { "y" } else { "ies" }
         );
     }
     for drive in &drives {

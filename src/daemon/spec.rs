@@ -1,7 +1,17 @@
-//! Drive names and `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]` specs
+//! Drive names and `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
+//! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]` specs
 //! (pure parsing, shared by the command line, the config file and the API).
 
+use std::path::PathBuf;
+
+use crate::persist::Durability;
 use crate::size::parse_size;
+
+/// Shortest background sync interval of a persistent drive.
+pub const MIN_SYNC_INTERVAL_MS: u64 = 50;
+
+/// Default background sync interval of a persistent drive.
+pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 60_000;
 
 /// Longest drive name.
 pub const NAME_MAX_BYTES: usize = 64;
@@ -18,6 +28,9 @@ pub enum SpecError {
     /// The spec is malformed.
     #[error("{0}")]
     Malformed(String),
+    /// Persistence options that do not fit together.
+    #[error("{0}")]
+    Persist(String),
 }
 
 /// Checks a drive name: `[a-z0-9][a-z0-9_-]{0,63}`.
@@ -57,9 +70,131 @@ pub struct DriveSpec {
     /// Allow the drive's size (or limit) to exceed what the daemon budget
     /// has left: writes past the budget then fail with ENOSPC.
     pub overcommit: bool,
+    /// Keep the drive in a state directory (None: RAM only).
+    pub persist: Option<PersistSpec>,
 }
 
-/// Parses `NAME=SIZE[,mem-limit=SIZE][,read-only][,overcommit]`.
+/// How a persistent drive keeps its data on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistSpec {
+    /// The promise (see `persist::Durability`).
+    pub durability: Durability,
+    /// Time between background syncs (periodic and flush modes).
+    pub sync_interval_ms: u64,
+    /// The key file when the drive is encrypted at rest (None: plain). An
+    /// absolute path: the daemon reads it again at every start.
+    pub key_file: Option<PathBuf>,
+}
+
+impl Default for PersistSpec {
+    fn default() -> Self {
+        PersistSpec {
+            durability: Durability::default(),
+            sync_interval_ms: DEFAULT_SYNC_INTERVAL_MS,
+            key_file: None,
+        }
+    }
+}
+
+/// Parses a sync interval: `60s`, `10m`, `500ms`, `1h 30m`.
+pub fn parse_sync_interval_ms(text: &str) -> Result<u64, SpecError> {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        SpecError::Persist(format!(
+            "invalid sync interval '{text}': {e} (use a duration like 500ms, 30s, 10m)"
+        ))
+    })?;
+    let ms = u64::try_from(d.as_millis())
+        .map_err(|_| SpecError::Persist(format!("sync interval '{text}' is too long")))?;
+    check_sync_interval_ms(ms)?;
+    Ok(ms)
+}
+
+/// Checks a sync interval in milliseconds.
+pub fn check_sync_interval_ms(ms: u64) -> Result<(), SpecError> {
+    if ms < MIN_SYNC_INTERVAL_MS {
+        return Err(SpecError::Persist(format!(
+            "a sync interval of {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms"
+        )));
+    }
+    Ok(())
+}
+
+/// An interval for people: `1m 30s`, `500ms`.
+pub fn format_interval(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+}
+
+/// Parses a durability mode.
+pub fn parse_durability(text: &str) -> Result<Durability, SpecError> {
+    text.trim().parse().map_err(SpecError::Persist)
+}
+
+/// Persistence options as a user gives them (flags, config keys, API
+/// fields), checked together into a [`PersistSpec`].
+#[derive(Debug, Clone, Default)]
+pub struct PersistOptions {
+    pub persist: bool,
+    pub durability: Option<Durability>,
+    pub sync_interval_ms: Option<u64>,
+    pub encrypt: bool,
+    pub key_file: Option<PathBuf>,
+}
+
+impl PersistOptions {
+    /// The spec, None for a RAM-only drive; an error names what does not
+    /// fit together (e.g. a durability without persistence).
+    pub fn into_spec(self) -> Result<Option<PersistSpec>, SpecError> {
+        let needs_persist = |what: &str| {
+            SpecError::Persist(format!(
+                "{what} needs a persistent drive: add --persist (config: persist = true)"
+            ))
+        };
+        if !self.persist {
+            if self.durability.is_some() {
+                return Err(needs_persist("a durability mode"));
+            }
+            if self.sync_interval_ms.is_some() {
+                return Err(needs_persist("a sync interval"));
+            }
+            if self.encrypt || self.key_file.is_some() {
+                return Err(needs_persist("encryption"));
+            }
+            return Ok(None);
+        }
+        match (self.encrypt, &self.key_file) {
+            (true, None) => {
+                return Err(SpecError::Persist(
+                    "encryption needs a key file: add --key-file F (32 random bytes: head -c 32 /dev/urandom > F)".into(),
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(SpecError::Persist(
+                    "a key file is only used with encryption: add --encrypt".into(),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(f) = &self.key_file {
+            if !f.is_absolute() {
+                return Err(SpecError::Persist(format!(
+                    "the key file must be an absolute path, not '{}'",
+                    f.display()
+                )));
+            }
+        }
+        let sync_interval_ms = self.sync_interval_ms.unwrap_or(DEFAULT_SYNC_INTERVAL_MS);
+        check_sync_interval_ms(sync_interval_ms)?;
+        Ok(Some(PersistSpec {
+            durability: self.durability.unwrap_or_default(),
+            sync_interval_ms,
+            key_file: self.key_file,
+        }))
+    }
+}
+
+/// Parses `NAME=SIZE[,mem-limit=SIZE][,read-only][,overcommit][,persist]
+/// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]` (a key
+/// file turns encryption on).
 pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
     let mut parts = spec.split(',');
     let head = parts.next().unwrap_or_default();
@@ -76,21 +211,31 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
         mem_limit_bytes: None,
         read_only: false,
         overcommit: false,
+        persist: None,
     };
+    let mut p = PersistOptions::default();
     for opt in parts {
         match opt.split_once('=') {
             Some(("mem-limit", v)) => {
                 d.mem_limit_bytes = Some(parse_size(v).map_err(SpecError::InvalidSize)?)
             }
+            Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
+            Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
+            Some(("key-file", v)) => {
+                p.encrypt = true;
+                p.key_file = Some(PathBuf::from(v));
+            }
             None if opt == "read-only" || opt == "ro" => d.read_only = true,
             None if opt == "overcommit" => d.overcommit = true,
+            None if opt == "persist" => p.persist = true,
             _ => {
                 return Err(SpecError::Malformed(format!(
-                "'{spec}': unknown option '{opt}' (known: mem-limit=SIZE, read-only, overcommit)"
+                "'{spec}': unknown option '{opt}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH)"
             )))
             }
         }
     }
+    d.persist = p.into_spec()?;
     Ok(d)
 }
 
@@ -121,6 +266,15 @@ mod tests {
             ("db", 4 << 30, Some(1 << 30), true)
         );
         assert!(parse_drive_spec("x=1G,overcommit").unwrap().overcommit);
+        let p = parse_drive_spec("x=1G,persist,durability=flush,sync-interval=10s,key-file=/k")
+            .unwrap()
+            .persist
+            .unwrap();
+        assert_eq!(p.durability, Durability::Flush);
+        assert_eq!(p.sync_interval_ms, 10_000);
+        assert_eq!(p.key_file.as_deref(), Some(std::path::Path::new("/k")));
+        let p = parse_drive_spec("x=1G,persist").unwrap().persist.unwrap();
+        assert_eq!(p, PersistSpec::default());
         for bad in [
             "Bad=1G",
             "x=12Q",
@@ -128,6 +282,12 @@ mod tests {
             "x=0",
             "x=1G,turbo",
             "x=1G,mem-limit=z",
+            "x=1G,durability=flush",
+            "x=1G,persist,durability=fast",
+            "x=1G,persist,sync-interval=1ms",
+            "x=1G,persist,sync-interval=soon",
+            "x=1G,persist,key-file=relative",
+            "x=1G,key-file=/k",
         ] {
             assert!(parse_drive_spec(bad).is_err(), "{bad}");
         }

@@ -248,7 +248,9 @@ pub fn mem_available_bytes() -> u64 {
 }
 
 /// How full a RAM copy is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum UsageLevel {
     /// Below 80%.
@@ -270,7 +272,7 @@ pub const CRITICAL_PERCENT: u64 = 95;
 pub const HYSTERESIS_PERCENT: u64 = 2;
 
 /// Space and inode use of a tmpfs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub used_bytes: u64,
     pub total_bytes: u64,

@@ -31,6 +31,7 @@ use super::meta::{self, Meta};
 use super::mountinfo::{self, MountInfoError};
 use super::mounts::{self, Layout, MountError, MountMode};
 use super::recovery::{self, RecoveryCopy, RecoveryError, Situation, StaleSource};
+pub use super::state::DirOrigin;
 use super::state::{DirConfig, DirRecord, DirsState, StateError, StateFile};
 use super::sync::{self, SyncError, SyncOptions, SyncReport};
 use crate::size::format_size;
@@ -98,17 +99,18 @@ impl DirError {
     /// A stable machine-readable code (the API's `error.code`).
     pub fn code(&self) -> &'static str {
         match self {
-            DirError::NotManaged(_) => "not_found",
-            DirError::AlreadyManaged(_) => "already_exists",
-            DirError::NotActive { .. } => "not_active",
-            DirError::Invalid(_) => "invalid_argument",
+            DirError::NotManaged(_) => "dir_not_found",
+            DirError::AlreadyManaged(_) => "dir_exists",
+            DirError::NotActive { .. } => "dir_not_active",
+            DirError::Invalid(_) => "invalid_request",
             DirError::RamFull { .. } => "ram_full",
-            DirError::Covered { .. } => "covered",
-            DirError::Guard(_) => "refused",
-            DirError::Mount(MountError::Busy { .. }) => "busy",
-            DirError::Lock(LockError::Held { .. }) => "locked",
+            DirError::Guard(GuardError::TooBig { .. } | GuardError::NoMemory { .. }) => "ram_full",
+            DirError::Covered { .. } => "dir_covered",
+            DirError::Guard(_) => "dir_refused",
+            DirError::Mount(MountError::Busy { .. }) => "dir_busy",
+            DirError::Lock(LockError::Held { .. }) => "dir_locked",
             DirError::Sync(SyncError::NoSpace { .. }) => "disk_full",
-            _ => "io_error",
+            _ => "dir_io_error",
         }
     }
 }
@@ -159,6 +161,10 @@ pub struct AddRequest {
     pub recovery_generations: u32,
     /// Refuse unless PATH is owned by this uid (the API passes the caller's).
     pub expected_uid: Option<u32>,
+    /// Who asked for it (the daemon drops config-declared directories the
+    /// config no longer declares).
+    #[serde(default)]
+    pub origin: DirOrigin,
 }
 
 impl AddRequest {
@@ -171,12 +177,24 @@ impl AddRequest {
             sync_interval_ms: DEFAULT_SYNC_INTERVAL_MS,
             recovery_generations: DEFAULT_RECOVERY_GENERATIONS,
             expected_uid: None,
+            origin: DirOrigin::Api,
         }
     }
 }
 
+/// New settings for a managed directory; `None` leaves one as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirChange {
+    /// Time between periodic syncs.
+    pub sync_interval_ms: Option<u64>,
+    /// New tmpfs size limit (`Some(None)`: the kernel default, half of RAM).
+    pub size_limit_bytes: Option<Option<u64>>,
+    /// Dated recovery copies kept (older ones are deleted at once).
+    pub recovery_generations: Option<u32>,
+}
+
 /// Where a directory is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DirStatus {
     /// Being filled / mounted (add or start-up recovery).
@@ -198,7 +216,7 @@ impl DirStatus {
 }
 
 /// What start-up did for one directory.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum RecoverOutcome {
     /// Restored from the on-disk copy (after a reboot or a clean stop).
@@ -211,7 +229,7 @@ pub enum RecoverOutcome {
 }
 
 /// What stopping a directory did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum StopOutcome {
     /// Synced and unmounted: PATH is a normal directory again.
@@ -227,7 +245,7 @@ pub enum StopOutcome {
 }
 
 /// One directory as `ramd dir list` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct DirInfo {
     pub path: PathBuf,
     pub id: String,
@@ -250,6 +268,29 @@ pub struct DirInfo {
     pub recovery_copies: Vec<RecoveryCopy>,
     /// Things the user should know (recovery, lazy unmounts...).
     pub notes: Vec<String>,
+    /// Who asked for it: the API, or a `[[dir]]` in a config file.
+    pub origin: DirOrigin,
+    /// Syncs since the daemon started.
+    pub totals: SyncTotals,
+}
+
+/// Counters of a directory's syncs since the daemon started (metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SyncTotals {
+    /// Syncs that finished (complete or with files left for the next one).
+    pub syncs: u64,
+    /// Syncs that failed (disk full, I/O error).
+    pub failed_syncs: u64,
+    /// Regular files written to disk.
+    pub files_copied: u64,
+    /// Data bytes written to disk.
+    pub bytes_copied: u64,
+    /// Entries deleted from disk.
+    pub entries_deleted: u64,
+    /// Times a file was left for the next sync because it kept changing.
+    pub files_skipped_changing: u64,
+    /// Wall time of all syncs, for an average.
+    pub duration_ms: u64,
 }
 
 /// Mutable facts about a directory, read by listings (held briefly).
@@ -263,6 +304,11 @@ struct Live {
     last_error: Option<String>,
     usage: UsageTracker,
     notes: Vec<String>,
+    /// Counters for metrics.
+    totals: SyncTotals,
+    /// The settings in force: the record's, changed by
+    /// [`DirManager::reconfigure`] (path and mode never change).
+    config: DirConfig,
 }
 
 #[derive(Debug)]
@@ -287,6 +333,10 @@ pub struct DirManager {
     /// Serializes adds (check, record, insert, fill), so two adds of one
     /// path cannot both pass the checks. Syncs and listings do not take it.
     adding: Mutex<()>,
+    /// flock on the state directory, taken before the first add or
+    /// recovery and kept until shutdown: two managers (two daemons) sharing
+    /// a state directory would overwrite each other's state file.
+    state_claim: Mutex<Option<DirLock>>,
 }
 
 fn now_unix_ms() -> u64 {
@@ -337,7 +387,21 @@ impl DirManager {
             records: Mutex::new(state),
             dirs: Mutex::new(BTreeMap::new()),
             adding: Mutex::new(()),
+            state_claim: Mutex::new(None),
         })
+    }
+
+    /// Takes the state directory's lock (once; kept until shutdown).
+    fn claim_state(&self) -> Result<(), DirError> {
+        let mut claim = self.state_claim.lock();
+        if claim.is_some() {
+            return Ok(());
+        }
+        let dir = &self.cfg.state_dir;
+        mounts::ensure_dir(dir)?;
+        let file = std::fs::File::open(dir).map_err(io_err("open", dir))?;
+        *claim = Some(DirLock::acquire(file, dir)?);
+        Ok(())
     }
 
     /// The persisted records (what start-up will restore).
@@ -361,6 +425,21 @@ impl DirManager {
             .ok_or_else(|| DirError::NotManaged(path.to_path_buf()))
     }
 
+    /// The path of a managed directory named by its id or its path
+    /// (trailing slashes and `.` components ignored).
+    pub fn find(&self, key: &str) -> Result<PathBuf, DirError> {
+        let dirs = self.dirs.lock();
+        let found = if key.starts_with('/') {
+            let want: PathBuf = Path::new(key).components().collect();
+            dirs.keys().find(|p| **p == want).cloned()
+        } else {
+            dirs.iter()
+                .find(|(_, m)| m.record.id == key)
+                .map(|(p, _)| p.clone())
+        };
+        found.ok_or_else(|| DirError::NotManaged(PathBuf::from(key)))
+    }
+
     /// Paths of managed directories.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.dirs.lock().keys().cloned().collect()
@@ -368,10 +447,11 @@ impl DirManager {
 
     /// Settings of a managed directory.
     pub fn config(&self, path: &Path) -> Result<DirConfig, DirError> {
-        Ok(self.get(path)?.record.config.clone())
+        Ok(self.get(path)?.live.lock().config.clone())
     }
 
     fn insert(&self, record: DirRecord, status: DirStatus) -> Arc<Managed> {
+        let config = record.config.clone();
         let m = Arc::new(Managed {
             layout: self.layout(&record.id),
             record,
@@ -384,6 +464,8 @@ impl DirManager {
                 last_error: None,
                 usage: UsageTracker::default(),
                 notes: Vec::new(),
+                totals: SyncTotals::default(),
+                config,
             }),
         });
         self.dirs
@@ -415,6 +497,7 @@ impl DirManager {
             ));
         }
         let _adding = self.adding.lock();
+        self.claim_state()?;
         let path = req.path.clone();
         let managed: Vec<PathBuf> = self
             .records
@@ -468,6 +551,7 @@ impl DirManager {
                 expected_uid: req.expected_uid,
             },
             added_unix_s: now_unix_ms() / 1000,
+            origin: req.origin.clone(),
         };
         // Record first: a crash from here on is recovered at start (Fresh
         // restores from disk, which still has everything).
@@ -518,15 +602,15 @@ impl DirManager {
             let _ = std::fs::remove_file(layout.handover());
             let disk = layout.disk();
             let root = Meta::lstat(&disk).map_err(io_err("stat", &disk))?;
-            mounts::mount_tmpfs(&layout.ram(), &layout.tag, cfg.size_limit_bytes, 0o700)?;
+            let size_limit_bytes = m.live.lock().config.size_limit_bytes;
+            mounts::mount_tmpfs(&layout.ram(), &layout.tag, size_limit_bytes, 0o700)?;
             match cfg.mode {
                 MountMode::Tmpfs => {
                     let report = sync::sync_tree(&disk, &layout.ram(), &SyncOptions::to_ram())
                         .map_err(|e| match e {
                             SyncError::NoSpace { .. } => DirError::RamFull {
                                 path: cfg.path.clone(),
-                                limit: cfg
-                                    .size_limit_bytes
+                                limit: size_limit_bytes
                                     .map(format_size)
                                     .unwrap_or_else(|| "(tmpfs default)".into()),
                             },
@@ -625,6 +709,13 @@ impl DirManager {
                 live.last_sync_unix_ms = Some(now_unix_ms());
                 live.last_report = Some(r.clone());
                 live.last_error = None;
+                let t = &mut live.totals;
+                t.syncs += 1;
+                t.files_copied += r.files_copied;
+                t.bytes_copied += r.bytes_copied;
+                t.entries_deleted += r.entries_deleted;
+                t.files_skipped_changing += r.changed_during_sync.len() as u64;
+                t.duration_ms += r.duration_ms;
                 if r.complete() {
                     tracing::debug!(path = %path.display(), files = r.files_copied, bytes = r.bytes_copied,
                         deleted = r.entries_deleted, ms = r.duration_ms, "synced");
@@ -635,6 +726,7 @@ impl DirManager {
             }
             Err(e) => {
                 live.last_error = Some(e.to_string());
+                live.totals.failed_syncs += 1;
                 tracing::error!(path = %path.display(), "sync failed: {e}");
             }
         }
@@ -749,6 +841,7 @@ impl DirManager {
             })
             .collect();
         self.dirs.lock().clear();
+        *self.state_claim.lock() = None;
         out
     }
 
@@ -763,7 +856,7 @@ impl DirManager {
                 let path = record.config.path.clone();
                 let m = self.insert(record, DirStatus::Activating);
                 let _op = m.op.lock();
-                let result = self.recover_one(&m);
+                let result = self.claim_state().and_then(|()| self.recover_one(&m));
                 let mut live = m.live.lock();
                 let result = match result {
                     Ok((outcome, lock)) => {
@@ -842,7 +935,8 @@ impl DirManager {
                     let _ = mounts::unmount(&layout.stale_view(), true);
                 }
                 let (copy, _) = copy?;
-                for old in recovery::prune(&rec_dir, cfg.recovery_generations) {
+                let generations = m.live.lock().config.recovery_generations;
+                for old in recovery::prune(&rec_dir, generations) {
                     tracing::info!(path = %old.display(), "deleted an old recovery copy");
                 }
                 tracing::warn!(path = %path.display(), copy = %copy.display(),
@@ -913,8 +1007,8 @@ impl DirManager {
             path: cfg.path.clone(),
             id: m.record.id.clone(),
             mode: cfg.mode,
-            size_limit_bytes: cfg.size_limit_bytes,
-            sync_interval_ms: cfg.sync_interval_ms,
+            size_limit_bytes: live.config.size_limit_bytes,
+            sync_interval_ms: live.config.sync_interval_ms,
             status: live.status,
             usage_percent: usage.map(|u| u.percent()),
             usage_level: usage.map(|u| u.level()),
@@ -924,7 +1018,88 @@ impl DirManager {
             last_error: live.last_error.clone(),
             recovery_copies: recovery::list_copies(&self.recovery_dir(&m.record.id)),
             notes: live.notes.clone(),
+            origin: m.record.origin.clone(),
+            totals: live.totals.clone(),
         }
+    }
+
+    /// Changes a directory's interval, size limit or recovery generations,
+    /// in RAM (the tmpfs is resized at once) and in the state file. A size
+    /// limit below what the RAM copy holds is refused. The caller
+    /// reschedules the syncs ([`super::schedule::SyncWorker::set_interval`]).
+    pub fn reconfigure(&self, path: &Path, change: &DirChange) -> Result<DirInfo, DirError> {
+        if change
+            .sync_interval_ms
+            .is_some_and(|ms| ms < MIN_SYNC_INTERVAL_MS)
+        {
+            return Err(DirError::Invalid(format!(
+                "sync interval below the minimum of {MIN_SYNC_INTERVAL_MS} ms"
+            )));
+        }
+        if change.recovery_generations == Some(0) {
+            return Err(DirError::Invalid(
+                "recovery generations must be at least 1".into(),
+            ));
+        }
+        if change.size_limit_bytes == Some(Some(0)) {
+            return Err(DirError::Invalid(
+                "a size limit must be at least 1 byte".into(),
+            ));
+        }
+        let m = self.get(path)?;
+        let _op = m.op.lock();
+        let (old, active) = {
+            let live = m.live.lock();
+            (live.config.clone(), live.status == DirStatus::Active)
+        };
+        let mut new = old.clone();
+        if let Some(ms) = change.sync_interval_ms {
+            new.sync_interval_ms = ms;
+        }
+        if let Some(g) = change.recovery_generations {
+            new.recovery_generations = g;
+        }
+        if let Some(limit) = change.size_limit_bytes {
+            new.size_limit_bytes = limit;
+        }
+        let resized = active && new.size_limit_bytes != old.size_limit_bytes;
+        if resized {
+            mounts::resize_tmpfs(&m.layout.ram(), new.size_limit_bytes).map_err(|e| match e {
+                MountError::Failed { source, .. }
+                    if source.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    let used = Usage::of(&m.layout.ram()).map(|u| u.used_bytes).unwrap_or(0);
+                    DirError::Invalid(format!(
+                        "the RAM copy of {} holds {}: a size limit below that cannot be set; delete files first",
+                        path.display(),
+                        format_size(used)
+                    ))
+                }
+                e => e.into(),
+            })?;
+        }
+        let saved = self.save_records(|s| {
+            for r in s.dirs.iter_mut().filter(|r| r.config.path == path) {
+                r.config = new.clone();
+            }
+        });
+        if let Err(e) = saved {
+            if resized {
+                let _ = mounts::resize_tmpfs(&m.layout.ram(), old.size_limit_bytes);
+            }
+            return Err(e);
+        }
+        m.live.lock().config = new.clone();
+        if new.recovery_generations < old.recovery_generations {
+            for gone in recovery::prune(&self.recovery_dir(&m.record.id), new.recovery_generations)
+            {
+                tracing::info!(path = %gone.display(), "deleted an old recovery copy");
+            }
+        }
+        tracing::info!(path = %path.display(), interval_ms = new.sync_interval_ms,
+            size_limit = ?new.size_limit_bytes, generations = new.recovery_generations, "settings changed");
+        drop(_op);
+        Ok(self.info_of(&m))
     }
 
     /// The owner uid of PATH's on-disk directory (for API permission checks).

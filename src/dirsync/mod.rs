@@ -21,6 +21,7 @@
 //!     └── sync       the sync engine: compare, temporaries, barriers, renames,
 //!           └── meta     deletes last; metadata, xattrs, sparse data copy
 //!  schedule   per-directory intervals (pure Scheduler) and the SyncWorker thread
+//!  metrics    Prometheus families of a listing (pure)
 //! ```
 //!
 //! Pure parts (mountinfo, state codec, recovery::classify, guard levels,
@@ -31,6 +32,7 @@ pub mod guard;
 pub mod lock;
 pub mod manager;
 pub mod meta;
+pub mod metrics;
 pub mod mountinfo;
 pub mod mounts;
 pub mod recovery;

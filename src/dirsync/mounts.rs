@@ -166,6 +166,21 @@ pub fn mount_tmpfs(
         .map_err(failed("mount tmpfs", target))
 }
 
+/// Changes the size limit of the tmpfs at `target` (None: the kernel
+/// default, half of RAM). The kernel refuses (EINVAL) a size below what the
+/// tmpfs holds.
+pub fn resize_tmpfs(target: &Path, size_limit_bytes: Option<u64>) -> Result<(), MountError> {
+    let opts = match size_limit_bytes {
+        Some(size) => format!("size={}", size.max(4096)),
+        None => "size=50%".to_string(),
+    };
+    let data = std::ffi::CString::new(opts).expect("no NUL in options");
+    // A plain remount: per-mount flags become the (empty) flags given,
+    // which is how mount_tmpfs mounted it.
+    rustix::mount::mount_remount(target, MountFlags::empty(), data.as_c_str())
+        .map_err(failed("resize tmpfs", target))
+}
+
 /// Escapes a path for an overlayfs option value (`,` `:` `\` are special).
 fn overlay_escape(p: &Path) -> String {
     let mut s = String::new();

@@ -91,7 +91,7 @@ pub fn classify(
 }
 
 /// A complete recovery copy.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecoveryCopy {
     /// Where it is.
     pub path: PathBuf,

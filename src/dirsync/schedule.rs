@@ -159,6 +159,17 @@ impl SyncWorker {
         self.shared.wake.notify_one();
     }
 
+    /// A directory's interval changed: the next sync is one new interval
+    /// from now at the latest.
+    pub fn set_interval(&self, path: &Path, interval: Duration) {
+        self.shared
+            .scheduler
+            .lock()
+            .0
+            .set_interval(path, interval, Instant::now());
+        self.shared.wake.notify_one();
+    }
+
     /// Unschedules a directory just removed.
     pub fn remove(&self, path: &Path) {
         self.shared.scheduler.lock().0.remove(path);

@@ -68,6 +68,21 @@ pub struct DirRecord {
     pub config: DirConfig,
     /// When it was added (seconds since the epoch).
     pub added_unix_s: u64,
+    /// Who asked for it (absent in files written before it existed: the API).
+    #[serde(default)]
+    pub origin: DirOrigin,
+}
+
+/// Who asked for a directory to be kept in RAM.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum DirOrigin {
+    /// `ramd dir add` / `POST /v1/dirs`: kept until removed the same way.
+    #[default]
+    Api,
+    /// A `[[dir]]` in this config file: dropped at a start with the same
+    /// file when the file no longer declares it.
+    Config { file: PathBuf },
 }
 
 /// Everything the state file holds.
@@ -241,8 +256,18 @@ mod tests {
                     expected_uid: Some(1000),
                 },
                 added_unix_s: 1_700_000_000,
+                origin: DirOrigin::Config {
+                    file: "/etc/ramd/ramd.toml".into(),
+                },
             }],
         }
+    }
+
+    #[test]
+    fn records_without_origin_are_api_ones() {
+        let body = br#"{"dirs":[{"id":"x-1","config":{"path":"/x","mode":"tmpfs","size_limit_bytes":null,"sync_interval_ms":1000,"recovery_generations":3,"expected_uid":null},"added_unix_s":1}]}"#;
+        let state: DirsState = serde_json::from_slice(body).unwrap();
+        assert_eq!(state.dirs[0].origin, DirOrigin::Api);
     }
 
     #[test]

@@ -111,7 +111,7 @@ impl SyncOptions {
 }
 
 /// What a sync did.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SyncReport {
     /// Entries of the source looked at.
     pub entries_scanned: u64,

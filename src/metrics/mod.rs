@@ -35,6 +35,7 @@
 //!   drive mutex, so a snapshot never counts them twice or loses them.
 
 pub mod histogram;
+pub mod persist;
 pub mod prometheus;
 
 use std::sync::atomic::{AtomicU64, Ordering};

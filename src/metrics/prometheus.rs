@@ -32,7 +32,7 @@ use super::{Op, Timed, Totals, ERRNOS};
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Histogram bucket bounds: powers of two from 1 us (1024 ns) to ~17 s.
-const BOUNDS_POW2: std::ops::RangeInclusive<u32> = 10..=34;
+pub(crate) const BOUNDS_POW2: std::ops::RangeInclusive<u32> = 10..=34;
 
 /// One drive at the moment of the scrape.
 #[derive(Debug, Clone)]

@@ -627,18 +627,7 @@ impl Conn<'_> {
         debug_assert!(self.out.is_empty());
         let len = req.len as usize;
         let (mut done, mut header_sent) = (0usize, 0usize);
-        if self.structured {
-            encode_chunk_header(
-                &mut self.out,
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_OFFSET_DATA,
-                req.cookie,
-                8 + req.len,
-            );
-            self.out.extend_from_slice(&req.offset.to_be_bytes());
-        } else {
-            encode_simple_reply(&mut self.out, req.cookie, 0);
-        }
+        self.encode_read_header(req);
         while done < len {
             let mut stream_error = None;
             let header = &self.out[header_sent..];
@@ -691,6 +680,25 @@ impl Conn<'_> {
         Ok(())
     }
 
+    /// The header of a successful READ reply of `req.len` (> 0) bytes: one
+    /// OFFSET_DATA chunk (never fragmented, so DF always holds) or a simple
+    /// reply. The data follows.
+    fn encode_read_header(&mut self, req: &Request) {
+        if self.structured {
+            let chunk_len = 8 + req.len;
+            encode_chunk_header(
+                &mut self.out,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                req.cookie,
+                chunk_len,
+            );
+            self.out.extend_from_slice(&req.offset.to_be_bytes());
+        } else {
+            encode_simple_reply(&mut self.out, req.cookie, 0);
+        }
+    }
+
     fn flush_if_fua(&self, req: &Request) -> crate::backend::Result<()> {
         if req.flags & CMD_FLAG_FUA != 0 {
             self.backend.flush()
@@ -704,24 +712,12 @@ impl Conn<'_> {
     fn read(&mut self, req: &Request) -> Next {
         let mark = self.out.len();
         let len = req.len as usize;
-        if self.structured {
-            if len == 0 {
-                encode_structured_done(&mut self.out, req.cookie);
-                self.count_done(req);
-                return Next::Continue;
-            }
-            let flags = REPLY_FLAG_DONE;
-            encode_chunk_header(
-                &mut self.out,
-                flags,
-                REPLY_TYPE_OFFSET_DATA,
-                req.cookie,
-                8 + req.len,
-            );
-            self.out.extend_from_slice(&req.offset.to_be_bytes());
-        } else {
-            encode_simple_reply(&mut self.out, req.cookie, 0);
+        if self.structured && len == 0 {
+            encode_structured_done(&mut self.out, req.cookie);
+            self.count_done(req);
+            return Next::Continue;
         }
+        self.encode_read_header(req);
         let data_at = self.out.len();
         // Zero-filled first: handing the backend uninitialised bytes as a
         // slice is undefined behaviour; the fill costs ~1% of a 4 KiB read.

@@ -32,7 +32,15 @@ pub struct Export {
     /// Set when the drive is deleted: connections that finish their
     /// handshake afterwards leave at once instead of serving a dead drive.
     closed: AtomicBool,
+    /// Set for a drive that cannot serve yet (restoring, failed): the
+    /// handshake refuses the export with the text it returns, which says
+    /// why and what to do.
+    unavailable: Option<Unavailable>,
 }
+
+/// Says why an export cannot be served right now (see
+/// [`Export::with_unavailable`]).
+pub type Unavailable = Box<dyn Fn() -> String + Send + Sync>;
 
 impl Export {
     pub fn new(name: &str, description: &str, backend: Arc<dyn Backend>, read_only: bool) -> Self {
@@ -44,7 +52,20 @@ impl Export {
             connections: AtomicUsize::new(0),
             metrics: None,
             closed: AtomicBool::new(false),
+            unavailable: None,
         }
+    }
+
+    /// Marks the export as listed but not served: option negotiation
+    /// refuses it (NBD_REP_ERR_UNKNOWN) with `why()`'s text.
+    pub fn with_unavailable(mut self, why: Unavailable) -> Self {
+        self.unavailable = Some(why);
+        self
+    }
+
+    /// Why the export cannot be served now, or None when it can.
+    pub fn unavailable(&self) -> Option<String> {
+        self.unavailable.as_ref().map(|f| f())
     }
 
     /// Marks the export as gone (see `ShutdownHandle::close_export`).

@@ -132,6 +132,10 @@ impl Session<'_> {
                 let Some(export) = self.exports.get(&name) else {
                     return Err(HandshakeError::UnknownExport(name));
                 };
+                if let Some(why) = export.unavailable() {
+                    tracing::info!("NBD client refused: {why}");
+                    return Err(HandshakeError::UnknownExport(name));
+                }
                 let flags = export.transmission_flags(self.structured);
                 encode_export_name_reply(
                     &mut self.out,
@@ -161,6 +165,10 @@ impl Session<'_> {
                 Err(e) => self.error(option, REP_ERR_INVALID, &e.0),
                 Ok(req) => match self.exports.get(&req.name) {
                     None => self.unknown_export(option, &req.name),
+                    Some(export) if export.unavailable().is_some() => {
+                        let why = export.unavailable().unwrap_or_default();
+                        self.error(option, REP_ERR_UNKNOWN, &why);
+                    }
                     Some(export) => {
                         let flags = export.transmission_flags(self.structured);
                         let size = export.backend.size();

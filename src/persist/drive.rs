@@ -21,7 +21,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::crypto::Key;
-use super::engine::{Engine, SyncReport};
+use super::engine::{Engine, SyncProgress, SyncReport};
 use super::restore::{restore, RestoreOptions, RestoreProgress, RestoreReport};
 use super::status::{PersistStatus, SyncState};
 use super::storage::Storage;
@@ -167,6 +167,8 @@ pub enum SyncCause {
 struct Tracking {
     syncing: bool,
     last_sync_unix_ms: Option<u64>,
+    durable_as_of_unix_ms: Option<u64>,
+    sync_durations: crate::metrics::Histogram,
     last_sync_duration: Option<Duration>,
     max_sync_duration: Duration,
     syncs_ok: u64,
@@ -200,6 +202,8 @@ pub struct PersistentDrive<S: Storage> {
     /// Engine figures published after each sync/checkpoint, so `status()`
     /// never waits for a running sync.
     published: Published,
+    /// Progress of the running sync (for progress bars).
+    sync_progress: SyncProgress,
 }
 
 #[derive(Debug, Default)]
@@ -254,10 +258,12 @@ impl<S: Storage> PersistentDrive<S> {
             last_ok_begun: AtomicU64::new(0),
             tracking: Mutex::new(Tracking {
                 last_sync_unix_ms: durable_ms,
+                durable_as_of_unix_ms: durable_ms,
                 ..Tracking::default()
             }),
             restore_duration,
             closed: AtomicBool::new(false),
+            sync_progress: SyncProgress::default(),
         }
     }
 
@@ -346,7 +352,10 @@ impl<S: Storage> PersistentDrive<S> {
         }
         let n = self.syncs_begun.fetch_add(1, Ordering::SeqCst) + 1;
         self.tracking.lock().syncing = true;
-        let r = engine.sync(&self.store);
+        // Taken before the cut: every write acknowledged before this
+        // moment is in the sync (so the status never claims too much).
+        let cut_unix_ms = now_unix_ms();
+        let r = engine.sync_with_progress(&self.store, &self.sync_progress);
         self.published.update(engine);
         let mut t = self.tracking.lock();
         t.syncing = false;
@@ -356,7 +365,10 @@ impl<S: Storage> PersistentDrive<S> {
                 t.syncs_ok += 1;
                 t.consecutive_failures = 0;
                 t.last_sync_unix_ms = Some(now_unix_ms());
+                t.durable_as_of_unix_ms = Some(cut_unix_ms);
                 t.last_sync_duration = Some(report.duration);
+                t.sync_durations
+                    .record_n(report.duration.as_nanos() as u64, 1);
                 t.max_sync_duration = t.max_sync_duration.max(report.duration);
                 t.last_error = None;
                 drop(t);
@@ -391,7 +403,15 @@ impl<S: Storage> PersistentDrive<S> {
     /// commit: a sync that started after this call and succeeded is enough).
     pub fn flush_durable(&self) -> Result<()> {
         let arrived = self.syncs_begun.load(Ordering::SeqCst);
-        let mut engine = self.engine.lock();
+        let mut engine = match self.engine.try_lock() {
+            Some(e) => e,
+            None => {
+                // A sync is running: it must not run at low priority while
+                // this FLUSH waits for it.
+                self.sync_progress.boost.store(true, Ordering::Relaxed);
+                self.engine.lock()
+            }
+        };
         if self.last_ok_begun.load(Ordering::SeqCst) > arrived {
             return Ok(());
         }
@@ -443,6 +463,10 @@ impl<S: Storage> PersistentDrive<S> {
             sync_interval_ms: cfg.sync_interval_ms,
             state,
             last_sync_unix_ms: t.last_sync_unix_ms,
+            durable_as_of_unix_ms: t.durable_as_of_unix_ms,
+            sync_done_bytes: self.sync_progress.done_bytes.load(Ordering::Relaxed),
+            sync_total_bytes: self.sync_progress.total_bytes.load(Ordering::Relaxed),
+            sync_durations: t.sync_durations.clone(),
             durable_gen: p.durable_gen.load(Ordering::Relaxed),
             last_sync_duration: t.last_sync_duration,
             max_sync_duration: t.max_sync_duration,

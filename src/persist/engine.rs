@@ -43,6 +43,38 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
+/// Progress of a running sync, readable from other threads (`ramd sync`'s
+/// progress bar, the API). Both are 0 when no sync runs.
+#[derive(Debug, Default)]
+pub struct SyncProgress {
+    /// Bytes of pages saved to the journal so far.
+    pub done_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes dirty when the sync began (what it set out to save).
+    pub total_bytes: std::sync::atomic::AtomicU64,
+    /// Set by a FLUSH that waits for this sync: a background sync running
+    /// at low CPU priority goes back to normal priority for the rest of it
+    /// (no priority inversion).
+    pub boost: std::sync::atomic::AtomicBool,
+}
+
+impl SyncProgress {
+    fn start(&self, total: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.done_bytes.store(0, Relaxed);
+        self.total_bytes.store(total, Relaxed);
+        self.boost.store(false, Relaxed);
+    }
+    fn add(&self, bytes: u64) {
+        self.done_bytes
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn end(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.done_bytes.store(0, Relaxed);
+        self.total_bytes.store(0, Relaxed);
+    }
+}
+
 /// What one checkpoint did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckpointReport {
@@ -361,7 +393,17 @@ impl<S: Storage> Engine<S> {
     /// the journal). Writers keep running meanwhile. On failure nothing of
     /// this attempt counts and its pages stay dirty for the next one.
     pub fn sync(&mut self, store: &StoreState) -> Result<SyncReport> {
+        self.sync_with_progress(store, &SyncProgress::default())
+    }
+
+    /// [`Engine::sync`], publishing its progress into `progress`.
+    pub fn sync_with_progress(
+        &mut self,
+        store: &StoreState,
+        progress: &SyncProgress,
+    ) -> Result<SyncReport> {
         let started = Instant::now();
+        progress.start(store.dirty_pages() * PAGE_BYTES as u64);
         let mut snap = store.snapshot();
         let size = snap.size_bytes();
         let min_size = snap.min_size_bytes();
@@ -381,10 +423,19 @@ impl<S: Storage> Engine<S> {
                     self.next_gen += 1;
                     begun = true;
                 }
+                let mut pages = 0;
                 for (page, data) in chunk.pages() {
+                    pages += 1;
                     if page < size_pages {
                         run.add(&mut self.journal, self.cipher.as_ref(), page, data)?;
                     }
+                }
+                progress.add(pages * PAGE_BYTES as u64);
+                if progress
+                    .boost
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    super::scheduler::normal_thread_priority();
                 }
             }
             if !begun {
@@ -405,6 +456,7 @@ impl<S: Storage> Engine<S> {
                 .map_err(io_err("write and fdatasync", jpath()))?;
             Ok(Some(info))
         })();
+        progress.end();
         match result {
             Ok(info) => {
                 snap.finish();

@@ -49,6 +49,10 @@ impl<F: StorageFile> Image<F> {
         if start < end {
             self.image
                 .write_at(&data[..(end - start) as usize], start)?;
+            if end - start >= 256 << 10 {
+                // Let the disk write it while the next run is read back.
+                self.image.start_writeback(start, end - start);
+            }
         }
         self.pages
             .write_at(entries, first_page * self.entry_bytes as u64)

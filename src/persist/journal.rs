@@ -47,6 +47,14 @@ use super::storage::StorageFile;
 pub const MAX_RECORD_PAGES: u32 = 256;
 /// Records are buffered up to this many bytes before a write.
 const WRITE_BUFFER_BYTES: usize = 8 << 20;
+/// A payload at least this big is written straight from the caller's
+/// buffers (one gathered write with the buffered headers before it)
+/// instead of being copied into the write buffer first.
+const DIRECT_PAYLOAD_BYTES: usize = 64 << 10;
+/// Written bytes are handed to the disk (`start_writeback`) in steps of
+/// this size, so the disk writes while the next records are prepared and
+/// the commit's `fdatasync` has little left to do.
+const WRITEBACK_STEP_BYTES: u64 = 8 << 20;
 /// Bytes read at a time while scanning.
 const SCAN_READ_BYTES: usize = 4 << 20;
 
@@ -406,6 +414,8 @@ pub struct JournalWriter<F: StorageFile> {
     /// The write buffer between generations: reused, so a sync does not
     /// map and unmap megabytes (which stalls other threads' page faults).
     spare: Vec<u8>,
+    /// File offset up to which writeback was started.
+    writeback_from: u64,
 }
 
 struct OpenGen {
@@ -437,6 +447,7 @@ impl<F: StorageFile> JournalWriter<F> {
             dirty_tail: file_len > committed_end,
             open: None,
             spare: Vec::new(),
+            writeback_from: committed_end,
         }
     }
 
@@ -460,6 +471,7 @@ impl<F: StorageFile> JournalWriter<F> {
         let mut buf = std::mem::take(&mut self.spare);
         buf.clear();
         buf.reserve(WRITE_BUFFER_BYTES + (2 << 20));
+        self.writeback_from = self.committed_end;
         self.open = Some(OpenGen {
             gen,
             pos: self.committed_end,
@@ -493,8 +505,12 @@ impl<F: StorageFile> JournalWriter<F> {
         let (hb, hcrc) = h.encode();
         let header_at = og.pos + og.buf.len() as u64;
         og.buf.extend_from_slice(&hb);
-        for p in payload {
-            og.buf.extend_from_slice(p);
+        let payload_len: usize = payload.iter().map(|p| p.len()).sum();
+        let direct = payload_len >= DIRECT_PAYLOAD_BYTES;
+        if !direct {
+            for p in payload {
+                og.buf.extend_from_slice(p);
+            }
         }
         if h.kind != RecordKind::Commit {
             og.chain = crc32c::crc32c_append(og.chain, &hcrc.to_le_bytes());
@@ -507,7 +523,18 @@ impl<F: StorageFile> JournalWriter<F> {
                 payload_crc: h.payload_crc,
             });
         }
-        if og.buf.len() >= WRITE_BUFFER_BYTES {
+        if direct {
+            // Buffered headers, then the payload from where it lies.
+            self.dirty_tail = true;
+            let og = self.open.as_mut().expect("open generation");
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 1);
+            parts.push(&og.buf);
+            parts.extend_from_slice(payload);
+            self.file.write_parts_at(&parts, og.pos)?;
+            og.pos += (og.buf.len() + payload_len) as u64;
+            og.buf.clear();
+            self.start_writeback();
+        } else if og.buf.len() >= WRITE_BUFFER_BYTES {
             self.write_out()?;
         }
         Ok(())
@@ -522,7 +549,19 @@ impl<F: StorageFile> JournalWriter<F> {
         self.file.write_at(&og.buf, og.pos)?;
         og.pos += og.buf.len() as u64;
         og.buf.clear();
+        self.start_writeback();
         Ok(())
+    }
+
+    /// Hands what was written since the last call to the disk, in steps of
+    /// `WRITEBACK_STEP_BYTES`.
+    fn start_writeback(&mut self) {
+        let Some(og) = self.open.as_ref() else { return };
+        if og.pos >= self.writeback_from + WRITEBACK_STEP_BYTES {
+            self.file
+                .start_writeback(self.writeback_from, og.pos - self.writeback_from);
+            self.writeback_from = og.pos;
+        }
     }
 
     /// Adds a run of `entries.len() / entry_bytes` data pages starting at

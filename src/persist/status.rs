@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::drive::Durability;
+use crate::metrics::Histogram;
 
 /// What the drive's persistence is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +43,17 @@ pub struct PersistStatus {
     pub state: SyncState,
     /// When the newest durable state was made (ms since the Unix epoch).
     pub last_sync_unix_ms: Option<u64>,
+    /// The moment the disk's state shows: when the last successful sync
+    /// took its cut (ms since the Unix epoch). Every write acknowledged
+    /// before it is on disk. After a restore with no sync yet: when the
+    /// restored state was last checkpointed.
+    pub durable_as_of_unix_ms: Option<u64>,
+    /// Bytes the running sync has saved so far (0 when none runs).
+    pub sync_done_bytes: u64,
+    /// Dirty bytes the running sync set out to save (0 when none runs).
+    pub sync_total_bytes: u64,
+    /// Duration of every successful sync since open (for /metrics).
+    pub sync_durations: Histogram,
     /// The newest durable generation.
     pub durable_gen: u64,
     /// Duration of the last successful sync.

@@ -60,6 +60,23 @@ pub trait StorageFile: Send + Sync + 'static {
     /// Hints that the file is about to be read sequentially (readahead).
     fn advise_sequential(&self) {}
 
+    /// Writes `parts` one after the other from `offset` (one gathered
+    /// write where the system has them: no copy into a staging buffer).
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for p in parts {
+            self.write_at(p, at)?;
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Starts writing `[offset, offset+len)` to the disk now, without
+    /// waiting, so the disk works while the caller prepares the next bytes
+    /// (a later `sync_data` still decides durability). A hint: the default
+    /// does nothing.
+    fn start_writeback(&self, _offset: u64, _len: u64) {}
+
     /// Reads exactly `buf.len()` bytes at `offset`; a short file is an
     /// `UnexpectedEof` error.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -209,6 +226,44 @@ impl StorageFile for RealFile {
                 Ok(())
             }
             _ => Err(err),
+        }
+    }
+
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut done = 0usize;
+        while done < total {
+            // The parts not yet written (the first one possibly in part).
+            let mut skip = done;
+            let mut iov: Vec<io::IoSlice<'_>> = Vec::with_capacity(parts.len());
+            for p in parts {
+                if skip >= p.len() {
+                    skip -= p.len();
+                    continue;
+                }
+                iov.push(io::IoSlice::new(&p[skip..]));
+                skip = 0;
+            }
+            match rustix::io::pwritev(&self.file, &iov, offset + done as u64) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => done += n,
+                Err(e) if e == rustix::io::Errno::INTR => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn start_writeback(&self, offset: u64, len: u64) {
+        // SAFETY: an advisory call on our own descriptor with integer
+        // arguments; no memory involved. Failure only loses the hint.
+        unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
         }
     }
 

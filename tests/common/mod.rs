@@ -356,6 +356,9 @@ pub struct Daemon {
     socket: PathBuf,
     api_socket: PathBuf,
     child: Option<Child>,
+    /// The command line and environment, for [`Daemon::restart`].
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -372,8 +375,9 @@ impl Daemon {
     }
 
     /// Starts `ramd ARGS... --socket DIR/nbd.sock --api-socket DIR/api.sock
-    /// --no-config` (ARGS starts with `daemon` or `serve`) with extra
-    /// environment, and waits until the API socket exists.
+    /// --no-config --state-dir DIR/state` (ARGS starts with `daemon` or
+    /// `serve`; `--config` / `--state-dir` in ARGS replace those defaults)
+    /// with extra environment, and waits until the API socket exists.
     #[track_caller]
     pub fn launch(args: &[String], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::Builder::new()
@@ -382,37 +386,85 @@ impl Daemon {
             .expect("create a temp dir");
         let socket = dir.path().join("nbd.sock");
         let api_socket = dir.path().join("api.sock");
-        let log = File::create(dir.path().join("ramd.log")).expect("create the daemon log");
+        let mut d = Daemon {
+            dir,
+            socket,
+            api_socket,
+            child: None,
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    /// The state directory (persistent drives): DIR/state unless the
+    /// command line names another.
+    pub fn state_dir(&self) -> PathBuf {
+        match self.args.iter().position(|a| a == "--state-dir") {
+            Some(i) => PathBuf::from(&self.args[i + 1]),
+            None => self.dir.path().join("state"),
+        }
+    }
+
+    /// Starts the daemon process with the saved command line (its log is
+    /// appended to) and waits for its sockets.
+    #[track_caller]
+    fn spawn(&mut self) {
+        // Stale sockets of a killed daemon would look like a ready one.
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.api_socket);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("ramd.log"))
+            .expect("open the daemon log");
         let mut cmd = ramd();
-        cmd.args(args)
+        cmd.args(&self.args)
             .arg("--socket")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--api-socket")
-            .arg(&api_socket);
-        if !args.iter().any(|a| a == "--config") {
+            .arg(&self.api_socket);
+        if !self.args.iter().any(|a| a == "--config") {
             cmd.arg("--no-config");
         }
-        for (k, v) in env {
+        if !self.args.iter().any(|a| a == "--state-dir") {
+            cmd.arg("--state-dir").arg(self.dir.path().join("state"));
+        }
+        for (k, v) in &self.env {
             cmd.env(k, v);
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup the log"))
             .stderr(log);
-        let child = cmd.spawn().expect("spawn ramd");
-        let mut d = Daemon {
-            dir,
-            socket,
-            api_socket,
-            child: Some(child),
-        };
-        let (nbd, api) = (d.socket.clone(), d.api_socket.clone());
+        self.child = Some(cmd.spawn().expect("spawn ramd"));
+        let (nbd, api) = (self.socket.clone(), self.api_socket.clone());
         wait_until("ramd to create its sockets", DAEMON_TIMEOUT, || {
-            if let Some(status) = d.child_mut().try_wait().expect("try_wait ramd") {
-                panic!("ramd exited early with {status}; log:\n{}", d.log());
+            if let Some(status) = self.child_mut().try_wait().expect("try_wait ramd") {
+                panic!("ramd exited early with {status}; log:\n{}", self.log());
             }
             nbd.exists() && api.exists()
         });
-        d
+    }
+
+    /// Kills the daemon with SIGKILL (a crash: nothing is saved) and reaps
+    /// it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), libc::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again (after `kill9` or `terminate`) with the same
+    /// command line, sockets and state directory.
+    #[track_caller]
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the daemon is still running");
+        self.spawn();
     }
 
     /// The API socket.

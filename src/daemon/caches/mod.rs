@@ -819,6 +819,7 @@ mod tests {
                 mem_limit_bytes: None,
                 read_only: false,
                 overcommit: false,
+                persist: None,
             },
             Origin::Api,
         )
@@ -841,6 +842,7 @@ mod tests {
                 mem_limit_bytes: None,
                 read_only: false,
                 overcommit: false,
+                persist: None,
             },
             Origin::Api,
         )

@@ -15,20 +15,30 @@
 //! - The registry mutex is a plain (parking_lot) one, never held across an
 //!   `.await`: API handlers call in from `spawn_blocking`.
 //!
-//! # Seams for later kinds
+//! - A [`Drive`] value never changes kind or data: a persistent drive that
+//!   goes from restoring (or failed) to ready is *replaced* in the registry
+//!   and the export table by a new `Drive` (same name, origin, metrics and
+//!   [`Persistence`]). Holders of the old `Arc<Drive>` see the old state.
+//! - At most one restore reads the disk at a time (`restore_turn`).
 //!
-//! [`DriveKind`] and [`DriveState`] are enums so persistent drives
-//! (restoring, failed) and caches join as variants; [`Drive`] keeps the
-//! store behind the `Backend` the export serves.
+//! # Kinds and states
+//!
+//! [`DriveKind`]: RAM only or persistent (caches have their own registry,
+//! `daemon::caches`, and share the export table and budget). [`DriveState`]:
+//! ready, restoring (NBD clients refused with the progress), failed (NBD
+//! clients refused with the precise error; `ramd restore` decides).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+mod persistent_drives;
+
+use super::persistent::{DiskDrive, Offline, Persistence};
 use super::spec::{check_name, DriveSpec, SpecError};
 use crate::backend::Backend;
 use crate::metrics::DriveMetrics;
@@ -41,12 +51,15 @@ use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
 pub enum DriveKind {
     /// Memory only: contents are lost when the daemon stops.
     Ram,
+    /// Kept in a state directory too (`--persist`).
+    Persistent,
 }
 
 impl DriveKind {
     pub fn name(self) -> &'static str {
         match self {
             DriveKind::Ram => "ram",
+            DriveKind::Persistent => "persistent",
         }
     }
 }
@@ -56,14 +69,36 @@ impl DriveKind {
 pub enum DriveState {
     /// Serving I/O.
     Ready,
+    /// Loading its state directory; NBD clients are refused until ready.
+    Restoring,
+    /// Its state directory could not be loaded (the precise error); nothing
+    /// on disk was changed. `ramd restore` or `ramd delete` decide.
+    Failed(String),
 }
 
 impl DriveState {
     pub fn name(&self) -> &'static str {
         match self {
             DriveState::Ready => "ready",
+            DriveState::Restoring => "restoring",
+            DriveState::Failed(_) => "failed",
         }
     }
+}
+
+/// What holds a drive's bytes.
+pub enum DriveData {
+    /// A RAM store.
+    Ram(Arc<RamStore>),
+    /// A RAM store with a state directory.
+    Persistent(Arc<DiskDrive>),
+    /// Nothing in memory: the drive is restoring or failed.
+    Offline {
+        /// Its size as far as known (0 when even that is unreadable).
+        size_bytes: u64,
+        /// The memory limit it will get.
+        mem_limit_bytes: Option<u64>,
+    },
 }
 
 /// Who asked for a drive: config-declared drives come back at every start,
@@ -109,8 +144,10 @@ pub struct Drive {
     pub kind: DriveKind,
     pub state: Mutex<DriveState>,
     pub origin: Origin,
-    /// The memory behind the drive.
-    pub store: Arc<RamStore>,
+    /// The bytes behind the drive.
+    pub data: DriveData,
+    /// The state directory side of a persistent drive (None: RAM only).
+    pub persist: Option<Arc<Persistence>>,
     /// What NBD clients (and FUSE attachments) see: the store plus the
     /// read-only switch and the connection count.
     pub export: Arc<Export>,
@@ -123,6 +160,10 @@ pub struct Drive {
     /// Mountpoints where the drive is attached through FUSE (kept by
     /// `attach::Attachments`, read by delete and listings).
     pub attachments: Mutex<Vec<PathBuf>>,
+    /// The size a resize in progress is taking the drive to: the resize
+    /// runs without the registry lock (a persistent drive's resize waits for
+    /// a running sync), so budget checks meanwhile count the larger size.
+    pending_size_bytes: Mutex<Option<u64>>,
 }
 
 impl std::fmt::Debug for Drive {
@@ -136,13 +177,66 @@ impl std::fmt::Debug for Drive {
 }
 
 impl Drive {
+    /// The RAM store, when the drive has its data in memory.
+    pub fn store(&self) -> Option<&RamStore> {
+        match &self.data {
+            DriveData::Ram(s) => Some(s),
+            DriveData::Persistent(p) => Some(p.store()),
+            DriveData::Offline { .. } => None,
+        }
+    }
+
+    /// The persistent drive, when ready.
+    pub fn persistent(&self) -> Option<&Arc<DiskDrive>> {
+        match &self.data {
+            DriveData::Persistent(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn size_bytes(&self) -> u64 {
-        self.store.size()
+        match (&self.data, self.store()) {
+            (DriveData::Offline { size_bytes, .. }, _) => *size_bytes,
+            (_, Some(s)) => s.size(),
+            _ => 0,
+        }
+    }
+
+    /// Memory the drive holds now.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.store().map_or(0, |s| s.allocated_bytes())
     }
 
     /// The drive's own memory limit, None when unlimited.
     pub fn mem_limit_bytes(&self) -> Option<u64> {
-        Some(self.store.mem_limit_bytes()).filter(|&l| l != u64::MAX)
+        match (&self.data, self.store()) {
+            (
+                DriveData::Offline {
+                    mem_limit_bytes, ..
+                },
+                _,
+            ) => *mem_limit_bytes,
+            (_, Some(s)) => Some(s.mem_limit_bytes()).filter(|&l| l != u64::MAX),
+            _ => None,
+        }
+    }
+
+    /// True when the drive serves I/O.
+    pub fn is_ready(&self) -> bool {
+        *self.state.lock() == DriveState::Ready
+    }
+
+    /// The spec that would make this drive again (for settings files and
+    /// restores).
+    fn spec(&self) -> DriveSpec {
+        DriveSpec {
+            name: self.name.clone(),
+            size_bytes: self.size_bytes().max(1),
+            mem_limit_bytes: self.mem_limit_bytes(),
+            read_only: self.export.is_read_only(),
+            overcommit: *self.overcommit.lock(),
+            persist: self.persist.as_ref().map(|p| p.spec.lock().clone()),
+        }
     }
 
     /// Open NBD connections.
@@ -153,10 +247,15 @@ impl Drive {
     /// Budget promised to this drive: its reachable memory plus metadata,
     /// or only its metadata when it was created with overcommit.
     fn commitment(&self) -> u64 {
-        if *self.overcommit.lock() {
-            metadata_estimate(self.size_bytes())
+        let size = self
+            .size_bytes()
+            .max(self.pending_size_bytes.lock().unwrap_or(0));
+        if matches!(self.data, DriveData::Offline { size_bytes: 0, .. }) {
+            0
+        } else if *self.overcommit.lock() {
+            metadata_estimate(size)
         } else {
-            commitment(self.size_bytes(), self.mem_limit_bytes())
+            commitment(size, self.mem_limit_bytes())
         }
     }
 }
@@ -196,6 +295,18 @@ pub enum RegistryError {
     /// The store refused.
     #[error("{0}")]
     Store(#[from] crate::backend::Error),
+    /// The drive is restoring or failed.
+    #[error("{0}")]
+    NotReady(String),
+    /// The operation needs a persistent drive.
+    #[error("drive '{0}' is not persistent (RAM only): it has no data on disk; create a drive with --persist to keep one")]
+    NotPersistent(String),
+    /// A persistent drive's state directory could not be created or used.
+    #[error("{0}")]
+    Persist(String),
+    /// A sync failed; the drive keeps serving from RAM.
+    #[error("{0}")]
+    SyncFailed(String),
 }
 
 /// The daemon's drives.
@@ -210,6 +321,14 @@ pub struct Registry {
     metrics_enabled: bool,
     /// Closes NBD connections on forced delete (set once the server binds).
     nbd: OnceLock<ShutdownHandle>,
+    /// The daemon's state directory (persistent drives live in its
+    /// `drives/`); None: persistent drives are refused.
+    state_dir: Option<PathBuf>,
+    /// Held by the restore running now: restores share the disk, so they
+    /// run one at a time (the others show as queued).
+    restore_turn: Mutex<()>,
+    /// Set at shutdown: restores that finish later are not served.
+    shutting_down: AtomicBool,
     /// Budget promised to caches (`promise`), counted by every drive's
     /// budget check; changed only under the `drives` mutex.
     promised_elsewhere: AtomicU64,
@@ -238,6 +357,9 @@ impl Registry {
             budget,
             metrics_enabled,
             nbd: OnceLock::new(),
+            state_dir: None,
+            restore_turn: Mutex::new(()),
+            shutting_down: AtomicBool::new(false),
             promised_elsewhere: AtomicU64::new(0),
         }
     }
@@ -271,6 +393,22 @@ impl Registry {
         debug_assert!(prev >= bytes, "unpromised more than promised");
     }
 
+    /// Keeps persistent drives in `state_dir/drives/NAME`.
+    pub fn with_state_dir(mut self, state_dir: PathBuf) -> Self {
+        self.state_dir = Some(state_dir);
+        self
+    }
+
+    /// The state directory of drive `name`.
+    pub fn drive_dir(&self, name: &str) -> Result<PathBuf, RegistryError> {
+        let dir = self.state_dir.as_ref().ok_or_else(|| {
+            RegistryError::Persist(
+                "this daemon has no state directory for persistent drives".into(),
+            )
+        })?;
+        Ok(super::persistent::drives_dir(dir).join(name))
+    }
+
     /// Lets forced deletes close NBD connections.
     pub fn set_nbd(&self, handle: ShutdownHandle) {
         let _ = self.nbd.set(handle);
@@ -302,6 +440,15 @@ impl Registry {
             .get(name)
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))
+    }
+
+    /// A drive that serves I/O (not restoring or failed).
+    pub fn get_ready(&self, name: &str) -> Result<Arc<Drive>, RegistryError> {
+        let d = self.get(name)?;
+        if d.store().is_none() {
+            return Err(not_ready(&d));
+        }
+        Ok(d)
     }
 
     fn check_budget(
@@ -343,21 +490,19 @@ impl Registry {
         Ok(())
     }
 
-    /// Creates a drive and starts serving it.
-    pub fn create(&self, spec: &DriveSpec, origin: Origin) -> Result<Arc<Drive>, RegistryError> {
+    /// Creates a drive and starts serving it. A persistent drive whose
+    /// state directory already holds one is restored instead: it is
+    /// registered as restoring at once and becomes ready (or failed) when
+    /// its restore thread is done.
+    pub fn create(
+        self: &Arc<Self>,
+        spec: &DriveSpec,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
         check_name(&spec.name)?;
-        if spec.size_bytes == 0 {
-            return Err(
-                SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into(),
-            );
-        }
-        if spec.size_bytes > MAX_DRIVE_BYTES {
-            return Err(SpecError::InvalidSize(format!(
-                "{} is larger than the largest drive ({})",
-                format_size(spec.size_bytes),
-                format_size(MAX_DRIVE_BYTES)
-            ))
-            .into());
+        check_size(spec.size_bytes)?;
+        if let Some(p) = &spec.persist {
+            return self.create_persistent(spec, p, origin);
         }
         let mut drives = self.drives.lock();
         if drives.contains_key(&spec.name) {
@@ -376,38 +521,17 @@ impl Registry {
             spec.mem_limit_bytes,
             self.budget.clone(),
         )?);
-        let metrics = self.metrics_enabled.then(|| Arc::new(DriveMetrics::new()));
-        let desc = format!("ramd RAM drive, {}", format_size(spec.size_bytes));
-        let mut export = Export::new(
-            &spec.name,
-            &desc,
-            store.clone() as Arc<dyn Backend>,
-            spec.read_only,
-        );
-        if let Some(m) = &metrics {
-            export = export.with_metrics(m.clone());
-        }
-        let export = Arc::new(export);
-        let drive = Arc::new(Drive {
-            name: spec.name.clone(),
-            kind: DriveKind::Ram,
-            state: Mutex::new(DriveState::Ready),
+        let drive = self.assemble(
+            spec,
             origin,
-            store,
-            export: export.clone(),
-            metrics,
-            overcommit: Mutex::new(spec.overcommit),
-            created_unix_s: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            attachments: Mutex::new(Vec::new()),
-        });
-        drives.insert(spec.name.clone(), drive.clone());
-        if !self.exports.insert(export) {
-            // Only a table changed behind the registry's back gets here.
-            drives.remove(&spec.name);
-            return Err(RegistryError::Exists(spec.name.clone()));
-        }
+            DriveKind::Ram,
+            DriveState::Ready,
+            DriveData::Ram(store),
+            None,
+            None,
+            now_unix_s(),
+        );
+        self.insert(&mut drives, &drive)?;
         tracing::info!(
             drive = %spec.name,
             size = %format_size(spec.size_bytes),
@@ -417,6 +541,115 @@ impl Registry {
         Ok(drive)
     }
 
+    /// Builds a drive and its export (not yet registered). `metrics`: the
+    /// counters of the entry this one replaces, so they run on.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        &self,
+        spec: &DriveSpec,
+        origin: Origin,
+        kind: DriveKind,
+        state: DriveState,
+        data: DriveData,
+        persist: Option<Arc<Persistence>>,
+        metrics: Option<Option<Arc<DriveMetrics>>>,
+        created_unix_s: u64,
+    ) -> Arc<Drive> {
+        let metrics =
+            metrics.unwrap_or_else(|| self.metrics_enabled.then(|| Arc::new(DriveMetrics::new())));
+        let (backend, size): (Arc<dyn Backend>, u64) = match &data {
+            DriveData::Ram(s) => (s.clone(), s.size()),
+            DriveData::Persistent(p) => (p.clone(), p.size()),
+            DriveData::Offline { size_bytes, .. } => (
+                Arc::new(Offline {
+                    size_bytes: *size_bytes,
+                }),
+                *size_bytes,
+            ),
+        };
+        let desc = match (&state, &persist) {
+            (DriveState::Ready, None) => format!("ramd RAM drive, {}", format_size(size)),
+            (DriveState::Ready, Some(p)) => format!(
+                "ramd persistent drive, {}, durability {}",
+                format_size(size),
+                p.spec.lock().durability
+            ),
+            (s, _) => format!(
+                "ramd persistent drive, {} ({})",
+                format_size(size),
+                s.name()
+            ),
+        };
+        let mut export = Export::new(&spec.name, &desc, backend, spec.read_only);
+        if let Some(m) = &metrics {
+            export = export.with_metrics(m.clone());
+        }
+        match (&state, &persist) {
+            (DriveState::Restoring, Some(p)) => {
+                let (p, name) = (p.clone(), spec.name.clone());
+                export = export.with_unavailable(Box::new(move || {
+                    format!(
+                        "drive '{name}' is restoring from {} ({}); it is served once ready (see `ramd info {name}`)",
+                        p.dir.display(),
+                        p.restore_text()
+                    )
+                }));
+            }
+            (DriveState::Failed(e), _) => {
+                let text = format!(
+                    "drive '{}' failed to restore: {e}. Decide with `ramd restore {} --force` or `--discard-journal`, or `ramd delete {}`",
+                    spec.name, spec.name, spec.name
+                );
+                export = export.with_unavailable(Box::new(move || text.clone()));
+            }
+            _ => {}
+        }
+        Arc::new(Drive {
+            name: spec.name.clone(),
+            kind,
+            state: Mutex::new(state),
+            origin,
+            data,
+            persist,
+            export: Arc::new(export),
+            metrics,
+            overcommit: Mutex::new(spec.overcommit),
+            created_unix_s,
+            attachments: Mutex::new(Vec::new()),
+            pending_size_bytes: Mutex::new(None),
+        })
+    }
+
+    /// Registers a new drive and its export.
+    fn insert(
+        &self,
+        drives: &mut BTreeMap<String, Arc<Drive>>,
+        drive: &Arc<Drive>,
+    ) -> Result<(), RegistryError> {
+        drives.insert(drive.name.clone(), drive.clone());
+        if !self.exports.insert(drive.export.clone()) {
+            // Only a table changed behind the registry's back gets here.
+            drives.remove(&drive.name);
+            return Err(RegistryError::Exists(drive.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Puts `new` where `old` is registered (same name).
+    fn replace(
+        &self,
+        drives: &mut BTreeMap<String, Arc<Drive>>,
+        old: &Arc<Drive>,
+        new: &Arc<Drive>,
+    ) {
+        old.export.close();
+        self.exports.remove(&old.name);
+        drives.insert(new.name.clone(), new.clone());
+        if !self.exports.insert(new.export.clone()) {
+            tracing::error!(drive = %new.name, "export table out of step with the registry");
+        }
+    }
+
     /// Applies a change: resize, lock/unlock, memory limit.
     pub fn change(&self, name: &str, change: &DriveChange) -> Result<Arc<Drive>, RegistryError> {
         let drives = self.drives.lock();
@@ -424,6 +657,9 @@ impl Registry {
             .get(name)
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let Some(store) = drive.store() else {
+            return Err(not_ready(&drive));
+        };
         let size = change.size_bytes.unwrap_or(drive.size_bytes());
         let limit = change.mem_limit_bytes.unwrap_or(drive.mem_limit_bytes());
         if let Some(new_size) = change.size_bytes {
@@ -447,7 +683,7 @@ impl Registry {
         }
         let old_size = drive.size_bytes();
         if size < old_size && !change.force {
-            if let Some(end) = data_end(&drive.store, size, old_size)? {
+            if let Some(end) = data_end(store, size, old_size)? {
                 return Err(RegistryError::DataBeyondSize(format!(
                     "shrinking '{name}' to {} would discard data stored up to {}; pass force (ramd resize --force) to discard it",
                     format_size(size),
@@ -456,15 +692,25 @@ impl Registry {
             }
         }
         if let Some(l) = change.mem_limit_bytes {
-            drive.store.set_mem_limit_bytes(l);
-        }
-        if size != old_size {
-            drive.store.resize(size)?;
-            tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
+            store.set_mem_limit_bytes(l);
         }
         if let Some(ro) = change.read_only {
             drive.export.set_read_only(ro);
             tracing::info!(drive = %name, read_only = ro, "drive {}", if ro { "locked" } else { "unlocked" });
+        }
+        if size != old_size {
+            // Outside the registry lock: it may wait for a running sync.
+            *drive.pending_size_bytes.lock() = Some(size);
+            drop(drives);
+            let resized = store.resize(size);
+            *drive.pending_size_bytes.lock() = None;
+            resized?;
+            tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
+        } else {
+            drop(drives);
+        }
+        if let Some(p) = &drive.persist {
+            p.save_settings(&drive.spec());
         }
         Ok(drive)
     }
@@ -473,13 +719,31 @@ impl Registry {
     /// attachments is refused; with it, its connections are closed after
     /// their pending requests (attachments must be detached by the caller
     /// first). The memory is freed when the last connection has gone.
+    ///
+    /// A persistent drive: with `keep_data`, its last writes are saved
+    /// (sync and checkpoint) and the state directory stays (a failed sync
+    /// puts the drive back and returns the error); without, the state
+    /// directory is removed. A restoring drive cannot be deleted.
     /// Returns the drive and how many connections were closed.
-    pub fn delete(&self, name: &str, force: bool) -> Result<(Arc<Drive>, usize), RegistryError> {
+    pub fn delete(
+        &self,
+        name: &str,
+        force: bool,
+        keep_data: bool,
+    ) -> Result<(Arc<Drive>, usize), RegistryError> {
         let mut drives = self.drives.lock();
         let drive = drives
             .get(name)
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        if keep_data && drive.persist.is_none() {
+            return Err(RegistryError::NotPersistent(name.to_owned()));
+        }
+        if *drive.state.lock() == DriveState::Restoring {
+            return Err(RegistryError::NotReady(format!(
+                "drive '{name}' is restoring; wait until it is ready or failed (`ramd info {name}`), then delete it"
+            )));
+        }
         let conns = drive.connections();
         let attached = drive.attachments.lock().clone();
         if !attached.is_empty() {
@@ -505,6 +769,27 @@ impl Registry {
             Some(h) => h.close_export(&drive.export),
             None => 0,
         };
+        if let Some(p) = &drive.persist {
+            p.stop_scheduler();
+            if keep_data {
+                if let Some(pd) = drive.persistent() {
+                    self.final_save(&drive, pd, p)?;
+                }
+                tracing::info!(drive = %name, dir = %p.dir.display(), "drive deleted; its data stays in the state directory");
+            } else {
+                match std::fs::remove_dir_all(&p.dir) {
+                    Ok(()) => {
+                        tracing::warn!(drive = %name, dir = %p.dir.display(), "drive deleted with its saved data")
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::error!(
+                        drive = %name,
+                        "drive deleted, but its state directory {} could not be removed: {e}",
+                        p.dir.display()
+                    ),
+                }
+            }
+        }
         tracing::info!(drive = %name, closed_connections = closed, "drive deleted");
         Ok((drive, closed))
     }
@@ -512,6 +797,41 @@ impl Registry {
     /// Names in order, for messages.
     pub fn names(&self) -> Vec<String> {
         self.drives.lock().keys().cloned().collect()
+    }
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn check_size(size: u64) -> Result<(), RegistryError> {
+    if size == 0 {
+        return Err(SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into());
+    }
+    if size > MAX_DRIVE_BYTES {
+        return Err(SpecError::InvalidSize(format!(
+            "{} is larger than the largest drive ({})",
+            format_size(size),
+            format_size(MAX_DRIVE_BYTES)
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The error for an operation on a drive that is not ready.
+fn not_ready(drive: &Drive) -> RegistryError {
+    let name = &drive.name;
+    match &*drive.state.lock() {
+        DriveState::Failed(e) => RegistryError::NotReady(format!(
+            "drive '{name}' failed to restore: {e}. Decide with `ramd restore {name} --force` or `--discard-journal`, or `ramd delete {name}`"
+        )),
+        _ => RegistryError::NotReady(format!(
+            "drive '{name}' is restoring ({}); try again when it is ready (`ramd info {name}`)",
+            drive.persist.as_ref().map_or_else(String::new, |p| p.restore_text())
+        )),
     }
 }
 
@@ -538,13 +858,17 @@ fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, Registr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::persistent::RestoreRecord;
+    use crate::daemon::spec::PersistSpec;
+    use crate::persist::{Durability, RestoreOptions};
+    use std::time::{Duration, Instant};
 
-    fn registry(budget: u64) -> Registry {
-        Registry::new(
+    fn registry(budget: u64) -> Arc<Registry> {
+        Arc::new(Registry::new(
             Arc::new(ExportTable::new()),
             Arc::new(MemoryBudget::new(budget)),
             true,
-        )
+        ))
     }
 
     fn spec(name: &str, size: u64) -> DriveSpec {
@@ -554,6 +878,7 @@ mod tests {
             mem_limit_bytes: None,
             read_only: false,
             overcommit: false,
+            persist: None,
         }
     }
 
@@ -588,7 +913,10 @@ mod tests {
     fn shrink_below_data_needs_force() {
         let r = registry(1 << 30);
         let d = r.create(&spec("a", 4 << 20), Origin::Api).unwrap();
-        d.store.write(3 << 20, &[1u8; 4096], false).unwrap();
+        d.store()
+            .unwrap()
+            .write(3 << 20, &[1u8; 4096], false)
+            .unwrap();
         let shrink = DriveChange {
             size_bytes: Some(1 << 20),
             ..Default::default()
@@ -614,15 +942,112 @@ mod tests {
         let r = registry(1 << 30);
         let d = r.create(&spec("a", 1 << 20), Origin::Api).unwrap();
         let guard = d.export.connect();
-        let e = r.delete("a", false).unwrap_err();
+        let e = r.delete("a", false, false).unwrap_err();
         assert!(e.to_string().contains("1 open NBD connection"), "{e}");
-        let (_, _) = r.delete("a", true).unwrap();
+        let (_, _) = r.delete("a", true, false).unwrap();
         assert!(matches!(r.get("a"), Err(RegistryError::NotFound(_))));
         assert!(d.export.is_closed());
         drop(guard);
         assert!(matches!(
-            r.delete("a", true),
+            r.delete("a", true, false),
             Err(RegistryError::NotFound(_))
         ));
+    }
+
+    fn wait_state(r: &Registry, name: &str) -> Arc<Drive> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let d = r.get(name).unwrap();
+            if *d.state.lock() != DriveState::Restoring {
+                return d;
+            }
+            assert!(Instant::now() < deadline, "restore of {name} never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn persistent(name: &str, size: u64) -> DriveSpec {
+        DriveSpec {
+            persist: Some(PersistSpec {
+                durability: Durability::Flush,
+                ..PersistSpec::default()
+            }),
+            ..spec(name, size)
+        }
+    }
+
+    #[test]
+    fn persistent_drives_restore_keep_or_drop_their_data() {
+        let state = tempfile::tempdir().unwrap();
+        let make = || {
+            Arc::new(
+                Registry::new(
+                    Arc::new(ExportTable::new()),
+                    Arc::new(MemoryBudget::new(1 << 30)),
+                    true,
+                )
+                .with_state_dir(state.path().to_owned()),
+            )
+        };
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        assert_eq!(d.kind, DriveKind::Persistent);
+        assert!(d.is_ready());
+        d.export.backend.write(4096, b"kept", false).unwrap();
+        d.export.backend.flush().unwrap();
+        // Syncing a RAM drive, or restoring a ready one, is refused.
+        r.create(&spec("ram", 1 << 20), Origin::Api).unwrap();
+        assert!(matches!(
+            r.sync("ram"),
+            Err(RegistryError::NotPersistent(_))
+        ));
+        assert!(matches!(
+            r.restore("p", RestoreOptions::default(), None),
+            Err(RegistryError::NotReady(_))
+        ));
+        assert!(matches!(
+            r.delete("ram", false, true),
+            Err(RegistryError::NotPersistent(_))
+        ));
+        r.delete("p", false, true).unwrap();
+        let dir = r.drive_dir("p").unwrap();
+        assert!(dir.join("meta").exists() && dir.join("drive.json").exists());
+
+        // Created again: restored (asynchronously), with the data.
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        assert_eq!(*d.state.lock(), DriveState::Restoring);
+        assert!(d.export.unavailable().unwrap().contains("is restoring"));
+        let d = wait_state(&r, "p");
+        assert!(d.is_ready(), "{:?}", d.state.lock());
+        let mut buf = [0u8; 4];
+        d.export.backend.read(4096, &mut buf).unwrap();
+        assert_eq!(&buf, b"kept");
+        assert!(d.export.unavailable().is_none());
+        assert!(matches!(
+            &*d.persist.as_ref().unwrap().restore.lock(),
+            RestoreRecord::Done(_)
+        ));
+        r.sync("p").unwrap();
+        r.shutdown_persistent();
+
+        // A corrupt meta: failed, with the reason, data untouched.
+        std::fs::write(dir.join("meta"), b"not a meta").unwrap();
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        match &*d.state.lock() {
+            DriveState::Failed(e) => assert!(e.contains("metadata"), "{e}"),
+            s => panic!("{s:?}"),
+        }
+        assert!(matches!(r.sync("p"), Err(RegistryError::NotReady(_))));
+        assert!(d
+            .export
+            .unavailable()
+            .unwrap()
+            .contains("failed to restore"));
+        assert_eq!(std::fs::read(dir.join("meta")).unwrap(), b"not a meta");
+        // Deleting without keep_data removes the state directory.
+        r.delete("p", false, false).unwrap();
+        assert!(!dir.exists());
     }
 }

@@ -1,0 +1,213 @@
+//! `drive.json`: the daemon's settings of one persistent drive, kept in its
+//! state directory next to the engine's files, so a drive created through
+//! the API comes back at the next start with the same promise, limits and
+//! key file (the key itself is never stored).
+//!
+//! ```text
+//!  STATE_DIR/drives/NAME/
+//!    drive.json   this file (JSON, below)            written by the daemon
+//!    meta         engine metadata (docs/formats.md)  ┐
+//!    image        raw sparse image of the drive      │ written by
+//!    pages        one entry per page of the image    │ src/persist
+//!    journal      redo journal                       ┘
+//! ```
+//!
+//! ```json
+//! {"version": 1, "name": "db", "origin": "api", "size_bytes": 4294967296,
+//!  "durability": "flush", "sync_interval_ms": 60000,
+//!  "key_file": "/etc/ramd/db.key", "mem_limit_bytes": null,
+//!  "read_only": false, "overcommit": false}
+//! ```
+//!
+//! Written atomically (temporary file, fsync, rename, fsync of the
+//! directory), so a crash leaves the old or the new file, never a torn one.
+//! `size_bytes` is the size asked for at creation; the drive's real size is
+//! the engine's (a resize is recorded by the next sync).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::daemon::spec::{check_sync_interval_ms, DriveSpec, PersistSpec};
+
+/// The file name inside a drive's state directory.
+pub const FILE: &str = "drive.json";
+
+/// The format version this daemon writes and reads.
+pub const VERSION: u32 = 1;
+
+/// Why the settings file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// Reading or writing failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not valid.
+    #[error("{path} is unusable: {detail}; fix or remove it (without it the drive is restored with default settings)")]
+    Invalid { path: PathBuf, detail: String },
+}
+
+/// The contents of `drive.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveSettings {
+    /// Format version ([`VERSION`]).
+    pub version: u32,
+    /// The drive name (equals the directory name).
+    pub name: String,
+    /// Who created it: "api", "config" or "command-line".
+    pub origin: String,
+    /// Size asked for at creation.
+    pub size_bytes: u64,
+    /// `none`, `periodic` or `flush`.
+    pub durability: String,
+    /// Background sync interval.
+    pub sync_interval_ms: u64,
+    /// Absolute path of the key file of an encrypted drive.
+    pub key_file: Option<PathBuf>,
+    /// The drive's own memory limit.
+    pub mem_limit_bytes: Option<u64>,
+    /// Locked read-only.
+    pub read_only: bool,
+    /// Created with overcommit.
+    pub overcommit: bool,
+}
+
+impl DriveSettings {
+    /// The settings of `spec` (which must be persistent).
+    pub fn from_spec(spec: &DriveSpec, persist: &PersistSpec, origin: &str) -> DriveSettings {
+        DriveSettings {
+            version: VERSION,
+            name: spec.name.clone(),
+            origin: origin.to_owned(),
+            size_bytes: spec.size_bytes,
+            durability: persist.durability.as_str().to_owned(),
+            sync_interval_ms: persist.sync_interval_ms,
+            key_file: persist.key_file.clone(),
+            mem_limit_bytes: spec.mem_limit_bytes,
+            read_only: spec.read_only,
+            overcommit: spec.overcommit,
+        }
+    }
+
+    /// The drive spec these settings describe; an error says which field
+    /// is wrong.
+    pub fn to_spec(&self) -> Result<DriveSpec, String> {
+        if self.version != VERSION {
+            return Err(format!(
+                "version {} is not the supported version {VERSION}",
+                self.version
+            ));
+        }
+        let durability = self.durability.parse().map_err(|e: String| e)?;
+        check_sync_interval_ms(self.sync_interval_ms).map_err(|e| e.to_string())?;
+        Ok(DriveSpec {
+            name: self.name.clone(),
+            size_bytes: self.size_bytes.max(1),
+            mem_limit_bytes: self.mem_limit_bytes,
+            read_only: self.read_only,
+            overcommit: self.overcommit,
+            persist: Some(PersistSpec {
+                durability,
+                sync_interval_ms: self.sync_interval_ms,
+                key_file: self.key_file.clone(),
+            }),
+        })
+    }
+}
+
+/// Reads `dir/drive.json`; Ok(None) when there is none.
+pub fn read(dir: &Path) -> Result<Option<DriveSettings>, SettingsError> {
+    let path = dir.join(FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(SettingsError::Io {
+                op: "read",
+                path,
+                source,
+            })
+        }
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| SettingsError::Invalid {
+            path,
+            detail: e.to_string(),
+        })
+}
+
+/// Replaces `dir/drive.json` atomically and durably.
+pub fn write(dir: &Path, settings: &DriveSettings) -> Result<(), SettingsError> {
+    let path = dir.join(FILE);
+    let tmp = dir.join(format!("{FILE}.tmp"));
+    let io = |op, path: &Path| {
+        let path = path.to_owned();
+        move |source| SettingsError::Io { op, path, source }
+    };
+    let mut text = serde_json::to_string_pretty(settings).expect("settings serialize");
+    text.push('\n');
+    let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+    f.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
+    f.sync_data().map_err(io("fdatasync", &tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::Durability;
+
+    fn spec() -> DriveSpec {
+        DriveSpec {
+            name: "db".into(),
+            size_bytes: 1 << 30,
+            mem_limit_bytes: Some(1 << 20),
+            read_only: true,
+            overcommit: false,
+            persist: Some(PersistSpec {
+                durability: Durability::Flush,
+                sync_interval_ms: 5000,
+                key_file: Some("/k".into()),
+            }),
+        }
+    }
+
+    #[test]
+    fn round_trip_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        let s = spec();
+        let st = DriveSettings::from_spec(&s, s.persist.as_ref().unwrap(), "api");
+        write(dir.path(), &st).unwrap();
+        let back = read(dir.path()).unwrap().unwrap();
+        assert_eq!(back, st);
+        assert_eq!(back.to_spec().unwrap(), s);
+        assert!(!dir.path().join("drive.json.tmp").exists());
+    }
+
+    #[test]
+    fn damaged_files_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE), "{\"version\": 1,").unwrap();
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("drive.json is unusable"), "{e}");
+        let s = spec();
+        let mut st = DriveSettings::from_spec(&s, s.persist.as_ref().unwrap(), "api");
+        st.durability = "fast".into();
+        assert!(st.to_spec().unwrap_err().contains("unknown durability"));
+        st.durability = "flush".into();
+        st.version = 9;
+        assert!(st.to_spec().unwrap_err().contains("version 9"));
+    }
+}

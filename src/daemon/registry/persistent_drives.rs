@@ -1,0 +1,580 @@
+//! The registry's persistent-drive operations: create or restore, the
+//! restore threads, `ramd restore`, sync, durability changes, the final
+//! save of `delete --keep-data`, and clean shutdown. The invariants are the
+//! registry's (see `mod.rs`); the disk side is `daemon::persistent`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{
+    data_end, not_ready, now_unix_s, Drive, DriveData, DriveKind, DriveState, Origin, Registry,
+    RegistryError,
+};
+use crate::backend::Backend;
+use crate::daemon::persistent::{self, DiskDrive, Found, Persistence, RestoreRecord};
+use crate::daemon::spec::{DriveSpec, PersistSpec};
+use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
+use crate::size::format_size;
+
+impl Registry {
+    /// `create` for a persistent drive: a new one, or a restore.
+    pub(super) fn create_persistent(
+        self: &Arc<Self>,
+        spec: &DriveSpec,
+        persist: &PersistSpec,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let dir = self.drive_dir(&spec.name)?;
+        let mut drives = self.drives.lock();
+        if drives.contains_key(&spec.name) {
+            return Err(RegistryError::Exists(spec.name.clone()));
+        }
+        match persistent::probe(&dir) {
+            Found::New => {
+                self.check_budget(
+                    &drives,
+                    None,
+                    &spec.name,
+                    spec.size_bytes,
+                    spec.mem_limit_bytes,
+                    spec.overcommit,
+                )?;
+                let pd =
+                    persistent::create_new(&dir, spec, persist, origin.name(), self.budget.clone())
+                        .map_err(RegistryError::Persist)?;
+                let p = Arc::new(Persistence::new(
+                    dir.clone(),
+                    persist.clone(),
+                    origin.name(),
+                    RestoreRecord::None,
+                ));
+                let pd = Arc::new(pd);
+                let drive = self.assemble(
+                    spec,
+                    origin,
+                    DriveKind::Persistent,
+                    DriveState::Ready,
+                    DriveData::Persistent(pd.clone()),
+                    Some(p.clone()),
+                    None,
+                    now_unix_s(),
+                );
+                self.insert(&mut drives, &drive)?;
+                p.start_scheduler(&pd, &spec.name);
+                tracing::info!(
+                    drive = %spec.name,
+                    size = %format_size(spec.size_bytes),
+                    durability = %persist.durability,
+                    interval = %crate::daemon::spec::format_interval(persist.sync_interval_ms),
+                    encrypted = persist.key_file.is_some(),
+                    dir = %dir.display(),
+                    "persistent drive created"
+                );
+                Ok(drive)
+            }
+            Found::Existing { size_bytes } => {
+                self.check_budget(
+                    &drives,
+                    None,
+                    &spec.name,
+                    size_bytes,
+                    spec.mem_limit_bytes,
+                    spec.overcommit,
+                )?;
+                let p = Arc::new(Persistence::new(
+                    dir.clone(),
+                    persist.clone(),
+                    origin.name(),
+                    RestoreRecord::Queued,
+                ));
+                let placeholder = self.assemble(
+                    spec,
+                    origin.clone(),
+                    DriveKind::Persistent,
+                    DriveState::Restoring,
+                    DriveData::Offline {
+                        size_bytes,
+                        mem_limit_bytes: spec.mem_limit_bytes,
+                    },
+                    Some(p),
+                    None,
+                    now_unix_s(),
+                );
+                self.insert(&mut drives, &placeholder)?;
+                drop(drives);
+                tracing::info!(
+                    drive = %spec.name,
+                    dir = %dir.display(),
+                    size = %format_size(size_bytes),
+                    "restoring persistent drive from its state directory"
+                );
+                // A declared size (config, flags, `ramd create --size`)
+                // is applied after the restore.
+                self.spawn_restore(
+                    &placeholder,
+                    Some(spec.size_bytes),
+                    RestoreOptions::default(),
+                );
+                Ok(placeholder)
+            }
+            Found::Broken(error) => {
+                let p = Arc::new(Persistence::new(
+                    dir,
+                    persist.clone(),
+                    origin.name(),
+                    RestoreRecord::Failed(error.clone()),
+                ));
+                let drive = self.assemble(
+                    spec,
+                    origin,
+                    DriveKind::Persistent,
+                    DriveState::Failed(error.clone()),
+                    DriveData::Offline {
+                        size_bytes: 0,
+                        mem_limit_bytes: spec.mem_limit_bytes,
+                    },
+                    Some(p),
+                    None,
+                    now_unix_s(),
+                );
+                self.insert(&mut drives, &drive)?;
+                tracing::error!(drive = %spec.name, "persistent drive failed: {error}");
+                Ok(drive)
+            }
+        }
+    }
+
+    /// Registers a drive whose settings file is unusable, as failed.
+    pub fn add_unusable(
+        &self,
+        name: &str,
+        error: String,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let dir = self.drive_dir(name)?;
+        let spec = DriveSpec {
+            name: name.to_owned(),
+            size_bytes: 1,
+            mem_limit_bytes: None,
+            read_only: false,
+            overcommit: false,
+            persist: Some(PersistSpec::default()),
+        };
+        let p = Arc::new(Persistence::new(
+            dir,
+            PersistSpec::default(),
+            origin.name(),
+            RestoreRecord::Failed(error.clone()),
+        ));
+        let drive = self.assemble(
+            &spec,
+            origin,
+            DriveKind::Persistent,
+            DriveState::Failed(error.clone()),
+            DriveData::Offline {
+                size_bytes: 0,
+                mem_limit_bytes: None,
+            },
+            Some(p),
+            None,
+            now_unix_s(),
+        );
+        let mut drives = self.drives.lock();
+        if drives.contains_key(name) {
+            return Err(RegistryError::Exists(name.to_owned()));
+        }
+        self.insert(&mut drives, &drive)?;
+        tracing::error!(drive = %name, "persistent drive failed: {error}");
+        Ok(drive)
+    }
+
+    /// Starts the restore of `placeholder` (registered, restoring) on its
+    /// own thread; `want_size` is applied afterwards when given.
+    fn spawn_restore(
+        self: &Arc<Self>,
+        placeholder: &Arc<Drive>,
+        want_size: Option<u64>,
+        opts: RestoreOptions,
+    ) {
+        let (me, ph) = (self.clone(), placeholder.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("restore-{}", placeholder.name))
+            .spawn(move || me.run_restore(&ph, want_size, opts));
+        if let Err(e) = spawned {
+            let mut drives = self.drives.lock();
+            self.finish_failed(
+                &mut drives,
+                placeholder,
+                format!("cannot start the restore thread: {e}"),
+            );
+        }
+    }
+
+    fn run_restore(
+        self: &Arc<Self>,
+        placeholder: &Arc<Drive>,
+        want_size: Option<u64>,
+        opts: RestoreOptions,
+    ) {
+        let Some(p) = placeholder.persist.clone() else {
+            return;
+        };
+        let turn = self.restore_turn.lock();
+        if !self.is_current(placeholder) {
+            return;
+        }
+        let progress = Arc::new(RestoreProgress::new());
+        *p.restore.lock() = RestoreRecord::Running(progress.clone());
+        let pspec = p.spec.lock().clone();
+        let started = Instant::now();
+        let result = persistent::open(
+            &p.dir,
+            &pspec,
+            opts,
+            &progress,
+            placeholder.mem_limit_bytes(),
+            self.budget.clone(),
+        );
+        drop(turn);
+        let mut drives = self.drives.lock();
+        if !self.is_current_locked(&drives, placeholder)
+            || self.shutting_down.load(Ordering::SeqCst)
+        {
+            // Deleted meanwhile, or the daemon is stopping: nothing was
+            // served from it, so nothing needs saving.
+            if let Ok((pd, _)) = result {
+                let _ = pd.close();
+            }
+            return;
+        }
+        let (pd, report) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(
+                    drive = %placeholder.name,
+                    "restore failed after {:.2}s: {e}",
+                    started.elapsed().as_secs_f64()
+                );
+                self.finish_failed(&mut drives, placeholder, e);
+                return;
+            }
+        };
+        let pd = Arc::new(pd);
+        let mut spec = placeholder.spec();
+        spec.size_bytes = pd.size();
+        let drive = self.assemble(
+            &spec,
+            placeholder.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Ready,
+            DriveData::Persistent(pd.clone()),
+            Some(p.clone()),
+            Some(placeholder.metrics.clone()),
+            placeholder.created_unix_s,
+        );
+        let text = persistent::report_text(&report);
+        *p.restore.lock() = RestoreRecord::Done(report);
+        self.replace(&mut drives, placeholder, &drive);
+        tracing::info!(drive = %drive.name, "{text}");
+        if let Some(want) = want_size.filter(|&w| w != pd.size()) {
+            self.apply_declared_size(&drives, &drive, want);
+        }
+        drop(drives);
+        p.save_settings(&drive.spec());
+        p.start_scheduler(&pd, &drive.name);
+    }
+
+    /// Grows (or, when no data would be lost, shrinks) a restored drive to
+    /// the size its declaration asks for; otherwise keeps it and says why.
+    fn apply_declared_size(
+        &self,
+        drives: &BTreeMap<String, Arc<Drive>>,
+        drive: &Arc<Drive>,
+        want: u64,
+    ) {
+        let Some(store) = drive.store() else { return };
+        let have = store.size();
+        let name = &drive.name;
+        if let Err(e) = self.check_budget(
+            drives,
+            Some(name),
+            name,
+            want,
+            drive.mem_limit_bytes(),
+            *drive.overcommit.lock(),
+        ) {
+            tracing::warn!(drive = %name, "keeping the restored size {}: {e}", format_size(have));
+            return;
+        }
+        if want < have {
+            match data_end(store, want, have) {
+                Ok(None) => {}
+                Ok(Some(end)) => {
+                    tracing::warn!(
+                        drive = %name,
+                        "keeping the restored size {}: the declared {} would discard data stored up to {}; shrink with `ramd resize {name} SIZE --force`",
+                        format_size(have), format_size(want), format_size(end)
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(drive = %name, "keeping the restored size: {e}");
+                    return;
+                }
+            }
+        }
+        match store.resize(want) {
+            Ok(()) => tracing::info!(
+                drive = %name,
+                from = %format_size(have),
+                to = %format_size(want),
+                "restored drive resized to its declared size"
+            ),
+            Err(e) => tracing::warn!(drive = %name, "cannot resize to the declared size: {e}"),
+        }
+    }
+
+    /// Replaces `placeholder` with a failed drive showing `error`.
+    fn finish_failed(
+        &self,
+        drives: &mut BTreeMap<String, Arc<Drive>>,
+        placeholder: &Arc<Drive>,
+        error: String,
+    ) {
+        if let Some(p) = &placeholder.persist {
+            *p.restore.lock() = RestoreRecord::Failed(error.clone());
+        }
+        let spec = placeholder.spec();
+        let drive = self.assemble(
+            &spec,
+            placeholder.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Failed(error),
+            DriveData::Offline {
+                size_bytes: placeholder.size_bytes(),
+                mem_limit_bytes: placeholder.mem_limit_bytes(),
+            },
+            placeholder.persist.clone(),
+            Some(placeholder.metrics.clone()),
+            placeholder.created_unix_s,
+        );
+        self.replace(drives, placeholder, &drive);
+    }
+
+    fn is_current_locked(&self, drives: &BTreeMap<String, Arc<Drive>>, d: &Arc<Drive>) -> bool {
+        drives.get(&d.name).is_some_and(|x| Arc::ptr_eq(x, d))
+    }
+
+    fn is_current(&self, d: &Arc<Drive>) -> bool {
+        self.is_current_locked(&self.drives.lock(), d)
+    }
+
+    /// Restores a failed persistent drive again with `opts` (and, when
+    /// given, another key file). Returns the drive, now restoring.
+    pub fn restore(
+        self: &Arc<Self>,
+        name: &str,
+        opts: RestoreOptions,
+        key_file: Option<PathBuf>,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let mut drives = self.drives.lock();
+        let drive = drives
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let Some(p) = drive.persist.clone() else {
+            return Err(RegistryError::NotPersistent(name.to_owned()));
+        };
+        let state = drive.state.lock().clone();
+        match state {
+            DriveState::Failed(_) => {}
+            DriveState::Ready => {
+                return Err(RegistryError::NotReady(format!(
+                    "drive '{name}' is ready: `ramd restore` is for a drive that failed to restore (to reload from disk, `ramd delete {name} --keep-data` and create it again)"
+                )))
+            }
+            DriveState::Restoring => {
+                return Err(RegistryError::NotReady(format!(
+                    "drive '{name}' is already restoring ({})",
+                    p.restore_text()
+                )))
+            }
+        }
+        let size_bytes = match persistent::probe(&p.dir) {
+            Found::Existing { size_bytes } => size_bytes,
+            Found::Broken(_) => 0,
+            Found::New => {
+                return Err(RegistryError::Persist(format!(
+                    "there is nothing to restore in {}: delete the drive (`ramd delete {name}`) and create it again",
+                    p.dir.display()
+                )))
+            }
+        };
+        if let Some(k) = key_file {
+            p.spec.lock().key_file = Some(k);
+        }
+        self.check_budget(
+            &drives,
+            Some(name),
+            name,
+            size_bytes,
+            drive.mem_limit_bytes(),
+            *drive.overcommit.lock(),
+        )?;
+        *p.restore.lock() = RestoreRecord::Queued;
+        let spec = drive.spec();
+        let placeholder = self.assemble(
+            &spec,
+            drive.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Restoring,
+            DriveData::Offline {
+                size_bytes,
+                mem_limit_bytes: drive.mem_limit_bytes(),
+            },
+            Some(p),
+            Some(drive.metrics.clone()),
+            drive.created_unix_s,
+        );
+        self.replace(&mut drives, &drive, &placeholder);
+        drop(drives);
+        tracing::info!(drive = %name, force = opts.force, discard_journal = opts.discard_journal, "restoring again");
+        self.spawn_restore(&placeholder, None, opts);
+        Ok(placeholder)
+    }
+
+    /// True while any drive is restoring.
+    pub fn restoring(&self) -> Vec<Arc<Drive>> {
+        self.list()
+            .into_iter()
+            .filter(|d| *d.state.lock() == DriveState::Restoring)
+            .collect()
+    }
+
+    /// Syncs a persistent drive now; returns once everything written
+    /// before the call is durable.
+    pub fn sync(&self, name: &str) -> Result<(Arc<Drive>, SyncReport), RegistryError> {
+        let drive = self.get(name)?;
+        let pd = self.ready_persistent(&drive)?;
+        let r = pd.sync().map_err(|e| {
+            RegistryError::SyncFailed(format!(
+                "sync of '{name}' failed: {e}. The drive keeps serving from RAM; the disk holds its last completed sync"
+            ))
+        })?;
+        Ok((drive.clone(), r))
+    }
+
+    fn ready_persistent<'a>(&self, drive: &'a Drive) -> Result<&'a Arc<DiskDrive>, RegistryError> {
+        if drive.persist.is_none() {
+            return Err(RegistryError::NotPersistent(drive.name.clone()));
+        }
+        drive.persistent().ok_or_else(|| not_ready(drive))
+    }
+
+    /// Changes a persistent drive's durability and/or sync interval.
+    pub fn set_persistence(
+        &self,
+        name: &str,
+        durability: Option<Durability>,
+        sync_interval_ms: Option<u64>,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let drive = self.get(name)?;
+        let pd = self.ready_persistent(&drive)?.clone();
+        let p = drive.persist.clone().expect("checked persistent");
+        {
+            let mut s = p.spec.lock();
+            if let Some(d) = durability {
+                s.durability = d;
+                pd.set_durability(d);
+            }
+            if let Some(ms) = sync_interval_ms {
+                s.sync_interval_ms = ms;
+                pd.set_sync_interval_ms(ms);
+            }
+        }
+        p.wake_scheduler();
+        p.save_settings(&drive.spec());
+        tracing::info!(drive = %name, durability = ?durability, sync_interval_ms = ?sync_interval_ms, "persistence changed");
+        Ok(drive)
+    }
+
+    /// Clean shutdown of every persistent drive: stops its sync thread and
+    /// saves everything (sync and checkpoint), logging each. Call after
+    /// the NBD server and attachments have stopped.
+    pub fn shutdown_persistent(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        for d in self.list() {
+            let Some(p) = &d.persist else { continue };
+            match (&d.data, &*d.state.lock()) {
+                (DriveData::Persistent(pd), _) => {
+                    p.stop_scheduler();
+                    let dirty = pd.status().dirty_bytes;
+                    let started = Instant::now();
+                    match pd.close() {
+                        Ok(r) => tracing::info!(
+                            drive = %d.name,
+                            dirty = %format_size(dirty),
+                            journal = %format_size(r.journal_bytes),
+                            ms = started.elapsed().as_millis() as u64,
+                            "saved to {}",
+                            p.dir.display()
+                        ),
+                        Err(e) => tracing::error!(
+                            drive = %d.name,
+                            "could not save at shutdown: {e}; the disk holds the last completed sync"
+                        ),
+                    }
+                }
+                (_, DriveState::Restoring) => tracing::info!(
+                    drive = %d.name,
+                    "was still restoring ({}); its state directory is unchanged and it restores at the next start",
+                    p.restore_text()
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// Saves a persistent drive being deleted with its data kept: waits
+    /// (bounded) for its closing connections to finish their requests,
+    /// syncs, checkpoints. On failure the drive is registered again.
+    pub(super) fn final_save(
+        &self,
+        drive: &Arc<Drive>,
+        pd: &Arc<DiskDrive>,
+        p: &Arc<Persistence>,
+    ) -> Result<(), RegistryError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while drive.connections() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let saved = pd.sync().and_then(|_| pd.close());
+        let Err(e) = saved else { return Ok(()) };
+        let msg = format!(
+            "drive '{}' was not deleted: saving its data failed: {e}. It is still served from RAM; fix the disk and retry, or delete it without --keep-data",
+            drive.name
+        );
+        let spec = drive.spec();
+        let back = self.assemble(
+            &spec,
+            drive.origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Ready,
+            DriveData::Persistent(pd.clone()),
+            Some(p.clone()),
+            Some(drive.metrics.clone()),
+            drive.created_unix_s,
+        );
+        let mut drives = self.drives.lock();
+        if drives.contains_key(&drive.name) || self.insert(&mut drives, &back).is_err() {
+            tracing::error!(drive = %drive.name, "{msg}; its name was taken meanwhile, so it cannot be served again: its unsaved writes are lost");
+        } else {
+            drop(drives);
+            p.start_scheduler(pd, &drive.name);
+        }
+        Err(RegistryError::SyncFailed(msg))
+    }
+}
