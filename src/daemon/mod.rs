@@ -373,6 +373,10 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 source,
             })?;
     }
+    // Persistent drives created through the API (or no longer declared)
+    // come back too; restores run in the background, READY=1 waits.
+    persistent::restore_stored(&registry, &settings);
+    // Caches after every drive (drives and caches share export names).
     let caches = Arc::new(Caches::new(
         exports.clone(),
         registry.clone(),
@@ -390,9 +394,6 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 source,
             })?;
     }
-    // Persistent drives created through the API (or no longer declared)
-    // come back too; restores run in the background, READY=1 waits.
-    persistent::restore_stored(&registry, &settings);
 
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
