@@ -7,8 +7,10 @@
 //!    the pages the replay will overwrite are known (a crash during a
 //!    checkpoint leaves exactly those pages with data and entry out of step).
 //! 3. image: the page table says which pages hold data; only those are read,
-//!    in large sequential reads on a reader thread while the caller's thread
-//!    verifies (CRC-32C or AES-GCM) and stores them. Holes cost nothing.
+//!    in runs of up to 8 MiB by two worker threads that `pread` each run
+//!    straight into the drive's pages and verify (CRC-32C or AES-GCM) them
+//!    in place: one copy, page cache to drive, and one thread's disk wait
+//!    overlaps the other's verifying. Holes cost nothing.
 //! 4. replay: the committed generations newer than the image, in order.
 //! 5. only now, with everything verified and loaded, is the disk changed:
 //!    the journal is checkpointed into the image and emptied (a torn tail
