@@ -7,8 +7,10 @@
 //!    the pages the replay will overwrite are known (a crash during a
 //!    checkpoint leaves exactly those pages with data and entry out of step).
 //! 3. image: the page table says which pages hold data; only those are read,
-//!    in large sequential reads on a reader thread while the caller's thread
-//!    verifies (CRC-32C or AES-GCM) and stores them. Holes cost nothing.
+//!    in runs of up to 8 MiB by two worker threads that `pread` each run
+//!    straight into the drive's pages and verify (CRC-32C or AES-GCM) them
+//!    in place: one copy, page cache to drive, and one thread's disk wait
+//!    overlaps the other's verifying. Holes cost nothing.
 //! 4. replay: the committed generations newer than the image, in order.
 //! 5. only now, with everything verified and loaded, is the disk changed:
 //!    the journal is checkpointed into the image and emptied (a torn tail
@@ -474,13 +476,137 @@ fn count_data_pages<S: Storage>(storage: &S, image: &Image<S::File>, meta: &Meta
     Ok(count)
 }
 
-/// A run of data pages the reader thread read: its first page, page count,
-/// bytes, what the read returned, and the pages' table entries.
-type ReadRun = (u64, u64, Vec<u8>, std::io::Result<usize>, Vec<u8>);
+/// A run of data pages to load: its first page, page count, and the pages'
+/// table entries.
+type Run = (u64, u64, Vec<u8>);
 
-/// Loads every data page of the image into `store`, verifying each. A reader
-/// thread walks the page table window by window and reads runs of data
-/// pages; this thread verifies and stores them.
+/// Threads that load runs of the image at once: one reads while the other
+/// verifies and faults pages in, so neither the disk nor a core idles.
+const LOAD_WORKERS: usize = 2;
+
+/// A page that failed verification: page number and why.
+type BadPage = (u64, String);
+
+/// What the load workers share.
+struct LoadShared<'a, F> {
+    image: &'a F,
+    /// Bytes of the image file that belong to the drive.
+    image_len: u64,
+    /// Actual length of the image file, for messages.
+    file_len: u64,
+    drive_size: u64,
+    eb: usize,
+    cipher: Option<&'a Cipher>,
+    covered: &'a Covered,
+    force: bool,
+    store: &'a RamStore,
+    progress: &'a RestoreProgress,
+    /// Set when a worker met an error that ends the restore: the others stop.
+    stop: std::sync::atomic::AtomicBool,
+    /// Bytes of the image loaded into the drive.
+    loaded_bytes: AtomicU64,
+}
+
+impl<F: StorageFile> LoadShared<'_, F> {
+    /// Loads one run straight into the drive's memory: `pread` into the
+    /// pages themselves (under their chunk locks, via `write_with`), then
+    /// verifies (or decrypts) each page in place. No staging buffer, so
+    /// the data is copied once, page cache to drive. Pages that fail are
+    /// appended to `bad` (encrypted ones zeroed, as their bytes are
+    /// meaningless); an uncovered one without `force` stops the restore.
+    fn load_run(&self, run: &Run, bad: &mut Vec<BadPage>) -> std::io::Result<()> {
+        let page = PAGE_BYTES as u64;
+        let (first, n, entries) = (run.0, run.1, &run.2);
+        let off = first * page;
+        let end = ((first + n) * page).min(self.drive_size);
+        // A last page cut by the drive's end is verified whole from a buffer.
+        let whole_end = end / page * page;
+        let mut pos = off;
+        while pos < whole_end {
+            let stored = self
+                .store
+                .write_with(pos, (whole_end - pos) as usize, &mut |dst| {
+                    let got = self.read_full(dst, pos)?;
+                    dst[got..].fill(0);
+                    for (k, pd) in dst.chunks_mut(PAGE_BYTES).enumerate() {
+                        let p = pos / page + k as u64;
+                        let i = (p - first) as usize * self.eb;
+                        let page_end = (k + 1) * PAGE_BYTES;
+                        self.check(p, &entries[i..i + self.eb], pd, got < page_end, bad);
+                    }
+                    Ok(())
+                });
+            match stored {
+                Ok(k) => pos += k as u64,
+                Err(crate::backend::Error::Io(e)) => return Err(e),
+                Err(e) => return Err(std::io::Error::other(e.to_string())),
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+        }
+        if whole_end < end {
+            let mut pd = vec![0u8; PAGE_BYTES];
+            let got = self.read_full(&mut pd, whole_end)?;
+            let p = whole_end / page;
+            let i = (p - first) as usize * self.eb;
+            self.check(p, &entries[i..i + self.eb], &mut pd, got < PAGE_BYTES, bad);
+            self.store
+                .write(whole_end, &pd[..(end - whole_end) as usize], false)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        self.progress.add(end - off);
+        self.loaded_bytes.fetch_add(end - off, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes of the image at `offset`, fewer only where
+    /// the file ends; returns how many.
+    fn read_full(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let len = (buf.len() as u64).min(self.image_len.saturating_sub(offset)) as usize;
+        let mut got = 0;
+        while got < len {
+            match self
+                .image
+                .read_at(&mut buf[got..len], offset + got as u64)?
+            {
+                0 => break,
+                k => got += k,
+            }
+        }
+        Ok(got)
+    }
+
+    /// Verifies one page in place; records it in `bad` when it fails.
+    fn check(&self, p: u64, entry: &[u8], pd: &mut [u8], short: bool, bad: &mut Vec<BadPage>) {
+        if verify_page(self.cipher, p, entry, pd) {
+            return;
+        }
+        let detail = if short {
+            format!(
+                "the image file ends at byte {}, before this page",
+                self.file_len
+            )
+        } else if self.cipher.is_some() {
+            "AES-GCM authentication failed (tampered or damaged)".to_string()
+        } else {
+            "CRC-32C mismatch (the page's bytes changed)".to_string()
+        };
+        if self.cipher.is_some() {
+            pd.fill(0);
+        }
+        if !self.covered.has(p) {
+            if !self.force {
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            bad.push((p, detail));
+        }
+    }
+}
+
+/// Loads every data page of the image into `store`, verifying each. This
+/// thread walks the page table window by window and hands runs of data
+/// pages to `LOAD_WORKERS` threads that read them straight into the drive.
 #[allow(clippy::too_many_arguments)]
 fn load_image<S: Storage>(
     storage: &S,
@@ -496,55 +622,56 @@ fn load_image<S: Storage>(
     let eb = meta.entry_bytes();
     let ipath = storage.describe(names::IMAGE);
     let tpath = storage.describe(names::PAGES);
-    let size = super::image::image_len(meta.drive_size, meta.encrypted);
-    let img_len = image.image.len().map_err(io_err("stat", ipath.clone()))?;
     let pages = meta.pages();
     image.image.advise_sequential();
     image.pages.advise_sequential();
-    let bad = |report: &mut RestoreReport, page: u64, detail: String| -> Result<()> {
-        if covered.has(page) {
-            return Ok(());
-        }
-        if !force {
-            return Err(Error::CorruptImage {
-                path: ipath.clone(),
-                page,
-                offset: page * PAGE_BYTES as u64,
-                detail,
-            });
-        }
-        report.forced_bad_page_count += 1;
-        if report.forced_bad_pages.len() < 1000 {
-            report.forced_bad_pages.push(page);
-        }
-        Ok(())
+    let shared = LoadShared {
+        image: &image.image,
+        image_len: super::image::image_len(meta.drive_size, meta.encrypted),
+        file_len: image.image.len().map_err(io_err("stat", ipath.clone()))?,
+        drive_size: meta.drive_size,
+        eb,
+        cipher,
+        covered,
+        force,
+        store,
+        progress,
+        stop: std::sync::atomic::AtomicBool::new(false),
+        loaded_bytes: AtomicU64::new(0),
     };
-    let (tx, rx) = sync_channel::<std::result::Result<ReadRun, std::io::Error>>(2);
-    let (back_tx, back_rx) = sync_channel::<Vec<u8>>(3);
-    for _ in 0..3 {
-        back_tx.send(Vec::new()).expect("fresh channel");
-    }
-    let (img, tbl) = (&image.image, &image.pages);
-    std::thread::scope(|sc| -> Result<()> {
-        // Owned here so that an early return drops them and the reader stops.
-        let (rx, back_tx) = (rx, back_tx);
-        sc.spawn(move || {
-            let mut first_w = 0;
-            while first_w < pages {
-                let wn = TABLE_WINDOW_PAGES.min(pages - first_w);
-                let table = match read_table_window(tbl, eb, first_w, wn) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
+    let (tx, rx) = sync_channel::<Run>(2 * LOAD_WORKERS);
+    let rx = std::sync::Mutex::new(rx);
+    let (mut bad, first_error) = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..LOAD_WORKERS)
+            .map(|_| {
+                let (shared, rx) = (&shared, &rx);
+                sc.spawn(move || {
+                    let mut bad = Vec::new();
+                    loop {
+                        let Ok(run) = rx.lock().expect("no panics under it").recv() else {
+                            return (bad, None);
+                        };
+                        if shared.stop.load(Ordering::Relaxed) {
+                            continue;
+                        }
+                        if let Err(e) = shared.load_run(&run, &mut bad) {
+                            shared.stop.store(true, Ordering::Relaxed);
+                            return (bad, Some(e));
+                        }
                     }
-                };
+                })
+            })
+            .collect();
+        let walked = (|| -> std::io::Result<()> {
+            let mut first_w = 0;
+            while first_w < pages && !shared.stop.load(Ordering::Relaxed) {
+                let wn = TABLE_WINDOW_PAGES.min(pages - first_w);
+                let table = read_table_window(&image.pages, eb, first_w, wn)?;
                 let is_data = |p: u64| {
                     let i = (p - first_w) as usize * eb;
                     table[i..i + eb].iter().any(|&b| b != 0)
                 };
-                let mut p = first_w;
-                let end_w = first_w + wn;
+                let (mut p, end_w) = (first_w, first_w + wn);
                 while p < end_w {
                     if !is_data(p) {
                         p += 1;
@@ -555,67 +682,42 @@ fn load_image<S: Storage>(
                     {
                         p += 1;
                     }
-                    let n = p - first;
-                    let Ok(mut buf) = back_rx.recv() else { return };
-                    let off = first * PAGE_BYTES as u64;
-                    let len = (n * PAGE_BYTES as u64).min(size.saturating_sub(off)) as usize;
-                    // Reused buffers keep their old bytes: zero what a short
-                    // read (an image shorter than the table says) leaves, so
-                    // verification reports the page instead of old data.
-                    buf.resize(n as usize * PAGE_BYTES, 0);
-                    let mut got = 0;
-                    let r = loop {
-                        if got >= len {
-                            break Ok(got);
-                        }
-                        match img.read_at(&mut buf[got..len], off + got as u64) {
-                            Ok(0) => break Ok(got),
-                            Ok(k) => got += k,
-                            Err(e) => break Err(e),
-                        }
-                    };
-                    if let Ok(got) = r {
-                        buf[got..].fill(0);
-                    }
                     let i = (first - first_w) as usize * eb;
-                    let entries = table[i..i + n as usize * eb].to_vec();
-                    if tx.send(Ok((first, n, buf, r, entries))).is_err() {
-                        return;
+                    let entries = table[i..(p - first_w) as usize * eb].to_vec();
+                    if tx.send((first, p - first, entries)).is_err() {
+                        return Ok(());
                     }
                 }
                 first_w = end_w;
             }
-        });
-        for msg in rx {
-            let (first, n, mut buf, r, entries) = msg.map_err(io_err("read", tpath.clone()))?;
-            let got = r.map_err(io_err("read", ipath.clone()))?;
-            let run_len = (n * PAGE_BYTES as u64).min(size - first * PAGE_BYTES as u64) as usize;
-            for i in 0..n {
-                let page = first + i;
-                let pd = &mut buf[i as usize * PAGE_BYTES..(i as usize + 1) * PAGE_BYTES];
-                let entry = &entries[i as usize * eb..(i as usize + 1) * eb];
-                let page_end = ((i as usize + 1) * PAGE_BYTES).min(run_len);
-                if !verify_page(cipher, page, entry, pd) {
-                    let detail = if got < page_end {
-                        format!("the image file ends at byte {img_len}, before this page")
-                    } else if cipher.is_some() {
-                        "AES-GCM authentication failed (tampered or damaged)".to_string()
-                    } else {
-                        "CRC-32C mismatch (the page's bytes changed)".to_string()
-                    };
-                    bad(report, page, detail)?;
-                    if cipher.is_some() {
-                        pd.fill(0);
-                    }
-                }
+            Ok(())
+        })();
+        drop(tx);
+        let mut bad = Vec::new();
+        let mut first_error = walked.err().map(|e| io_err("read", tpath.clone())(e));
+        for w in workers {
+            let (b, e) = w.join().expect("a load worker panicked");
+            bad.extend(b);
+            if first_error.is_none() {
+                first_error = e.map(|e| io_err("read", ipath.clone())(e));
             }
-            let off = first * PAGE_BYTES as u64;
-            let store_len = run_len.min((meta.drive_size - off) as usize);
-            store.write(off, &buf[..store_len], false)?;
-            report.image_data_bytes += store_len as u64;
-            progress.add(store_len as u64);
-            let _ = back_tx.send(buf);
         }
-        Ok(())
-    })
+        (bad, first_error)
+    });
+    bad.sort_unstable_by_key(|b| b.0);
+    if let Some((page, detail)) = bad.first().filter(|_| !force) {
+        return Err(Error::CorruptImage {
+            path: ipath,
+            page: *page,
+            offset: page * PAGE_BYTES as u64,
+            detail: detail.clone(),
+        });
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    report.image_data_bytes = shared.loaded_bytes.load(Ordering::Relaxed);
+    report.forced_bad_page_count = bad.len() as u64;
+    report.forced_bad_pages = bad.iter().take(1000).map(|b| b.0).collect();
+    Ok(())
 }
