@@ -480,27 +480,30 @@ impl Drop for Snapshot<'_> {
         };
         self.state.snap.urgent_flag.store(false, Ordering::Release);
         self.state.snap.captured_cv.notify_all();
-        debug_assert!(!self.finished || side.is_empty());
         let bytes: u64 = side.values().map(|c| c.data_bytes()).sum();
         self.state.global_mem.release(bytes);
         self.state
             .snap
             .cow_bytes
             .fetch_sub(bytes, Ordering::Relaxed);
+        // Copies still in the side table were never handed out. Even after
+        // a complete walk there can be some: a change that began before the
+        // cut may set its dirty bits only after the walk passed its chunk
+        // (so it is out of this snapshot), and a later writer may then
+        // capture those bits. Their pages go to the next snapshot, like
+        // the change's bits would have had no writer captured them.
+        let mut unsaved: Vec<(u64, u16)> = side.values().map(|c| (c.chunk, c.mask)).collect();
         if !self.finished {
             self.state
                 .min_size
                 .fetch_min(self.min_size_bytes, Ordering::AcqRel);
-            // Abort: everything this snapshot took, handed out or still
-            // copied aside, is saved by the next one instead.
-            let chunks = self
-                .captured
-                .drain(..)
-                .chain(side.values().map(|c| (c.chunk, c.mask)));
-            for (chunk, mask) in chunks.collect::<Vec<_>>() {
-                let (seg, ci) = self.seg_of(chunk);
-                seg.dirty.set_bits16(ci * PAGES_PER_CHUNK, mask);
-            }
+            // Abort: everything this snapshot handed out is saved by the
+            // next one instead.
+            unsaved.append(&mut self.captured);
+        }
+        for (chunk, mask) in unsaved {
+            let (seg, ci) = self.seg_of(chunk);
+            seg.dirty.set_bits16(ci * PAGES_PER_CHUNK, mask);
         }
     }
 }
@@ -591,6 +594,43 @@ mod tests {
         assert_eq!(pages, vec![0, 17, 33, 100]);
         assert_eq!(got[3].1.as_deref(), Some(&[0xEE; 4096][..]));
         assert_eq!(s.snapshot_copy_bytes(), 0);
+    }
+
+    /// A change that began before the cut but set its dirty bits after the
+    /// walk passed its chunk, captured by a later writer: the complete
+    /// snapshot does not hold it, so the next one must (its bits were
+    /// cleared by the capture and must come back).
+    #[test]
+    fn late_pre_cut_change_captured_behind_the_walk_goes_to_the_next_snapshot() {
+        let s = store(1 << 20);
+        s.write(0, &[1; 4096], false).unwrap();
+        s.write(3 * CHUNK_BYTES, &[2; 4096], false).unwrap();
+        let mut snap = s.snapshot();
+        assert_eq!(snap.next_chunk().unwrap().chunk, 0);
+        assert_eq!(snap.next_chunk().unwrap().chunk, 3);
+        // The late change: bytes and bits land in chunk 1, behind the walk,
+        // as a write that loaded `active == 0` before the cut would.
+        {
+            let seg = &snap.segs[0];
+            let _lock = seg.locks[1].write();
+            let page = (CHUNK_BYTES / PAGE_BYTES) as usize;
+            // SAFETY: page 16 lies in the segment and its chunk lock is held.
+            unsafe { std::ptr::write_bytes(seg.region.ptr(page * 4096), 5, 4096) };
+            seg.allocated.set(page);
+            seg.dirty.set(page);
+        }
+        // A post-cut writer to another page of chunk 1 captures it.
+        s.write(CHUNK_BYTES + 4096, &[6; 4096], false).unwrap();
+        assert!(snap.next_chunk().is_none());
+        snap.finish();
+        assert_eq!(s.snapshot_copy_bytes(), 0);
+        let mut snap = s.snapshot();
+        let got = collect(&mut snap);
+        snap.finish();
+        assert_eq!(
+            got,
+            vec![(16, Some(vec![5; 4096])), (17, Some(vec![6; 4096]))]
+        );
     }
 
     #[test]
