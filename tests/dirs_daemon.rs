@@ -22,82 +22,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::mounts::{require_root, Scratch};
 use common::openapi::Spec;
 use common::*;
 use ramd::dirsync::mountinfo;
 use serde_json::{json, Value};
 
-/// Root only (mounts). Fails, or skips with RAMD_SKIP_MISSING_TOOLS=1.
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var(SKIP_ENV).as_deref() == Ok("1") {
-        eprintln!("SKIPPED: needs root for tmpfs/overlay mounts ({SKIP_ENV}=1)");
-        return false;
-    }
-    panic!("this test needs root (tmpfs and overlayfs mounts); set {SKIP_ENV}=1 to skip");
-}
-
-/// The tests of this file run one at a time: a child process another test
-/// thread forks inherits, until it execs, every file this process has open
-/// (close-on-exec or not), and a file open for writing in a directory in
-/// RAM makes its remove fail as busy (or its stop hand it over). Real
-/// programs do not fork under ramd's feet like that; parallel tests would.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// A unique directory on disk whose mounts are all detached on drop.
-struct Scratch {
-    base: PathBuf,
-    /// Held for the test's life (see [`SERIAL`]).
-    _serial: Option<std::sync::MutexGuard<'static, ()>>,
-}
-
 impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dirs-daemon-{name}-{}", std::process::id()));
-        // Dropping it detaches and deletes what an earlier run left.
-        drop(Scratch {
-            base: base.clone(),
-            _serial: None,
-        });
-        std::fs::create_dir_all(&base).unwrap();
-        Scratch {
-            base: std::fs::canonicalize(&base).unwrap(),
-            _serial: Some(serial),
-        }
-    }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.base.join(rel)
-    }
-    fn mkdir(&self, rel: &str) -> PathBuf {
-        let p = self.path(rel);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    }
-    /// Detaches every mount below the base (several rounds: detaching a
-    /// stacked mount reveals the next).
-    fn unmount_all(&self) {
-        for _ in 0..6 {
-            let Ok(mounts) = mountinfo::read() else {
-                return;
-            };
-            let under = mountinfo::mounts_under(&mounts, &self.base);
-            if under.is_empty() {
-                break;
-            }
-            for m in under.iter().rev() {
-                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
-            }
-        }
-    }
-    fn cleanup(&self) {
-        self.unmount_all();
-        let _ = std::fs::remove_dir_all(&self.base);
-    }
     /// `ramd daemon` with this scratch's runtime and state directories.
     fn daemon(&self, extra: &[&str]) -> Daemon {
         let mut args: Vec<String> = vec![
@@ -119,12 +50,6 @@ impl Scratch {
     /// The on-disk copy of a managed directory (the daemon's private view).
     fn disk_view(&self, id: &str) -> PathBuf {
         self.path(&format!("run/dirs/{id}/disk"))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        self.cleanup();
     }
 }
 
@@ -279,7 +204,7 @@ fn cli_round_trip_with_checksums() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("cli");
+    let s = Scratch::new("dirs-daemon", "cli");
     let dir = s.mkdir("data/profile");
     make_tree(&dir);
     let before = snapshot(&dir);
@@ -366,7 +291,7 @@ fn api_round_trip_and_every_error() {
         return;
     }
     let spec = Spec::load();
-    let s = Scratch::new("api");
+    let s = Scratch::new("dirs-daemon", "api");
     let dir = s.mkdir("data/work");
     make_tree(&dir);
     let d = s.daemon(&[]);
@@ -695,7 +620,7 @@ fn config_dirs_come_up_mounted_and_bad_ones_fail_with_file_line() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("config");
+    let s = Scratch::new("dirs-daemon", "config");
     let logs = s.mkdir("data/logs");
     std::fs::write(logs.join("old.log"), b"before ramd").unwrap();
     let declared = format!(
@@ -977,7 +902,7 @@ fn kill_9_the_daemon_during_syncs_many_times() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("kill9");
+    let s = Scratch::new("dirs-daemon", "kill9");
     let dir = s.mkdir("data/hot");
     std::fs::write(dir.join("seed"), b"on disk from the start").unwrap();
     std::fs::write(dir.join("inplace"), versioned("inplace", 0, 64 << 10)).unwrap();
@@ -1095,7 +1020,7 @@ fn sigterm_syncs_before_exit_and_a_reboot_restores_from_disk() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("stop");
+    let s = Scratch::new("dirs-daemon", "stop");
     let dir = s.mkdir("data/state");
     std::fs::write(dir.join("a"), b"1").unwrap();
     let mut d = s.daemon(&[]);
@@ -1151,7 +1076,7 @@ fn usage_warnings_metrics_and_install_units() {
         return;
     }
     let spec = Spec::load();
-    let s = Scratch::new("usage");
+    let s = Scratch::new("dirs-daemon", "usage");
     let dir = s.mkdir("data/small");
     let d = s.daemon(&[]);
     let body = json!({"path": dir, "size_limit": "1M"}).to_string();

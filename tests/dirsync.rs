@@ -29,83 +29,13 @@ use ramd::dirsync::mountinfo;
 use ramd::dirsync::mounts::MountMode;
 use ramd::dirsync::sync::{is_internal_name, sync_tree, SyncOptions};
 
-const SKIP_ENV: &str = "RAMD_SKIP_MISSING_TOOLS";
+mod common;
 
-/// These tests mount filesystems: root only. Fails (or skips with
-/// RAMD_SKIP_MISSING_TOOLS=1) otherwise.
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var(SKIP_ENV).as_deref() == Ok("1") {
-        eprintln!("SKIPPED: needs root for tmpfs/overlay mounts ({SKIP_ENV}=1)");
-        return false;
-    }
-    panic!("this test needs root (tmpfs and overlayfs mounts); set {SKIP_ENV}=1 to skip");
-}
-
-/// The tests of this file run one at a time: a child process another test
-/// thread forks inherits, until it execs, every file this process has open,
-/// and a file open for writing in a directory in RAM makes its remove fail
-/// as busy (or its stop hand it over).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// A unique scratch directory whose mounts are all detached on drop.
-struct Scratch {
-    base: PathBuf,
-    /// Held for the test's life (see [`SERIAL`]).
-    _serial: Option<std::sync::MutexGuard<'static, ()>>,
-}
+use common::mounts::{require_root, Scratch};
 
 impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dirsync-{name}-{}", std::process::id()));
-        // Dropping it detaches and deletes what an earlier run left.
-        drop(Scratch {
-            base: base.clone(),
-            _serial: None,
-        });
-        std::fs::create_dir_all(&base).unwrap();
-        Scratch {
-            base: std::fs::canonicalize(&base).unwrap(),
-            _serial: Some(serial),
-        }
-    }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.base.join(rel)
-    }
-    fn mkdir(&self, rel: &str) -> PathBuf {
-        let p = self.path(rel);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    }
     fn manager_config(&self) -> ManagerConfig {
         ManagerConfig::new(self.path("run/dirs"), self.path("state/dirs"))
-    }
-    fn cleanup(&self) {
-        // Several rounds: lazy unmounts of stacked mounts reveal the next.
-        for _ in 0..5 {
-            let Ok(mounts) = mountinfo::read() else {
-                return;
-            };
-            let under = mountinfo::mounts_under(&mounts, &self.base);
-            if under.is_empty() {
-                break;
-            }
-            for m in under {
-                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.base);
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        self.cleanup();
     }
 }
 
@@ -311,7 +241,7 @@ fn fs_type_at(path: &Path) -> Option<String> {
 }
 
 fn round_trip(mode: MountMode) {
-    let s = Scratch::new(&format!("rt-{mode:?}"));
+    let s = Scratch::new("dirsync", &format!("rt-{mode:?}"));
     let dir = s.mkdir("data/profile");
     make_tree(&dir);
     let reference = s.mkdir("reference");
@@ -410,7 +340,7 @@ fn file_changing_during_sync_is_never_copied_torn() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("torn");
+    let s = Scratch::new("dirsync", "torn");
     let src = s.mkdir("src");
     let dst = s.mkdir("dst");
     rustix::mount::mount(
@@ -678,7 +608,7 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("kill9");
+    let s = Scratch::new("dirsync", "kill9");
     let src = s.mkdir("src");
     let dst = s.mkdir("dst");
     rustix::mount::mount(
@@ -807,7 +737,7 @@ fn daemon_crash_keeps_ram_content_as_recovery_copy() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("crash");
+    let s = Scratch::new("dirsync", "crash");
     let dir = s.mkdir("data/work");
     std::fs::write(dir.join("synced"), b"on disk").unwrap();
     let mut req = AddRequest::new(&dir);
@@ -872,7 +802,7 @@ fn reboot_restores_from_disk_before_mounting() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("reboot");
+    let s = Scratch::new("dirsync", "reboot");
     let dir = s.mkdir("data/logs");
     std::fs::write(dir.join("a"), b"1").unwrap();
     {
@@ -915,7 +845,7 @@ fn stop_with_files_open_for_writing_hands_over() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("handover");
+    let s = Scratch::new("dirsync", "handover");
     let dir = s.mkdir("data/busy");
     let m = DirManager::open(s.manager_config()).unwrap();
     m.add(AddRequest::new(&dir)).unwrap();
@@ -952,7 +882,7 @@ fn size_limit_warnings_and_full_tmpfs() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("limits");
+    let s = Scratch::new("dirsync", "limits");
     let dir = s.mkdir("data/small");
     std::fs::write(dir.join("seed"), vec![1u8; 300 << 10]).unwrap();
     let m = DirManager::open(s.manager_config()).unwrap();
@@ -996,7 +926,7 @@ fn refusals_and_the_lock() {
     if !require_root() {
         return;
     }
-    let s = Scratch::new("refuse");
+    let s = Scratch::new("dirsync", "refuse");
     let m = DirManager::open(s.manager_config()).unwrap();
     // A mount point.
     let mp = s.mkdir("data/mp");
@@ -1069,7 +999,7 @@ fn worker_syncs_on_interval_before_suspend_and_on_stop() {
         return;
     }
     use ramd::dirsync::schedule::SyncWorker;
-    let s = Scratch::new("worker");
+    let s = Scratch::new("dirsync", "worker");
     let dir = s.mkdir("data/sched");
     let m = Arc::new(DirManager::open(s.manager_config()).unwrap());
     let mut req = AddRequest::new(&dir);

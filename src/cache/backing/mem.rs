@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::{all_data, PLAIN_CAPS};
 use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
 use crate::cache::sim::Rng;
 
@@ -195,25 +196,11 @@ impl Backend for MemBacking {
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(offset, len, self.size())?;
-        Ok(vec![Extent {
-            len,
-            hole: false,
-            zero: false,
-        }])
+        all_data(offset, len, self.size())
     }
 
     fn capabilities(&self) -> Caps {
-        Caps {
-            can_trim: true,
-            can_zero: true,
-            can_fast_zero: false,
-            can_fua: true,
-            can_flush: true,
-            can_multi_conn: true,
-            can_extents: false,
-            can_cache: false,
-        }
+        PLAIN_CAPS
     }
 }
 

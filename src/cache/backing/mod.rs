@@ -19,10 +19,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BackingErrorKind, CacheError};
-use crate::backend::Backend;
+use crate::backend::{check_range, Backend, Caps, Extent};
 use crate::nbd::client::{ClientError, ClientOptions, NbdClient, NbdUri};
 pub use file::FileBacking;
 pub use mem::MemBacking;
+
+/// What a plain backing (a file, a block device, the test memory) can do:
+/// everything but extents (it reports all data) and CACHE.
+pub(crate) const PLAIN_CAPS: Caps = Caps {
+    can_trim: true,
+    can_zero: true,
+    can_fast_zero: false,
+    can_fua: true,
+    can_flush: true,
+    can_multi_conn: true,
+    can_extents: false,
+    can_cache: false,
+};
+
+/// The extents of a backing that does not track holes: one data extent
+/// over the whole range, after checking it against `size`.
+pub(crate) fn all_data(offset: u64, len: u64, size: u64) -> crate::backend::Result<Vec<Extent>> {
+    check_range(offset, len, size)?;
+    Ok(vec![Extent {
+        len,
+        hole: false,
+        zero: false,
+    }])
+}
 
 /// A parsed backing spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
