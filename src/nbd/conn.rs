@@ -788,3 +788,123 @@ impl Conn<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod poller_tests {
+    use super::*;
+
+    /// A stream whose non-blocking reads answer from a script (`true`: a
+    /// byte is there), and whose blocking reads always return one byte.
+    struct Scripted {
+        polls: std::collections::VecDeque<bool>,
+        blocking_reads: usize,
+        nonblocking_reads: usize,
+    }
+
+    impl Scripted {
+        fn new(script: &[bool]) -> Self {
+            Scripted {
+                polls: script.iter().copied().collect(),
+                blocking_reads: 0,
+                nonblocking_reads: 0,
+            }
+        }
+    }
+
+    impl Read for Scripted {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.blocking_reads += 1;
+            buf[0] = 0;
+            Ok(1)
+        }
+    }
+
+    impl Write for Scripted {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Transport for Scripted {
+        fn read_now(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+            self.nonblocking_reads += 1;
+            // Past the script's end the client never answers a poll.
+            if self.polls.pop_front().unwrap_or(false) {
+                buf[0] = 0;
+                Ok(Some(1))
+            } else {
+                Ok(None)
+            }
+        }
+        fn available(&self) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn wait_readable(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn wait_writable(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn send_now(&mut self, _bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            Ok(0)
+        }
+    }
+
+    /// Polls that catch nothing, MISS_STREAK in a row, pause polling: the
+    /// next reads block at once, without a single non-blocking try.
+    #[test]
+    fn empty_polls_in_a_row_pause_polling() {
+        // A poll window of 1 us: each empty poll ends after a try or two.
+        let mut p = Poller::new(1);
+        let mut s = Scripted::new(&[]);
+        let mut buf = [0u8; 16];
+        for _ in 0..MISS_STREAK {
+            assert_eq!(p.read(&mut s, &mut buf, 1).unwrap(), 1);
+        }
+        assert_eq!(s.blocking_reads, MISS_STREAK as usize);
+        assert_eq!(p.pause, PAUSE_READS, "polling did not pause");
+        let tries = s.nonblocking_reads;
+        for _ in 0..10 {
+            p.read(&mut s, &mut buf, 1).unwrap();
+        }
+        assert_eq!(s.nonblocking_reads, tries, "a paused poller still polled");
+        assert_eq!(p.pause, PAUSE_READS - 10);
+    }
+
+    /// A poll that catches a request resets the streak of empty ones: a
+    /// client that answers most polls (QD1) keeps being polled.
+    #[test]
+    fn a_caught_request_resets_the_miss_streak() {
+        let mut p = Poller::new(1);
+        let mut buf = [0u8; 16];
+        // Fewer rounds than QUICK_STREAK: quick hits alone pause nothing.
+        for round in 0..QUICK_STREAK - 1 {
+            let mut empty = Scripted::new(&[]);
+            for _ in 0..MISS_STREAK - 1 {
+                p.read(&mut empty, &mut buf, 1).unwrap();
+            }
+            assert_eq!(p.pause, 0, "round {round}: paused before the streak");
+            let mut hit = Scripted::new(&[true]);
+            p.read(&mut hit, &mut buf, 1).unwrap();
+            assert_eq!(hit.blocking_reads, 0, "the hit was not caught by polling");
+            assert_eq!(p.miss_streak, 0);
+            assert_eq!(p.pause, 0);
+        }
+    }
+
+    /// A batch of several requests means a pipelining client: no polling
+    /// for the next PAUSE_READS reads.
+    #[test]
+    fn a_multi_request_batch_pauses_polling() {
+        let mut p = Poller::new(50);
+        let mut s = Scripted::new(&[true; 4]);
+        let mut buf = [0u8; 16];
+        p.read(&mut s, &mut buf, 3).unwrap();
+        assert_eq!(s.nonblocking_reads, 0);
+        assert_eq!(s.blocking_reads, 1);
+        assert_eq!(p.pause, PAUSE_READS - 1);
+    }
+}
