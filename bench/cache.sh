@@ -15,7 +15,9 @@
 #           run makes many passes over the working set at the backing's
 #           speed: with a cache too big to warm, every policy shows the
 #           same ratio of cold misses.
-# 3. write: fio 4 KiB random write, QD32 x 2, writeback vs writethrough.
+# 3. write: fio 4 KiB random write, QD32 x 2, writeback vs writethrough, over
+#           half the cache and over twice the cache (sustained: bound by
+#           the write-back rate, which it reports).
 #
 # How caches are served: SERVE=ramd (default) uses the daemon:
 #   ramd daemon + ramd create plain --size S + ramd cache create NAME
@@ -191,16 +193,26 @@ bench_zipf() {
 }
 
 bench_write() {
-  local ws=$((cache_bytes / 2))
-  for mode in writeback writethrough; do
-    tag=write-$mode
-    slow_backing "$tag"
-    start_server "$tag" "c0 $slow $mode s3fifo"
-    iops=$(fio_iops "$(uri c0)" --rw=randwrite --iodepth=32 --numjobs=2 --size="$ws" \
-      --time_based --runtime="$runtime" --group_reporting)
-    stop_server KILL
-    echo "randwrite 4k QD32x2, $mode: $iops IOPS"
+  # Half the cache: write-back absorbs it all. Twice the cache: sustained
+  # writes, bound by how fast dirty blocks go back to the backing.
+  for ws in $((cache_bytes / 2)) $((2 * cache_bytes)); do
+    for mode in writeback writethrough; do
+      tag=write-$mode-$ws
+      slow_backing "$tag"
+      start_server "$tag" "c0 $slow $mode s3fifo"
+      iops=$(fio_iops "$(uri c0)" --rw=randwrite --iodepth=32 --numjobs=2 --size="$ws" \
+        --time_based --runtime="$runtime" --group_reporting)
+      wb=$(write_back_rate c0)
+      stop_server KILL
+      echo "randwrite 4k QD32x2 over $((ws >> 20)) MiB, $mode: $iops IOPS, written back $wb"
+    done
   done
+}
+
+# Bytes written back so far by cache $1, as MiB (ramd only).
+write_back_rate() {
+  if [ "$serve" = example ]; then echo "-"; return; fi
+  "$bin" cache info "$1" --json | python3 -c 'import json,sys; s=json.load(sys.stdin)["stats"]; print("%.0f MiB" % (s["writeback_bytes"] / 1048576))'
 }
 
 case $which in

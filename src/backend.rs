@@ -90,6 +90,16 @@ pub trait Backend: Send + Sync {
     fn trim(&self, offset: u64, len: u64) -> Result<()>;
     /// Make every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// Stores several `(offset, data)` writes (no FUA), as if by `write` in
+    /// turn; on an error some of them may have been stored. A backend with
+    /// per-request latency (an NBD client) keeps them all in flight at once
+    /// instead of waiting for each: the default just loops.
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        for &(offset, data) in writes {
+            self.write(offset, data, false)?;
+        }
+        Ok(())
+    }
     /// Allocation map of `[offset, offset+len)`: consecutive extents that
     /// cover a prefix of the range (at least one extent when `len > 0`).
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>>;

@@ -432,6 +432,22 @@ impl Inner {
         }
     }
 
+    /// Several backing writes kept in flight together (write-back).
+    pub(crate) fn backing_write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        match self.backing.write_many(writes) {
+            Ok(()) => {
+                self.health.ok();
+                let bytes: usize = writes.iter().map(|w| w.1.len()).sum();
+                self.stats.add(Ctr::BackingWriteBytes, bytes as u64);
+                Ok(())
+            }
+            Err(e) => {
+                self.health.failed(Op::Write, &e);
+                Err(e)
+            }
+        }
+    }
+
     pub fn backing_flush(&self) -> Result<()> {
         match self.backing.flush() {
             Ok(()) => {

@@ -3,8 +3,10 @@
 //!
 //! Dirty blocks are grouped in ascending block order; runs of adjacent
 //! dirty blocks become one backing write of at most `writeback_max_io_bytes`
-//! (slow backings are dominated by per-request latency), and up to
-//! `WRITEBACK_WORKERS` such writes are in flight at once. Each block's data
+//! (slow backings are dominated by per-request latency); runs go to the
+//! backing in waves of up to `WAVE_GROUPS` writes handed over together
+//! (`Backend::write_many`, which an NBD backing pipelines), and up to
+//! `WRITEBACK_WORKERS` waves are in flight at once. Each block's data
 //! is copied out under its read lock, so writers are held up only for the
 //! copy, never for the backing I/O; a block written again meanwhile stays
 //! dirty (its generation moved) and goes in a later round.
@@ -17,9 +19,14 @@ use super::engine::{Inner, State};
 use super::stats::Ctr;
 use crate::backend::Result;
 
-/// Most backing writes one write-back keeps in flight (the NBD client's
-/// default connection count; a disk's queue takes as many).
+/// Most waves one write-back keeps in flight (the NBD client's default
+/// connection count; a disk's queue takes as many).
 pub(crate) const WRITEBACK_WORKERS: usize = 4;
+/// Most runs of blocks in one wave (the NBD client pipelines up to 64
+/// writes per round trip).
+pub(crate) const WAVE_GROUPS: usize = 64;
+/// Most bytes in one wave.
+pub(crate) const WAVE_BYTES: u64 = 8 << 20;
 
 /// One dirty block found by a scan.
 #[derive(Debug, Clone, Copy)]
@@ -75,11 +82,13 @@ impl Inner {
     }
 
     /// Writes back `(block, slot)` pairs (any order); returns the bytes
-    /// written. Runs of adjacent blocks become one backing write each, and
-    /// up to [`WRITEBACK_WORKERS`] of them are in flight at once (a slow
-    /// backing is bound by its latency, not its bandwidth: an NBD server
-    /// with several connections, a disk with a queue). Stops at the first
-    /// backing error, leaving what is not written dirty.
+    /// written. Runs of adjacent blocks become one backing write each;
+    /// runs are sent in waves (up to [`WAVE_GROUPS`] runs or
+    /// [`WAVE_BYTES`]) whose writes the backing keeps in flight together
+    /// (`Backend::write_many`: an NBD backing pipelines them on one
+    /// connection), and up to [`WRITEBACK_WORKERS`] waves are in flight at
+    /// once (a slow backing is bound by its latency, not its bandwidth).
+    /// Stops at the first backing error, leaving what is not written dirty.
     pub(crate) fn writeback_blocks(&self, list: &[(u64, u32)]) -> Result<u64> {
         let mut list = list.to_vec();
         list.sort_unstable();
@@ -94,15 +103,34 @@ impl Inner {
             groups.push(i..j);
             i = j;
         }
-        let workers = groups.len().min(WRITEBACK_WORKERS);
+        // Waves of consecutive runs.
+        let wave_blocks = (WAVE_BYTES / self.bs).max(1) as usize;
+        let mut waves: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut g = 0;
+        while g < groups.len() {
+            let (mut h, mut blocks) = (g, 0);
+            while h < groups.len()
+                && h - g < WAVE_GROUPS
+                && (h == g || blocks + groups[h].len() <= wave_blocks)
+            {
+                blocks += groups[h].len();
+                h += 1;
+            }
+            waves.push(g..h);
+            g = h;
+        }
+        let wave = |w: &std::ops::Range<usize>| -> Vec<&[(u64, u32)]> {
+            groups[w.clone()].iter().map(|r| &list[r.clone()]).collect()
+        };
+        let workers = waves.len().min(WRITEBACK_WORKERS);
         if workers <= 1 {
             let mut written = 0;
-            for g in groups {
-                written += self.writeback_group(&list[g])?;
+            for w in &waves {
+                written += self.writeback_wave(&wave(w))?;
             }
             return Ok(written);
         }
-        // Groups hold disjoint slots and each takes its slots' locks in
+        // Waves hold disjoint slots and each takes its slots' locks in
         // ascending order and releases them before the next: workers
         // cannot deadlock one another or anyone else.
         let next = AtomicUsize::new(0);
@@ -110,10 +138,10 @@ impl Inner {
         let first_error: Mutex<Option<crate::backend::Error>> = Mutex::new(None);
         let work = || loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
-            if k >= groups.len() || first_error.lock().is_some() {
+            if k >= waves.len() || first_error.lock().is_some() {
                 return;
             }
-            match self.writeback_group(&list[groups[k].clone()]) {
+            match self.writeback_wave(&wave(&waves[k])) {
                 Ok(n) => {
                     written.fetch_add(n, Ordering::Relaxed);
                 }
@@ -142,60 +170,73 @@ impl Inner {
         }
     }
 
-    /// Writes back a run of consecutive blocks: the units each holds (a
-    /// block partly written before it was ever read holds only those), as
-    /// few backing writes as the runs of held units allow. Nothing is
-    /// marked clean unless every write succeeded.
-    fn writeback_group(&self, group: &[(u64, u32)]) -> Result<u64> {
+    /// Writes back a wave of runs of consecutive blocks: the units each
+    /// block holds (a block partly written before it was ever read holds
+    /// only those), as few backing writes as the runs of held units allow,
+    /// all handed to the backing at once. Nothing is marked clean unless
+    /// every write succeeded.
+    fn writeback_wave(&self, groups: &[&[(u64, u32)]]) -> Result<u64> {
         // Serialise with other write-backs (and zero/trim) of these slots,
-        // in slot order.
-        let mut order: Vec<usize> = (0..group.len()).collect();
-        order.sort_unstable_by_key(|&i| group[i].1);
-        let mut wb = Vec::with_capacity(group.len());
-        for &i in &order {
-            wb.push(self.slots[group[i].1 as usize].wb.lock());
-        }
-        let b0 = group[0].0;
-        let base = self.block_start(b0);
-        let last = group[group.len() - 1].0;
-        let mut buf = vec![0u8; (self.block_start(last) + self.blen(last) - base) as usize];
-        let mut gens = vec![None; group.len()];
-        // Backing ranges to write, ascending, adjacent ones merged.
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (i, &(b, s)) in group.iter().enumerate() {
-            let g = self.slots[s as usize].meta.read();
-            if g.block != b || g.state != State::Dirty {
-                continue;
-            }
-            let bstart = self.block_start(b);
-            for (from, to) in self.valid_runs(b, g.valid) {
-                let at = (bstart - base + from) as usize;
-                self.copy_out(s, from, &mut buf[at..at + (to - from) as usize]);
-                match runs.last_mut() {
-                    Some(r) if r.1 == bstart + from => r.1 = bstart + to,
-                    _ => runs.push((bstart + from, bstart + to)),
+        // in slot order; held until the blocks are marked clean.
+        let mut slots: Vec<u32> = groups
+            .iter()
+            .flat_map(|g| g.iter().map(|&(_, s)| s))
+            .collect();
+        slots.sort_unstable();
+        let _wb: Vec<_> = slots
+            .iter()
+            .map(|&s| self.slots[s as usize].wb.lock())
+            .collect();
+        // One buffer per run of blocks; backing ranges to write, per run,
+        // ascending, adjacent ones merged.
+        let mut bufs: Vec<(u64, Vec<u8>)> = Vec::with_capacity(groups.len());
+        let mut ranges: Vec<(usize, u64, u64)> = Vec::new();
+        let mut gens: Vec<Vec<Option<u64>>> = Vec::with_capacity(groups.len());
+        for (gi, group) in groups.iter().enumerate() {
+            let base = self.block_start(group[0].0);
+            let last = group[group.len() - 1].0;
+            let mut buf = vec![0u8; (self.block_start(last) + self.blen(last) - base) as usize];
+            let mut group_gens = vec![None; group.len()];
+            for (i, &(b, s)) in group.iter().enumerate() {
+                let g = self.slots[s as usize].meta.read();
+                if g.block != b || g.state != State::Dirty {
+                    continue;
                 }
+                let bstart = self.block_start(b);
+                for (from, to) in self.valid_runs(b, g.valid) {
+                    let at = (bstart - base + from) as usize;
+                    self.copy_out(s, from, &mut buf[at..at + (to - from) as usize]);
+                    match ranges.last_mut() {
+                        Some(r) if r.0 == gi && r.2 == bstart + from => r.2 = bstart + to,
+                        _ => ranges.push((gi, bstart + from, bstart + to)),
+                    }
+                }
+                group_gens[i] = Some(g.gen);
             }
-            gens[i] = Some(g.gen);
+            bufs.push((base, buf));
+            gens.push(group_gens);
         }
-        let mut written = 0;
-        for (from, to) in runs {
-            self.backing_write(
-                from,
-                &buf[(from - base) as usize..(to - base) as usize],
-                false,
-            )?;
-            written += to - from;
+        let writes: Vec<(u64, &[u8])> = ranges
+            .iter()
+            .map(|&(gi, from, to)| {
+                let (base, buf) = &bufs[gi];
+                (from, &buf[(from - base) as usize..(to - base) as usize])
+            })
+            .collect();
+        let written: u64 = writes.iter().map(|w| w.1.len() as u64).sum();
+        if !writes.is_empty() {
+            self.backing_write_many(&writes)?;
         }
-        for (k, &(b, s)) in group.iter().enumerate() {
-            let Some(gen) = gens[k] else { continue };
-            let mut g = self.slots[s as usize].meta.write();
-            if g.block == b && g.state == State::Dirty && g.gen == gen {
-                self.mark_clean(s, &mut g);
+        for (gi, group) in groups.iter().enumerate() {
+            for (k, &(b, s)) in group.iter().enumerate() {
+                let Some(gen) = gens[gi][k] else { continue };
+                let mut g = self.slots[s as usize].meta.write();
+                if g.block == b && g.state == State::Dirty && g.gen == gen {
+                    self.mark_clean(s, &mut g);
+                }
             }
         }
         self.stats.add(Ctr::WritebackBytes, written);
-        drop(wb);
         Ok(written)
     }
 
