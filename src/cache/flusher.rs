@@ -171,7 +171,7 @@ fn round(
             break;
         }
         let list: Vec<(u64, u32)> = chunk.iter().map(|d| (d.block, d.slot)).collect();
-        match inner.writeback_blocks(&list) {
+        match inner.writeback_blocks_with(&list, inner.drain_workers()) {
             Ok(_) => {}
             Err(_) => {
                 result = Err(());

@@ -6,7 +6,8 @@
 //! (slow backings are dominated by per-request latency); runs go to the
 //! backing in waves of up to `WAVE_GROUPS` writes handed over together
 //! (`Backend::write_many`, which an NBD backing pipelines), and up to
-//! `WRITEBACK_WORKERS` waves are in flight at once. Each block's data
+//! `WRITEBACK_WORKERS` waves are in flight at once (the flusher's
+//! background drain keeps one, see `drain_workers`). Each block's data
 //! is copied out under its read lock, so writers are held up only for the
 //! copy, never for the backing I/O; a block written again meanwhile stays
 //! dirty (its generation moved) and goes in a later round.
@@ -27,6 +28,9 @@ pub(crate) const WRITEBACK_WORKERS: usize = 4;
 pub(crate) const WAVE_GROUPS: usize = 64;
 /// Most bytes in one wave.
 pub(crate) const WAVE_BYTES: u64 = 8 << 20;
+/// Dirty share of the cache from which the flusher drains with every
+/// worker (below it, one wave at a time).
+pub(crate) const URGENT_DIRTY_PERCENT: u64 = 90;
 
 /// One dirty block found by a scan.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +94,28 @@ impl Inner {
     /// once (a slow backing is bound by its latency, not its bandwidth).
     /// Stops at the first backing error, leaving what is not written dirty.
     pub(crate) fn writeback_blocks(&self, list: &[(u64, u32)]) -> Result<u64> {
+        self.writeback_blocks_with(list, WRITEBACK_WORKERS)
+    }
+
+    /// How many waves the flusher keeps in flight now: one while there is
+    /// room (a background drain should not take the CPU and the backing
+    /// from the requests being served), all of them once dirty blocks fill
+    /// [`URGENT_DIRTY_PERCENT`] of the cache and writers are about to wait.
+    pub(crate) fn drain_workers(&self) -> usize {
+        let dirty = self.dirty_count.load(Ordering::Relaxed);
+        if dirty * 100 >= self.nslots as u64 * URGENT_DIRTY_PERCENT {
+            WRITEBACK_WORKERS
+        } else {
+            1
+        }
+    }
+
+    /// [`Self::writeback_blocks`] with at most `max_workers` waves in flight.
+    pub(crate) fn writeback_blocks_with(
+        &self,
+        list: &[(u64, u32)],
+        max_workers: usize,
+    ) -> Result<u64> {
         let mut list = list.to_vec();
         list.sort_unstable();
         let max_blocks = (self.cfg.writeback_max_io_bytes / self.bs).max(1) as usize;
@@ -122,7 +148,7 @@ impl Inner {
         let wave = |w: &std::ops::Range<usize>| -> Vec<&[(u64, u32)]> {
             groups[w.clone()].iter().map(|r| &list[r.clone()]).collect()
         };
-        let workers = waves.len().min(WRITEBACK_WORKERS);
+        let workers = waves.len().min(max_workers.max(1));
         if workers <= 1 {
             let mut written = 0;
             for w in &waves {
