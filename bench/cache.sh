@@ -29,7 +29,8 @@
 # Knobs: RUNTIME (s, default 30), RUNS (default 1; the median is the figure
 # to quote when > 1), CACHE (default 512M), DELAY (backing latency, default
 # 1ms), BLOCK (cache block size, default 4K), SERVE (ramd|example),
-# ZIPF_CACHE (the zipf benchmark's cache, default 32M).
+# ZIPF_CACHE (the zipf benchmark's cache, default 32M), RAMD_BIN (another
+# ramd binary to measure, for A/B runs).
 # Needs: fio nbdkit (scripts/test-deps.sh). Do not run on a busy machine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,7 +59,7 @@ cleanup() {
 trap cleanup EXIT
 
 cargo build --release --manifest-path "$root/Cargo.toml" --bin ramd --example cache-serve >&2
-bin="$work/ramd"; cp "$root/target/release/ramd" "$bin"
+bin="$work/ramd"; cp "${RAMD_BIN:-$root/target/release/ramd}" "$bin"
 example="$work/cache-serve"; cp "$root/target/release/examples/cache-serve" "$example"
 
 # A fresh slow backing on its own socket; sets $slow (its URI). Not run in
