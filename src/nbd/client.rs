@@ -356,13 +356,7 @@ impl Conn {
             self.stream.write_all(&out)?;
             self.stream.write_all(payload)?;
         }
-        let mut h = [0u8; SIMPLE_REPLY_BYTES];
-        self.stream.read_exact(&mut h)?;
-        let reply = match parse_simple_reply(&h) {
-            Ok(Parse::Done(r, _)) => r,
-            Ok(Parse::Incomplete) => unreachable!("a full header was read"),
-            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-        };
+        let reply = self.read_reply_header()?;
         if reply.cookie != cookie {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -383,6 +377,18 @@ impl Conn {
 }
 
 impl Conn {
+    /// Reads one simple reply header (no structured replies are
+    /// negotiated).
+    fn read_reply_header(&mut self) -> io::Result<SimpleReply> {
+        let mut h = [0u8; SIMPLE_REPLY_BYTES];
+        self.stream.read_exact(&mut h)?;
+        match parse_simple_reply(&h) {
+            Ok(Parse::Done(r, _)) => Ok(r),
+            Ok(Parse::Incomplete) => unreachable!("a full header was read"),
+            Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+        }
+    }
+
     /// Sends every write of `pieces` (each at most the server's maximum
     /// payload) before reading any reply, then reads one reply per write,
     /// in whatever order the server sends them: one round trip for all.
@@ -423,13 +429,7 @@ impl Conn {
         self.stream.write_all(&out)?;
         let mut errors = vec![u32::MAX; pieces.len()];
         for _ in 0..pieces.len() {
-            let mut h = [0u8; SIMPLE_REPLY_BYTES];
-            self.stream.read_exact(&mut h)?;
-            let reply = match parse_simple_reply(&h) {
-                Ok(Parse::Done(r, _)) => r,
-                Ok(Parse::Incomplete) => unreachable!("a full header was read"),
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-            };
+            let reply = self.read_reply_header()?;
             let i = reply.cookie.wrapping_sub(first);
             if i >= pieces.len() as u64 || errors[i as usize] != u32::MAX {
                 return Err(io::Error::new(
