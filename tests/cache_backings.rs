@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::block::{FuseLoop, Loop, Mounted};
 use common::{
     random_bytes, require, require_root_block_devices, run, tool, wait_until, KillOnDrop,
 };
@@ -103,31 +104,6 @@ fn file_backing_every_mode() {
         assert!(
             std::fs::read(&path).unwrap() == oracle,
             "{mode}: file differs after close"
-        );
-    }
-}
-
-/// A loop device over a file; detached on drop.
-struct Loop {
-    dev: String,
-    file: PathBuf,
-}
-
-impl Loop {
-    fn attach(file: &Path) -> Loop {
-        let out = run(tool("losetup").args(["-f", "--show"]).arg(file)).ok();
-        Loop {
-            dev: out.stdout.trim().to_owned(),
-            file: file.to_owned(),
-        }
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = common::try_run(
-            tool("losetup").args(["-d", &self.dev]),
-            common::TOOL_TIMEOUT,
         );
     }
 }
@@ -714,101 +690,6 @@ fn a_cache_over_our_own_server_via_the_nbd_client() {
     assert!(direct == oracle);
     stop.shutdown();
     t.join().unwrap();
-}
-
-/// nbdfuse + a loop device over an NBD URI, as in tests/clients.rs; torn
-/// down in the right order on drop (nbdfuse killed first so nothing blocks).
-struct FuseLoop {
-    fuse_dir: PathBuf,
-    nbdfuse: Option<std::process::Child>,
-    dev: Option<String>,
-}
-
-impl FuseLoop {
-    fn attach(fuse_dir: &Path, uri: &str) -> FuseLoop {
-        std::fs::create_dir_all(fuse_dir).unwrap();
-        let child = tool("nbdfuse")
-            .arg(fuse_dir)
-            .arg(uri)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn nbdfuse");
-        let mut s = FuseLoop {
-            fuse_dir: fuse_dir.to_owned(),
-            nbdfuse: Some(child),
-            dev: None,
-        };
-        let file = fuse_dir.join("nbd");
-        wait_until(
-            "nbdfuse to expose its file",
-            Duration::from_secs(30),
-            || file.exists(),
-        );
-        let out = run(tool("losetup").args(["-f", "--show"]).arg(&file)).ok();
-        s.dev = Some(out.stdout.trim().to_owned());
-        s
-    }
-
-    fn dev(&self) -> &str {
-        self.dev.as_deref().unwrap()
-    }
-
-    fn teardown(mut self) {
-        run(tool("losetup").args(["-d", self.dev.take().unwrap().as_str()])).ok();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !run(tool("fusermount3").arg("-u").arg(&self.fuse_dir))
-            .status
-            .success()
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "cannot unmount nbdfuse"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut c = self.nbdfuse.take().unwrap();
-        assert!(common::wait_timeout(&mut c, Duration::from_secs(30)).is_some());
-    }
-}
-
-impl Drop for FuseLoop {
-    fn drop(&mut self) {
-        let t = Duration::from_secs(20);
-        if let Some(mut c) = self.nbdfuse.take() {
-            let _ = c.kill();
-            let _ = common::wait_timeout(&mut c, t);
-        }
-        if let Some(dev) = self.dev.take() {
-            let _ = common::try_run(tool("losetup").args(["-d", &dev]), t);
-        }
-        let _ = common::try_run(tool("fusermount3").arg("-uz").arg(&self.fuse_dir), t);
-    }
-}
-
-/// A mounted filesystem; lazily unmounted on drop if the test failed.
-struct Mounted(PathBuf);
-
-impl Mounted {
-    fn mount(dev: &str, at: &Path) -> Mounted {
-        std::fs::create_dir_all(at).unwrap();
-        run(tool("mount").args(["-t", "ext4", dev]).arg(at)).ok();
-        Mounted(at.to_owned())
-    }
-    fn unmount(self) {
-        run(tool("umount").arg(&self.0)).ok();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = common::try_run(
-            tool("umount").arg("-l").arg(&self.0),
-            Duration::from_secs(20),
-        );
-    }
 }
 
 /// A real ext4 on a write-back cache much smaller than what is written

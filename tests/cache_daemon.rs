@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::block::{FuseLoop, Loop, Mounted};
 use common::openapi::Spec;
 use common::*;
 use serde_json::{json, Value};
@@ -193,28 +194,6 @@ impl Nbdkit {
             "nbd+unix:///?socket={}",
             self.dir.path().join("nbdkit.sock").display()
         )
-    }
-}
-
-/// A loop device over a file; detached on drop.
-struct Loop(String);
-
-impl Loop {
-    #[track_caller]
-    fn attach(file: &Path) -> Loop {
-        Loop(
-            run(tool("losetup").args(["-f", "--show"]).arg(file))
-                .ok()
-                .stdout
-                .trim()
-                .to_owned(),
-        )
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = try_run(tool("losetup").args(["-d", &self.0]), TOOL_TIMEOUT);
     }
 }
 
@@ -648,13 +627,13 @@ fn cli_round_trip_every_mode_over_a_loop_device() {
     let file = e.d.dir().join("disk.img");
     std::fs::write(&file, random_bytes((8 * MIB) as usize, 5)).unwrap();
     let lo = Loop::attach(&file);
-    let dev = lo.0.clone();
+    let dev = lo.dev.clone();
     let read = || std::fs::read(&dev).unwrap();
     for mode in MODES {
-        cli_round_trip(&e, &format!("lo-{mode}"), &lo.0, mode, &read, &[]);
+        cli_round_trip(&e, &format!("lo-{mode}"), &lo.dev, mode, &read, &[]);
     }
     // O_DIRECT on the device.
-    cli_round_trip(&e, "lo-direct", &lo.0, "writeback", &read, &["--direct"]);
+    cli_round_trip(&e, "lo-direct", &lo.dev, "writeback", &read, &["--direct"]);
 }
 
 #[test]
@@ -1010,87 +989,6 @@ fn a_stop_with_a_dead_backing_saves_a_rescue_file_that_restores_the_data() {
     );
 }
 
-/// nbdfuse + a loop device over an NBD URI; torn down (nbdfuse killed
-/// first, so nothing blocks) on drop.
-struct FuseLoop {
-    fuse_dir: PathBuf,
-    nbdfuse: Option<std::process::Child>,
-    dev: Option<String>,
-}
-
-impl FuseLoop {
-    #[track_caller]
-    fn attach(fuse_dir: &Path, uri: &str) -> FuseLoop {
-        std::fs::create_dir_all(fuse_dir).unwrap();
-        let child = tool("nbdfuse")
-            .arg(fuse_dir)
-            .arg(uri)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn nbdfuse");
-        let mut s = FuseLoop {
-            fuse_dir: fuse_dir.to_owned(),
-            nbdfuse: Some(child),
-            dev: None,
-        };
-        let file = fuse_dir.join("nbd");
-        wait_until(
-            "nbdfuse to expose its file",
-            Duration::from_secs(30),
-            || file.exists(),
-        );
-        let out = run(tool("losetup").args(["-f", "--show"]).arg(&file)).ok();
-        s.dev = Some(out.stdout.trim().to_owned());
-        s
-    }
-
-    fn dev(&self) -> &str {
-        self.dev.as_deref().unwrap()
-    }
-}
-
-impl Drop for FuseLoop {
-    fn drop(&mut self) {
-        let t = Duration::from_secs(20);
-        if let Some(mut c) = self.nbdfuse.take() {
-            let _ = c.kill();
-            let _ = wait_timeout(&mut c, t);
-        }
-        if let Some(dev) = self.dev.take() {
-            let _ = try_run(tool("losetup").args(["-d", &dev]), t);
-        }
-        let _ = try_run(tool("fusermount3").arg("-uz").arg(&self.fuse_dir), t);
-    }
-}
-
-/// A mounted filesystem; lazily unmounted on drop.
-struct Mounted(PathBuf);
-
-impl Mounted {
-    #[track_caller]
-    fn mount(dev: &str, at: &Path, opts: &str) -> Mounted {
-        std::fs::create_dir_all(at).unwrap();
-        run(tool("mount").args(["-t", "ext4", "-o", opts, dev]).arg(at)).ok();
-        Mounted(at.to_owned())
-    }
-    #[track_caller]
-    fn unmount(self) {
-        run(tool("umount").arg(&self.0)).ok();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = try_run(
-            tool("umount").arg("-l").arg(&self.0),
-            Duration::from_secs(20),
-        );
-    }
-}
-
 /// The crash test, three times over. A real ext4 on a write-back
 /// cache over a file, through the daemon (nbdfuse + losetup on its
 /// export); each round writes files and `sync`s them, writes more without
@@ -1168,7 +1066,7 @@ fn ext4_on_a_writeback_cache_survives_kill_9_of_the_daemon() {
             run(tool("mkfs.ext4").args(["-q", "-F", stack.dev()])).ok();
         }
         // No periodic journal commit during the test: only `sync` commits.
-        let mnt = Mounted::mount(stack.dev(), &dir.join(format!("mnt{round}")), "commit=600");
+        let mnt = Mounted::mount_opts(stack.dev(), &dir.join(format!("mnt{round}")), "commit=600");
         // Earlier rounds' synced files came through the crash.
         if !synced.is_empty() {
             let want: String = synced.iter().map(|l| format!("{l}\n")).collect();
@@ -1220,14 +1118,14 @@ fn ext4_on_a_writeback_cache_survives_kill_9_of_the_daemon() {
         let copy = dir.join("copy.img");
         std::fs::copy(&img, &copy).unwrap();
         let lo = Loop::attach(&copy);
-        Mounted::mount(&lo.0, &dir.join("replay"), "rw").unmount();
-        let out = run(tool("e2fsck").args(["-f", "-n", &lo.0]));
+        Mounted::mount_opts(&lo.dev, &dir.join("replay"), "rw").unmount();
+        let out = run(tool("e2fsck").args(["-f", "-n", &lo.dev]));
         assert_eq!(
             out.code(),
             0,
             "round {round}: the filesystem must be clean: {out}"
         );
-        let mnt = Mounted::mount(&lo.0, &dir.join("check"), "ro");
+        let mnt = Mounted::mount_opts(&lo.dev, &dir.join("check"), "ro");
         let want: String = synced.iter().map(|l| format!("{l}\n")).collect();
         let files: Vec<String> = synced.iter().map(|l| l[66..].to_owned()).collect();
         assert_eq!(
@@ -1279,8 +1177,8 @@ fn ramd_attach_serves_a_cache_as_a_file() {
     let v = e.info("att");
     assert_eq!(v["attachments"], json!([at.display().to_string()]), "{v}");
     let lo = Loop::attach(&file);
-    run(tool("mkfs.ext4").args(["-q", "-F", &lo.0])).ok();
-    let mnt = Mounted::mount(&lo.0, &dir.join("mnt"), "rw");
+    run(tool("mkfs.ext4").args(["-q", "-F", &lo.dev])).ok();
+    let mnt = Mounted::mount_opts(&lo.dev, &dir.join("mnt"), "rw");
     let data = random_bytes(3 * MIB as usize + 17, 42);
     std::fs::write(mnt.0.join("data"), &data).unwrap();
     run(tool("sync").arg("-f").arg(&mnt.0)).ok();
@@ -1292,9 +1190,9 @@ fn ramd_attach_serves_a_cache_as_a_file() {
     let out = e.ramd(&["cache", "delete", "att"]).ok();
     assert!(out.stdout.contains("deleted cache att"), "{out}");
     let lo = Loop::attach(&img);
-    let out = run(tool("e2fsck").args(["-f", "-n", &lo.0]));
+    let out = run(tool("e2fsck").args(["-f", "-n", &lo.dev]));
     assert_eq!(out.code(), 0, "{out}");
-    let mnt = Mounted::mount(&lo.0, &dir.join("mnt2"), "ro");
+    let mnt = Mounted::mount_opts(&lo.dev, &dir.join("mnt2"), "ro");
     assert!(std::fs::read(mnt.0.join("data")).unwrap() == data);
     mnt.unmount();
 }

@@ -9,6 +9,7 @@
 // Each integration-test crate that includes this module uses a subset of it.
 #![allow(dead_code)]
 
+pub mod block;
 pub mod mounts;
 pub mod openapi;
 
