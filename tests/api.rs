@@ -35,9 +35,7 @@ impl Api {
     /// answer against the spec, returns (status, JSON or Null).
     #[track_caller]
     fn call(&self, method: &str, template: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-        let (status, text) = self.d.http(method, path, body);
-        self.spec.check(method, template, status, &text);
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        self.spec.call(&self.d, method, template, path, body)
     }
 
     /// Like `call`, and asserts the status and, for errors, the code.

@@ -296,9 +296,7 @@ fn api_round_trip_and_every_error() {
     make_tree(&dir);
     let d = s.daemon(&[]);
     let call = |method: &str, template: &str, path: &str, body: Option<&str>| -> (u16, Value) {
-        let (status, text) = d.http(method, path, body);
-        spec.check(method, template, status, &text);
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        spec.call(&d, method, template, path, body)
     };
     let expect_err = |method: &str,
                       template: &str,

@@ -44,6 +44,23 @@ impl Spec {
         }
     }
 
+    /// One request to the daemon's API at `path` (documented as
+    /// `template`), its answer checked against the spec: (status, the
+    /// answer as JSON, Null when it is not JSON).
+    #[track_caller]
+    pub fn call(
+        &self,
+        d: &super::Daemon,
+        method: &str,
+        template: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let (status, text) = d.http(method, path, body);
+        self.check(method, template, status, &text);
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
     /// Checks that `status` is documented for `method path` and that a JSON
     /// `body` matches its schema. Panics with the reason otherwise.
     #[track_caller]
