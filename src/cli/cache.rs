@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 
-use super::output::{count_rate, mib_s, micros, render, table};
+use super::output::{count_rate, export_rows, mib_s, micros, render, table};
 use super::{print_json, CliError, JsonFlag};
 use crate::api::cache_types::{CacheInfo, CreateCache, DurationValue, PercentValue};
 use crate::api::client::{Client, ClientError};
@@ -529,20 +529,14 @@ pub fn info(c: &CacheInfo) -> String {
     }
     row("shutdown timeout", ms(st.shutdown_timeout_ms));
     row("memory promised", format_size(c.promised_bytes));
-    row("connections", c.connections.to_string());
-    row(
-        "attached at",
-        if c.attachments.is_empty() {
-            "-".into()
-        } else {
-            c.attachments.join(", ")
-        },
+    export_rows(
+        &mut row,
+        c.connections,
+        &c.attachments,
+        &c.origin,
+        &c.uri,
+        &c.tcp_uris,
     );
-    row("origin", c.origin.clone());
-    row("uri", c.uri.clone());
-    for u in &c.tcp_uris {
-        row("tcp uri", u.clone());
-    }
     render(&t)
 }
 

@@ -230,6 +230,32 @@ fn persist_rows(p: &PersistInfo, rows: &mut Vec<(String, String)>) {
     }
 }
 
+/// The rows every export's `info` ends with (drives and caches alike):
+/// who is connected or attached, where it came from, how to reach it.
+pub fn export_rows(
+    row: &mut dyn FnMut(&str, String),
+    connections: u64,
+    attachments: &[String],
+    origin: &str,
+    uri: &str,
+    tcp_uris: &[String],
+) {
+    row("connections", connections.to_string());
+    row(
+        "attached at",
+        if attachments.is_empty() {
+            "-".into()
+        } else {
+            attachments.join(", ")
+        },
+    );
+    row("origin", origin.to_owned());
+    row("uri", uri.to_owned());
+    for u in tcp_uris {
+        row("tcp uri", u.clone());
+    }
+}
+
 /// `ramd info NAME`.
 pub fn drive_info(d: &DriveInfo) -> String {
     let mut t = table(&["FIELD", "VALUE"], &[]);
@@ -263,20 +289,14 @@ pub fn drive_info(d: &DriveInfo) -> String {
         .into(),
     );
     row("overcommit", if d.overcommit { "yes" } else { "no" }.into());
-    row("connections", d.connections.to_string());
-    row(
-        "attached at",
-        if d.attachments.is_empty() {
-            "-".into()
-        } else {
-            d.attachments.join(", ")
-        },
+    export_rows(
+        &mut row,
+        d.connections,
+        &d.attachments,
+        &d.origin,
+        &d.uri,
+        &d.tcp_uris,
     );
-    row("origin", d.origin.clone());
-    row("uri", d.uri.clone());
-    for u in &d.tcp_uris {
-        row("tcp uri", u.clone());
-    }
     if let Some(e) = &d.error {
         row("error", e.clone());
         row(
