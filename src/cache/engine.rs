@@ -419,26 +419,23 @@ impl Inner {
     }
 
     pub fn backing_write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        match self.backing.write(offset, data, fua) {
-            Ok(()) => {
-                self.health.ok();
-                self.stats.add(Ctr::BackingWriteBytes, data.len() as u64);
-                Ok(())
-            }
-            Err(e) => {
-                self.health.failed(Op::Write, &e);
-                Err(e)
-            }
-        }
+        let r = self.backing.write(offset, data, fua);
+        self.note_backing_write(r, data.len() as u64)
     }
 
     /// Several backing writes kept in flight together (write-back).
     pub(crate) fn backing_write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
-        match self.backing.write_many(writes) {
+        let bytes: usize = writes.iter().map(|w| w.1.len()).sum();
+        let r = self.backing.write_many(writes);
+        self.note_backing_write(r, bytes as u64)
+    }
+
+    /// The backing's health and byte count after a write of `bytes`.
+    fn note_backing_write(&self, r: Result<()>, bytes: u64) -> Result<()> {
+        match r {
             Ok(()) => {
                 self.health.ok();
-                let bytes: usize = writes.iter().map(|w| w.1.len()).sum();
-                self.stats.add(Ctr::BackingWriteBytes, bytes as u64);
+                self.stats.add(Ctr::BackingWriteBytes, bytes);
                 Ok(())
             }
             Err(e) => {
