@@ -1591,8 +1591,9 @@ fn large_write_beyond_memory_limit_is_enospc_and_drained() {
 /// they read and write the same range meanwhile.
 #[test]
 fn stalled_writer_does_not_block_other_connections() {
-    // 1 MiB is gathered whole, 8 MiB is streamed: both paths must not hold
-    // a store lock while waiting for the client.
+    // Both are streamed through the connection's bounce buffer, written
+    // piece by piece as they arrive: no store lock may be held while
+    // waiting for the rest.
     for size in [MIB, 8 * MIB] {
         stalled_writer_case(size);
     }

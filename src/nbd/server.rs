@@ -113,15 +113,6 @@ impl conn::Transport for Stream {
         }
     }
 
-    fn available(&self) -> io::Result<usize> {
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one c_int through the valid pointer `&mut n`.
-        if unsafe { libc::ioctl(self.fd(), libc::FIONREAD, &mut n) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n.max(0) as usize)
-    }
-
     fn wait_readable(&self) -> io::Result<()> {
         wait_fd(self.fd(), libc::POLLIN)
     }
