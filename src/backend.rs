@@ -110,30 +110,12 @@ pub trait Backend: Send + Sync {
         check_range(offset, len, self.size())
     }
 
-    /// True when `write_with` and `read_with` work in place on the
-    /// backend's own memory (worth the NBD layer's zero-copy paths for
-    /// large requests), false when they only bounce through a buffer.
+    /// True when the backend keeps its data in its own RAM: `read_with`
+    /// works in place (worth the NBD layer's zero-copy READ path) and
+    /// writes cost no I/O, so the NBD layer stores large WRITEs burst by
+    /// burst as they arrive. False for backends behind slower storage.
     fn direct_io(&self) -> bool {
         false
-    }
-
-    /// Stores bytes that `fill` produces at `offset`: a prefix of `len`
-    /// bytes, whose length is returned (at least 1 when `len > 0`; the
-    /// caller loops). `fill` must fill the whole slice it is given without
-    /// waiting on anyone (a backend may call it with locks held); its error
-    /// comes back as `Error::Io`. Backends with their own memory store in
-    /// place (see `direct_io`); this default bounces through a buffer.
-    fn write_with(
-        &self,
-        offset: u64,
-        len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> Result<usize> {
-        check_range(offset, len as u64, self.size())?;
-        let mut buf = vec![0u8; len.min(BOUNCE_BYTES)];
-        fill(&mut buf)?;
-        self.write(offset, &buf, false)?;
-        Ok(buf.len())
     }
 
     /// Offers the bytes of a prefix of `[offset, offset+len)` to `sink` as
@@ -152,7 +134,7 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// Piece size of the default `write_with` / `read_with`.
+/// Piece size of the default `read_with`.
 const BOUNCE_BYTES: usize = 1 << 20;
 
 /// Checks that `[offset, offset+len)` lies within `size`.

@@ -502,15 +502,6 @@ impl<S: Storage> Backend for PersistentDrive<S> {
     fn direct_io(&self) -> bool {
         self.store.direct_io()
     }
-    fn write_with(
-        &self,
-        offset: u64,
-        len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> backend::Result<usize> {
-        // In place, like the store (FUA comes as a flush from the NBD layer).
-        self.store.write_with(offset, len, fill)
-    }
     fn read_with(
         &self,
         offset: u64,

@@ -268,6 +268,23 @@ impl Default for StoreOptions {
 }
 
 impl RamStore {
+    /// Stores bytes that `fill` produces at `offset` in place, straight
+    /// into the drive's memory (see `StoreState::write_with`): a prefix of
+    /// `len` bytes, whose length is returned (at least 1 when `len > 0`;
+    /// the caller loops). `fill` must fill the whole slice it is given
+    /// without waiting on anyone (chunk locks are held); its error comes
+    /// back as `Error::Io`. Restore reads snapshot pages this way.
+    pub fn write_with(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<usize> {
+        let (n, fresh) = self.state.write_with(offset, len, fill)?;
+        self.note_fill(offset, n as u64, fresh);
+        Ok(n)
+    }
+
     /// A drive of `size_bytes`, charging its pages to `global_mem` and to its
     /// own `mem_limit_bytes` (None: only the drive size bounds it), with the
     /// prefaulter on.
@@ -682,8 +699,8 @@ impl StoreState {
     }
 
     /// Stores bytes that `fill` produces in place, straight into the
-    /// drive's memory: no intermediate buffer (the NBD layer receives WRITE
-    /// payloads from the socket this way). Covers a prefix of
+    /// drive's memory: no intermediate buffer (restore reads snapshot
+    /// pages from their file this way). Covers a prefix of
     /// `[offset, offset+len)` (up to `DIRECT_MAX_BYTES`, within one segment)
     /// with its chunks locked exclusively, calls `fill` once with that whole
     /// prefix, and returns its length. `fill` must fill all of it without
@@ -969,16 +986,6 @@ impl Backend for RamStore {
     }
     fn direct_io(&self) -> bool {
         true
-    }
-    fn write_with(
-        &self,
-        offset: u64,
-        len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> Result<usize> {
-        let (n, fresh) = self.state.write_with(offset, len, fill)?;
-        self.note_fill(offset, n as u64, fresh);
-        Ok(n)
     }
     fn read_with(
         &self,
