@@ -23,7 +23,6 @@ fn store_opts() -> StoreOptions {
     StoreOptions {
         mem_limit_bytes: None,
         prefault: false,
-        ..StoreOptions::default()
     }
 }
 

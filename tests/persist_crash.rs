@@ -33,7 +33,6 @@ fn store_opts() -> StoreOptions {
     StoreOptions {
         mem_limit_bytes: None,
         prefault: false,
-        ..StoreOptions::default()
     }
 }
 

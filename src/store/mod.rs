@@ -59,7 +59,6 @@
 
 pub mod bitmap;
 pub mod budget;
-mod huge;
 mod ntcopy;
 mod prefault;
 pub mod region;
@@ -75,7 +74,6 @@ use parking_lot::{Mutex, RwLock};
 use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
 use bitmap::AtomicBitmap;
 pub use budget::MemoryBudget;
-use huge::HugeState;
 use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
@@ -148,9 +146,9 @@ impl Segment {
         }
     }
 
-    fn new(huge: bool) -> std::io::Result<Segment> {
+    fn new() -> std::io::Result<Segment> {
         Ok(Segment {
-            region: Region::new(SEGMENT_BYTES as usize, huge)?,
+            region: Region::new(SEGMENT_BYTES as usize)?,
             allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
             dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
             zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
@@ -230,8 +228,6 @@ pub struct StoreState {
     /// shrink even when the drive grew back before it (the bytes beyond
     /// the smaller size became zero). Changed under `resize_lock`.
     min_size: AtomicU64,
-    /// Collapsing full 2 MiB ranges into huge pages (see `huge.rs`).
-    huge: HugeState,
 }
 
 /// How a chunk is locked for an operation.
@@ -260,9 +256,6 @@ pub struct StoreOptions {
     /// Commit pages ahead of sequential fills on a background thread (see
     /// `prefault.rs`). Off, a page is committed only when written.
     pub prefault: bool,
-    /// Collapse fully written 2 MiB ranges into huge pages on that thread
-    /// (see `huge.rs`); ignored where the system cannot.
-    pub huge_pages: bool,
 }
 
 impl Default for StoreOptions {
@@ -270,7 +263,6 @@ impl Default for StoreOptions {
         StoreOptions {
             mem_limit_bytes: None,
             prefault: true,
-            huge_pages: true,
         }
     }
 }
@@ -332,15 +324,14 @@ impl RamStore {
             fill_end: AtomicU64::new(u64::MAX),
             snap: SnapState::new(),
             min_size: AtomicU64::new(0),
-            huge: HugeState::new(opts.huge_pages),
         });
         state.resize(size_bytes)?;
         state.min_size.store(size_bytes, Ordering::Release);
-        let prefaulter = if opts.prefault || state.huge.enabled() {
-            Prefaulter::spawn(Arc::downgrade(&state), opts.prefault)
+        let prefaulter = if opts.prefault {
+            Prefaulter::spawn(Arc::downgrade(&state))
                 .inspect_err(|e| {
                     tracing::warn!(
-                        "no background thread for this drive (first writes will be slower, no huge pages): {e}"
+                        "no prefaulter for this drive (first writes will be slower): {e}"
                     )
                 })
                 .ok()
@@ -360,15 +351,11 @@ impl RamStore {
             return;
         }
         let end = offset + len;
-        let Some(p) = &self.prefaulter else { return };
-        if self.state.huge.enabled() {
-            for range in self.state.full_huge_ranges(offset, len) {
-                p.collapse(range);
-            }
-        }
         let prev = self.state.fill_end.swap(end, Ordering::Relaxed);
         if prev == offset {
-            p.hint(end, self.state.size());
+            if let Some(p) = &self.prefaulter {
+                p.hint(end, self.state.size());
+            }
         }
     }
 }
@@ -436,7 +423,7 @@ impl StoreState {
             if want_segs > old.len() {
                 let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
                 while segs.len() < want_segs {
-                    segs.push(Arc::new(Segment::new(self.huge.enabled())?));
+                    segs.push(Arc::new(Segment::new()?));
                 }
                 self.segments.store(Arc::new(segs));
             }
@@ -1178,7 +1165,6 @@ mod tests {
         let opts = StoreOptions {
             mem_limit_bytes: None,
             prefault: false,
-            ..StoreOptions::default()
         };
         let s = RamStore::with_options(
             SEGMENT_BYTES * 2,

@@ -16,10 +16,6 @@
 //!   trim frees them like any page.
 //! - Hints are sent over a bounded channel with `try_send`: the data path
 //!   never blocks on it. The thread exits when the drive is dropped.
-//!
-//! The same thread collapses full 2 MiB ranges into huge pages (`huge.rs`),
-//! asked through the same channel; a request dropped because the channel is
-//! full leaves that range in 4 KiB pages.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -32,65 +28,34 @@ pub const AHEAD_BYTES: u64 = 16 << 20;
 /// Headroom both budgets keep before the prefaulter stops.
 pub const MARGIN_BYTES: u64 = 64 << 20;
 
-/// Requests queued for the thread (beyond this, new ones are dropped).
-const QUEUE_LEN: usize = 64;
-
-/// Work for the thread.
-enum Job {
-    /// Commit the pages of `[from, to)`.
-    Prefault(u64, u64),
-    /// Collapse the 2 MiB range at this drive offset into a huge page.
-    Collapse(u64),
-}
-
-/// Handle to a drive's background thread.
+/// Handle to a drive's prefaulter thread.
 pub struct Prefaulter {
-    tx: SyncSender<Job>,
-    /// Whether sequential fills get pages committed ahead.
-    prefault: bool,
+    tx: SyncSender<(u64, u64)>,
     /// End of the furthest range requested so far.
     requested_until: AtomicU64,
 }
 
 impl Prefaulter {
-    /// Starts the thread for the drive behind `state`; `prefault` says
-    /// whether `hint` does anything.
-    pub fn spawn(state: Weak<StoreState>, prefault: bool) -> std::io::Result<Prefaulter> {
-        let (tx, rx) = sync_channel::<Job>(QUEUE_LEN);
+    /// Starts the thread for the drive behind `state`.
+    pub fn spawn(state: Weak<StoreState>) -> std::io::Result<Prefaulter> {
+        let (tx, rx) = sync_channel::<(u64, u64)>(4);
         std::thread::Builder::new()
             .name("prefault".into())
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
+                while let Ok((from, to)) = rx.recv() {
                     let Some(state) = state.upgrade() else { break };
-                    match job {
-                        Job::Prefault(from, to) => {
-                            state.prefault(from, to, MARGIN_BYTES);
-                        }
-                        Job::Collapse(at) => {
-                            state.collapse_huge(at);
-                        }
-                    }
+                    state.prefault(from, to, MARGIN_BYTES);
                 }
             })?;
         Ok(Prefaulter {
             tx,
-            prefault,
             requested_until: AtomicU64::new(0),
         })
-    }
-
-    /// The 2 MiB range at drive offset `at` is fully allocated: collapse it
-    /// into a huge page (if the queue has room).
-    pub fn collapse(&self, at: u64) {
-        let _ = self.tx.try_send(Job::Collapse(at));
     }
 
     /// A sequential fill reached `end`: make sure pages up to
     /// `end + AHEAD_BYTES` are (being) committed.
     pub fn hint(&self, end: u64, size: u64) {
-        if !self.prefault {
-            return;
-        }
         let target = (end + AHEAD_BYTES).min(size);
         let until = self.requested_until.load(Ordering::Relaxed);
         // Top up in halves of the window, so a request covers 8 MiB.
@@ -106,7 +71,7 @@ impl Prefaulter {
         if from >= target {
             return;
         }
-        if self.tx.try_send(Job::Prefault(from, target)).is_ok() {
+        if self.tx.try_send((from, target)).is_ok() {
             self.requested_until.store(target, Ordering::Relaxed);
         }
     }
