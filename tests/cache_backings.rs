@@ -177,6 +177,19 @@ impl Nbdkit {
         n
     }
 
+    /// nbdkit memory of `size` behind its error filter, which fails every
+    /// request with EIO while `trigger` exists.
+    fn failing_memory(size: &str, trigger: &Path) -> Nbdkit {
+        Nbdkit::start(&[
+            "--filter=error",
+            "memory",
+            size,
+            "error=EIO",
+            "error-rate=100%",
+            &format!("error-file={}", trigger.display()),
+        ])
+    }
+
     fn socket(&self) -> PathBuf {
         self.dir.path().join("nbdkit.sock")
     }
@@ -369,14 +382,7 @@ fn failing_nbd_backing_keeps_dirty_data_and_recovers() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trigger = dir.path().join("fail-now");
-    let kit = Nbdkit::start(&[
-        "--filter=error",
-        "memory",
-        "16M",
-        "error=EIO",
-        "error-rate=100%",
-        &format!("error-file={}", trigger.display()),
-    ]);
+    let kit = Nbdkit::failing_memory("16M", &trigger);
     let cache = Cache::open(
         &kit.uri(),
         small_cache(Mode::WriteBack, 4 * MIB),
@@ -786,14 +792,7 @@ fn nbd_client_pipelined_writes() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trigger = dir.path().join("fail-now");
-    let kit = Nbdkit::start(&[
-        "--filter=error",
-        "memory",
-        "64M",
-        "error=EIO",
-        "error-rate=100%",
-        &format!("error-file={}", trigger.display()),
-    ]);
+    let kit = Nbdkit::failing_memory("64M", &trigger);
     let c = client(&kit.uri());
     let mut oracle = vec![0u8; (64 * MIB) as usize];
     let mut datas: Vec<(u64, Vec<u8>)> = Vec::new();

@@ -710,30 +710,38 @@ impl NbdClient {
             Ok(r) => {
                 self.checkin(c);
                 r.map_err(|errno| {
-                    let e = io_error_for_errno(errno);
-                    backend::Error::Io(io::Error::new(
-                        e.kind(),
-                        format!(
-                            "NBD server {} failed {} at {offset}+{len}: {e}",
-                            self.uri.target(),
-                            command_name(command)
-                        ),
-                    ))
+                    self.server_error(command_name(command), offset, len as usize, errno)
                 })
             }
             Err(e) => {
                 drop(c);
                 self.lost();
-                Err(backend::Error::Io(io::Error::new(
-                    e.kind(),
-                    format!(
-                        "NBD connection to {} failed during {}: {e}",
-                        self.uri.target(),
-                        command_name(command)
-                    ),
-                )))
+                Err(self.connection_error(command_name(command), e))
             }
         }
+    }
+
+    /// The server answered `what` at `offset+len` with `errno`.
+    fn server_error(&self, what: &str, offset: u64, len: usize, errno: u32) -> backend::Error {
+        let e = io_error_for_errno(errno);
+        backend::Error::Io(io::Error::new(
+            e.kind(),
+            format!(
+                "NBD server {} failed {what} at {offset}+{len}: {e}",
+                self.uri.target()
+            ),
+        ))
+    }
+
+    /// The connection broke during `what` (it has been dropped).
+    fn connection_error(&self, what: &str, e: io::Error) -> backend::Error {
+        backend::Error::Io(io::Error::new(
+            e.kind(),
+            format!(
+                "NBD connection to {} failed during {what}: {e}",
+                self.uri.target()
+            ),
+        ))
     }
 
     fn max_piece(&self) -> usize {
@@ -843,29 +851,15 @@ impl Backend for NbdClient {
                 Ok(errors) => {
                     self.checkin(c);
                     if let Some((i, &errno)) = errors.iter().enumerate().find(|(_, &e)| e != 0) {
-                        let e = io_error_for_errno(errno);
                         let (offset, data) = window[i];
-                        return Err(backend::Error::Io(io::Error::new(
-                            e.kind(),
-                            format!(
-                                "NBD server {} failed WRITE at {offset}+{}: {e}",
-                                self.uri.target(),
-                                data.len()
-                            ),
-                        )));
+                        return Err(self.server_error("WRITE", offset, data.len(), errno));
                     }
                 }
                 Err(e) => {
                     drop(c);
                     self.lost();
-                    return Err(backend::Error::Io(io::Error::new(
-                        e.kind(),
-                        format!(
-                            "NBD connection to {} failed during {} pipelined WRITEs: {e}",
-                            self.uri.target(),
-                            window.len()
-                        ),
-                    )));
+                    let what = format!("{} pipelined WRITEs", window.len());
+                    return Err(self.connection_error(&what, e));
                 }
             }
             start = end;
