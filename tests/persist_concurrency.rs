@@ -23,6 +23,7 @@ fn store_opts() -> StoreOptions {
     StoreOptions {
         mem_limit_bytes: None,
         prefault: false,
+        ..StoreOptions::default()
     }
 }
 

@@ -18,6 +18,7 @@ fn store_opts() -> StoreOptions {
     StoreOptions {
         mem_limit_bytes: None,
         prefault: false,
+        ..StoreOptions::default()
     }
 }
 

@@ -875,6 +875,7 @@ fn exact_store(size: u64, global: &Arc<MemoryBudget>) -> RamStore {
     let opts = StoreOptions {
         mem_limit_bytes: None,
         prefault: false,
+        ..StoreOptions::default()
     };
     RamStore::with_options(size, opts, global.clone()).expect("create store")
 }

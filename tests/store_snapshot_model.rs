@@ -105,6 +105,7 @@ fn run(ops: &[Op], budget_bytes: u64) {
     let opts = StoreOptions {
         mem_limit_bytes: None,
         prefault: false,
+        ..StoreOptions::default()
     };
     let store = RamStore::with_options(SIZE, opts, global.clone()).unwrap();
     let mut mem = vec![0u8; SIZE as usize];

@@ -222,7 +222,7 @@ impl Inner {
         let nblocks = size.div_ceil(bs);
         // A cache larger than its backing would only waste metadata.
         let nslots = cfg.slots().min(nblocks.max(1)) as u32;
-        let data = Region::new((nslots as u64 * bs) as usize)?;
+        let data = Region::new((nslots as u64 * bs) as usize, false)?;
         Ok(Inner {
             size,
             bs,

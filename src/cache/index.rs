@@ -99,7 +99,7 @@ pub struct Flat {
 impl Flat {
     fn new(blocks: u64) -> std::io::Result<Flat> {
         Ok(Flat {
-            map: Region::new((blocks.max(1) * 4) as usize)?,
+            map: Region::new((blocks.max(1) * 4) as usize, false)?,
             blocks,
         })
     }

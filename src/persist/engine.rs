@@ -568,6 +568,7 @@ mod tests {
         let opts = StoreOptions {
             mem_limit_bytes: None,
             prefault: false,
+            ..StoreOptions::default()
         };
         let store =
             RamStore::with_options(8 << 20, opts, Arc::new(MemoryBudget::new(u64::MAX))).unwrap();

@@ -59,6 +59,7 @@
 
 pub mod bitmap;
 pub mod budget;
+mod huge;
 mod ntcopy;
 mod prefault;
 pub mod region;
@@ -74,6 +75,8 @@ use parking_lot::{Mutex, RwLock};
 use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
 use bitmap::AtomicBitmap;
 pub use budget::MemoryBudget;
+use huge::HugeState;
+pub use huge::IDLE_MS as HUGE_IDLE_MS;
 use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
@@ -119,7 +122,12 @@ struct Segment {
     /// Per chunk, the last snapshot epoch that captured it (see
     /// `snapshot.rs`): changed only under the chunk's lock.
     epochs: Box<[AtomicU32]>,
+    /// One bit per 2 MiB range collapsed into a huge page (`huge.rs`);
+    /// cleared before any page in the range is released.
+    huge: AtomicU32,
 }
+
+const _: () = assert!(SEGMENT_BYTES / region::HUGE_BYTES as u64 <= 32);
 
 impl Segment {
     /// A page reads as a hole when nothing backs it or the prefaulter
@@ -146,14 +154,15 @@ impl Segment {
         }
     }
 
-    fn new() -> std::io::Result<Segment> {
+    fn new(huge: bool) -> std::io::Result<Segment> {
         Ok(Segment {
-            region: Region::new(SEGMENT_BYTES as usize)?,
+            region: Region::new(SEGMENT_BYTES as usize, huge)?,
             allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
             dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
             zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
             locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
             epochs: (0..CHUNKS_PER_SEGMENT).map(|_| AtomicU32::new(0)).collect(),
+            huge: AtomicU32::new(0),
         })
     }
 }
@@ -228,6 +237,8 @@ pub struct StoreState {
     /// shrink even when the drive grew back before it (the bytes beyond
     /// the smaller size became zero). Changed under `resize_lock`.
     min_size: AtomicU64,
+    /// Collapsing full 2 MiB ranges into huge pages (see `huge.rs`).
+    huge: HugeState,
 }
 
 /// How a chunk is locked for an operation.
@@ -256,6 +267,9 @@ pub struct StoreOptions {
     /// Commit pages ahead of sequential fills on a background thread (see
     /// `prefault.rs`). Off, a page is committed only when written.
     pub prefault: bool,
+    /// Collapse fully written 2 MiB ranges into huge pages on that thread
+    /// (see `huge.rs`); ignored where the system cannot.
+    pub huge_pages: bool,
 }
 
 impl Default for StoreOptions {
@@ -263,6 +277,7 @@ impl Default for StoreOptions {
         StoreOptions {
             mem_limit_bytes: None,
             prefault: true,
+            huge_pages: true,
         }
     }
 }
@@ -324,14 +339,15 @@ impl RamStore {
             fill_end: AtomicU64::new(u64::MAX),
             snap: SnapState::new(),
             min_size: AtomicU64::new(0),
+            huge: HugeState::new(opts.huge_pages),
         });
         state.resize(size_bytes)?;
         state.min_size.store(size_bytes, Ordering::Release);
-        let prefaulter = if opts.prefault {
-            Prefaulter::spawn(Arc::downgrade(&state))
+        let prefaulter = if opts.prefault || state.huge.enabled() {
+            Prefaulter::spawn(Arc::downgrade(&state), opts.prefault)
                 .inspect_err(|e| {
                     tracing::warn!(
-                        "no prefaulter for this drive (first writes will be slower): {e}"
+                        "no background thread for this drive (first writes will be slower, no huge pages): {e}"
                     )
                 })
                 .ok()
@@ -351,11 +367,15 @@ impl RamStore {
             return;
         }
         let end = offset + len;
+        huge::note_commit();
+        let due = self.state.huge.note_fill();
+        let Some(p) = &self.prefaulter else { return };
+        if due {
+            p.wake();
+        }
         let prev = self.state.fill_end.swap(end, Ordering::Relaxed);
         if prev == offset {
-            if let Some(p) = &self.prefaulter {
-                p.hint(end, self.state.size());
-            }
+            p.hint(end, self.state.size());
         }
     }
 }
@@ -423,7 +443,7 @@ impl StoreState {
             if want_segs > old.len() {
                 let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
                 while segs.len() < want_segs {
-                    segs.push(Arc::new(Segment::new()?));
+                    segs.push(Arc::new(Segment::new(self.huge.enabled())?));
                 }
                 self.segments.store(Arc::new(segs));
             }
@@ -590,6 +610,7 @@ impl StoreState {
                     return Err(Error::NoSpace("prefault margin".into()));
                 }
                 self.reserve_mem(bytes)?;
+                huge::note_commit();
                 seg.region.populate(p0 * page, (p1 - p0) * page);
                 for p in p0..p1 {
                     if !seg.allocated.set(p) {
@@ -868,6 +889,7 @@ impl StoreState {
                     break;
                 }
                 let stop = seg.allocated.find(start, pe, false);
+                huge::forget_ranges(seg, start * page, stop * page);
                 seg.region.release(start * page, (stop - start) * page);
                 for q in start..stop {
                     seg.allocated.clear(q);
@@ -1165,6 +1187,7 @@ mod tests {
         let opts = StoreOptions {
             mem_limit_bytes: None,
             prefault: false,
+            ..StoreOptions::default()
         };
         let s = RamStore::with_options(
             SEGMENT_BYTES * 2,

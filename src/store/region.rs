@@ -3,9 +3,18 @@
 //! `mmap(MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)` reserves address space
 //! only: the kernel commits a page on its first write fault. `release` hands
 //! pages back with `MADV_DONTNEED` (RSS drops at once; the range reads as
-//! zeroes afterwards). Transparent huge pages are disabled on the mapping so a
-//! 4 KiB write commits 4 KiB, keeping our accounting equal to RSS, and a trim
-//! never has to split a huge page.
+//! zeroes afterwards).
+//!
+//! Huge pages: a fault never brings in a transparent huge page, so a 4 KiB
+//! write commits 4 KiB and our accounting stays equal to RSS. Once every
+//! page of an aligned 2 MiB range is committed, `collapse` may turn it into
+//! one huge page (`MADV_COLLAPSE`, Linux 6.1): random I/O over a large,
+//! full drive then misses the TLB far less (measured: 13% less CPU per
+//! request, see `huge.rs`). A later trim inside it splits it back into
+//! 4 KiB pages and frees just what it covers. Mappings are 2 MiB aligned
+//! for this. On a system whose THP mode is `always`, faults themselves would
+//! bring huge pages, so there the mapping is marked `MADV_NOHUGEPAGE`
+//! (which also rules out collapsing).
 //!
 //! The region hands out raw pointers; callers synchronise access (the store's
 //! chunk locks) and keep offsets in bounds.
@@ -27,29 +36,48 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Reserves `len` bytes of address space (nothing is committed).
-    pub fn new(len: usize) -> io::Result<Region> {
+    /// Reserves `len` bytes of address space (nothing is committed),
+    /// aligned to `HUGE_BYTES`. With `huge`, full 2 MiB ranges may later be
+    /// collapsed into huge pages (when `collapse_possible()`).
+    pub fn new(len: usize, huge: bool) -> io::Result<Region> {
         assert!(len > 0);
+        let padded = len + HUGE_BYTES;
         // SAFETY: an anonymous private mapping at a kernel-chosen address; no
         // existing memory is affected. The result is checked for MAP_FAILED.
-        let ptr = unsafe {
+        let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                padded,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
         };
-        if ptr == libc::MAP_FAILED {
+        if raw == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: `ptr`/`len` is the mapping just created. Failure to disable
-        // THP only costs accounting precision, so the result is ignored.
-        unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        let head = raw.cast::<u8>().align_offset(HUGE_BYTES);
+        // SAFETY: `head < HUGE_BYTES`, so `ptr..ptr+len` lies inside the
+        // padded mapping; the unmapped head and tail are ours and unused.
+        let ptr = unsafe {
+            let ptr = raw.cast::<u8>().add(head);
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            let tail = HUGE_BYTES - head;
+            if tail > 0 {
+                libc::munmap(ptr.add(len).cast(), tail);
+            }
+            ptr
+        };
+        if !huge || !collapse_possible() {
+            // SAFETY: `ptr`/`len` is our mapping. Failure to disable THP
+            // only costs accounting precision, so the result is ignored.
+            unsafe { libc::madvise(ptr.cast(), len, libc::MADV_NOHUGEPAGE) };
+        }
         Ok(Region {
-            base: NonNull::new(ptr.cast()).expect("mmap returned null"),
+            base: NonNull::new(ptr).expect("mmap returned null"),
             len,
         })
     }
@@ -93,10 +121,43 @@ impl Region {
         // zero pages that are already ours and changes no contents.
         unsafe { libc::madvise(self.ptr(offset).cast(), len, MADV_POPULATE_WRITE) };
     }
+
+    /// Turns the fully committed, `HUGE_BYTES`-aligned range at `offset`
+    /// into one huge page. The caller holds the range's chunk locks and has
+    /// checked that every page in it is committed (otherwise the kernel
+    /// would commit the missing ones behind our accounting). Fails when the
+    /// kernel cannot (too old: EINVAL; no free huge page: EAGAIN/ENOMEM).
+    pub fn collapse(&self, offset: usize) -> io::Result<()> {
+        debug_assert!(offset % HUGE_BYTES == 0 && offset + HUGE_BYTES <= self.len);
+        // SAFETY: the range is inside our mapping; collapsing copies the
+        // pages into a huge page without changing what they hold.
+        let rc = unsafe { libc::madvise(self.ptr(offset).cast(), HUGE_BYTES, MADV_COLLAPSE) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }
+
+/// Bytes of a transparent huge page (a PMD on x86-64).
+pub const HUGE_BYTES: usize = 2 << 20;
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14), not in every libc crate version.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
+/// `MADV_COLLAPSE` (Linux 6.1).
+const MADV_COLLAPSE: libc::c_int = 25;
+
+/// True unless the system's THP mode is `always` (faults would then bring
+/// huge pages into a sparse drive; see the module docs). Read once.
+pub fn collapse_possible() -> bool {
+    static POSSIBLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *POSSIBLE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .map(|mode| !mode.contains("[always]"))
+            .unwrap_or(false)
+    })
+}
 
 impl Drop for Region {
     fn drop(&mut self) {

@@ -523,6 +523,7 @@ mod tests {
         let opts = StoreOptions {
             mem_limit_bytes: None,
             prefault: false,
+            ..StoreOptions::default()
         };
         RamStore::with_options(size, opts, global).unwrap()
     }
