@@ -119,6 +119,8 @@ impl StoreState {
             return Pass::Done;
         }
         let start_commits = commits();
+        let started = Instant::now();
+        let before = self.huge_collapsed();
         let segs = self.segments.load_full();
         let per_seg = SEGMENT_BYTES as usize / HUGE_BYTES;
         for (si, seg) in segs.iter().enumerate() {
@@ -138,6 +140,11 @@ impl StoreState {
                 }
             }
         }
+        tracing::debug!(
+            "huge pages: collapsed {} ranges of 2 MiB in {} ms",
+            self.huge_collapsed() - before,
+            started.elapsed().as_millis()
+        );
         Pass::Done
     }
 
