@@ -14,6 +14,7 @@
 //! mem_budget = "16G"
 //! max_connections = 256
 //! poll_us = 50
+//! keep_cpu_awake = true
 //! metrics = true
 //! log = "info"
 //! log_format = "text"
@@ -149,6 +150,7 @@ pub struct DaemonSection {
     pub mem_budget: Option<Size>,
     pub max_connections: Option<usize>,
     pub poll_us: Option<u32>,
+    pub keep_cpu_awake: Option<bool>,
     pub metrics: Option<bool>,
     pub log: Option<String>,
     pub log_format: Option<LogFormat>,

@@ -115,6 +115,13 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "US")]
     pub poll_us: Option<u32>,
 
+    /// While a client sends request after request at QD1, keep the other
+    /// CPUs out of their halt with idle-priority spinners, so replies wake
+    /// the client fast (on/off; 2-4 CPU machines only; costs the idle time
+    /// of those CPUs while such a client runs) [default: on].
+    #[arg(long, value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
+    pub keep_cpu_awake: Option<bool>,
+
     /// Record per-request metrics (on/off) [default: on].
     #[arg(long, value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
     pub metrics: Option<bool>,
@@ -179,6 +186,7 @@ pub struct Settings {
     pub mem_budget_bytes: Option<u64>,
     pub max_connections: usize,
     pub poll_us: u32,
+    pub keep_cpu_awake: bool,
     pub metrics: bool,
     pub log: Option<String>,
     pub log_format: LogFormat,
@@ -260,6 +268,7 @@ impl Settings {
                 .poll_us
                 .or(c.poll_us)
                 .unwrap_or(crate::nbd::server::DEFAULT_POLL_US),
+            keep_cpu_awake: args.keep_cpu_awake.or(c.keep_cpu_awake).unwrap_or(true),
             metrics: args.metrics.or(c.metrics).unwrap_or(true),
             log: args.log.clone().or(c.log.clone()),
             log_format: args.log_format.or(c.log_format).unwrap_or_default(),
@@ -399,6 +408,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     nbd_config.tcp = settings.nbd_listen.clone();
     nbd_config.max_connections = settings.max_connections;
     nbd_config.poll_us = settings.poll_us;
+    nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
     let server = Server::bind(nbd_config, exports).map_err(DaemonError::Nbd)?;
     let nbd_handle = server.shutdown_handle();
     registry.set_nbd(nbd_handle.clone());

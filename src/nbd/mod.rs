@@ -3,6 +3,7 @@
 //! (listeners, connection threads, shutdown), and `client` (a blocking
 //! client, for caches whose backing is an NBD export).
 
+pub mod awake;
 pub mod client;
 pub mod conn;
 pub mod export;

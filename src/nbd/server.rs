@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// Microseconds a connection polls for its next request before it
     /// blocks (see `conn::Poller`); 0 blocks at once.
     pub poll_us: u32,
+    /// While a connection polls successfully (a QD1 client), keep one more
+    /// CPU awake with a `SCHED_IDLE` spinner (see `awake.rs`).
+    pub keep_cpu_awake: bool,
 }
 
 impl ServerConfig {
@@ -54,6 +57,7 @@ impl ServerConfig {
             max_connections: 256,
             handshake_timeout: Duration::from_secs(30),
             poll_us: DEFAULT_POLL_US,
+            keep_cpu_awake: true,
         }
     }
 }
@@ -462,7 +466,12 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
         return;
     }
     tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
-    match conn::transmission(&mut stream, &neg, shared.config.poll_us) {
+    match conn::transmission(
+        &mut stream,
+        &neg,
+        shared.config.poll_us,
+        shared.config.keep_cpu_awake,
+    ) {
         Ok(()) => tracing::debug!(conn = id, "disconnected"),
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
             tracing::warn!(conn = id, export = %export.name, "closing connection: {e}")
