@@ -6,8 +6,9 @@
 //! page tables. Once every 4 KiB page of an aligned 2 MiB range is
 //! committed, nothing is lost by backing it with one huge page: the range
 //! holds the same memory either way. Measured with fio 4 KiB random I/O at
-//! QD64x2 over a full 1 GiB drive: 1.40-1.45 us of server CPU per request
-//! against 1.53-1.60, and 6% more IOPS (bench/RESULTS.md, item 16).
+//! QD64x2 over a full 1 GiB drive (nbdbench A/B, bench/RESULTS.md item 16):
+//! 1.27-1.29 us of server CPU per request against 1.48-1.54, and 7-8% more
+//! IOPS.
 //!
 //! When:
 //! - A collapse (`MADV_COLLAPSE`, Linux 6.1) copies the range into a fresh
