@@ -10,12 +10,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::block::{FuseLoop, Loop, Mounted};
+use common::nbdkit::Nbdkit;
 use common::{
     random_bytes, require, require_root_block_devices, run, tool, wait_until, KillOnDrop,
 };
@@ -155,78 +156,6 @@ fn loop_device_backing_with_and_without_o_direct() {
     }
 }
 
-/// An nbdkit on a unix socket in its own temp dir; killed on drop.
-struct Nbdkit {
-    dir: tempfile::TempDir,
-    child: Option<KillOnDrop>,
-    args: Vec<String>,
-}
-
-impl Nbdkit {
-    fn start(args: &[&str]) -> Nbdkit {
-        let dir = tempfile::Builder::new()
-            .prefix("ramd-nbdkit-")
-            .tempdir()
-            .unwrap();
-        let mut n = Nbdkit {
-            dir,
-            child: None,
-            args: args.iter().map(|s| s.to_string()).collect(),
-        };
-        n.spawn();
-        n
-    }
-
-    /// nbdkit memory of `size` behind its error filter, which fails every
-    /// request with EIO while `trigger` exists.
-    fn failing_memory(size: &str, trigger: &Path) -> Nbdkit {
-        Nbdkit::start(&[
-            "--filter=error",
-            "memory",
-            size,
-            "error=EIO",
-            "error-rate=100%",
-            &format!("error-file={}", trigger.display()),
-        ])
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("nbdkit.sock")
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.socket().display())
-    }
-
-    fn spawn(&mut self) {
-        let _ = std::fs::remove_file(self.socket());
-        let child = tool("nbdkit")
-            .args(["-f", "--exit-with-parent", "-U"])
-            .arg(self.socket())
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nbdkit");
-        self.child = Some(KillOnDrop(child));
-        let sock = self.socket();
-        wait_until(
-            "nbdkit to create its socket",
-            common::DAEMON_TIMEOUT,
-            || sock.exists(),
-        );
-    }
-
-    /// SIGKILL, no clean-up: a crashed server.
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            common::signal(c.0.id(), libc::SIGKILL);
-            let _ = c.0.wait();
-        }
-    }
-}
-
 fn read_all(client: &NbdClient) -> Vec<u8> {
     let mut buf = vec![0u8; client.size() as usize];
     client.read(0, &mut buf).unwrap();
@@ -263,7 +192,7 @@ fn nbd_backing_nbdkit_memory_unix_and_tcp() {
         );
     }
     // An independent reader agrees.
-    let out = kit.dir.path().join("copy.img");
+    let out = kit.dir().join("copy.img");
     run(tool("nbdcopy").arg(kit.uri()).arg(&out)).ok();
     assert!(std::fs::read(&out).unwrap() == oracle);
 

@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::block::{FuseLoop, Loop, Mounted};
+use common::nbdkit::Nbdkit;
 use common::openapi::Spec;
 use common::*;
 use serde_json::{json, Value};
@@ -151,49 +152,6 @@ fn nbd_read_error(uri: &str, offset: u64, len: u64) -> String {
     .ok();
     assert!(out.stdout.starts_with("ERROR"), "the read must fail: {out}");
     out.stdout
-}
-
-/// An nbdkit on a unix socket in its own temp dir; killed on drop.
-struct Nbdkit {
-    dir: tempfile::TempDir,
-    _child: KillOnDrop,
-}
-
-impl Nbdkit {
-    #[track_caller]
-    fn start(args: &[&str]) -> Nbdkit {
-        let dir = tempfile::Builder::new()
-            .prefix("ramd-nbdkit-")
-            .tempdir()
-            .unwrap();
-        let sock = dir.path().join("nbdkit.sock");
-        Nbdkit::start_at(dir, &sock, args)
-    }
-
-    #[track_caller]
-    fn start_at(dir: tempfile::TempDir, sock: &Path, args: &[&str]) -> Nbdkit {
-        let child = tool("nbdkit")
-            .args(["-f", "--exit-with-parent", "-U"])
-            .arg(sock)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nbdkit");
-        let child = KillOnDrop(child);
-        wait_until("nbdkit to create its socket", DAEMON_TIMEOUT, || {
-            sock.exists()
-        });
-        Nbdkit { dir, _child: child }
-    }
-
-    fn uri(&self) -> String {
-        format!(
-            "nbd+unix:///?socket={}",
-            self.dir.path().join("nbdkit.sock").display()
-        )
-    }
 }
 
 /// Requests of every shape: aligned, 512-byte units, unaligned ones that
@@ -650,18 +608,6 @@ fn cli_round_trip_every_mode_over_nbdkit_memory() {
     }
 }
 
-/// nbdkit's error filter fails every request while a file exists.
-fn failing_nbdkit(trigger: &Path) -> Nbdkit {
-    Nbdkit::start(&[
-        "--filter=error",
-        "memory",
-        "16M",
-        "error=EIO",
-        "error-rate=100%",
-        &format!("error-file={}", trigger.display()),
-    ])
-}
-
 #[test]
 fn a_failing_backing_gives_eio_keeps_serving_and_shows_in_info() {
     if !require(&["nbdkit"]) || !require_python_module("nbd", "python3-libnbd") {
@@ -669,7 +615,7 @@ fn a_failing_backing_gives_eio_keeps_serving_and_shows_in_info() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trigger = dir.path().join("fail-now");
-    let kit = failing_nbdkit(&trigger);
+    let kit = Nbdkit::failing_memory("16M", &trigger);
     let e = Env::start(&[]);
     e.ramd(&[
         "cache",
@@ -925,7 +871,7 @@ fn a_stop_with_a_dead_backing_saves_a_rescue_file_that_restores_the_data() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trigger = dir.path().join("fail-now");
-    let kit = failing_nbdkit(&trigger);
+    let kit = Nbdkit::failing_memory("16M", &trigger);
     let state = dir.path().join("state");
     let mut e = Env::start(&["--state-dir", state.to_str().unwrap()]);
     e.ramd(&[

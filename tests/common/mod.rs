@@ -11,6 +11,7 @@
 
 pub mod block;
 pub mod mounts;
+pub mod nbdkit;
 pub mod openapi;
 
 use std::ffi::OsString;
