@@ -1,4 +1,4 @@
-//! Keeping an idle CPU out of its halt while a client waits on us request
+//! Keeping idle CPUs out of their halt while a client waits on us request
 //! by request (QD1).
 //!
 //! A client with one request in flight blocks after each send, so its CPU
@@ -45,12 +45,13 @@ static SPINNERS: OnceLock<Vec<Thread>> = OnceLock::new();
 /// Most CPUs the daemon may use for keep-awake to run.
 pub const MAX_CPUS: usize = 4;
 
-/// While alive, the daemon keeps one idle CPU awake.
+/// While alive, the daemon keeps its idle CPUs awake.
 pub struct Hold(());
 
 impl Hold {
-    /// Starts keeping a CPU awake (starting the thread on first use).
-    /// Returns None where that is not possible (one CPU, or no SCHED_IDLE).
+    /// Starts keeping the idle CPUs awake (starting the threads on first
+    /// use). Returns None where that is not possible: fewer than 2 or more
+    /// than `MAX_CPUS` CPUs, or no `SCHED_IDLE`.
     pub fn new() -> Option<Hold> {
         let spinners = SPINNERS.get_or_init(start);
         if spinners.is_empty() {
