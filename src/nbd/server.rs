@@ -44,8 +44,8 @@ pub struct ServerConfig {
     /// Microseconds a connection polls for its next request before it
     /// blocks (see `conn::Poller`); 0 blocks at once.
     pub poll_us: u32,
-    /// While a connection polls successfully (a QD1 client), keep one more
-    /// CPU awake with a `SCHED_IDLE` spinner (see `awake.rs`).
+    /// While a connection polls successfully (a QD1 client), keep the
+    /// other CPUs awake with `SCHED_IDLE` spinners (see `awake.rs`).
     pub keep_cpu_awake: bool,
 }
 

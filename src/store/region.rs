@@ -65,10 +65,8 @@ impl Region {
             if head > 0 {
                 libc::munmap(raw, head);
             }
-            let tail = HUGE_BYTES - head;
-            if tail > 0 {
-                libc::munmap(ptr.add(len).cast(), tail);
-            }
+            // Never empty: head < HUGE_BYTES.
+            libc::munmap(ptr.add(len).cast(), HUGE_BYTES - head);
             ptr
         };
         if !huge || !collapse_possible() {
