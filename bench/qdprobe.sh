@@ -7,6 +7,7 @@
 #
 #   SETTLE=8 QD=64 JOBS=2 bench/qdprobe.sh target/release/ramd
 #   SETTLE=8 QD=128 JOBS=1 bench/qdprobe.sh target/release/ramd
+#   RW=randwrite SETTLE=8 QD=128 JOBS=1 bench/qdprobe.sh target/release/ramd
 set -euo pipefail
 bin=$1
 dir=$(mktemp -d)
@@ -23,7 +24,7 @@ t0=$(cpu)
 perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$spid" -- sleep 6 \
   2> "$dir/perf.txt" > /dev/null &
 pp=$!
-fio --name=t --ioengine=nbd --uri="$uri" --rw=randrw --bs=4k --iodepth="${QD:-64}" \
+fio --name=t --ioengine=nbd --uri="$uri" --rw="${RW:-randrw}" --bs=4k --iodepth="${QD:-64}" \
   --numjobs="${JOBS:-2}" --size=1g --time_based --runtime=6 --group_reporting \
   --output-format=json > "$dir/fio.json"
 wait "$pp" || true

@@ -5,7 +5,7 @@
 //! goes idle and, on a VM, halts. Our reply then has to wake a halted vCPU,
 //! which the host does on its own schedule: on our 2-vCPU VM that wake-up
 //! is most of a QD1 round trip (fio 4 KiB QD1 writes: p50 21 us; with the
-//! idle CPU kept busy, 6 us). A connection's own polling (`conn::Poller`)
+//! idle CPU kept busy, 6 us). A connection's own polling (`poller.rs`)
 //! already keeps *its* CPU awake; this keeps the others awake: one thread
 //! per CPU, pinned there, spinning at `SCHED_IDLE` priority while any
 //! connection is in a QD1 stream. (Pinned, because an unpinned idle-class

@@ -1,5 +1,6 @@
 //! The NBD server: `proto` (pure wire format), `handshake` (option phase),
-//! `conn` (transmission loop), `export` (what is served), `server`
+//! `conn` (transmission loop), `poller` (how a connection waits for its
+//! client), `export` (what is served), `server`
 //! (listeners, connection threads, shutdown), and `client` (a blocking
 //! client, for caches whose backing is an NBD export).
 
@@ -8,6 +9,7 @@ pub mod client;
 pub mod conn;
 pub mod export;
 pub mod handshake;
+mod poller;
 pub mod proto;
 pub mod server;
 

@@ -42,7 +42,7 @@ pub struct ServerConfig {
     /// A client must finish each handshake read within this time.
     pub handshake_timeout: Duration,
     /// Microseconds a connection polls for its next request before it
-    /// blocks (see `conn::Poller`); 0 blocks at once.
+    /// blocks (see `poller.rs`); 0 blocks at once.
     pub poll_us: u32,
     /// While a connection polls successfully (a QD1 client), keep the
     /// other CPUs awake with `SCHED_IDLE` spinners (see `awake.rs`).
@@ -115,6 +115,14 @@ impl conn::Transport for Stream {
             io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
             _ => Err(e),
         }
+    }
+
+    fn unread_by_peer(&self) -> Option<usize> {
+        let Stream::Unix(s) = self else { return None };
+        let mut bytes: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one c_int; the fd is open.
+        let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
+        (rc == 0).then_some(bytes.max(0) as usize)
     }
 
     fn wait_readable(&self) -> io::Result<()> {
@@ -587,4 +595,32 @@ fn fcntl_nonblock(fd: RawFd, on: bool) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conn::Transport;
+    use super::*;
+
+    /// `unread_by_peer` counts what the peer of a unix socket has not read
+    /// yet (the poller's backlog), and says nothing for TCP.
+    #[test]
+    fn unread_by_peer_counts_what_the_peer_holds() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mut ours = Stream::Unix(ours);
+        assert_eq!(ours.unread_by_peer(), Some(0));
+        let reply = vec![7u8; 64 * 1024];
+        ours.write_all(&reply).unwrap();
+        let held = ours.unread_by_peer().unwrap();
+        // Charged with the socket buffers' overhead, so at least the bytes.
+        assert!(held >= reply.len(), "{held} < {}", reply.len());
+        let mut got = vec![0u8; reply.len()];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(got, reply);
+        assert_eq!(ours.unread_by_peer(), Some(0));
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = Stream::Tcp(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        assert_eq!(tcp.unread_by_peer(), None);
+    }
 }

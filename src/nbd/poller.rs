@@ -1,0 +1,470 @@
+//! How a connection waits for its client's next bytes.
+//!
+//! A connection thread that blocks on its socket costs two things on a VM:
+//! its vCPU may halt, and waking it again takes tens of microseconds; and
+//! the client pays for the wake-up itself, inside its `send` (an IPI to our
+//! vCPU, a VM exit). Measured on the 2-vCPU VM with fio 4 KiB randrw on one
+//! connection: 9.6% of the client's CPU went to waking the server at QD128,
+//! and QD4 made 49k IOPS, less than QD1. So when the socket is empty the
+//! poller picks the cheapest way to wait for what the client does next:
+//!
+//! ```text
+//!   socket empty ──► request-reply client (QD1)?
+//!        │             yes: poll up to poll_us, keeping the other CPUs
+//!        │                  awake (awake.rs), then block
+//!        ▼ no, pipelining (a batch of several in the last PIPELINE_READS)
+//!   client still holds >= NAP_BACKLOG_BYTES of our replies unread?
+//!        │             yes: nap NAP_US on a timer, look again (up to
+//!        │                  NAP_MAX times): it is busy and will send soon,
+//!        │                  and a timer wakes us without costing it a thing
+//!        ▼ no
+//!   poll up to poll_us (no keep-awake), then block
+//! ```
+//!
+//! Polls that run out MISS_STREAK times in a row mean an idle client, and
+//! QUICK_STREAK polls in a row answered within QUICK_US mean one that does
+//! not wait for our replies: either way the next QUIET_READS reads block
+//! at once, since a spinning thread would take
+//! the CPU a client on the same small machine needs (measured with a
+//! write-back cache beside its flusher on 2 vCPUs: p99 4.5 ms with polling,
+//! 0.8 ms without). `poll_us = 0` turns all of this off: reads block.
+//!
+//! Figures (`SETTLE=6 QD=n JOBS=j bench/qdprobe.sh`, kIOPS, before -> after
+//! the nap and the pipelined poll): QD2 25 -> 106-118, QD4 49 -> 225, QD8
+//! 87 -> 241, QD32 240 -> 268, QD128x1 218 -> 252, QD64x2 unchanged.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use super::awake;
+use super::conn::Transport;
+
+/// A poll answered this fast means the client did not wait for our reply.
+/// A QD1 client whose CPU is kept awake (`awake.rs`) answers in 4-6 us,
+/// so the line sits below that (it was 12 us before keep-awake).
+const QUICK_US: u64 = 3;
+/// Quick polls in a row that mark a pipelining client.
+const QUICK_STREAK: u32 = 8;
+/// Polls in a row that caught nothing before polling pauses.
+pub(super) const MISS_STREAK: u32 = 4;
+/// Reads that block at once after a streak of empty polls.
+pub(super) const QUIET_READS: u32 = 512;
+/// Reads a pipelining client stays marked as one after its last batch of
+/// several requests.
+pub(super) const PIPELINE_READS: u32 = 512;
+/// Unread reply bytes that make a client busy enough to nap for: about 32
+/// 4 KiB reads, 60-130 us of work for the fio/libnbd client here, against a
+/// nap of NAP_US plus the timer's wake-up. 64 KiB measured the same; a
+/// threshold scaled down to the last batch's average reply (4 KiB for
+/// WRITE replies) starved mixed QD16 (248k -> 175k IOPS), so a client
+/// that only writes is polled for, never napped for.
+pub(super) const NAP_BACKLOG_BYTES: usize = 128 * 1024;
+/// One nap. 5 us lost a fifth of QD64x2 (the naps then outnumber the
+/// requests); 10 and 20 us measured alike.
+const NAP_US: u64 = 10;
+/// Naps in a row before the poller gives up on a client that holds a
+/// backlog but sends nothing (stopped, or not reading).
+pub(super) const NAP_MAX: u32 = 64;
+/// Timer slack of connection threads: the kernel's default of 50 us would
+/// stretch a 10 us nap sixfold (QD32 fell from 260k to 185k IOPS).
+const TIMER_SLACK_NS: libc::c_ulong = 1_000;
+
+pub(super) struct Poller {
+    poll_us: u32,
+    /// Keep the other CPUs awake while the client runs at QD1 (`awake.rs`).
+    keep_cpu_awake: bool,
+    /// Held while polls keep catching the client's next request.
+    pub(super) awake: Option<awake::Hold>,
+    /// Consecutive request-reply polls answered within `QUICK_US`.
+    quick_streak: u32,
+    /// Consecutive polls that ran out without a request.
+    pub(super) miss_streak: u32,
+    /// Reads left before polling is tried again.
+    pub(super) quiet: u32,
+    /// Reads left in pipelining mode.
+    pub(super) pipelining: u32,
+}
+
+impl Poller {
+    pub(super) fn new(poll_us: u32, keep_cpu_awake: bool) -> Self {
+        if poll_us > 0 {
+            // SAFETY: PR_SET_TIMERSLACK takes one integer and changes only
+            // the calling (connection) thread.
+            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS) };
+        }
+        Poller {
+            poll_us,
+            keep_cpu_awake,
+            awake: None,
+            quick_streak: 0,
+            miss_streak: 0,
+            quiet: 0,
+            pipelining: 0,
+        }
+    }
+
+    /// Reads into `buf` after a batch of `batch` requests; 0 at end of
+    /// stream.
+    pub(super) fn read<S: Transport>(
+        &mut self,
+        stream: &mut S,
+        buf: &mut [u8],
+        batch: usize,
+    ) -> io::Result<usize> {
+        if batch > 1 {
+            self.pipelining = PIPELINE_READS;
+        }
+        if self.poll_us == 0 {
+            return block(stream, buf);
+        }
+        if self.quiet > 0 {
+            self.quiet -= 1;
+            self.awake = None;
+            return block(stream, buf);
+        }
+        if self.pipelining > 0 {
+            self.pipelining -= 1;
+            self.awake = None;
+            if let Some(n) = stream.read_now(buf)? {
+                return Ok(n);
+            }
+            if let Some(n) = nap(stream, buf, NAP_BACKLOG_BYTES)? {
+                return Ok(n);
+            }
+        }
+        if let Some(n) = self.poll(stream, buf)? {
+            return Ok(n);
+        }
+        block(stream, buf)
+    }
+
+    /// Tries non-blocking reads for up to `poll_us`; `sched_yield` between
+    /// tries lets any other runnable thread on this CPU (the client itself,
+    /// on a small machine) go first.
+    fn poll<S: Transport>(&mut self, stream: &mut S, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let start = Instant::now();
+        let limit = Duration::from_micros(self.poll_us as u64);
+        loop {
+            if let Some(n) = stream.read_now(buf)? {
+                self.miss_streak = 0;
+                if self.pipelining == 0 {
+                    self.caught_request_reply(start.elapsed());
+                }
+                return Ok(Some(n));
+            }
+            if start.elapsed() >= limit {
+                self.awake = None;
+                self.miss_streak += 1;
+                if self.miss_streak >= MISS_STREAK {
+                    self.miss_streak = 0;
+                    self.quiet = QUIET_READS;
+                }
+                return Ok(None);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A poll outside pipelining mode caught a request after `waited`:
+    /// the client answered our reply (QD1: keep its CPU awake), or it did
+    /// not wait for one. A streak of those quiets polling for a while, as
+    /// before the pipelining mode existed: with keep-awake a QD1 client
+    /// answers within QUICK_US often (646 streaks in 5 s of fio randread),
+    /// and entering pipelining mode there instead (polls without
+    /// keep-awake) cost QD1 a quarter of its IOPS (`bench/qd1.sh`: 67-77k
+    /// -> 41-59k), where quieting did not.
+    fn caught_request_reply(&mut self, waited: Duration) {
+        if waited < Duration::from_micros(QUICK_US) {
+            self.quick_streak += 1;
+            if self.quick_streak >= QUICK_STREAK {
+                self.quick_streak = 0;
+                self.quiet = QUIET_READS;
+                self.awake = None;
+                return;
+            }
+        } else {
+            self.quick_streak = 0;
+        }
+        if self.keep_cpu_awake && self.awake.is_none() {
+            // A client in a request-reply loop: keep a CPU for it awake
+            // while the loop lasts.
+            self.awake = awake::Hold::new();
+        }
+    }
+}
+
+/// Naps while the client still has at least `backlog_bytes` of our replies
+/// to read: it is busy, its next request comes after those, and a timer
+/// wakes us without the client paying for it.
+fn nap<S: Transport>(
+    stream: &mut S,
+    buf: &mut [u8],
+    backlog_bytes: usize,
+) -> io::Result<Option<usize>> {
+    for _ in 0..NAP_MAX {
+        match stream.unread_by_peer() {
+            Some(bytes) if bytes >= backlog_bytes => {}
+            _ => return Ok(None),
+        }
+        std::thread::sleep(Duration::from_micros(NAP_US));
+        if let Some(n) = stream.read_now(buf)? {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}
+
+/// A blocking read, retried on EINTR.
+fn block<S: Transport>(stream: &mut S, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::collections::VecDeque;
+    use std::io::{IoSlice, Read, Write};
+
+    use super::*;
+
+    /// A stream whose non-blocking reads answer from a script (`true`: a
+    /// byte is there), whose blocking reads always return one byte, and
+    /// whose peer holds `unread` bytes of our replies (None: unknown).
+    struct Scripted {
+        polls: VecDeque<bool>,
+        blocking_reads: usize,
+        nonblocking_reads: usize,
+        unread: Option<usize>,
+        unread_asked: Cell<usize>,
+    }
+
+    impl Scripted {
+        fn new(script: &[bool]) -> Self {
+            Scripted {
+                polls: script.iter().copied().collect(),
+                blocking_reads: 0,
+                nonblocking_reads: 0,
+                unread: None,
+                unread_asked: Cell::new(0),
+            }
+        }
+    }
+
+    impl Read for Scripted {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.blocking_reads += 1;
+            buf[0] = 0;
+            Ok(1)
+        }
+    }
+
+    impl Write for Scripted {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Transport for Scripted {
+        fn read_now(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+            self.nonblocking_reads += 1;
+            // Past the script's end the client never answers a poll.
+            if self.polls.pop_front().unwrap_or(false) {
+                buf[0] = 0;
+                Ok(Some(1))
+            } else {
+                Ok(None)
+            }
+        }
+        fn wait_readable(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn wait_writable(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn send_now(&mut self, _bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn unread_by_peer(&self) -> Option<usize> {
+            self.unread_asked.set(self.unread_asked.get() + 1);
+            self.unread
+        }
+    }
+
+    /// Polls that catch nothing, MISS_STREAK in a row, quiet polling: the
+    /// next reads block at once, without a single non-blocking try.
+    #[test]
+    fn empty_polls_in_a_row_quiet_polling() {
+        // A poll window of 1 us: each empty poll ends after a try or two.
+        let mut p = Poller::new(1, false);
+        let mut s = Scripted::new(&[]);
+        let mut buf = [0u8; 16];
+        for _ in 0..MISS_STREAK {
+            assert_eq!(p.read(&mut s, &mut buf, 1).unwrap(), 1);
+        }
+        assert_eq!(s.blocking_reads, MISS_STREAK as usize);
+        assert_eq!(p.quiet, QUIET_READS, "polling did not pause");
+        let tries = s.nonblocking_reads;
+        for _ in 0..10 {
+            p.read(&mut s, &mut buf, 1).unwrap();
+        }
+        assert_eq!(s.nonblocking_reads, tries, "a quiet poller still polled");
+        assert_eq!(p.quiet, QUIET_READS - 10);
+    }
+
+    /// A poll that catches a request resets the streak of empty ones: a
+    /// client that answers most polls (QD1) keeps being polled.
+    #[test]
+    fn a_caught_request_resets_the_miss_streak() {
+        let mut p = Poller::new(1, false);
+        let mut buf = [0u8; 16];
+        // Fewer rounds than QUICK_STREAK: quick hits alone change nothing.
+        for round in 0..QUICK_STREAK - 1 {
+            let mut empty = Scripted::new(&[]);
+            for _ in 0..MISS_STREAK - 1 {
+                p.read(&mut empty, &mut buf, 1).unwrap();
+            }
+            assert_eq!(p.quiet, 0, "round {round}: quiet before the streak");
+            let mut hit = Scripted::new(&[true]);
+            p.read(&mut hit, &mut buf, 1).unwrap();
+            assert_eq!(hit.blocking_reads, 0, "the hit was not caught by polling");
+            assert_eq!(p.miss_streak, 0);
+            assert_eq!(p.quiet, 0);
+            assert_eq!(p.pipelining, 0);
+        }
+    }
+
+    /// A caught poll (a client in a request-reply loop) keeps a CPU awake
+    /// for the client until a poll runs out or a batch shows pipelining.
+    #[test]
+    fn caught_polls_keep_a_cpu_awake_until_the_loop_ends() {
+        let here = awake::available();
+        let mut p = Poller::new(50, true);
+        let mut buf = [0u8; 16];
+        p.read(&mut Scripted::new(&[true]), &mut buf, 1).unwrap();
+        assert_eq!(p.awake.is_some(), here, "a caught poll did not hold");
+        let mut quiet = Poller::new(50, false);
+        quiet
+            .read(&mut Scripted::new(&[true]), &mut buf, 1)
+            .unwrap();
+        assert!(quiet.awake.is_none(), "held with keep-awake off");
+        // The client went quiet: the poll ran out.
+        p.read(&mut Scripted::new(&[]), &mut buf, 1).unwrap();
+        assert!(p.awake.is_none(), "still held after an empty poll");
+        // Back in the loop, then a batch of several: a pipelining client.
+        p.read(&mut Scripted::new(&[true]), &mut buf, 1).unwrap();
+        assert_eq!(p.awake.is_some(), here);
+        p.read(&mut Scripted::new(&[true]), &mut buf, 3).unwrap();
+        assert!(p.awake.is_none(), "still held while pipelining");
+    }
+
+    /// Polls answered at once, QUICK_STREAK in a row, quiet polling too
+    /// (a read may take longer than QUICK_US on a loaded machine, which
+    /// only restarts the streak).
+    #[test]
+    fn quick_answers_in_a_row_quiet_polling() {
+        let mut p = Poller::new(50, true);
+        let mut buf = [0u8; 16];
+        let mut reads = 0;
+        while p.quiet == 0 && reads < 10_000 {
+            p.read(&mut Scripted::new(&[true]), &mut buf, 1).unwrap();
+            reads += 1;
+        }
+        assert_eq!(p.quiet, QUIET_READS, "no quiet after {reads} quick answers");
+        assert!(reads >= QUICK_STREAK, "quiet after {reads}");
+        assert!(p.awake.is_none(), "still held while quiet");
+        let mut s = Scripted::new(&[true]);
+        p.read(&mut s, &mut buf, 1).unwrap();
+        assert_eq!((s.nonblocking_reads, s.blocking_reads), (0, 1));
+    }
+
+    /// A batch of several requests marks a pipelining client for the next
+    /// PIPELINE_READS reads: bytes already there are taken without a wait,
+    /// and polls that catch requests hold no CPU awake.
+    #[test]
+    fn a_multi_request_batch_marks_a_pipelining_client() {
+        let mut p = Poller::new(50, true);
+        let mut s = Scripted::new(&[true, false, false, true]);
+        let mut buf = [0u8; 16];
+        p.read(&mut s, &mut buf, 3).unwrap();
+        assert_eq!((s.nonblocking_reads, s.blocking_reads), (1, 0));
+        assert_eq!(p.pipelining, PIPELINE_READS - 1);
+        // Empty, with nothing known of the client's backlog: poll.
+        p.read(&mut s, &mut buf, 1).unwrap();
+        assert_eq!(s.blocking_reads, 0, "the poll did not catch the request");
+        assert!(p.awake.is_none(), "a pipelining client held a CPU awake");
+        assert_eq!(p.pipelining, PIPELINE_READS - 2);
+    }
+
+    /// A pipelining client that still holds a backlog of our replies is
+    /// napped for, not polled for: the naps end when its request arrives,
+    /// and each checks the backlog again.
+    #[test]
+    fn a_busy_client_is_napped_for() {
+        let mut p = Poller::new(50, false);
+        p.pipelining = PIPELINE_READS;
+        let mut buf = [0u8; 16];
+        // Empty at first, then empty after two naps, there after the third.
+        let mut s = Scripted::new(&[false, false, false, true]);
+        s.unread = Some(NAP_BACKLOG_BYTES);
+        p.read(&mut s, &mut buf, 1).unwrap();
+        assert_eq!(s.blocking_reads, 0);
+        assert_eq!(s.nonblocking_reads, 4, "one look, then one per nap");
+        assert_eq!(s.unread_asked.get(), 3, "one backlog check per nap");
+        assert_eq!(p.miss_streak, 0);
+    }
+
+    /// A small backlog (a client about to run dry) or an unknown one (TCP)
+    /// gets a poll, not a nap.
+    #[test]
+    fn a_client_near_the_end_of_its_replies_is_polled_for() {
+        for unread in [None, Some(0), Some(NAP_BACKLOG_BYTES - 1)] {
+            let mut p = Poller::new(50, false);
+            p.pipelining = PIPELINE_READS;
+            let mut buf = [0u8; 16];
+            let mut s = Scripted::new(&[false, true]);
+            s.unread = unread;
+            p.read(&mut s, &mut buf, 1).unwrap();
+            assert_eq!(s.unread_asked.get(), 1, "{unread:?}");
+            assert_eq!(s.nonblocking_reads, 2, "{unread:?}: not caught by the poll");
+            assert_eq!(s.blocking_reads, 0, "{unread:?}");
+        }
+    }
+
+    /// A client that holds a backlog but never sends (stopped, or not
+    /// reading) gets NAP_MAX naps, one poll, then a blocking read.
+    #[test]
+    fn naps_for_a_silent_client_end() {
+        let mut p = Poller::new(1, false);
+        p.pipelining = PIPELINE_READS;
+        let mut buf = [0u8; 16];
+        let mut s = Scripted::new(&[]);
+        s.unread = Some(usize::MAX);
+        p.read(&mut s, &mut buf, 1).unwrap();
+        assert_eq!(s.unread_asked.get(), NAP_MAX as usize);
+        assert_eq!(s.blocking_reads, 1);
+        assert_eq!(p.miss_streak, 1, "the poll after the naps ran out");
+    }
+
+    /// `poll_us = 0` blocks at once, whatever the client does.
+    #[test]
+    fn no_polling_blocks_at_once() {
+        let mut p = Poller::new(0, true);
+        let mut buf = [0u8; 16];
+        for batch in [1, 3] {
+            let mut s = Scripted::new(&[true]);
+            s.unread = Some(usize::MAX);
+            p.read(&mut s, &mut buf, batch).unwrap();
+            assert_eq!((s.nonblocking_reads, s.blocking_reads), (0, 1));
+            assert_eq!(s.unread_asked.get(), 0);
+            assert!(p.awake.is_none());
+        }
+    }
+}
