@@ -42,7 +42,8 @@ pub struct ServerConfig {
     /// A client must finish each handshake read within this time.
     pub handshake_timeout: Duration,
     /// Microseconds a connection polls for its next request before it
-    /// blocks (see `poller.rs`); 0 blocks at once.
+    /// blocks (see `poller.rs`, which also naps for busy pipelining
+    /// clients); 0 blocks at once.
     pub poll_us: u32,
     /// While a connection polls successfully (a QD1 client), keep the
     /// other CPUs awake with `SCHED_IDLE` spinners (see `awake.rs`).
