@@ -43,7 +43,7 @@ use super::conn::Transport;
 /// A QD1 client whose CPU is kept awake (`awake.rs`) answers in 4-6 us,
 /// so the line sits below that (it was 12 us before keep-awake).
 const QUICK_US: u64 = 3;
-/// Quick polls in a row that mark a pipelining client.
+/// Quick polls in a row that quiet polling (`caught_request_reply`).
 const QUICK_STREAK: u32 = 8;
 /// Polls in a row that caught nothing before polling pauses.
 pub(super) const MISS_STREAK: u32 = 4;
@@ -56,7 +56,7 @@ pub(super) const PIPELINE_READS: u32 = 512;
 /// 4 KiB reads, 60-130 us of work for the fio/libnbd client here, against a
 /// nap of NAP_US plus the timer's wake-up. 64 KiB measured the same; a
 /// threshold scaled down to the last batch's average reply (4 KiB for
-/// WRITE replies) starved mixed QD16 (248k -> 175k IOPS), so a client
+/// WRITE replies) starved mixed QD16 (235-249k -> 174-178k IOPS), so a client
 /// that only writes is polled for, never napped for.
 pub(super) const NAP_BACKLOG_BYTES: usize = 128 * 1024;
 /// One nap. 5 us lost a fifth of QD64x2 (the naps then outnumber the
