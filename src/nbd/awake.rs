@@ -20,8 +20,9 @@
 //!   does not spin at all.
 //! - It spins only between `Hold::new` and the hold's drop: a connection
 //!   holds while its polls keep catching the client's next request, and
-//!   lets go at the first poll that runs out, when polling pauses (a
-//!   pipelining client) and when it ends. Otherwise the thread is parked.
+//!   lets go at the first poll that runs out, when polling goes quiet,
+//!   while the client pipelines (`poller.rs`) and when it ends. Otherwise
+//!   the thread is parked.
 //! - The spin is plain loads, no `pause`: a hypervisor with pause-loop
 //!   exiting would take a `pause` loop for a lock waiter and deschedule the
 //!   vCPU, which is what we are trying to avoid.

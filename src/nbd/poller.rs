@@ -45,7 +45,7 @@ use super::conn::Transport;
 const QUICK_US: u64 = 3;
 /// Quick polls in a row that quiet polling (`caught_request_reply`).
 const QUICK_STREAK: u32 = 8;
-/// Polls in a row that caught nothing before polling pauses.
+/// Polls in a row that caught nothing before polling goes quiet.
 pub(super) const MISS_STREAK: u32 = 4;
 /// Reads that block at once after a streak of empty polls.
 pub(super) const QUIET_READS: u32 = 512;
