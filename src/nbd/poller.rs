@@ -46,25 +46,25 @@ const QUICK_US: u64 = 3;
 /// Quick polls in a row that quiet polling (`caught_request_reply`).
 const QUICK_STREAK: u32 = 8;
 /// Polls in a row that caught nothing before polling goes quiet.
-pub(super) const MISS_STREAK: u32 = 4;
+const MISS_STREAK: u32 = 4;
 /// Reads that block at once after a streak of empty polls.
-pub(super) const QUIET_READS: u32 = 512;
+const QUIET_READS: u32 = 512;
 /// Reads a pipelining client stays marked as one after its last batch of
 /// several requests.
-pub(super) const PIPELINE_READS: u32 = 512;
+const PIPELINE_READS: u32 = 512;
 /// Unread reply bytes that make a client busy enough to nap for: about 32
 /// 4 KiB reads, 60-130 us of work for the fio/libnbd client here, against a
 /// nap of NAP_US plus the timer's wake-up. 64 KiB measured the same; a
 /// threshold scaled down to the last batch's average reply (4 KiB for
 /// WRITE replies) starved mixed QD16 (235-249k -> 174-178k IOPS), so a client
 /// that only writes is polled for, never napped for.
-pub(super) const NAP_BACKLOG_BYTES: usize = 128 * 1024;
+const NAP_BACKLOG_BYTES: usize = 128 * 1024;
 /// One nap. 5 us lost a fifth of QD64x2 (the naps then outnumber the
 /// requests); 10 and 20 us measured alike.
 const NAP_US: u64 = 10;
 /// Naps in a row before the poller gives up on a client that holds a
 /// backlog but sends nothing (stopped, or not reading).
-pub(super) const NAP_MAX: u32 = 64;
+const NAP_MAX: u32 = 64;
 /// Timer slack of connection threads: the kernel's default of 50 us would
 /// stretch a 10 us nap sixfold (QD32 fell from 260k to 185k IOPS).
 const TIMER_SLACK_NS: libc::c_ulong = 1_000;
@@ -74,15 +74,15 @@ pub(super) struct Poller {
     /// Keep the other CPUs awake while the client runs at QD1 (`awake.rs`).
     keep_cpu_awake: bool,
     /// Held while polls keep catching the client's next request.
-    pub(super) awake: Option<awake::Hold>,
+    awake: Option<awake::Hold>,
     /// Consecutive request-reply polls answered within `QUICK_US`.
     quick_streak: u32,
     /// Consecutive polls that ran out without a request.
-    pub(super) miss_streak: u32,
+    miss_streak: u32,
     /// Reads left before polling is tried again.
-    pub(super) quiet: u32,
+    quiet: u32,
     /// Reads left in pipelining mode.
-    pub(super) pipelining: u32,
+    pipelining: u32,
 }
 
 impl Poller {
@@ -128,7 +128,7 @@ impl Poller {
             if let Some(n) = stream.read_now(buf)? {
                 return Ok(n);
             }
-            if let Some(n) = nap(stream, buf, NAP_BACKLOG_BYTES)? {
+            if let Some(n) = nap(stream, buf)? {
                 return Ok(n);
             }
         }
@@ -193,17 +193,13 @@ impl Poller {
     }
 }
 
-/// Naps while the client still has at least `backlog_bytes` of our replies
-/// to read: it is busy, its next request comes after those, and a timer
-/// wakes us without the client paying for it.
-fn nap<S: Transport>(
-    stream: &mut S,
-    buf: &mut [u8],
-    backlog_bytes: usize,
-) -> io::Result<Option<usize>> {
+/// Naps while the client still has at least NAP_BACKLOG_BYTES of our
+/// replies to read: it is busy, its next request comes after those, and a
+/// timer wakes us without the client paying for it.
+fn nap<S: Transport>(stream: &mut S, buf: &mut [u8]) -> io::Result<Option<usize>> {
     for _ in 0..NAP_MAX {
         match stream.unread_by_peer() {
-            Some(bytes) if bytes >= backlog_bytes => {}
+            Some(bytes) if bytes >= NAP_BACKLOG_BYTES => {}
             _ => return Ok(None),
         }
         std::thread::sleep(Duration::from_micros(NAP_US));
