@@ -100,6 +100,7 @@ pub fn transmission<S: Transport>(
         out: Vec::with_capacity(OUT_FLUSH_BYTES + 64 * 1024),
         bounce: Vec::new(),
         rec: neg.export.metrics.as_ref().map(|m| m.connection()),
+        sent_bytes: 0,
     };
     let mut inbuf = vec![0u8; IN_DEFAULT_BYTES];
     let mut poller = Poller::new(poll_us, keep_cpu_awake);
@@ -193,7 +194,8 @@ pub fn transmission<S: Transport>(
             inbuf.copy_within(start..end, 0);
             (start, end) = (0, end - start);
         }
-        let n = match poller.read(stream, &mut inbuf[end..], batch) {
+        let sent = std::mem::take(&mut conn.sent_bytes);
+        let n = match poller.read(stream, &mut inbuf[end..], batch, sent) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -247,6 +249,9 @@ struct Conn<'a> {
     bounce: Vec<u8>,
     /// Counts requests and times batches; None when metrics are off.
     rec: Option<ConnRecorder>,
+    /// Reply bytes written since the poller last looked (it bounds the
+    /// client's backlog with them).
+    sent_bytes: usize,
 }
 
 /// The metrics kind of a command (None for DISC and unknown commands).
@@ -270,6 +275,7 @@ impl Conn<'_> {
     #[inline]
     fn send<S: Write>(&mut self, stream: &mut S) -> io::Result<()> {
         stream.write_all(&self.out)?;
+        self.sent_bytes += self.out.len();
         self.out.clear();
         if let Some(r) = self.rec.as_mut() {
             r.replies_sent();
@@ -570,6 +576,7 @@ impl Conn<'_> {
         }
         // The header goes first in every gather, so all of it went out.
         debug_assert_eq!(header_sent, self.out.len());
+        self.sent_bytes += header_sent + done;
         self.out.clear();
         self.count_done(req);
         if let Some(r) = self.rec.as_mut() {

@@ -14,12 +14,23 @@
 //!        │                  awake (awake.rs), then block
 //!        ▼ no, pipelining (a batch of several in the last PIPELINE_READS)
 //!   client still holds >= NAP_BACKLOG_BYTES of our replies unread?
-//!        │             yes: nap NAP_US on a timer, look again (up to
-//!        │                  NAP_MAX times): it is busy and will send soon,
-//!        │                  and a timer wakes us without costing it a thing
+//!        │             yes: nap on a timer first, then take what came
+//!        │                  (up to NAP_MAX naps): it is busy and sends as
+//!        │                  it reads, a timer wakes us without costing it
+//!        │                  a thing, and what piles up meanwhile is read
+//!        │                  and answered as one batch
 //!        ▼ no
-//!   poll up to poll_us (no keep-awake), then block
+//!   take what is there; else poll up to poll_us (no keep-awake), then block
 //! ```
+//!
+//! A nap lasts 1/NAP_DRAIN_SHARE of the time the client needs to read the
+//! backlog it holds, at the pace it has been reading (`drain`, measured
+//! over earlier naps), within NAP_MIN_US..NAP_MAX_US. Napping before the
+//! first look, rather than reading as soon as anything is there, is what
+//! makes the batches large: at QD128 on one connection a read used to carry
+//! 4.4 requests (the thread, faster than its client, read each little group
+//! the moment it came, and both sides fought over the socket's locks); with
+//! the nap first it carries 50-65 (`bench/RESULTS.md` item 19).
 //!
 //! Polls that run out MISS_STREAK times in a row mean an idle client, and
 //! QUICK_STREAK polls in a row answered within QUICK_US mean one that does
@@ -54,14 +65,25 @@ const QUIET_READS: u32 = 512;
 const PIPELINE_READS: u32 = 512;
 /// Unread reply bytes that make a client busy enough to nap for: about 32
 /// 4 KiB reads, 60-130 us of work for the fio/libnbd client here, against a
-/// nap of NAP_US plus the timer's wake-up. 64 KiB measured the same; a
+/// nap of NAP_MIN_US or more plus the timer's wake-up. 64 KiB measured the same; a
 /// threshold scaled down to the last batch's average reply (4 KiB for
 /// WRITE replies) starved mixed QD16 (235-249k -> 174-178k IOPS), so a client
 /// that only writes is polled for, never napped for.
 const NAP_BACKLOG_BYTES: usize = 128 * 1024;
-/// One nap. 5 us lost a fifth of QD64x2 (the naps then outnumber the
-/// requests); 10 and 20 us measured alike.
-const NAP_US: u64 = 10;
+/// The shortest nap, and the first one's length while the client's reading
+/// pace is unknown. 5 us lost a fifth of QD64x2 (the naps then outnumber
+/// the requests).
+const NAP_MIN_US: f64 = 10.0;
+/// The longest nap. Fixed 80 us naps let a QD128 client run low (its CPU
+/// fell from 99% to 92%); the drain-paced ones reach ~60-100 us only while
+/// the backlog is deep.
+const NAP_MAX_US: f64 = 100.0;
+/// A nap lasts this fraction (1/N) of the time the client needs to read
+/// what it holds. At QD128 x 1 (`SETTLE=8 QD=128 JOBS=1
+/// bench/qdprobe.sh`): 1/2 let the client run low (274.7k IOPS, its CPU at
+/// 88%), 1/4 too (292.6k, 94%), 1/8 kept it busy (303.8k, 99%) at 2.6 us
+/// of server CPU per I/O against 3.2-3.3 without naps first.
+const NAP_DRAIN_SHARE: f64 = 8.0;
 /// Naps in a row before the poller gives up on a client that holds a
 /// backlog but sends nothing (stopped, or not reading).
 const NAP_MAX: u32 = 64;
@@ -83,6 +105,13 @@ pub(super) struct Poller {
     quiet: u32,
     /// Reads left in pipelining mode.
     pipelining: u32,
+    /// How fast the client reads our replies, in bytes per microsecond, a
+    /// moving average over naps; 0 until the first nap has measured it.
+    drain: f64,
+    /// At most this many bytes of our replies are unread by the client:
+    /// the last backlog measured plus every reply sent since. While it is
+    /// below NAP_BACKLOG_BYTES the backlog is not worth a syscall to ask.
+    held_bound: usize,
 }
 
 impl Poller {
@@ -100,17 +129,22 @@ impl Poller {
             miss_streak: 0,
             quiet: 0,
             pipelining: 0,
+            drain: 0.0,
+            held_bound: 0,
         }
     }
 
-    /// Reads into `buf` after a batch of `batch` requests; 0 at end of
+    /// Reads into `buf` after a batch of `batch` requests whose replies
+    /// (and any before them not yet told) came to `sent` bytes; 0 at end of
     /// stream.
     pub(super) fn read<S: Transport>(
         &mut self,
         stream: &mut S,
         buf: &mut [u8],
         batch: usize,
+        sent: usize,
     ) -> io::Result<usize> {
+        self.held_bound = self.held_bound.saturating_add(sent);
         if batch > 1 {
             self.pipelining = PIPELINE_READS;
         }
@@ -125,10 +159,10 @@ impl Poller {
         if self.pipelining > 0 {
             self.pipelining -= 1;
             self.awake = None;
-            if let Some(n) = stream.read_now(buf)? {
+            if let Some(n) = self.nap(stream, buf)? {
                 return Ok(n);
             }
-            if let Some(n) = nap(stream, buf)? {
+            if let Some(n) = stream.read_now(buf)? {
                 return Ok(n);
             }
         }
@@ -165,6 +199,69 @@ impl Poller {
         }
     }
 
+    /// Naps while the client still holds at least NAP_BACKLOG_BYTES of our
+    /// replies: it is busy, it sends as it reads them, and a timer wakes us
+    /// without the client paying for it. After each nap, takes whatever
+    /// arrived meanwhile. None once the backlog is small (the client is
+    /// about to run dry: look now), unknown (TCP), or NAP_MAX naps brought
+    /// nothing.
+    fn nap<S: Transport>(&mut self, stream: &mut S, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.held_bound < NAP_BACKLOG_BYTES {
+            return Ok(None);
+        }
+        let Some(mut held) = stream.unread_by_peer() else {
+            // Unknown (TCP): never worth asking again.
+            self.held_bound = 0;
+            return Ok(None);
+        };
+        for _ in 0..NAP_MAX {
+            self.held_bound = held;
+            if held < NAP_BACKLOG_BYTES {
+                return Ok(None);
+            }
+            let started = Instant::now();
+            std::thread::sleep(self.nap_length(held));
+            let slept_us = started.elapsed().as_secs_f64() * 1e6;
+            let Some(now) = stream.unread_by_peer() else {
+                self.held_bound = 0;
+                return Ok(None);
+            };
+            self.held_bound = now;
+            self.note_drain(held, now, slept_us);
+            if let Some(n) = stream.read_now(buf)? {
+                return Ok(Some(n));
+            }
+            held = now;
+        }
+        self.held_bound = held;
+        Ok(None)
+    }
+
+    /// How long to nap while the client holds `held` bytes of replies.
+    fn nap_length(&self, held: usize) -> Duration {
+        let us = if self.drain > 0.0 {
+            (held as f64 / self.drain / NAP_DRAIN_SHARE).clamp(NAP_MIN_US, NAP_MAX_US)
+        } else {
+            NAP_MIN_US
+        };
+        Duration::from_nanos((us * 1000.0) as u64)
+    }
+
+    /// The client read `before - after` bytes of replies in `slept_us`.
+    /// A nap after which it holds nothing says only that it read at least
+    /// that fast, so it is not counted.
+    fn note_drain(&mut self, before: usize, after: usize, slept_us: f64) {
+        if after == 0 || after > before || slept_us <= 0.0 {
+            return;
+        }
+        let sample = (before - after) as f64 / slept_us;
+        self.drain = if self.drain == 0.0 {
+            sample
+        } else {
+            self.drain + (sample - self.drain) / 4.0
+        };
+    }
+
     /// A poll outside pipelining mode caught a request after `waited`:
     /// the client answered our reply (QD1: keep its CPU awake), or it did
     /// not wait for one. A streak of those quiets polling for a while, as
@@ -191,23 +288,6 @@ impl Poller {
             self.awake = awake::Hold::new();
         }
     }
-}
-
-/// Naps while the client still has at least NAP_BACKLOG_BYTES of our
-/// replies to read: it is busy, its next request comes after those, and a
-/// timer wakes us without the client paying for it.
-fn nap<S: Transport>(stream: &mut S, buf: &mut [u8]) -> io::Result<Option<usize>> {
-    for _ in 0..NAP_MAX {
-        match stream.unread_by_peer() {
-            Some(bytes) if bytes >= NAP_BACKLOG_BYTES => {}
-            _ => return Ok(None),
-        }
-        std::thread::sleep(Duration::from_micros(NAP_US));
-        if let Some(n) = stream.read_now(buf)? {
-            return Ok(Some(n));
-        }
-    }
-    Ok(None)
 }
 
 /// A blocking read, retried on EINTR.
@@ -303,13 +383,13 @@ mod tests {
         let mut s = Scripted::new(&[]);
         let mut buf = [0u8; 16];
         for _ in 0..MISS_STREAK {
-            assert_eq!(p.read(&mut s, &mut buf, 1).unwrap(), 1);
+            assert_eq!(p.read(&mut s, &mut buf, 1, 0).unwrap(), 1);
         }
         assert_eq!(s.blocking_reads, MISS_STREAK as usize);
         assert_eq!(p.quiet, QUIET_READS, "polling did not pause");
         let tries = s.nonblocking_reads;
         for _ in 0..10 {
-            p.read(&mut s, &mut buf, 1).unwrap();
+            p.read(&mut s, &mut buf, 1, 0).unwrap();
         }
         assert_eq!(s.nonblocking_reads, tries, "a quiet poller still polled");
         assert_eq!(p.quiet, QUIET_READS - 10);
@@ -325,11 +405,11 @@ mod tests {
         for round in 0..QUICK_STREAK - 1 {
             let mut empty = Scripted::new(&[]);
             for _ in 0..MISS_STREAK - 1 {
-                p.read(&mut empty, &mut buf, 1).unwrap();
+                p.read(&mut empty, &mut buf, 1, 0).unwrap();
             }
             assert_eq!(p.quiet, 0, "round {round}: quiet before the streak");
             let mut hit = Scripted::new(&[true]);
-            p.read(&mut hit, &mut buf, 1).unwrap();
+            p.read(&mut hit, &mut buf, 1, 0).unwrap();
             assert_eq!(hit.blocking_reads, 0, "the hit was not caught by polling");
             assert_eq!(p.miss_streak, 0);
             assert_eq!(p.quiet, 0);
@@ -344,20 +424,20 @@ mod tests {
         let here = awake::available();
         let mut p = Poller::new(50, true);
         let mut buf = [0u8; 16];
-        p.read(&mut Scripted::new(&[true]), &mut buf, 1).unwrap();
+        p.read(&mut Scripted::new(&[true]), &mut buf, 1, 0).unwrap();
         assert_eq!(p.awake.is_some(), here, "a caught poll did not hold");
         let mut quiet = Poller::new(50, false);
         quiet
-            .read(&mut Scripted::new(&[true]), &mut buf, 1)
+            .read(&mut Scripted::new(&[true]), &mut buf, 1, 0)
             .unwrap();
         assert!(quiet.awake.is_none(), "held with keep-awake off");
         // The client went quiet: the poll ran out.
-        p.read(&mut Scripted::new(&[]), &mut buf, 1).unwrap();
+        p.read(&mut Scripted::new(&[]), &mut buf, 1, 0).unwrap();
         assert!(p.awake.is_none(), "still held after an empty poll");
         // Back in the loop, then a batch of several: a pipelining client.
-        p.read(&mut Scripted::new(&[true]), &mut buf, 1).unwrap();
+        p.read(&mut Scripted::new(&[true]), &mut buf, 1, 0).unwrap();
         assert_eq!(p.awake.is_some(), here);
-        p.read(&mut Scripted::new(&[true]), &mut buf, 3).unwrap();
+        p.read(&mut Scripted::new(&[true]), &mut buf, 3, 0).unwrap();
         assert!(p.awake.is_none(), "still held while pipelining");
     }
 
@@ -370,14 +450,14 @@ mod tests {
         let mut buf = [0u8; 16];
         let mut reads = 0;
         while p.quiet == 0 && reads < 10_000 {
-            p.read(&mut Scripted::new(&[true]), &mut buf, 1).unwrap();
+            p.read(&mut Scripted::new(&[true]), &mut buf, 1, 0).unwrap();
             reads += 1;
         }
         assert_eq!(p.quiet, QUIET_READS, "no quiet after {reads} quick answers");
         assert!(reads >= QUICK_STREAK, "quiet after {reads}");
         assert!(p.awake.is_none(), "still held while quiet");
         let mut s = Scripted::new(&[true]);
-        p.read(&mut s, &mut buf, 1).unwrap();
+        p.read(&mut s, &mut buf, 1, 0).unwrap();
         assert_eq!((s.nonblocking_reads, s.blocking_reads), (0, 1));
     }
 
@@ -389,11 +469,11 @@ mod tests {
         let mut p = Poller::new(50, true);
         let mut s = Scripted::new(&[true, false, false, true]);
         let mut buf = [0u8; 16];
-        p.read(&mut s, &mut buf, 3).unwrap();
+        p.read(&mut s, &mut buf, 3, 0).unwrap();
         assert_eq!((s.nonblocking_reads, s.blocking_reads), (1, 0));
         assert_eq!(p.pipelining, PIPELINE_READS - 1);
         // Empty, with nothing known of the client's backlog: poll.
-        p.read(&mut s, &mut buf, 1).unwrap();
+        p.read(&mut s, &mut buf, 1, 0).unwrap();
         assert_eq!(s.blocking_reads, 0, "the poll did not catch the request");
         assert!(p.awake.is_none(), "a pipelining client held a CPU awake");
         assert_eq!(p.pipelining, PIPELINE_READS - 2);
@@ -407,14 +487,93 @@ mod tests {
         let mut p = Poller::new(50, false);
         p.pipelining = PIPELINE_READS;
         let mut buf = [0u8; 16];
-        // Empty at first, then empty after two naps, there after the third.
+        // Nothing after three naps, the request after the fourth.
         let mut s = Scripted::new(&[false, false, false, true]);
         s.unread = Some(NAP_BACKLOG_BYTES);
-        p.read(&mut s, &mut buf, 1).unwrap();
+        p.read(&mut s, &mut buf, 1, NAP_BACKLOG_BYTES).unwrap();
         assert_eq!(s.blocking_reads, 0);
-        assert_eq!(s.nonblocking_reads, 4, "one look, then one per nap");
-        assert_eq!(s.unread_asked.get(), 3, "one backlog check per nap");
+        assert_eq!(s.nonblocking_reads, 4, "one look after each nap");
+        assert_eq!(
+            s.unread_asked.get(),
+            5,
+            "one backlog check, then one per nap"
+        );
         assert_eq!(p.miss_streak, 0);
+    }
+
+    /// Requests already there wait for a nap while the client is busy: the
+    /// first look comes after it, so what piles up meanwhile is one batch.
+    #[test]
+    fn a_busy_client_gets_a_nap_before_the_first_look() {
+        let mut p = Poller::new(50, false);
+        p.pipelining = PIPELINE_READS;
+        let mut buf = [0u8; 16];
+        let mut s = Scripted::new(&[true]);
+        s.unread = Some(4 * NAP_BACKLOG_BYTES);
+        let started = Instant::now();
+        p.read(&mut s, &mut buf, 1, 4 * NAP_BACKLOG_BYTES).unwrap();
+        assert!(started.elapsed() >= Duration::from_micros(NAP_MIN_US as u64));
+        assert_eq!((s.nonblocking_reads, s.blocking_reads), (1, 0));
+        assert_eq!(s.unread_asked.get(), 2, "before and after the nap");
+    }
+
+    /// The backlog is asked for only while the replies sent since it was
+    /// last measured could have made it NAP_BACKLOG_BYTES: a client at a
+    /// low queue depth costs no syscall for it.
+    #[test]
+    fn a_backlog_that_cannot_be_deep_is_not_asked_for() {
+        let mut p = Poller::new(50, false);
+        p.pipelining = PIPELINE_READS;
+        let mut buf = [0u8; 16];
+        let mut s = Scripted::new(&[true, true, true]);
+        s.unread = Some(1000);
+        // 3/4 of the threshold sent: it cannot be deep yet.
+        p.read(&mut s, &mut buf, 2, NAP_BACKLOG_BYTES * 3 / 4)
+            .unwrap();
+        assert_eq!(s.unread_asked.get(), 0);
+        // Another 1/4: now it could be; the kernel says 1000 bytes, so
+        // the bound starts again from there, and the request is taken at once.
+        p.read(&mut s, &mut buf, 2, NAP_BACKLOG_BYTES / 4).unwrap();
+        assert_eq!(s.unread_asked.get(), 1);
+        assert_eq!(p.held_bound, 1000);
+        p.read(&mut s, &mut buf, 2, NAP_BACKLOG_BYTES / 2).unwrap();
+        assert_eq!(s.unread_asked.get(), 1);
+        assert_eq!(s.nonblocking_reads, 3);
+    }
+
+    /// Naps last a share of the time the client needs for its backlog at
+    /// its measured pace, within the bounds; the shortest while the pace
+    /// is unknown.
+    #[test]
+    fn naps_follow_the_clients_pace() {
+        let mut p = Poller::new(50, false);
+        let us = |p: &Poller, held: usize| p.nap_length(held).as_secs_f64() * 1e6;
+        assert_eq!(us(&p, 1 << 20), NAP_MIN_US, "pace unknown");
+        // 1 byte per us: 256 KiB would take 262144 us to read.
+        p.drain = 1.0;
+        assert_eq!(us(&p, 256 * 1024), NAP_MAX_US);
+        // 1000 bytes per us: 400 KB take 400 us, an eighth of that is 50.
+        p.drain = 1000.0;
+        assert!((us(&p, 400_000) - 400.0 / NAP_DRAIN_SHARE).abs() < 0.01);
+        // A fast reader with little left: the shortest nap.
+        p.drain = 1e6;
+        assert_eq!(us(&p, NAP_BACKLOG_BYTES), NAP_MIN_US);
+    }
+
+    /// The pace is a moving average of what the client read per nap; naps
+    /// after which it held nothing (it may have read faster) and readings
+    /// that grew are left out.
+    #[test]
+    fn the_pace_is_measured_over_naps() {
+        let mut p = Poller::new(50, false);
+        p.note_drain(200_000, 0, 20.0);
+        assert_eq!(p.drain, 0.0, "emptied: only a lower bound");
+        p.note_drain(200_000, 180_000, 20.0);
+        assert_eq!(p.drain, 1000.0, "the first sample is taken as it is");
+        p.note_drain(200_000, 160_000, 20.0);
+        assert_eq!(p.drain, 1250.0, "a quarter of the way to 2000");
+        p.note_drain(100_000, 150_000, 20.0);
+        assert_eq!(p.drain, 1250.0, "a backlog that grew says nothing");
     }
 
     /// A small backlog (a client about to run dry) or an unknown one (TCP)
@@ -427,7 +586,7 @@ mod tests {
             let mut buf = [0u8; 16];
             let mut s = Scripted::new(&[false, true]);
             s.unread = unread;
-            p.read(&mut s, &mut buf, 1).unwrap();
+            p.read(&mut s, &mut buf, 1, NAP_BACKLOG_BYTES).unwrap();
             assert_eq!(s.unread_asked.get(), 1, "{unread:?}");
             assert_eq!(s.nonblocking_reads, 2, "{unread:?}: not caught by the poll");
             assert_eq!(s.blocking_reads, 0, "{unread:?}");
@@ -443,8 +602,8 @@ mod tests {
         let mut buf = [0u8; 16];
         let mut s = Scripted::new(&[]);
         s.unread = Some(usize::MAX);
-        p.read(&mut s, &mut buf, 1).unwrap();
-        assert_eq!(s.unread_asked.get(), NAP_MAX as usize);
+        p.read(&mut s, &mut buf, 1, usize::MAX).unwrap();
+        assert_eq!(s.unread_asked.get(), 1 + NAP_MAX as usize);
         assert_eq!(s.blocking_reads, 1);
         assert_eq!(p.miss_streak, 1, "the poll after the naps ran out");
     }
@@ -457,7 +616,7 @@ mod tests {
         for batch in [1, 3] {
             let mut s = Scripted::new(&[true]);
             s.unread = Some(usize::MAX);
-            p.read(&mut s, &mut buf, batch).unwrap();
+            p.read(&mut s, &mut buf, batch, usize::MAX).unwrap();
             assert_eq!((s.nonblocking_reads, s.blocking_reads), (0, 1));
             assert_eq!(s.unread_asked.get(), 0);
             assert!(p.awake.is_none());
