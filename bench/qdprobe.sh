@@ -8,10 +8,16 @@
 #   SETTLE=8 QD=64 JOBS=2 bench/qdprobe.sh target/release/ramd
 #   SETTLE=8 QD=128 JOBS=1 bench/qdprobe.sh target/release/ramd
 #   RW=randwrite SETTLE=8 QD=128 JOBS=1 bench/qdprobe.sh target/release/ramd
+#
+# PERF=FILE also records the server with `perf record -g` for the first 4 s
+# of the run (read it with `perf report -i FILE --no-children`);
+# SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0) pin ramd and fio.
 set -euo pipefail
 bin=$1
 dir=$(mktemp -d)
-"$bin" serve --no-config --socket "$dir/nbd.sock" --api-socket "$dir/api.sock" \
+spin=(); [ -n "${SERVER_CPUS:-}" ] && spin=(taskset -c "$SERVER_CPUS")
+cpin=(); [ -n "${CLIENT_CPUS:-}" ] && cpin=(taskset -c "$CLIENT_CPUS")
+"${spin[@]}" "$bin" serve --no-config --socket "$dir/nbd.sock" --api-socket "$dir/api.sock" \
   --drive ram0=2G --log warn > "$dir/server.log" 2>&1 &
 spid=$!
 trap 'kill "$spid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
@@ -24,10 +30,15 @@ t0=$(cpu)
 perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$spid" -- sleep 6 \
   2> "$dir/perf.txt" > /dev/null &
 pp=$!
-fio --name=t --ioengine=nbd --uri="$uri" --rw="${RW:-randrw}" --bs=4k --iodepth="${QD:-64}" \
+rp=
+if [ -n "${PERF:-}" ]; then
+  perf record -q -g -p "$spid" -o "$PERF" -- sleep 4 > /dev/null 2>&1 &
+  rp=$!
+fi
+"${cpin[@]}" fio --name=t --ioengine=nbd --uri="$uri" --rw="${RW:-randrw}" --bs=4k --iodepth="${QD:-64}" \
   --numjobs="${JOBS:-2}" --size=1g --time_based --runtime=6 --group_reporting \
   --output-format=json > "$dir/fio.json"
-wait "$pp" || true
+wait "$pp" $rp || true
 t1=$(cpu)
 python3 - "$dir" "$t0" "$t1" <<'PY'
 import json, sys
