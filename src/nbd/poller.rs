@@ -68,10 +68,10 @@ const QUIET_READS: u32 = 512;
 const PIPELINE_READS: u32 = 512;
 /// Unread reply bytes that make a client busy enough to nap for: about 32
 /// 4 KiB reads, 60-130 us of work for the fio/libnbd client here, against a
-/// nap of NAP_MIN_US or more plus the timer's wake-up. 64 KiB measured the same; a
-/// threshold scaled down to the last batch's average reply (4 KiB for
-/// WRITE replies) starved mixed QD16 (235-249k -> 174-178k IOPS), so a client
-/// that only writes is polled for, never napped for.
+/// nap of NAP_MIN_US or more plus the timer's wake-up. 64 KiB measured the
+/// same; a threshold scaled down to the last batch's average reply (4 KiB
+/// for WRITE replies) starved mixed QD16 (235-249k -> 174-178k IOPS), so a
+/// client that only writes is polled for, never napped for.
 const NAP_BACKLOG_BYTES: usize = 128 * 1024;
 /// The shortest nap, and the first one's length while the client's reading
 /// pace is unknown. 5 us lost a fifth of QD64x2 (the naps then outnumber
@@ -213,7 +213,7 @@ impl Poller {
             return Ok(None);
         }
         let Some(mut held) = stream.unread_by_peer() else {
-            // Unknown (TCP): never worth asking again.
+            // Unknown (TCP): asked again only after as many replies more.
             self.held_bound = 0;
             return Ok(None);
         };
@@ -236,7 +236,6 @@ impl Poller {
             }
             held = now;
         }
-        self.held_bound = held;
         Ok(None)
     }
 
