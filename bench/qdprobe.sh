@@ -12,7 +12,11 @@
 # PERF=FILE also records the server with `perf record -g` for the first 4 s
 # of the run (read it with `perf report -i FILE --no-children`);
 # SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0) pin ramd and fio.
+# IDLE=N waits N s first, so that a VM that reports free memory to its
+# host (free page reporting, after ~2 s) starts with cold free memory: with
+# SETTLE=0 that measures I/O during the huge-page pass at its worst.
 set -euo pipefail
+sleep "${IDLE:-0}"
 bin=$1
 dir=$(mktemp -d)
 spin=(); [ -n "${SERVER_CPUS:-}" ] && spin=(taskset -c "$SERVER_CPUS")
