@@ -217,8 +217,8 @@ impl Poller {
             self.held_bound = 0;
             return Ok(None);
         };
+        self.held_bound = held;
         for _ in 0..NAP_MAX {
-            self.held_bound = held;
             if held < NAP_BACKLOG_BYTES {
                 return Ok(None);
             }

@@ -154,7 +154,11 @@ impl StoreState {
                 }
                 let at = si as u64 * SEGMENT_BYTES + (h * HUGE_BYTES) as u64;
                 let t0 = Instant::now();
-                SCRATCH.with(|scratch| scratch.as_ref().map(|r| r.warm_huge_page()));
+                SCRATCH.with(|scratch| {
+                    if let Some(scratch) = scratch {
+                        scratch.warm_huge_page();
+                    }
+                });
                 match self.collapse_huge(at) {
                     // Rest as long as the warm-up and the collapse took (not
                     // after a skip).
