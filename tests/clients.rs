@@ -658,6 +658,87 @@ fn nbdsh_mem_limit_gives_enospc_while_overwrites_and_trims_work() {
     nbdsh(&d.uri("other"), "h.pwrite(b'x' * (256 * 1024), 0)");
 }
 
+/// Large WRITEs refused for lack of memory (mem-limit or daemon budget) or
+/// for size get their error only after the daemon read their payload:
+/// libnbd cannot take an early reply and would drop the connection ("no
+/// matching cookie"). The handle stays usable after each refusal.
+#[test]
+fn nbdsh_large_writes_refused_for_memory_or_size_keep_the_connection() {
+    if !require(&["nbdsh"]) {
+        return;
+    }
+    let script = r#"
+        h.pwrite(b"a" * (1 << 20), 0)
+        for n in (64 << 10, 1 << 20, 32 << 20):
+            expect_err(errno.ENOSPC, "pwrite of %d bytes" % n,
+                       lambda: h.pwrite(b"w" * n, 16 << 20))
+            assert h.pread(4096, 0) == b"a" * 4096, "handle broken after %d" % n
+        # Over the 32 MiB maximum: EINVAL, payload drained, handle alive.
+        h.set_strict_mode(0)
+        expect_err(errno.EINVAL, "pwrite of 33 MiB", lambda: h.pwrite(b"x" * (33 << 20), 0))
+        assert h.pread(4096, 0) == b"a" * 4096
+        "#;
+    let limit = Daemon::start(&["small=64M,mem-limit=1M"]);
+    nbdsh(&limit.uri("small"), script);
+    let budget = Daemon::launch(
+        &[
+            "serve".into(),
+            "--mem-budget".into(),
+            "1M".into(),
+            "--drive".into(),
+            "big=64M,overcommit".into(),
+        ],
+        &[],
+    );
+    nbdsh(&budget.uri("big"), script);
+}
+
+/// fio (libnbd) and qemu-img writing past a full mem-limit get ENOSPC, not
+/// a dropped connection, at 64 KiB, 1 MiB and 32 MiB blocks.
+#[test]
+fn fio_and_qemu_img_large_writes_past_a_full_mem_limit_get_enospc() {
+    if !require(&["fio", "qemu-img"]) {
+        return;
+    }
+    let mut d = Daemon::start(&["small=96M,mem-limit=1M"]);
+    for bs in ["64k", "1m", "32m"] {
+        let out = try_run(
+            tool("fio")
+                .current_dir(d.dir())
+                .args(["--ioengine=nbd", "--name=full", "--rw=write", "--size=64M"])
+                .arg(format!("--bs={bs}"))
+                .arg(format!("--uri={}", d.uri("small"))),
+            Duration::from_secs(120),
+        )
+        .expect("fio ran");
+        let text = format!("{}{}", out.stdout, out.stderr);
+        assert!(
+            !text.contains("no matching cookie") && !text.contains("connection is dead"),
+            "bs={bs}: the connection died instead of an ENOSPC reply: {text}"
+        );
+        assert!(
+            text.contains("No space left on device") || text.contains("err=28"),
+            "bs={bs}: fio should see ENOSPC: {text}"
+        );
+    }
+    let img = d.dir().join("src.img");
+    std::fs::write(&img, random_bytes(8 * MIB, 7)).unwrap();
+    let out = try_run(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&img)
+            .arg(d.uri("small")),
+        Duration::from_secs(120),
+    )
+    .expect("qemu-img ran");
+    assert!(!out.status.success(), "qemu-img should fail: {out}");
+    assert!(
+        out.stderr.contains("No space left on device"),
+        "qemu-img should report ENOSPC: {out}"
+    );
+    assert!(d.is_running(), "ramd died:\n{}", d.log());
+}
+
 // -------------------------------------------------------------------- fio --
 
 /// Runs fio with the nbd ioengine (libnbd, one connection per job) and checks

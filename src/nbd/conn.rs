@@ -15,19 +15,32 @@
 //! order by the protocol; we send them in request order.
 //!
 //! Large WRITEs whose payload has not fully arrived (64 KiB and more on a
-//! RAM drive, 4 MiB and more on other backends) are streamed: each piece of
+//! RAM drive, 2 MiB and more on other backends) are streamed: each piece of
 //! up to 512 KiB is received into a bounce buffer that stays in L2, then
-//! written to the store, so a connection never buffers more than 4 MiB. No
-//! store lock is ever held while waiting for a client, so a client that
-//! stalls mid-payload delays nobody else.
+//! written to the store. No store lock is ever held while waiting for a
+//! client, so a client that stalls mid-payload delays nobody else.
 //!
-//! Bounds: the input buffer grows to hold one whole smaller request when
-//! needed and shrinks back when idle; output is written out whenever it
-//! passes `OUT_FLUSH_BYTES`. A WRITE larger than 32 MiB is refused with
-//! EINVAL and its payload drained without being stored, so the stream stays
-//! in sync and the connection goes on.
+//! # Invariants
+//!
+//! - **A reply to a WRITE is sent only after its whole payload was read.**
+//!   A WRITE refused before it runs (oversized, read-only, bad flags, past
+//!   the end) or part-way (ENOSPC from a full memory limit) has the rest of
+//!   its payload drained first; then the error reply goes out and the
+//!   connection goes on. The spec allows an early reply, but libnbd cannot
+//!   take one (it drops the connection), and nbdkit and nbd-server drain
+//!   first too.
+//! - **What a client can make a connection hold is bounded**, whatever it
+//!   sends: the input buffer holds at most one gathered WRITE (under 64 KiB
+//!   on RAM drives, under 2 MiB elsewhere; refused payloads are drained, not
+//!   gathered) and shrinks back to 512 KiB when idle; replies are written out
+//!   once 1 MiB is pending and the output buffer is trimmed back after each
+//!   write; READs over 1 MiB from backends that do not work in place go out a
+//!   piece at a time; the bounce buffer is 512 KiB. About 3.5 MiB per
+//!   connection at most, 1.5 MiB typical (mostly untouched address space).
+//!   [`buffer_bytes`] reports the sum over all connections.
 
 use std::io::{self, IoSlice, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::export::Export;
 use super::handshake::Negotiated;
@@ -39,15 +52,20 @@ use crate::metrics::{ConnRecorder, Op};
 /// Input buffer size while idle.
 const IN_DEFAULT_BYTES: usize = 512 * 1024;
 /// Above this, an empty input buffer is shrunk back to the default.
-const IN_SHRINK_BYTES: usize = 4 << 20;
+const IN_SHRINK_BYTES: usize = 1 << 20;
 /// Replies are written once this many bytes are pending.
 const OUT_FLUSH_BYTES: usize = 1 << 20;
+/// The output buffer's capacity is trimmed back to this after a send.
+const OUT_KEEP_BYTES: usize = OUT_FLUSH_BYTES + 64 * 1024;
+/// READs longer than this on backends that do not work in place are read
+/// and sent a piece at a time (`Conn::piecewise_read`).
+const READ_PIECE_BYTES: usize = 1 << 20;
 /// WRITEs at least this long whose payload has not fully arrived are streamed
 /// through the bounce buffer instead of being gathered whole in `inbuf`
 /// (backends that do not keep their data in RAM; see
 /// `Conn::streamed_write_min_bytes`). Gathering a 1 MiB write in `inbuf`
 /// reads it in larger pieces; streaming bounds a connection's buffer.
-const STREAMED_WRITE_MIN_BYTES: usize = 4 << 20;
+const STREAMED_WRITE_MIN_BYTES: usize = 2 << 20;
 /// Streamed pieces end on these boundaries: the store's lock chunk.
 const PIECE_BYTES: usize = 64 * 1024;
 /// The bounce buffer a streamed WRITE is received into, piece by piece: big
@@ -63,6 +81,37 @@ const BOUNCE_BYTES: usize = 512 * 1024;
 /// drive. Below this, gathering many requests per syscall wins. WRITEs this
 /// long are streamed through the bounce buffer instead of gathered.
 const DIRECT_MIN_BYTES: usize = 64 * 1024;
+
+/// Bytes that every connection's buffers hold together (input, output and
+/// bounce buffers, by capacity): what clients make the daemon keep beside
+/// the drives. Reported in /metrics.
+static BUFFER_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes all connections' buffers hold now.
+pub fn buffer_bytes() -> u64 {
+    BUFFER_BYTES.load(Ordering::Relaxed)
+}
+
+/// One connection's share of `BUFFER_BYTES`, given back when it ends.
+#[derive(Default)]
+struct HeldBuffers(usize);
+
+impl HeldBuffers {
+    fn account(&mut self, now: usize) {
+        if now > self.0 {
+            BUFFER_BYTES.fetch_add((now - self.0) as u64, Ordering::Relaxed);
+        } else if now < self.0 {
+            BUFFER_BYTES.fetch_sub((self.0 - now) as u64, Ordering::Relaxed);
+        }
+        self.0 = now;
+    }
+}
+
+impl Drop for HeldBuffers {
+    fn drop(&mut self) {
+        self.account(0);
+    }
+}
 
 /// What to do after a request.
 #[derive(PartialEq, Eq)]
@@ -97,7 +146,7 @@ pub fn transmission<S: Transport>(
         backend: &*neg.export.backend,
         structured: neg.structured,
         base_allocation: neg.base_allocation,
-        out: Vec::with_capacity(OUT_FLUSH_BYTES + 64 * 1024),
+        out: Vec::with_capacity(OUT_KEEP_BYTES),
         bounce: Vec::new(),
         rec: neg.export.metrics.as_ref().map(|m| m.connection()),
         sent_bytes: 0,
@@ -105,9 +154,14 @@ pub fn transmission<S: Transport>(
     let mut inbuf = vec![0u8; IN_DEFAULT_BYTES];
     let mut poller = Poller::new(poll_us, keep_cpu_awake);
     let (mut start, mut end) = (0usize, 0usize);
-    // Payload bytes of an oversized WRITE still to be skipped.
+    let mut held = HeldBuffers::default();
+    // Payload bytes of a refused WRITE still to be skipped, and its refusal:
+    // sent only once the whole payload is read, because libnbd (and other
+    // clients) cannot take a reply while they are still sending.
     let mut discard: u64 = 0;
+    let mut pending: Option<(Request, Refusal)> = None;
     loop {
+        held.account(inbuf.capacity() + conn.out.capacity() + conn.bounce.capacity());
         let mut next = Next::Continue;
         // Requests run since the last read: the client's pipelining depth.
         let mut batch = 0usize;
@@ -120,6 +174,9 @@ pub fn transmission<S: Transport>(
                     break;
                 }
             }
+            if let Some((req, r)) = pending.take() {
+                conn.reply_error(&req, &r);
+            }
             let req = match parse_request(&inbuf[start..end]) {
                 Ok(Parse::Done(req, _)) => req,
                 Ok(Parse::Incomplete) => break,
@@ -128,19 +185,31 @@ pub fn transmission<S: Transport>(
                     return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                 }
             };
-            if req.command == CMD_WRITE && req.len > MAX_PAYLOAD_BYTES {
+            let total = REQUEST_HEADER_BYTES + req.payload_len();
+            if let Some(r) = conn.refuse_unread_write(&req, end - start < total) {
+                // Drained through the input buffer, never gathered whole.
                 start += REQUEST_HEADER_BYTES;
                 discard = req.len as u64;
-                conn.reply_error(&req, &oversized(&req));
+                pending = Some((req, r));
                 continue;
             }
-            let total = REQUEST_HEADER_BYTES + req.payload_len();
             let direct = req.len as usize >= DIRECT_MIN_BYTES
                 && conn.backend.direct_io()
                 && conn.validate(&req).is_ok();
             if direct && req.command == CMD_READ {
                 conn.send(stream)?;
                 conn.direct_read(&req, stream)?;
+                batch += 1;
+                start += total;
+                continue;
+            }
+            if req.command == CMD_READ
+                && req.len as usize > READ_PIECE_BYTES
+                && !conn.backend.direct_io()
+                && conn.validate(&req).is_ok()
+            {
+                conn.send(stream)?;
+                conn.piecewise_read(&req, stream)?;
                 batch += 1;
                 start += total;
                 continue;
@@ -154,7 +223,13 @@ pub fn transmission<S: Transport>(
                 // into the store piece by piece instead of gathering it.
                 conn.send(stream)?;
                 let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
-                discard = conn.streamed_write(&req, buffered, stream)?;
+                if let Some((unread, r)) = conn.streamed_write(&req, buffered, stream)? {
+                    if unread == 0 {
+                        conn.reply_error(&req, &r);
+                    } else {
+                        (discard, pending) = (unread, Some((req, r)));
+                    }
+                }
                 batch += 1;
                 (start, end) = (0, 0);
                 continue;
@@ -277,6 +352,9 @@ impl Conn<'_> {
         stream.write_all(&self.out)?;
         self.sent_bytes += self.out.len();
         self.out.clear();
+        if self.out.capacity() > OUT_KEEP_BYTES {
+            self.out.shrink_to(OUT_KEEP_BYTES);
+        }
         if let Some(r) = self.rec.as_mut() {
             r.replies_sent();
         }
@@ -411,6 +489,23 @@ impl Conn<'_> {
         Next::Continue
     }
 
+    /// The refusal of a WRITE that is not run: oversized, or (when its
+    /// payload has not all arrived) invalid. Its payload is then drained
+    /// through the input buffer instead of being gathered there whole, so
+    /// a header alone cannot make the connection hold 32 MiB.
+    fn refuse_unread_write(&self, req: &Request, unread: bool) -> Option<Refusal> {
+        if req.command != CMD_WRITE {
+            return None;
+        }
+        if req.len > MAX_PAYLOAD_BYTES {
+            return Some(oversized(req));
+        }
+        if unread {
+            return self.validate(req).err();
+        }
+        None
+    }
+
     /// WRITEs at least this long whose payload is still arriving are
     /// streamed (`streamed_write`) instead of gathered in the input buffer.
     fn streamed_write_min_bytes(&self) -> usize {
@@ -433,16 +528,16 @@ impl Conn<'_> {
     /// writes part of a block it could have written whole); the unaligned
     /// tail of a round waits at the front of the bounce buffer.
     ///
-    /// Returns how many payload bytes remain unread on the stream (non-zero
-    /// only when the backend refused part-way; the caller discards them).
-    /// A stream error, or the client hanging up mid-payload, ends the
-    /// connection.
+    /// When the backend refuses part-way (a full memory limit), returns the
+    /// refusal and how many payload bytes remain unread on the stream: the
+    /// caller drains them before it replies. A stream error, or the client
+    /// hanging up mid-payload, ends the connection.
     fn streamed_write<S: Transport>(
         &mut self,
         req: &Request,
         buffered: &[u8],
         stream: &mut S,
-    ) -> io::Result<u64> {
+    ) -> io::Result<Option<(u64, Refusal)>> {
         let len = req.len as usize;
         let fua = req.flags & CMD_FLAG_FUA != 0;
         let align = if self.backend.direct_io() {
@@ -505,8 +600,8 @@ impl Conn<'_> {
             };
             // FUA on the last piece covers the earlier ones too.
             if let Err(e) = self.backend.write(offset, piece, fua && done + n == len) {
-                self.reply_backend_error(req, &e);
-                return Ok((len - (done + held).max(buffered.len())) as u64);
+                let unread = len - (done + held).max(buffered.len());
+                return Ok(Some((unread as u64, refuse(errno_for(&e), e.to_string()))));
             }
             done += n;
             if !from_buffered {
@@ -516,7 +611,7 @@ impl Conn<'_> {
         }
         encode_simple_reply(&mut self.out, req.cookie, 0);
         self.count_done(req);
-        Ok(0)
+        Ok(None)
     }
 
     /// Runs a validated READ by sending its data straight from the backend
@@ -578,6 +673,50 @@ impl Conn<'_> {
         debug_assert_eq!(header_sent, self.out.len());
         self.sent_bytes += header_sent + done;
         self.out.clear();
+        self.count_done(req);
+        if let Some(r) = self.rec.as_mut() {
+            r.replies_sent();
+        }
+        Ok(())
+    }
+
+    /// Runs a validated READ longer than `READ_PIECE_BYTES` on a backend
+    /// that does not work in place (a cache): the data is read and sent a
+    /// piece at a time, so the connection never holds more than one piece.
+    /// `out` must be empty. An error before anything was sent becomes an
+    /// error reply; after, the reply cannot be taken back and the
+    /// connection ends, as in `direct_read`.
+    fn piecewise_read<S: Write>(&mut self, req: &Request, stream: &mut S) -> io::Result<()> {
+        debug_assert!(self.out.is_empty());
+        let len = req.len as usize;
+        self.encode_read_header(req);
+        let mut done = 0usize;
+        while done < len {
+            let n = READ_PIECE_BYTES.min(len - done);
+            let at = self.out.len();
+            self.out.resize(at + n, 0);
+            if let Err(e) = self
+                .backend
+                .read(req.offset + done as u64, &mut self.out[at..])
+            {
+                if done == 0 {
+                    self.out.clear();
+                    self.reply_backend_error(req, &e);
+                    return Ok(());
+                }
+                if let Some(r) = self.rec.as_mut() {
+                    r.failed(Some(Op::Read), errno_for(&e));
+                }
+                return Err(io::Error::other(format!(
+                    "READ at offset {} failed after its reply started: {e}",
+                    req.offset
+                )));
+            }
+            stream.write_all(&self.out)?;
+            self.sent_bytes += self.out.len();
+            self.out.clear();
+            done += n;
+        }
         self.count_done(req);
         if let Some(r) = self.rec.as_mut() {
             r.replies_sent();
