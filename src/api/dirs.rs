@@ -134,6 +134,7 @@ pub async fn add(
         // Root may keep anyone's directory in RAM; others only their own.
         expected_uid: peer.uid.filter(|&u| u != 0),
         origin: DirOrigin::Api,
+        force: req.force,
     };
     let info: DirInfo = blocking(move || Ok(d.dirs.add(add)?)).await?;
     let location = format!("/v1/dirs/{}", info.id);

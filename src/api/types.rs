@@ -437,6 +437,10 @@ pub struct AddDir {
     /// Dated recovery copies kept after crashes (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_generations: Option<u32>,
+    /// Add even though other processes use the directory (refused
+    /// otherwise, naming them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
 }
 
 /// `PATCH /v1/dirs/{id}`: absent fields stay as they are.

@@ -50,6 +50,12 @@ pub enum DirCommand {
         /// Dated copies of unsynced RAM content kept after a crash [default: 3].
         #[arg(long, value_name = "N")]
         recovery_generations: Option<u32>,
+        /// Add even though other processes have files, their working
+        /// directory or mappings there (refused otherwise, naming them).
+        /// What they create on disk meanwhile is kept and reported as
+        /// conflicts. System trees and /tmp, /home, /root... stay refused.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -163,6 +169,7 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
             overlay,
             size_limit,
             recovery_generations,
+            force,
             out,
         } => {
             let abs = std::fs::canonicalize(&path).map_err(|e| {
@@ -185,6 +192,7 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                 overlay,
                 size_limit: size_limit.map(SizeValue::Text),
                 recovery_generations,
+                force,
             };
             let info = waiting(
                 format!("copying {} into RAM", abs.display()),

@@ -166,6 +166,9 @@ impl DirSpec {
             origin: DirOrigin::Config {
                 file: self.at.0.clone(),
             },
+            // A declared directory is added at start, before the services
+            // ordered after ramd: something using it then is a mistake.
+            force: false,
         }
     }
 

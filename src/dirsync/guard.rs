@@ -1,10 +1,14 @@
 //! Guard rails: which directories may be added, and how full a RAM copy is.
 //!
 //! Checks on add (each with an error that says what to do): the path is
-//! absolute and canonical, a real directory, not a system directory or one
-//! holding ramd's own state, not a mount point already, not on tmpfs/ramfs
-//! (it is in RAM already), owned by the expected user, not inside or around
-//! another managed directory, and its content fits the size limit.
+//! absolute and canonical, a real directory, not a system tree or a shared
+//! scratch/home root (never, not even forced: a subdirectory is the answer),
+//! not holding or inside ramd's own directories, not a mount point and not
+//! containing one, not on tmpfs/ramfs (it is in RAM already), owned by the
+//! expected user, not inside or around another managed directory, not in
+//! use by other processes (see [`super::holders`]; `--force` overrides only
+//! this one), and its content fits the size limit and at most
+//! [`MEMORY_SHARE_PERCENT`]% of available memory.
 //!
 //! Usage levels: a RAM copy at 80% of its tmpfs is a warning, at 95% a
 //! critical warning, and with no space left writes fail with ENOSPC (the
@@ -21,12 +25,52 @@ use crate::size::format_size;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
-/// Directories never to put in RAM: the system would break, or they are
-/// virtual already.
-const FORBIDDEN: &[&str] = &[
-    "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin",
-    "/sys", "/usr", "/var", "/var/lib",
+/// System trees never to put in RAM, not even forced: the system would
+/// break, or they are virtual already.
+const SYSTEM_TREES: &[&str] = &[
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+    "/var/lib",
+    "/var/cache",
+    "/var/spool",
+    "/lost+found",
 ];
+
+/// Trees whose every subdirectory is refused too: the operating system's
+/// own files and virtual filesystems.
+const SYSTEM_PREFIXES: &[&str] = &["/boot", "/dev", "/etc", "/proc", "/run", "/sys", "/usr"];
+
+/// Shared scratch and home roots: every program (or user) writes there, so
+/// nothing can be kept consistent; a subdirectory can be kept in RAM.
+const SHARED_TREES: &[(&str, &str)] = &[
+    ("/tmp", "shared scratch space every program writes to"),
+    ("/var/tmp", "shared scratch space every program writes to"),
+    ("/home", "the root of every user's home directory"),
+    (
+        "/root",
+        "root's home directory, where every root shell and program writes",
+    ),
+    ("/srv", "the root of the data this machine serves"),
+    ("/mnt", "the root of temporary mount points"),
+    ("/media", "the root of removable media mount points"),
+];
+
+/// A RAM copy may take at most this share of the memory available when it
+/// is added (`MemAvailable`), so the rest of the system keeps room.
+pub const MEMORY_SHARE_PERCENT: u64 = 50;
 
 /// Why a directory cannot be added.
 #[derive(Debug, thiserror::Error)]
@@ -37,9 +81,29 @@ pub enum GuardError {
     /// the path does not exist or is not a directory
     #[error("{path} is not a directory ({reason})")]
     NotADirectory { path: PathBuf, reason: String },
-    /// a system directory
-    #[error("{path} is a system directory; only directories below it can be kept in RAM")]
+    /// a system tree (refused even with --force)
+    #[error("{path} is a system directory; ramd never keeps it in RAM (not even with --force): programs would lose writes made there after a crash and the system could break; keep a directory of your own in RAM instead")]
     Forbidden { path: PathBuf },
+    /// below a tree of the operating system (refused even with --force)
+    #[error("{path} is inside {tree}, which belongs to the operating system; ramd never keeps it in RAM (not even with --force); keep a directory of your own in RAM instead")]
+    SystemTree { path: PathBuf, tree: PathBuf },
+    /// a shared scratch or home root (refused even with --force)
+    #[error("{path} is {what}; ramd never keeps it in RAM as a whole (not even with --force): keep the subdirectory you need there in RAM instead (for example {example})")]
+    Shared {
+        path: PathBuf,
+        what: &'static str,
+        example: String,
+    },
+    /// other filesystems are mounted inside
+    #[error("{path} contains mount points of other filesystems ({mounts}); a RAM copy would hide them; unmount them or keep a directory without mounts inside in RAM")]
+    ContainsMounts { path: PathBuf, mounts: String },
+    /// other processes use the directory
+    #[error("{path} is in use by other processes: {holders}. Programs that keep files or their working directory there would go on using the on-disk copy hidden under the RAM copy; stop them (or cd out) and add it again, or add it with --force (files such programs create on disk are then kept and reported as conflicts by each sync)")]
+    InUse {
+        path: PathBuf,
+        holders: String,
+        count: usize,
+    },
     /// the directory holds ramd's own files
     #[error(
         "{path} contains or is inside ramd's own {what} directory {dir}; choose another directory"
@@ -76,12 +140,14 @@ pub enum GuardError {
         need: String,
         limit: String,
     },
-    /// content larger than available memory
-    #[error("{path} holds {need} but only {avail} of memory is available; free memory or use overlay mode")]
+    /// content larger than the share of available memory a copy may take
+    #[error("{path} holds {need}, more than a RAM copy may take: {share}% of the memory available now ({avail}) is {max}; keep a smaller subdirectory in RAM, free memory, or use overlay mode (RAM then holds only what is written)")]
     NoMemory {
         path: PathBuf,
         need: String,
         avail: String,
+        max: String,
+        share: u64,
     },
     /// I/O error while checking
     #[error("cannot check {path}: {source}")]
@@ -130,9 +196,7 @@ pub fn check_add(c: &AddCheck<'_>) -> Result<(), GuardError> {
             reason: "not a directory".into(),
         });
     }
-    if FORBIDDEN.iter().any(|f| Path::new(f) == path) {
-        return Err(GuardError::Forbidden { path: path.into() });
-    }
+    check_tree(path)?;
     for (what, dir) in c.own_dirs {
         if dir.starts_with(path) || path.starts_with(dir) {
             return Err(GuardError::OwnFiles {
@@ -158,6 +222,7 @@ pub fn check_add(c: &AddCheck<'_>) -> Result<(), GuardError> {
             source_name: m.source.clone(),
         });
     }
+    check_no_mounts_inside(&mounts, path)?;
     let dir = std::fs::File::open(path).map_err(|e| GuardError::Io {
         path: path.into(),
         source: e,
@@ -180,6 +245,72 @@ pub fn check_add(c: &AddCheck<'_>) -> Result<(), GuardError> {
         }
     }
     Ok(())
+}
+
+/// Refuses system trees, what is below the operating system's trees and
+/// shared scratch / home roots (pure; `path` is canonical).
+pub fn check_tree(path: &Path) -> Result<(), GuardError> {
+    if SYSTEM_TREES.iter().any(|f| Path::new(f) == path) {
+        return Err(GuardError::Forbidden { path: path.into() });
+    }
+    if let Some(tree) = SYSTEM_PREFIXES
+        .iter()
+        .map(Path::new)
+        .find(|t| path.starts_with(t))
+    {
+        return Err(GuardError::SystemTree {
+            path: path.into(),
+            tree: tree.into(),
+        });
+    }
+    if let Some((_, what)) = SHARED_TREES.iter().find(|(t, _)| Path::new(t) == path) {
+        let example = match path.to_str() {
+            Some("/home") => "/home/alice/.cache".to_string(),
+            Some("/root") => "/root/.cache".to_string(),
+            _ => path.join("build").display().to_string(),
+        };
+        return Err(GuardError::Shared {
+            path: path.into(),
+            what,
+            example,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a directory with mount points of other filesystems below it
+/// (pure).
+pub fn check_no_mounts_inside(mounts: &[mountinfo::Mount], path: &Path) -> Result<(), GuardError> {
+    let mut inside: Vec<String> = mounts
+        .iter()
+        .filter(|m| m.mount_point != path && m.mount_point.starts_with(path))
+        .map(|m| format!("{} ({})", m.mount_point.display(), m.fs_type))
+        .collect();
+    if inside.is_empty() {
+        return Ok(());
+    }
+    inside.dedup();
+    let n = inside.len();
+    inside.truncate(5);
+    if n > 5 {
+        inside.push(format!("and {} more", n - 5));
+    }
+    Err(GuardError::ContainsMounts {
+        path: path.into(),
+        mounts: inside.join(", "),
+    })
+}
+
+/// Refuses a directory other processes use (see [`super::holders`]).
+pub fn check_not_in_use(path: &Path, holders: &[super::holders::Holder]) -> Result<(), GuardError> {
+    if holders.is_empty() {
+        return Ok(());
+    }
+    Err(GuardError::InUse {
+        path: path.into(),
+        holders: super::holders::describe(holders, 8),
+        count: holders.len(),
+    })
 }
 
 /// Bytes of RAM a tmpfs copy of `dir` needs: allocated blocks of every
@@ -208,7 +339,9 @@ pub fn content_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(total)
 }
 
-/// For tmpfs mode: the content must fit the limit and available memory.
+/// For tmpfs mode: the content must fit the limit and at most
+/// [`MEMORY_SHARE_PERCENT`]% of available memory (checked before anything
+/// is copied).
 pub fn check_size(
     path: &Path,
     need_bytes: u64,
@@ -224,11 +357,14 @@ pub fn check_size(
             });
         }
     }
-    if need_bytes > mem_available_bytes {
+    let max_bytes = (mem_available_bytes as u128 * MEMORY_SHARE_PERCENT as u128 / 100) as u64;
+    if need_bytes > max_bytes {
         return Err(GuardError::NoMemory {
             path: path.into(),
             need: format_size(need_bytes),
             avail: format_size(mem_available_bytes),
+            max: format_size(max_bytes),
+            share: MEMORY_SHARE_PERCENT,
         });
     }
     Ok(())
@@ -430,6 +566,69 @@ mod tests {
     }
 
     #[test]
+    fn size_check_refuses_more_than_half_of_available_memory() {
+        let p = Path::new("/x");
+        let gib = 1u64 << 30;
+        assert!(check_size(p, 5 * gib, None, 10 * gib).is_ok());
+        let e = check_size(p, 6 * gib, None, 10 * gib)
+            .unwrap_err()
+            .to_string();
+        for want in ["6 GiB", "50%", "10 GiB", "5 GiB", "overlay"] {
+            assert!(e.contains(want), "want {want:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn system_and_shared_trees_are_refused() {
+        for p in ["/", "/etc", "/usr", "/var", "/var/lib", "/boot"] {
+            assert!(
+                matches!(check_tree(Path::new(p)), Err(GuardError::Forbidden { .. })),
+                "{p}"
+            );
+        }
+        for p in [
+            "/etc/ssh",
+            "/usr/lib",
+            "/proc/1",
+            "/sys/kernel",
+            "/run/user/1000",
+            "/dev/shm",
+        ] {
+            assert!(
+                matches!(check_tree(Path::new(p)), Err(GuardError::SystemTree { .. })),
+                "{p}"
+            );
+        }
+        for p in ["/tmp", "/var/tmp", "/home", "/root", "/srv"] {
+            let e = check_tree(Path::new(p)).unwrap_err();
+            assert!(matches!(e, GuardError::Shared { .. }), "{p}");
+            assert!(e.to_string().contains("subdirectory"), "{e}");
+        }
+        for p in [
+            "/tmp/build",
+            "/root/.cache",
+            "/home/alice",
+            "/var/log",
+            "/srv/www",
+            "/usrx",
+        ] {
+            check_tree(Path::new(p)).unwrap();
+        }
+    }
+
+    #[test]
+    fn mounts_inside_are_refused() {
+        let t = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                 2 1 8:2 / /data/a/disk rw - ext4 /dev/sdb1 rw\n\
+                 3 1 0:3 / /data/ab rw - tmpfs tmpfs rw\n";
+        let m = mountinfo::parse(t).unwrap();
+        let e = check_no_mounts_inside(&m, Path::new("/data/a")).unwrap_err();
+        assert!(e.to_string().contains("/data/a/disk (ext4)"), "{e}");
+        check_no_mounts_inside(&m, Path::new("/data/a/disk")).unwrap();
+        check_no_mounts_inside(&m, Path::new("/data/b")).unwrap();
+    }
+
+    #[test]
     fn refuses_tmpfs_symlinks_and_system_dirs() {
         let managed = [];
         let own = [];
@@ -443,7 +642,7 @@ mod tests {
         };
         assert!(matches!(
             check(Path::new("/dev/shm")),
-            Err(GuardError::MountPoint { .. }) | Err(GuardError::InRam { .. })
+            Err(GuardError::SystemTree { .. })
         ));
         assert!(matches!(
             check(Path::new("/usr")),

@@ -26,6 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use super::guard::{self, AddCheck, GuardError, Usage, UsageLevel, UsageTracker};
+use super::holders;
 use super::lock::{DirLock, LockError};
 use super::meta::{self, Meta};
 use super::mountinfo::{self, MountInfoError};
@@ -106,6 +107,7 @@ impl DirError {
             DirError::RamFull { .. } => "ram_full",
             DirError::Guard(GuardError::TooBig { .. } | GuardError::NoMemory { .. }) => "ram_full",
             DirError::Covered { .. } => "dir_covered",
+            DirError::Guard(GuardError::InUse { .. }) => "dir_busy",
             DirError::Guard(_) => "dir_refused",
             DirError::Mount(MountError::Busy { .. }) => "dir_busy",
             DirError::Lock(LockError::Held { .. }) => "dir_locked",
@@ -165,6 +167,10 @@ pub struct AddRequest {
     /// config no longer declares).
     #[serde(default)]
     pub origin: DirOrigin,
+    /// Add even though other processes use the directory (files open,
+    /// working directory, mappings). Overrides nothing else.
+    #[serde(default)]
+    pub force: bool,
 }
 
 impl AddRequest {
@@ -178,6 +184,7 @@ impl AddRequest {
             recovery_generations: DEFAULT_RECOVERY_GENERATIONS,
             expected_uid: None,
             origin: DirOrigin::Api,
+            force: false,
         }
     }
 }
@@ -337,6 +344,15 @@ pub struct DirManager {
     /// recovery and kept until shutdown: two managers (two daemons) sharing
     /// a state directory would overwrite each other's state file.
     state_claim: Mutex<Option<DirLock>>,
+}
+
+/// The daemon's own directory a manager directory lives in (`<state>` for
+/// `<state>/dirs`): nothing in it may be kept in RAM.
+fn daemon_dir(dir: &Path) -> PathBuf {
+    match dir.parent() {
+        Some(p) if p != Path::new("/") && !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => dir.to_path_buf(),
+    }
 }
 
 fn now_unix_ms() -> u64 {
@@ -514,10 +530,17 @@ impl DirManager {
             expected_uid: req.expected_uid,
             managed: &managed,
             own_dirs: &[
-                ("runtime", self.cfg.run_dir.clone()),
-                ("state", self.cfg.state_dir.clone()),
+                ("runtime", daemon_dir(&self.cfg.run_dir)),
+                ("state", daemon_dir(&self.cfg.state_dir)),
             ],
         })?;
+        let in_use = holders::find(holders::Target::Under(&path));
+        if !req.force {
+            guard::check_not_in_use(&path, &in_use)?;
+        } else if !in_use.is_empty() {
+            tracing::warn!(path = %path.display(), holders = %holders::describe(&in_use, 8),
+                "added with --force although other processes use it; what they create on disk is kept and reported as conflicts");
+        }
         if req.mode == MountMode::Tmpfs {
             let need = guard::content_bytes(&path).map_err(io_err("measure", &path))?;
             guard::check_size(

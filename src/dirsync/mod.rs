@@ -13,6 +13,7 @@
 //!  manager    add / sync / remove / list / recover_all / shutdown: the API the
 //!     │       daemon, CLI and REST routes call; one op mutex per directory
 //!     ├── guard      checks before add; usage levels 80/95/full with hysteresis
+//!     │     └── holders     processes using a directory, from /proc (pure decision)
 //!     ├── lock       flock on the on-disk directory inode (one daemon per dir)
 //!     ├── mounts     tmpfs, overlay, private bind views, read-only remount
 //!     │     └── mountinfo   /proc/self/mountinfo parser (pure)
@@ -29,6 +30,7 @@
 //! in tests/dirsync.rs, including kill -9 in the middle of syncs.
 
 pub mod guard;
+pub mod holders;
 pub mod lock;
 pub mod manager;
 pub mod meta;
