@@ -5,6 +5,8 @@ socket, the same fio workloads against each, one JSON file and a table.
     /usr/bin/python3 bench/peers.py --ramd target/release/ramd --out run1.json
     /usr/bin/python3 bench/peers.py --ramd BIN --servers ramd,nbdkit-null \\
         --workloads randread_4k_qd1 --runtime 3 --ramp 1
+    /usr/bin/python3 bench/peers.py --ramd new=BIN1 --ramd old=BIN2 --servers new,old,new,old
+        (an A/B of two ramd builds in one run, each twice, alternating)
 
 bench/peers.sh runs this RUNS times and bench/summarize.py takes the medians.
 
@@ -15,7 +17,8 @@ Servers (each skipped, with a note in the JSON, if its program is missing):
   nbdkit-null           nbdkit null DISK: the transport's ceiling (no data kept)
   qemu-nbd              qemu-nbd over a sparse raw file on /dev/shm
   nbd-server            nbd-server over a sparse file on /dev/shm
-  ramd                  ramd serve --drive ram0=DISK (--ramd BIN)
+  ramd                  ramd serve --drive ram0=DISK (--ramd BIN; --ramd NAME=BIN
+                        names the server NAME, and may be given several times)
 
 For each workload the record holds, per direction (read / write), IOPS, MiB/s
 and completion latency (fio's clat) mean, p50, p99, p99.9 and max in
@@ -37,6 +40,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -119,8 +123,13 @@ class Cleanup:
 
     def run(self):
         if self.fio and self.fio.poll() is None:
-            self.fio.kill()
-            self.fio.wait()
+            # fio's jobs run in sessions of their own: fio must stop them itself
+            self.fio.terminate()
+            try:
+                self.fio.wait(10)
+            except subprocess.TimeoutExpired:
+                self.fio.kill()
+                self.fio.wait()
         self.fio = None
         for pgid, name in reversed(self.groups):
             self.stop_group(pgid, name)
@@ -261,14 +270,36 @@ class Server:
         while time.monotonic() < deadline:
             if proc_stat(self.pid) is None or (not self.pidfile and proc.poll() is not None):
                 raise RuntimeError(f"{self.name} exited; log: {tail(logpath)}")
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.settimeout(1)
-                    s.connect(self.sock)
+            if nbd_greets(self.sock):
                 return
-            except OSError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise RuntimeError(f"{self.name} never listened on {self.sock}; log: {tail(logpath)}")
+
+
+def nbd_greets(path):
+    """True once the server at path sends the newstyle greeting; the probe
+    then ends the handshake politely (NBD_OPT_ABORT), so servers log no error."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(2)
+            s.connect(path)
+            greeting = b""
+            while len(greeting) < 18:
+                chunk = s.recv(18 - len(greeting))
+                if not chunk:
+                    return False
+                greeting += chunk
+            if greeting[:16] != b"NBDMAGICIHAVEOPT":
+                return False
+            flags = struct.unpack(">H", greeting[16:])[0] & 3  # FIXED_NEWSTYLE, NO_ZEROES
+            s.sendall(struct.pack(">I", flags) + b"IHAVEOPT" + struct.pack(">II", 2, 0))
+            try:
+                s.recv(20)  # the server's ack of the abort
+            except OSError:
+                pass
+            return True
+    except OSError:
+        return False
 
 
 def tail(path, n=600):
@@ -295,7 +326,7 @@ def nbdkit_allocators():
     return {"sparse", "malloc"} | ({"zstd"} if "zstd=yes" in out else set())
 
 
-def make_server(name, tmp, shm, disk, ramd):
+def make_server(name, tmp, shm, disk, ramds):
     """The Server for name, or a string saying why it cannot run here."""
     sock = os.path.join(tmp, f"{name}.sock")
     uri = f"nbd+unix:///{EXPORT}?socket={sock}"
@@ -335,12 +366,12 @@ def make_server(name, tmp, shm, disk, ramd):
         # one): so it runs as a daemon and is found through its pid file.
         return Server(name, ["nbd-server", "-C", conf, "-p", pidfile], sock, uri,
                       pidfile=pidfile, setup=setup)
-    if name == "ramd":
-        if not ramd:
-            return "no --ramd binary given"
-        return Server(name, [ramd, "serve", "--no-config", "--socket", sock,
+    if name in ramds:
+        return Server(name, [ramds[name], "serve", "--no-config", "--socket", sock,
                              "--api-socket", sock + ".api", "--drive", f"{EXPORT}={disk}",
                              "--log", "warn"], sock, uri)
+    if name == "ramd":
+        return "no --ramd binary given"
     return f"unknown server {name}"
 
 
@@ -394,6 +425,7 @@ def run_workload(wl, uri, server_pid, args, tmp):
     if timed:
         argv += ["--time_based", f"--runtime={args.runtime}", f"--ramp_time={args.ramp}"]
     rec = {"rw": rw, "bs": bs, "iodepth": depth, "numjobs": jobs, "connections": jobs}
+    cpu0 = cpu_seconds(tree(server_pid))
     t0 = time.time()
     # fio first, then the sampler thread: no other thread runs while Popen forks
     CLEAN.fio = proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -437,6 +469,12 @@ def run_workload(wl, uri, server_pid, args, tmp):
         rec["server_cpu_s"] = round(cpu, 3)
         rec["server_cpu_pct"] = round(100 * cpu / (end - start), 1)
         rec["server_cpu_us_per_io"] = round(cpu / ios * 1e6, 3)
+    if rec["total_iops"]:
+        # The earlier harness's figure, kept to compare with runs made by it:
+        # CPU over fio's whole run (start-up, ramp) / wall time / measured IOPS.
+        whole = sampler.samples[-1][1] - cpu0
+        rec["server_cpu_pct_whole_run"] = round(100 * whole / wall, 1)
+        rec["server_cpu_us_per_io_whole_run"] = round(whole / wall / rec["total_iops"] * 1e6, 3)
     return rec
 
 
@@ -489,10 +527,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--ramd", default=env("RAMD"), help="the ramd binary (env RAMD)")
+    ap.add_argument("--ramd", action="append", default=[],
+                    help="[NAME=]BIN: a ramd binary, served as NAME (default ramd); "
+                    "repeatable (env RAMD: one binary)")
     ap.add_argument("--out", help="write the JSON here (default: only the table)")
-    ap.add_argument("--servers", default=",".join(SERVERS),
-                    help="comma list, in this order (default: all)")
+    ap.add_argument("--servers",
+                    help="comma list, run in this order; a name may repeat (default: all, "
+                    "one ramd server per --ramd)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help="comma list, run in this order (default: all)")
     ap.add_argument("--runtime", type=int, default=int(env("RUNTIME", "8")),
@@ -504,13 +545,16 @@ def main():
     ap.add_argument("--disk", default=env("DISK", "2G"), help="each server's disk (default 2G)")
     ap.add_argument("--fio", default=env("FIO", "fio"))
     args = ap.parse_args()
-    servers = [s for s in args.servers.split(",") if s]
+    ramds = {}
+    for spec in args.ramd or ([env("RAMD")] if env("RAMD") else []):
+        name, _, path = spec.rpartition("=")
+        ramds[name or "ramd"] = os.path.abspath(path)
+    default = [s for s in SERVERS if s != "ramd"] + (list(ramds) or ["ramd"])
+    servers = [s for s in (args.servers or ",".join(default)).split(",") if s]
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w}; known: {', '.join(WORKLOADS)}")
-    if args.ramd:
-        args.ramd = os.path.abspath(args.ramd)
     disk = parse_size(args.disk)
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -524,7 +568,7 @@ def main():
         "nproc": os.cpu_count(), "kernel": os.uname().release, "loadavg_start": load0,
         "fio": version([args.fio, "--version"]), "nbdkit": version(["nbdkit", "--version"]),
         "qemu-nbd": version(["qemu-nbd", "--version"]),
-        "ramd": args.ramd,
+        "ramd": ramds,
         "workloads": {w: dict(zip(("rw", "bs", "iodepth", "numjobs", "timed"), WORKLOADS[w]))
                       for w in workloads},
         "cpu_per_io": "server process tree CPU (utime+stime+cutime+cstime from /proc/PID/stat, "
@@ -543,14 +587,17 @@ def main():
             CLEAN.dirs.append(tmp)
             shm = tempfile.mkdtemp(prefix="ramd-peers-", dir="/dev/shm")
             CLEAN.dirs.append(shm)
-            srv = make_server(name, tmp, shm, disk, args.ramd)
+            srv = make_server(name, tmp, shm, disk, ramds)
             if isinstance(srv, str):
                 say(f"== {name}: skipped ({srv})")
-                doc["targets"][name] = {"skipped": srv}
+                doc["targets"].setdefault(name, {"skipped": srv})
                 CLEAN.run()
                 continue
             say(f"== {name}")
-            t = doc["targets"][name] = {"kind": "nbd", "cmd": shlex.join(srv.argv), "uri": srv.uri}
+            key, n = name, 2
+            while key in doc["targets"]:  # the same server again: name#2, name#3...
+                key, n = f"{name}#{n}", n + 1
+            t = doc["targets"][key] = {"kind": "nbd", "cmd": shlex.join(srv.argv), "uri": srv.uri}
             try:
                 srv.start(os.path.join(tmp, "server.log"))
                 t["nbdinfo"] = nbdinfo(srv.uri)
