@@ -317,14 +317,22 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                 StopOutcome::Released {
                     report,
                     lazy_unmount,
+                    still_open,
+                    kept_until_closed,
                 } => {
                     println!(
                         "{} is a normal directory again (final sync: {})",
                         r.path,
                         sync_summary(report)
                     );
-                    if *lazy_unmount {
-                        println!("note: programs that still had files open there keep the (synced, read-only) RAM copy until they close them");
+                    print_conflicts(&r.path, report);
+                    if let Some(kept) = kept_until_closed {
+                        println!("note: these programs still have files in the RAM copy; it stays at {} until they close them, and what they write after the final sync is then saved as a recovery copy under the state directory (the log names it):", kept.display());
+                        for h in still_open {
+                            println!("  {h}");
+                        }
+                    } else if *lazy_unmount {
+                        println!("note: programs that still had files open there keep the (synced) RAM copy until they close them");
                     }
                 }
                 StopOutcome::HandedOver { .. } | StopOutcome::Inactive => {
@@ -365,6 +373,9 @@ pub fn sync_summary(r: &SyncReport) -> String {
             r.changed_during_sync.len()
         ));
     }
+    if !r.conflicts.is_empty() {
+        parts.push(format!("{} kept on disk (conflict)", r.conflicts.len()));
+    }
     parts.push(format!("{:.2} s", r.duration_ms as f64 / 1000.0));
     parts.join(", ")
 }
@@ -380,11 +391,27 @@ fn print_sync(path: &str, r: &SyncReport) {
             eprintln!("  {}", Path::new(path).join(f).display());
         }
     }
+    print_conflicts(path, r);
     if r.xattrs_dropped > 0 {
         eprintln!(
             "note: the disk's filesystem refused {} extended attribute(s)",
             r.xattrs_dropped
         );
+    }
+}
+
+/// Entries written to the on-disk copy behind the RAM copy (kept there).
+fn print_conflicts(path: &str, r: &SyncReport) {
+    if r.conflicts.is_empty() {
+        return;
+    }
+    eprintln!(
+        "warning: {} entr{} appeared in the on-disk copy after {path} went into RAM (written by programs that had it open before): kept on disk, not in RAM; they show up at {path} after `ramd dir remove` (see docs/dirs.md):",
+        r.conflicts.len(),
+        if r.conflicts.len() == 1 { "y" } else { "ies" }
+    );
+    for f in r.conflicts.iter().take(20) {
+        eprintln!("  {}", Path::new(path).join(f).display());
     }
 }
 

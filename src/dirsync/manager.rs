@@ -34,7 +34,7 @@ use super::mounts::{self, Layout, MountError, MountMode};
 use super::recovery::{self, RecoveryCopy, RecoveryError, Situation, StaleSource};
 pub use super::state::DirOrigin;
 use super::state::{DirConfig, DirRecord, DirsState, StateError, StateFile};
-use super::sync::{self, SyncError, SyncOptions, SyncReport};
+use super::sync::{self, Known, SyncError, SyncOptions, SyncReport};
 use crate::size::format_size;
 
 /// Default time between periodic syncs (10 minutes).
@@ -66,6 +66,9 @@ pub enum DirError {
     /// the RAM copy is too small for the content
     #[error("the RAM copy of {path} is full: its content needs more than the size limit {limit}; raise the size limit (or use overlay mode)")]
     RamFull { path: PathBuf, limit: String },
+    /// files are open for writing in the RAM copy
+    #[error("{path} is busy: programs have files open for writing there ({holders}; see `fuser -vm {path}`); close them and retry, or remove it with --force: PATH is then frozen (no new writes), synced and detached, and the RAM copy is kept until those programs close their files (what they write after the final sync is saved as a recovery copy)")]
+    Busy { path: PathBuf, holders: String },
     /// PATH is covered by a mount that is not ours
     #[error("{path} is covered by another mount ({fs_type} from {source_name}); unmount it, then restart ramd")]
     Covered {
@@ -109,7 +112,7 @@ impl DirError {
             DirError::Covered { .. } => "dir_covered",
             DirError::Guard(GuardError::InUse { .. }) => "dir_busy",
             DirError::Guard(_) => "dir_refused",
-            DirError::Mount(MountError::Busy { .. }) => "dir_busy",
+            DirError::Mount(MountError::Busy { .. }) | DirError::Busy { .. } => "dir_busy",
             DirError::Lock(LockError::Held { .. }) => "dir_locked",
             DirError::Sync(SyncError::NoSpace { .. }) => "disk_full",
             _ => "dir_io_error",
@@ -243,6 +246,16 @@ pub enum StopOutcome {
     Released {
         report: SyncReport,
         lazy_unmount: bool,
+        /// Forced remove: processes that still had files (or their working
+        /// directory) in the RAM copy after PATH was detached, as
+        /// `pid (comm): how path`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        still_open: Vec<String>,
+        /// Forced remove with `still_open`: where the RAM copy stays until
+        /// they close; what they write after the final sync is then saved
+        /// as a recovery copy.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kept_until_closed: Option<PathBuf>,
     },
     /// Files were open for writing: synced and left mounted for the next
     /// daemon (handover marker written).
@@ -327,6 +340,29 @@ struct Managed {
     op: Mutex<()>,
     /// Status for listings; never held across I/O.
     live: Mutex<Live>,
+    /// Entries the on-disk copy holds because ramd put them there (or they
+    /// were there at add): a sync deletes only these (see
+    /// [`sync::sync_tree_known`]). Used under `op`.
+    known: Mutex<Known>,
+}
+
+/// A RAM copy detached from PATH by a forced remove while programs still
+/// had files in it: kept (privately mounted in the runtime directory) until
+/// they close them, then compared with the final sync (see
+/// [`DirManager::poll_draining`]).
+#[derive(Debug)]
+struct Draining {
+    path: PathBuf,
+    id: String,
+    layout: Layout,
+    /// `st_dev` of the RAM copy (what the programs' files are on).
+    dev: u64,
+    /// Where its content is readable (tmpfs root, or the overlay's view).
+    source: PathBuf,
+    /// When the final sync started (ns since the epoch): anything changed
+    /// since is saved as a recovery copy.
+    synced_from_unix_ns: i128,
+    recovery_generations: u32,
 }
 
 /// The directory manager (see the module docs).
@@ -344,6 +380,9 @@ pub struct DirManager {
     /// recovery and kept until shutdown: two managers (two daemons) sharing
     /// a state directory would overwrite each other's state file.
     state_claim: Mutex<Option<DirLock>>,
+    /// RAM copies detached by a forced remove, waiting for their last
+    /// programs to close them.
+    draining: Mutex<Vec<Draining>>,
 }
 
 /// The daemon's own directory a manager directory lives in (`<state>` for
@@ -353,6 +392,41 @@ fn daemon_dir(dir: &Path) -> PathBuf {
         Some(p) if p != Path::new("/") && !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => dir.to_path_buf(),
     }
+}
+
+fn now_unix_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as i128
+}
+
+/// Entries below `root` (relative paths) whose inode changed at or after
+/// `since_unix_ns`, less a margin for the coarse clock of file times.
+fn changed_since(root: &Path, since_unix_ns: i128) -> std::io::Result<Vec<PathBuf>> {
+    const COARSE_CLOCK_MARGIN_NS: i128 = 20_000_000;
+    let since = since_unix_ns - COARSE_CLOCK_MARGIN_NS;
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for ent in std::fs::read_dir(root.join(&rel))? {
+            let ent = ent?;
+            let md = match std::fs::symlink_metadata(ent.path()) {
+                Ok(md) => md,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let r = rel.join(ent.file_name());
+            let ctime = md.ctime() as i128 * 1_000_000_000 + md.ctime_nsec() as i128;
+            if ctime >= since {
+                out.push(r.clone());
+            }
+            if md.is_dir() {
+                stack.push(r);
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn now_unix_ms() -> u64 {
@@ -393,6 +467,16 @@ impl DirManager {
     /// [`DirManager::recover_all`] next, before the daemon says it is ready.
     pub fn open(cfg: ManagerConfig) -> Result<DirManager, DirError> {
         let state_file = StateFile::new(&cfg.state_dir);
+        for dir in [&cfg.state_dir, &cfg.run_dir] {
+            match super::state::make_private(dir) {
+                Ok(fixed) if fixed.is_empty() => {}
+                Ok(fixed) => tracing::warn!(fixed = ?fixed,
+                    "made ramd's directory state private (directories 0700, files 0600): they were readable by other users"),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "cannot check the modes of ramd's files: {e}")
+                }
+            }
+        }
         let (state, warning) = state_file.load()?;
         if let Some(w) = warning {
             tracing::warn!("{w}");
@@ -404,6 +488,7 @@ impl DirManager {
             dirs: Mutex::new(BTreeMap::new()),
             adding: Mutex::new(()),
             state_claim: Mutex::new(None),
+            draining: Mutex::new(Vec::new()),
         })
     }
 
@@ -483,6 +568,7 @@ impl DirManager {
                 totals: SyncTotals::default(),
                 config,
             }),
+            known: Mutex::new(Known::default()),
         });
         self.dirs
             .lock()
@@ -557,6 +643,7 @@ impl DirManager {
             .dirs
             .iter()
             .map(|r| r.id.clone())
+            .chain(self.draining.lock().iter().map(|d| d.id.clone()))
             .collect();
         let mut n = 1;
         while taken.contains(&id) {
@@ -629,8 +716,9 @@ impl DirManager {
             mounts::mount_tmpfs(&layout.ram(), &layout.tag, size_limit_bytes, 0o700)?;
             match cfg.mode {
                 MountMode::Tmpfs => {
-                    let report = sync::sync_tree(&disk, &layout.ram(), &SyncOptions::to_ram())
-                        .map_err(|e| match e {
+                    let (report, known) =
+                        sync::sync_tree_known(&disk, &layout.ram(), &SyncOptions::to_ram(), None)
+                            .map_err(|e| match e {
                             SyncError::NoSpace { .. } => DirError::RamFull {
                                 path: cfg.path.clone(),
                                 limit: size_limit_bytes
@@ -649,6 +737,7 @@ impl DirManager {
                         tracing::warn!(path = %cfg.path.display(), files = ?report.changed_during_sync,
                             "files changed on disk while being copied into RAM; programs should not use the directory before ramd is ready");
                     }
+                    *m.known.lock() = known;
                     mounts::bind(&layout.ram(), &cfg.path)?;
                 }
                 MountMode::Overlay => {
@@ -661,6 +750,7 @@ impl DirManager {
                         .map_err(io_err("set xattrs on", &layout.upper()))?;
                     meta::apply_attributes(&layout.upper(), &root)
                         .map_err(io_err("set attributes on", &layout.upper()))?;
+                    *m.known.lock() = Known::of_tree(&disk).map_err(io_err("read", &disk))?;
                     mounts::mount_overlay(
                         &cfg.path,
                         &layout.tag,
@@ -725,10 +815,25 @@ impl DirManager {
             }
         }
         let path = &m.record.config.path;
-        let result = sync::sync_tree(&self.source(m), &m.layout.disk(), &self.cfg.sync);
+        let mut known = m.known.lock();
+        let result = sync::sync_tree_known(
+            &self.source(m),
+            &m.layout.disk(),
+            &self.cfg.sync,
+            Some(&known),
+        )
+        .map(|(r, seen)| {
+            *known = seen;
+            r
+        });
+        drop(known);
         let mut live = m.live.lock();
         match &result {
             Ok(r) => {
+                if !r.conflicts.is_empty() {
+                    tracing::warn!(path = %path.display(), entries = ?r.conflicts,
+                        "entries appeared in the on-disk copy after the directory went into RAM (written by programs that had it open): kept on disk, not in RAM; see docs/dirs.md");
+                }
                 live.last_sync_unix_ms = Some(now_unix_ms());
                 live.last_report = Some(r.clone());
                 live.last_error = None;
@@ -807,6 +912,11 @@ impl DirManager {
             Ok(()) => true,
             Err(MountError::Busy { .. }) if handover_if_busy => {
                 let report = self.run_sync(m)?;
+                let known_file = m.layout.known();
+                m.known
+                    .lock()
+                    .save(&known_file)
+                    .map_err(io_err("write", &known_file))?;
                 let marker = m.layout.handover();
                 std::fs::write(
                     &marker,
@@ -818,7 +928,20 @@ impl DirManager {
                     "files are open for writing: synced and left in RAM for the next ramd to take over");
                 return Ok(StopOutcome::HandedOver { report });
             }
-            Err(MountError::Busy { .. }) if force => false,
+            Err(MountError::Busy { .. }) if force => return self.release_frozen(m),
+            Err(MountError::Busy { .. }) => {
+                let holders = std::fs::metadata(path)
+                    .map(|md| holders::find(holders::Target::Device(md.dev())))
+                    .unwrap_or_default();
+                return Err(DirError::Busy {
+                    path: path.clone(),
+                    holders: if holders.is_empty() {
+                        "processes not visible to ramd".into()
+                    } else {
+                        holders::describe(&holders, 8)
+                    },
+                });
+            }
             Err(e) => return Err(e.into()),
         };
         let report = match self.run_sync(m) {
@@ -844,7 +967,129 @@ impl DirManager {
         Ok(StopOutcome::Released {
             report,
             lazy_unmount: lazy,
+            still_open: Vec::new(),
+            kept_until_closed: None,
         })
+    }
+
+    /// Forced release while files are open for writing; loses nothing:
+    /// 1. freeze: a read-only bind of the RAM copy on top of PATH, so new
+    ///    opens cannot write (programs holding files keep writing);
+    /// 2. the final sync;
+    /// 3. PATH's mounts detached lazily: PATH shows the on-disk copy;
+    /// 4. the programs still in the RAM copy are named; the copy stays
+    ///    (privately) until they close it, then whatever changed since the
+    ///    final sync started is saved as a recovery copy
+    ///    ([`DirManager::poll_draining`]).
+    fn release_frozen(&self, m: &Managed) -> Result<StopOutcome, DirError> {
+        let path = &m.record.config.path;
+        let dev = std::fs::metadata(path).map_err(io_err("stat", path))?.dev();
+        let source = self.source(m);
+        mounts::bind(&source, path)?;
+        if let Err(e) = mounts::remount_read_only(path) {
+            let _ = mounts::unmount(path, true);
+            return Err(e.into());
+        }
+        let synced_from_unix_ns = now_unix_ns();
+        let report = match self.run_sync(m) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = mounts::unmount(path, true);
+                return Err(e);
+            }
+        };
+        self.unmount_path(m, true);
+        let still = holders::find(holders::Target::Device(dev));
+        let still_open: Vec<String> = still.iter().map(|h| h.to_string()).collect();
+        {
+            let mut live = m.live.lock();
+            live.lock = None;
+            live.status = DirStatus::Failed;
+            live.last_error = Some("released".into());
+        }
+        let d = Draining {
+            path: path.clone(),
+            id: m.record.id.clone(),
+            layout: m.layout.clone(),
+            dev,
+            source,
+            synced_from_unix_ns,
+            recovery_generations: m.live.lock().config.recovery_generations,
+        };
+        let kept_until_closed = (!still.is_empty()).then(|| d.source.clone());
+        if still.is_empty() {
+            self.finish_draining(d);
+        } else {
+            tracing::warn!(path = %path.display(), still_open = %holders::describe(&still, 8),
+                ram_copy = %d.source.display(),
+                "synced and detached; programs still have files in the RAM copy: it is kept until they close them, and what they write after the final sync is saved as a recovery copy");
+            self.draining.lock().push(d);
+        }
+        Ok(StopOutcome::Released {
+            report,
+            lazy_unmount: true,
+            still_open,
+            kept_until_closed,
+        })
+    }
+
+    /// Checks the RAM copies a forced remove left to their programs: once
+    /// none uses one any more (or at `final`, daemon stop), what changed in
+    /// it since its final sync is saved as a recovery copy, and it is
+    /// unmounted. Called every few seconds by the sync thread.
+    pub fn poll_draining(&self, last: bool) {
+        let ready: Vec<Draining> = {
+            let mut all = self.draining.lock();
+            if all.is_empty() {
+                return;
+            }
+            let procs = holders::scan();
+            let own = std::process::id();
+            let (done, wait): (Vec<Draining>, Vec<Draining>) =
+                std::mem::take(&mut *all).into_iter().partition(|d| {
+                    last || holders::holders(&procs, holders::Target::Device(d.dev), own).is_empty()
+                });
+            *all = wait;
+            done
+        };
+        for d in ready {
+            self.finish_draining(d);
+        }
+    }
+
+    /// Saves what changed in a detached RAM copy since its final sync as a
+    /// recovery copy, then unmounts it.
+    fn finish_draining(&self, d: Draining) {
+        match changed_since(&d.source, d.synced_from_unix_ns) {
+            Ok(changed) if changed.is_empty() => {}
+            Ok(changed) => {
+                let rec_dir = self.recovery_dir(&d.id);
+                match recovery::make_copy(&d.source, &rec_dir, now_unix_ms() / 1000) {
+                    Ok((copy, _)) => {
+                        recovery::prune(&rec_dir, d.recovery_generations);
+                        tracing::warn!(path = %d.path.display(), copy = %copy.display(), changed = ?changed,
+                            "programs wrote to the detached RAM copy after its final sync: saved as a recovery copy; copy back what you need");
+                    }
+                    Err(e) => tracing::error!(path = %d.path.display(),
+                        "cannot save what programs wrote after the final sync: {e}; the RAM copy stays at {}", d.source.display()),
+                }
+            }
+            Err(e) => {
+                tracing::error!(path = %d.path.display(), "cannot read the detached RAM copy: {e}")
+            }
+        }
+        let _ = mounts::detach_all_under(&d.layout.base);
+        let _ = std::fs::remove_dir_all(&d.layout.base);
+    }
+
+    /// Paths (ramd's view of the RAM copies a forced remove keeps) of the
+    /// copies still waiting for their programs.
+    pub fn draining(&self) -> Vec<(PathBuf, PathBuf)> {
+        self.draining
+            .lock()
+            .iter()
+            .map(|d| (d.path.clone(), d.source.clone()))
+            .collect()
     }
 
     /// Daemon stop: every directory is synced and released, or handed over
@@ -864,6 +1109,7 @@ impl DirManager {
             })
             .collect();
         self.dirs.lock().clear();
+        self.poll_draining(true);
         *self.state_claim.lock() = None;
         out
     }
@@ -936,6 +1182,14 @@ impl DirManager {
                 if cfg.mode == MountMode::Overlay && !mounts::is_mount_point(&layout.view())? {
                     mounts::bind_private(path, &layout.view())?;
                 }
+                *m.known.lock() = match Known::load(&layout.known()) {
+                    Ok(k) => k,
+                    Err(_) => {
+                        let src = self.source(m);
+                        Known::of_tree(&src).map_err(io_err("read", &src))?
+                    }
+                };
+                let _ = std::fs::remove_file(layout.known());
                 let _ = std::fs::remove_file(layout.handover());
                 tracing::info!(path = %path.display(), "took over the RAM copy a clean stop left mounted");
                 Ok((RecoverOutcome::Adopted, lock))

@@ -16,6 +16,9 @@
 //!   view/    overlay mode only: private bind of the overlay mounted at PATH,
 //!            the sync source (not followed into anything mounted below PATH)
 //!   handover a clean stop left the mounts to the next daemon (see recovery)
+//!   known    with handover: the entries the on-disk copy holds from RAM
+//!            (see sync::Known), so the next daemon keeps telling them from
+//!            entries written to the disk copy behind the RAM copy
 //! ```
 //!
 //! The on-disk copy itself stays where it always was: at PATH, under the
@@ -103,6 +106,10 @@ impl Layout {
     }
     pub fn handover(&self) -> PathBuf {
         self.base.join("handover")
+    }
+    /// The known-entries set a handover leaves for the next daemon.
+    pub fn known(&self) -> PathBuf {
+        self.base.join("known")
     }
 }
 

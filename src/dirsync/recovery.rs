@@ -17,8 +17,10 @@
 //! Recovery copies live in `<state>/dirs/<id>/recovery/<YYYYMMDDTHHMMSSZ>/`
 //! (UTC). A copy is written under `<name>.partial` and renamed when complete,
 //! so a listed copy is always whole; the newest `recovery_generations` are
-//! kept and older ones (and leftover partial ones) deleted.
+//! kept and older ones (and leftover partial ones) deleted. `<id>/` and
+//! `recovery/` are created 0700 (the copies hold users' files).
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::mountinfo::{self, Mount};
@@ -181,7 +183,11 @@ pub fn make_copy(
         let path = path.to_path_buf();
         move |source| RecoveryError::Io { what, path, source }
     };
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(super::state::PRIVATE_DIR_MODE)
+        .create(dir)
+        .map_err(io("create", dir))?;
     let base = timestamp_name(now_unix_s);
     let mut name = base.clone();
     let mut n = 1;
@@ -273,6 +279,11 @@ mod tests {
         let rec = d.path().join("rec");
         for t in [100, 200, 200, 300] {
             make_copy(&src, &rec, t).unwrap();
+        }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&rec).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o700, "the recovery directory is private");
         }
         std::fs::create_dir(rec.join("19700101T000500Z.partial")).unwrap();
         assert_eq!(list_copies(&rec).len(), 4);

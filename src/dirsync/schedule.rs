@@ -256,6 +256,7 @@ fn run(manager: Arc<DirManager>, shared: Arc<Shared>) {
         }
         if Instant::now() >= next_usage_check {
             manager.check_usage();
+            manager.poll_draining(false);
             next_usage_check = Instant::now() + USAGE_CHECK_INTERVAL;
         }
     }

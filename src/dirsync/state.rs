@@ -13,8 +13,17 @@
 //! version is kept as `dirs.state.bak` (hard link made before the rename), so
 //! a state file damaged on disk falls back to the one before, and says so.
 //! A file with a newer version is refused rather than misread.
+//!
+//! # Privacy
+//!
+//! Everything under `<state>/dirs` may hold other users' data (recovery
+//! copies of their directories) or reveal which directories are managed:
+//! directories are created 0700 and files 0600 whatever the umask, and
+//! [`make_private`] (run at every start) fixes what an older ramd or a hand
+//! left more open.
 
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::mounts::MountMode;
@@ -219,9 +228,22 @@ impl StateFile {
             let path = path.to_path_buf();
             move |source| StateError::Io { what, path, source }
         };
-        std::fs::create_dir_all(&self.dir).map_err(io("create", &self.dir))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(PRIVATE_DIR_MODE)
+            .create(&self.dir)
+            .map_err(io("create", &self.dir))?;
         let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(PRIVATE_FILE_MODE)
+            .open(&tmp)
+            .map_err(io("create", &tmp))?;
+        // A leftover temporary keeps its old mode: set it.
+        f.set_permissions(std::fs::Permissions::from_mode(PRIVATE_FILE_MODE))
+            .map_err(io("chmod", &tmp))?;
         f.write_all(&encode(state)).map_err(io("write", &tmp))?;
         f.sync_all().map_err(io("fsync", &tmp))?;
         drop(f);
@@ -239,9 +261,85 @@ impl StateFile {
     }
 }
 
+/// Mode of every directory ramd creates under `<state>/dirs`.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// Mode of the state files.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Makes `dir` (`<state>/dirs`) private: itself, every directory in it and
+/// the `recovery` directory of each 0700, its files 0600 (recovery copies
+/// keep their own modes inside). Symlinks are left alone. Returns what it
+/// changed (the caller logs it); a missing `dir` is fine.
+pub fn make_private(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut fixed = Vec::new();
+    if !fix_mode(dir, &mut fixed)? {
+        return Ok(fixed);
+    }
+    for ent in std::fs::read_dir(dir)? {
+        let p = ent?.path();
+        if fix_mode(&p, &mut fixed)? && p.is_dir() {
+            fix_mode(&p.join("recovery"), &mut fixed)?;
+        }
+    }
+    Ok(fixed)
+}
+
+/// Sets 0700 (directory) or 0600 (file) on `p` when it is more open; false
+/// when `p` is missing.
+fn fix_mode(p: &Path, fixed: &mut Vec<PathBuf>) -> std::io::Result<bool> {
+    let md = match std::fs::symlink_metadata(p) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let want = if md.is_dir() {
+        PRIVATE_DIR_MODE
+    } else if md.is_file() {
+        PRIVATE_FILE_MODE
+    } else {
+        return Ok(true);
+    };
+    if md.permissions().mode() & 0o7777 != want {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(want))?;
+        fixed.push(p.to_path_buf());
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn state_files_are_private_whatever_the_umask() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("dirs");
+        let f = StateFile::new(&dir);
+        f.save(&DirsState::default()).unwrap();
+        f.save(&sample()).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&f.path()), 0o600);
+        assert_eq!(mode(&f.bak()), 0o600);
+        // What an older ramd left open is fixed.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::create_dir_all(dir.join("x-1/recovery/20260101T000000Z")).unwrap();
+        for p in ["x-1", "x-1/recovery"] {
+            std::fs::set_permissions(dir.join(p), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let fixed = make_private(&dir).unwrap();
+        assert_eq!(fixed.len(), 4, "{fixed:?}");
+        for p in [dir.clone(), dir.join("x-1"), dir.join("x-1/recovery")] {
+            assert_eq!(mode(&p), 0o700, "{}", p.display());
+        }
+        assert_eq!(mode(&f.path()), 0o600);
+        assert!(make_private(&dir).unwrap().is_empty());
+        assert!(make_private(&d.path().join("missing")).unwrap().is_empty());
+    }
 
     fn sample() -> DirsState {
         DirsState {

@@ -35,6 +35,18 @@
 //! skip. Such names are reserved: a source entry named like that is not
 //! synced.
 //!
+//! # Entries that appear on disk behind the RAM copy
+//!
+//! A program that had the directory open before it went into RAM (its
+//! working directory, a directory fd) keeps creating entries in the on-disk
+//! copy. Such an entry is not in RAM, but it must not be taken for one RAM
+//! deleted. [`sync_tree_known`] takes the [`Known`] set: the relative paths
+//! the destination held when the directory went into RAM, then those the
+//! source held at each sync since. A destination-only entry is deleted only
+//! when it is known; an unknown one is kept and listed in
+//! [`SyncReport::conflicts`] (at every sync, until someone moves or deletes
+//! it). Internal names (`.ramd-tmp.*`, `.ramd-del.*`) are always deleted.
+//!
 //! # Files that change while being copied
 //!
 //! The source file is `fstat`ed before and after its copy; a change of size,
@@ -49,7 +61,7 @@
 //! on tmpfs, so such writes are only noticed once something else changes the
 //! file (as with rsync).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
@@ -74,6 +86,90 @@ pub const PER_FILE_FSYNC_MAX: u64 = 64;
 pub fn is_internal_name(name: &OsStr) -> bool {
     let b = name.as_bytes();
     b.starts_with(TMP_PREFIX.as_bytes()) || b.starts_with(DEL_PREFIX.as_bytes())
+}
+
+/// Relative paths a destination is known to hold because they came from
+/// the source (64-bit FNV-1a hashes of the path bytes: a set of a million
+/// entries takes about 16 MiB and collides with odds of 1 in 10^7).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Known(HashSet<u64>);
+
+impl Known {
+    fn hash(rel: &Path) -> u64 {
+        rel.as_os_str()
+            .as_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+            })
+    }
+
+    /// Adds a relative path.
+    pub fn insert(&mut self, rel: &Path) {
+        self.0.insert(Self::hash(rel));
+    }
+
+    /// True when `rel` is known.
+    pub fn contains(&self, rel: &Path) -> bool {
+        self.0.contains(&Self::hash(rel))
+    }
+
+    /// How many paths are known.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no path is known.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every entry below `root` (internal names left out).
+    pub fn of_tree(root: &Path) -> io::Result<Known> {
+        let mut k = Known::default();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            for ent in std::fs::read_dir(root.join(&rel))? {
+                let ent = ent?;
+                let name = ent.file_name();
+                if is_internal_name(&name) {
+                    continue;
+                }
+                let r = rel.join(&name);
+                k.insert(&r);
+                if ent.file_type()?.is_dir() {
+                    stack.push(r);
+                }
+            }
+        }
+        Ok(k)
+    }
+
+    /// Writes the set to `path` (little-endian u64s; runtime use only).
+    pub fn save(&self, path: &Path) -> io::Result<()> {
+        let mut bytes = Vec::with_capacity(self.0.len() * 8);
+        for h in &self.0 {
+            bytes.extend_from_slice(&h.to_le_bytes());
+        }
+        std::fs::write(path, bytes)
+    }
+
+    /// Reads a set [`Known::save`] wrote.
+    pub fn load(path: &Path) -> io::Result<Known> {
+        let bytes = std::fs::read(path)?;
+        if bytes.len() % 8 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "torn known-entries file",
+            ));
+        }
+        Ok(Known(
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ))
+    }
 }
 
 /// How a sync runs.
@@ -138,6 +234,11 @@ pub struct SyncReport {
     /// Files (relative paths) that kept changing: the destination keeps their
     /// previous version; the next sync tries again.
     pub changed_during_sync: Vec<PathBuf>,
+    /// Destination-only entries (relative paths) that appeared there after
+    /// the directory went into RAM (written by programs that had it open
+    /// before): kept, not deleted. See the module docs.
+    #[serde(default)]
+    pub conflicts: Vec<PathBuf>,
     /// Wall time of the sync.
     pub duration_ms: u64,
 }
@@ -198,6 +299,18 @@ fn is_not_found(e: &io::Error) -> bool {
 
 /// Makes `dst` (an existing directory) equal to `src`. See the module docs.
 pub fn sync_tree(src: &Path, dst: &Path, opts: &SyncOptions) -> Result<SyncReport, SyncError> {
+    sync_tree_known(src, dst, opts, None).map(|(r, _)| r)
+}
+
+/// [`sync_tree`] that deletes a destination-only entry only when `known`
+/// (when given) has it; returns the report and the source's entries (the
+/// `known` of the next sync).
+pub fn sync_tree_known(
+    src: &Path,
+    dst: &Path,
+    opts: &SyncOptions,
+    known: Option<&Known>,
+) -> Result<(SyncReport, Known), SyncError> {
     let start = Instant::now();
     let src_meta = Meta::lstat(src).map_err(rd(src))?;
     if src_meta.kind != Kind::Dir {
@@ -218,6 +331,8 @@ pub fn sync_tree(src: &Path, dst: &Path, opts: &SyncOptions) -> Result<SyncRepor
         links: HashMap::new(),
         deferred_files: 0,
         seq: 0,
+        known,
+        seen: Known::default(),
     };
     let result = e.run(src, dst, &src_meta, &dst_meta);
     if result.is_err() {
@@ -225,7 +340,7 @@ pub fn sync_tree(src: &Path, dst: &Path, opts: &SyncOptions) -> Result<SyncRepor
     }
     result?;
     e.report.duration_ms = start.elapsed().as_millis() as u64;
-    Ok(e.report)
+    Ok((e.report, e.seen))
 }
 
 /// A temporary to rename over its final name.
@@ -266,6 +381,10 @@ struct Engine<'a> {
     deferred_files: u64,
     /// Counter for unique temporary names.
     seq: u64,
+    /// Destination entries that came from the source (None: all of them).
+    known: Option<&'a Known>,
+    /// Source entries seen by this sync.
+    seen: Known,
 }
 
 /// Lists a directory: (name, lstat) sorted by name, internal names left out.
@@ -378,6 +497,7 @@ impl Engine<'_> {
             }
             self.report.entries_scanned += 1;
             let (s, d, r) = (src.join(&name), dst.join(&name), rel.join(&name));
+            self.seen.insert(&r);
             let dm = dst_entries.remove(&name);
             match (sm.kind, dm) {
                 (Kind::Dir, Some(dm)) if dm.kind == Kind::Dir => {
@@ -402,6 +522,12 @@ impl Engine<'_> {
         }
         // What is left exists only in dst (including leftovers of a crash).
         for name in dst_entries.into_keys() {
+            let r = rel.join(&name);
+            if !is_internal_name(&name) && self.known.is_some_and(|k| !k.contains(&r)) {
+                // Appeared in dst after the directory went into RAM.
+                self.report.conflicts.push(r);
+                continue;
+            }
             self.deletes.push(dst.join(name));
             changed = true;
         }
@@ -452,6 +578,7 @@ impl Engine<'_> {
             }
             self.report.entries_scanned += 1;
             let (sp, tp, rp) = (s.join(&name), t.join(&name), r.join(&name));
+            self.seen.insert(&rp);
             if em.kind == Kind::Dir {
                 std::fs::create_dir(&tp).map_err(wr(&tp))?;
                 if self.fill_new_dir(&sp, &tp, &rp, &em)? {
@@ -747,6 +874,59 @@ mod tests {
         assert!(is_internal_name(OsStr::new(".ramd-del.1.2")));
         assert!(!is_internal_name(OsStr::new(".ramd")));
         assert!(!is_internal_name(OsStr::new("ramd-tmp.1")));
+    }
+
+    #[test]
+    fn entries_that_appeared_in_dst_are_kept_as_conflicts() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+        for root in [&src, &dst] {
+            std::fs::create_dir_all(root.join("sub")).unwrap();
+            std::fs::write(root.join("both"), b"x").unwrap();
+        }
+        // Known entries RAM deleted, and entries written to dst behind it.
+        std::fs::write(dst.join("deleted-in-ram"), b"old").unwrap();
+        std::fs::create_dir_all(dst.join("gone-dir/inner")).unwrap();
+        std::fs::write(dst.join("appeared"), b"new on disk").unwrap();
+        std::fs::write(dst.join("sub/appeared-too"), b"new on disk").unwrap();
+        std::fs::create_dir(dst.join("new-dir")).unwrap();
+        std::fs::write(dst.join(".ramd-tmp.1.1"), b"leftover").unwrap();
+        let mut known = Known::default();
+        for p in [
+            "both",
+            "sub",
+            "deleted-in-ram",
+            "gone-dir",
+            "gone-dir/inner",
+        ] {
+            known.insert(Path::new(p));
+        }
+        let opts = SyncOptions::to_ram();
+        let (r, seen) = sync_tree_known(&src, &dst, &opts, Some(&known)).unwrap();
+        let mut conflicts = r.conflicts.clone();
+        conflicts.sort();
+        assert_eq!(
+            conflicts,
+            [
+                PathBuf::from("appeared"),
+                PathBuf::from("new-dir"),
+                PathBuf::from("sub/appeared-too")
+            ]
+        );
+        assert_eq!(r.entries_deleted, 3, "{r:?}");
+        assert!(!dst.join("deleted-in-ram").exists());
+        assert!(!dst.join("gone-dir").exists());
+        assert!(!dst.join(".ramd-tmp.1.1").exists());
+        assert_eq!(std::fs::read(dst.join("appeared")).unwrap(), b"new on disk");
+        assert!(seen.contains(Path::new("sub")) && !seen.contains(Path::new("appeared")));
+        assert_eq!(seen.len(), 2);
+        // Without a known set everything dst-only goes.
+        let r = sync_tree(&src, &dst, &opts).unwrap();
+        assert!(r.conflicts.is_empty() && !dst.join("appeared").exists());
+        // Save and load.
+        let f = d.path().join("known");
+        seen.save(&f).unwrap();
+        assert_eq!(Known::load(&f).unwrap(), seen);
     }
 
     #[test]
