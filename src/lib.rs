@@ -49,5 +49,6 @@ pub mod metrics;
 pub mod nbd;
 pub mod paths;
 pub mod persist;
+pub mod ratelog;
 pub mod size;
 pub mod store;

@@ -133,7 +133,11 @@ impl Session<'_> {
                     return Err(HandshakeError::UnknownExport(name));
                 };
                 if let Some(why) = export.unavailable() {
-                    tracing::info!("NBD client refused: {why}");
+                    static REFUSED: crate::ratelog::RateLimit =
+                        crate::ratelog::RateLimit::per_10s();
+                    if let Some(more) = REFUSED.admit() {
+                        tracing::info!("NBD client refused: {why}{more}");
+                    }
                     return Err(HandshakeError::UnknownExport(name));
                 }
                 let flags = export.transmission_flags(self.structured);

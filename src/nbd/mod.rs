@@ -7,6 +7,7 @@
 pub mod awake;
 pub mod client;
 pub mod conn;
+mod deadline;
 pub mod export;
 pub mod handshake;
 mod poller;

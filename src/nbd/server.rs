@@ -19,11 +19,14 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::ratelog::RateLimit;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::conn;
+use super::deadline::{Deadline, SocketTimeouts};
 use super::export::{Export, ExportTable};
 use super::handshake::{self, HandshakeError};
 
@@ -39,8 +42,18 @@ pub struct ServerConfig {
     pub tcp: Vec<SocketAddr>,
     /// Most connections served at once; further ones are closed at accept.
     pub max_connections: usize,
-    /// A client must finish each handshake read within this time.
+    /// Most connections still in their handshake at once (at most half of
+    /// `max_connections`), so the rest of the cap stays for clients that
+    /// finished theirs. When these slots are full, a newcomer takes the
+    /// slot of the oldest handshake that has run for `EVICT_AFTER`.
+    pub max_handshakes: usize,
+    /// A client must finish its whole handshake within this time (one
+    /// deadline for every read and write, not per read).
     pub handshake_timeout: Duration,
+    /// A client that takes none of our reply bytes for this long (its
+    /// socket buffer full) is disconnected: a client that stops reading
+    /// cannot hold a connection thread forever.
+    pub reply_timeout: Duration,
     /// Microseconds a connection polls for its next request before it
     /// blocks (see `poller.rs`, which also naps for busy pipelining
     /// clients); 0 blocks at once.
@@ -56,7 +69,9 @@ impl ServerConfig {
             unix_socket: unix_socket.into(),
             tcp: Vec::new(),
             max_connections: 256,
-            handshake_timeout: Duration::from_secs(30),
+            max_handshakes: 64,
+            handshake_timeout: Duration::from_secs(10),
+            reply_timeout: Duration::from_secs(60),
             poll_us: DEFAULT_POLL_US,
             keep_cpu_awake: true,
         }
@@ -82,16 +97,33 @@ impl Stream {
             Stream::Tcp(s) => s.shutdown(how),
         }
     }
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+    /// The socket's send timeout (SO_SNDTIMEO), which waits for room to
+    /// send honour too.
+    fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        match self {
+            Stream::Unix(s) => s.write_timeout(),
+            Stream::Tcp(s) => s.write_timeout(),
+        }
+    }
+}
+
+impl SocketTimeouts for Stream {
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Unix(s) => s.set_read_timeout(t),
             Stream::Tcp(s) => s.set_read_timeout(t),
         }
     }
-    fn fd(&self) -> RawFd {
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
-            Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
         }
     }
 }
@@ -127,11 +159,11 @@ impl conn::Transport for Stream {
     }
 
     fn wait_readable(&self) -> io::Result<()> {
-        wait_fd(self.fd(), libc::POLLIN)
+        wait_fd(self.fd(), libc::POLLIN, None)
     }
 
     fn wait_writable(&self) -> io::Result<()> {
-        wait_fd(self.fd(), libc::POLLOUT)
+        wait_fd(self.fd(), libc::POLLOUT, self.write_timeout()?)
     }
 
     fn send_now(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
@@ -159,17 +191,24 @@ impl conn::Transport for Stream {
 }
 
 /// Blocks until `fd` reports `events` (or an error or hang-up, which the
-/// next read or write then reports).
-fn wait_fd(fd: RawFd, events: libc::c_short) -> io::Result<()> {
+/// next read or write then reports); fails with `TimedOut` after `timeout`.
+fn wait_fd(fd: RawFd, events: libc::c_short, timeout: Option<Duration>) -> io::Result<()> {
     let mut pfd = libc::pollfd {
         fd,
         events,
         revents: 0,
     };
+    let timeout_ms = timeout.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
     loop {
         // SAFETY: one valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, -1) };
-        if rc >= 0 {
+        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if rc == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took none of our replies within the reply timeout",
+            ));
+        }
+        if rc > 0 {
             return Ok(());
         }
         let e = io::Error::last_os_error();
@@ -239,13 +278,22 @@ struct Shared {
     next_id: AtomicU64,
 }
 
-/// A live connection as shutdown sees it.
+/// A live connection as shutdown and admission see it.
 struct Live {
     /// A clone of the connection's socket, to shut its read half.
     stream: Stream,
     /// The export it is attached to (None during the handshake).
     export: Option<Arc<Export>>,
+    /// When it was accepted.
+    since: Instant,
+    /// Closed to make room for a newcomer; no longer counted.
+    evicted: bool,
 }
+
+/// A handshake this old may be closed to make room for a newcomer when
+/// every handshake slot is taken: real clients finish theirs in
+/// milliseconds, so only slow or idle ones are ever evicted.
+const EVICT_AFTER: Duration = Duration::from_secs(1);
 
 /// A bound NBD server. `run` serves until `ShutdownHandle::shutdown`.
 pub struct Server {
@@ -289,6 +337,7 @@ impl Server {
     /// Binds the unix socket (replacing a stale one, refusing a live one)
     /// and the TCP addresses.
     pub fn bind(config: ServerConfig, exports: Arc<ExportTable>) -> io::Result<Server> {
+        give_large_buffers_back_when_freed();
         let mut listeners = vec![Listener::Unix(bind_unix(&config.unix_socket)?)];
         let socket_id = file_id(&config.unix_socket)?;
         let mut tcp_addrs = Vec::new();
@@ -359,7 +408,10 @@ impl Server {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => {
                             // EMFILE and friends: log, back off, keep serving.
-                            tracing::warn!("accept failed: {e}");
+                            static FAILED: RateLimit = RateLimit::per_10s();
+                            if let Some(more) = FAILED.admit() {
+                                tracing::warn!("accept failed: {e}{more}");
+                            }
                             std::thread::sleep(Duration::from_millis(50));
                             break;
                         }
@@ -389,11 +441,14 @@ impl Server {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut live = shared.live.lock();
-            if live.len() >= shared.config.max_connections {
-                tracing::warn!(
-                    "connection refused: the limit of {} connections is reached (raise --max-connections)",
-                    shared.config.max_connections
-                );
+            if !admit(&mut live, &shared.config) {
+                static REFUSED: RateLimit = RateLimit::per_10s();
+                if let Some(more) = REFUSED.admit() {
+                    tracing::warn!(
+                        "connection refused: the limit of {} connections is reached (raise --max-connections){more}",
+                        shared.config.max_connections
+                    );
+                }
                 return;
             }
             match stream.try_clone() {
@@ -402,6 +457,8 @@ impl Server {
                     Live {
                         stream,
                         export: None,
+                        since: Instant::now(),
+                        evicted: false,
                     },
                 ),
                 Err(e) => {
@@ -426,6 +483,63 @@ impl Server {
     }
 }
 
+/// Connection buffers are large (512 KiB to 2 MiB) and live as long as
+/// their connection. glibc raises its mmap threshold to the size of the
+/// first such block freed, so later ones come from per-thread arenas, which
+/// keep what is freed: after bursts of connections RSS stayed far above its
+/// start. A fixed threshold (which also turns off that adjustment) keeps
+/// every block of 128 KiB or more in its own mapping, unmapped when freed.
+fn give_large_buffers_back_when_freed() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: mallopt only changes allocator parameters; it is called
+        // once, and glibc serialises it with allocations.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) };
+    });
+}
+
+/// Blocks at least this large get their own mapping (glibc's default start).
+const MMAP_THRESHOLD_BYTES: libc::c_int = 128 * 1024;
+
+/// Whether a new connection may start its handshake; may evict the oldest
+/// slow handshake to make room. Established connections are never evicted.
+fn admit(live: &mut HashMap<u64, Live>, config: &ServerConfig) -> bool {
+    let handshake_cap = handshake_slots(config);
+    let counted = || live.values().filter(|l| !l.evicted);
+    let total = counted().count();
+    let handshaking = counted().filter(|l| l.export.is_none()).count();
+    if total < config.max_connections && handshaking < handshake_cap {
+        return true;
+    }
+    // Full: a newcomer may take the place of the oldest slow handshake.
+    let oldest = live
+        .values_mut()
+        .filter(|l| !l.evicted && l.export.is_none() && l.since.elapsed() >= EVICT_AFTER)
+        .min_by_key(|l| l.since);
+    let Some(victim) = oldest else {
+        return false;
+    };
+    victim.evicted = true;
+    let _ = victim.stream.shutdown(Shutdown::Both);
+    static EVICTED: RateLimit = RateLimit::per_10s();
+    if let Some(more) = EVICTED.admit() {
+        tracing::info!(
+            "every handshake slot is taken: closed the oldest unfinished handshake ({:.1} s old) for a new client{more}",
+            victim.since.elapsed().as_secs_f64()
+        );
+    }
+    true
+}
+
+/// How many connections may be in their handshake at once: the configured
+/// number, but at most half the connection cap (at least one).
+fn handshake_slots(config: &ServerConfig) -> usize {
+    config
+        .max_handshakes
+        .min(config.max_connections.div_ceil(2))
+        .max(1)
+}
+
 /// Removes a connection from the live set when dropped.
 struct Registered<'a>(&'a Shared, u64);
 
@@ -443,26 +557,15 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     if shared.stopping.load(Ordering::SeqCst) {
         return;
     }
-    let _ = stream.set_read_timeout(Some(shared.config.handshake_timeout));
-    let neg = match handshake::negotiate(&mut stream, &shared.exports) {
+    let deadline = shared.config.handshake_timeout;
+    let neg = match handshake::negotiate(&mut Deadline::new(&mut stream, deadline), &shared.exports)
+    {
         Ok(n) => n,
-        Err(HandshakeError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            tracing::debug!(conn = id, "client left during the handshake");
-            return;
-        }
-        Err(HandshakeError::Aborted) => {
-            tracing::debug!(
-                conn = id,
-                "client aborted the handshake (listing or probing)"
-            );
-            return;
-        }
-        Err(e) => {
-            tracing::info!(conn = id, "handshake ended: {e}");
-            return;
-        }
+        Err(e) => return log_handshake_end(id, &e),
     };
+    // Idle clients are fine; clients that stop taking replies are not.
     let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(Some(shared.config.reply_timeout));
     let export = neg.export.clone();
     let _counted = export.connect();
     if let Some(l) = shared.live.lock().get_mut(&id) {
@@ -483,9 +586,50 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     ) {
         Ok(()) => tracing::debug!(conn = id, "disconnected"),
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-            tracing::warn!(conn = id, export = %export.name, "closing connection: {e}")
+            static BROKEN: RateLimit = RateLimit::per_10s();
+            if let Some(more) = BROKEN.admit() {
+                tracing::warn!(conn = id, export = %export.name, "closing connection: {e}{more}")
+            }
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            static STALLED: RateLimit = RateLimit::per_10s();
+            if let Some(more) = STALLED.admit() {
+                tracing::info!(
+                    conn = id,
+                    export = %export.name,
+                    "closing connection: the client took none of our replies for {} s{more}",
+                    shared.config.reply_timeout.as_secs()
+                )
+            }
         }
         Err(e) => tracing::debug!(conn = id, "connection ended: {e}"),
+    }
+}
+
+/// Logs why a handshake ended without a transmission phase: debug for
+/// what clients do normally, a rate-limited line for the rest.
+fn log_handshake_end(id: u64, e: &HandshakeError) {
+    match e {
+        HandshakeError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(conn = id, "client left during the handshake");
+        }
+        HandshakeError::Aborted => {
+            tracing::debug!(
+                conn = id,
+                "client aborted the handshake (listing or probing)"
+            );
+        }
+        e => {
+            static ENDED: RateLimit = RateLimit::per_10s();
+            if let Some(more) = ENDED.admit() {
+                tracing::info!(conn = id, "handshake ended: {e}{more}");
+            }
+        }
     }
 }
 
@@ -513,9 +657,21 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
         }
         std::fs::remove_file(path)?;
     }
-    UnixListener::bind(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display())))
+    let listener = UnixListener::bind(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display())))?;
+    // Explicitly private, whatever the umask: only our user may connect.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot set the mode of {}: {e}", path.display()),
+        )
+    })?;
+    Ok(listener)
 }
+
+/// The NBD unix socket's mode: owner only.
+pub const SOCKET_MODE: u32 = 0o600;
 
 /// The pid of the process at the other end of a unix socket (SO_PEERCRED).
 pub fn peer_pid(s: &UnixStream) -> Option<i32> {

@@ -1,0 +1,385 @@
+//! What a hostile or broken client can make the NBD server hold or block:
+//! connection buffers, handshake slots, the server's own writes, the log.
+//!
+//! Its own test binary, because it reads process-wide figures (the
+//! connection-buffer gauge, RSS) that other tests' connections would move;
+//! the tests here take `SERIAL` so they do not move each other's either.
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ramd::backend::Backend;
+use ramd::nbd::proto::*;
+use ramd::nbd::{Export, ExportTable, Server, ServerConfig, ShutdownHandle};
+use ramd::store::{MemoryBudget, RamStore};
+
+const MIB: usize = 1 << 20;
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A server on its own thread with a 64 MiB drive "ram0" and a read-only
+/// 64 MiB drive "ro".
+struct TestServer {
+    socket: std::path::PathBuf,
+    shutdown: ShutdownHandle,
+    run: Option<thread::JoinHandle<io::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let exports = Arc::new(ExportTable::new());
+        for (name, read_only) in [("ram0", false), ("ro", true)] {
+            let budget = Arc::new(MemoryBudget::new(u64::MAX));
+            let store = RamStore::new(64 << 20, None, budget).unwrap();
+            let backend = Arc::new(store) as Arc<dyn Backend>;
+            assert!(exports.insert(Arc::new(Export::new(name, "", backend, read_only))));
+        }
+        let socket = dir.path().join("nbd.sock");
+        let mut config = ServerConfig::new(&socket);
+        tweak(&mut config);
+        let server = Server::bind(config, exports).unwrap();
+        let shutdown = server.shutdown_handle();
+        let run = Some(thread::spawn(move || server.run()));
+        TestServer {
+            socket,
+            shutdown,
+            run,
+            _dir: dir,
+        }
+    }
+
+    fn connect(&self) -> UnixStream {
+        connect_at(&self.socket)
+    }
+
+    /// A connection in the transmission phase on `export`.
+    fn open(&self, export: &str) -> UnixStream {
+        open_at(&self.socket, export)
+    }
+}
+
+fn connect_at(socket: &Path) -> UnixStream {
+    let s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+    s
+}
+
+/// A connection in the transmission phase on `export`.
+fn open_at(socket: &Path, export: &str) -> UnixStream {
+    let mut s = connect_at(socket);
+    greet(&mut s).expect("greeting");
+    let mut opt = Vec::new();
+    opt.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    opt.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    opt.extend_from_slice(export.as_bytes());
+    s.write_all(&opt).unwrap();
+    let mut reply = [0u8; 10]; // size, flags (no zeroes)
+    s.read_exact(&mut reply).expect("export name reply");
+    s
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.shutdown();
+        if let Some(run) = self.run.take() {
+            if !thread::panicking() {
+                run.join().unwrap().unwrap();
+            }
+        }
+    }
+}
+
+/// Reads the greeting and sends fixed-newstyle, no-zeroes client flags.
+fn greet(s: &mut UnixStream) -> io::Result<()> {
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting)?;
+    s.write_all(&(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES).to_be_bytes())
+}
+
+fn request(command: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(28);
+    b.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    b.extend_from_slice(&flags.to_be_bytes());
+    b.extend_from_slice(&command.to_be_bytes());
+    b.extend_from_slice(&cookie.to_be_bytes());
+    b.extend_from_slice(&offset.to_be_bytes());
+    b.extend_from_slice(&len.to_be_bytes());
+    b
+}
+
+/// Reads one simple reply: (cookie, errno).
+fn simple_reply(s: &mut UnixStream) -> (u64, u32) {
+    let mut r = [0u8; 16];
+    s.read_exact(&mut r).expect("a reply");
+    assert_eq!(
+        u32::from_be_bytes(r[0..4].try_into().unwrap()),
+        SIMPLE_REPLY_MAGIC
+    );
+    let errno = u32::from_be_bytes(r[4..8].try_into().unwrap());
+    (u64::from_be_bytes(r[8..16].try_into().unwrap()), errno)
+}
+
+/// Reads a successful READ's simple reply and its `len` bytes of data.
+fn read_reply(s: &mut UnixStream, cookie: u64, len: usize) -> Vec<u8> {
+    assert_eq!(simple_reply(s), (cookie, 0));
+    let mut data = vec![0u8; len];
+    s.read_exact(&mut data).expect("READ data");
+    data
+}
+
+/// Whether the server has closed `s` (reads until EOF or an error, within
+/// `within`); false when it is still open after that.
+fn closed_within(s: &mut UnixStream, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Waits until `f` holds (bounded).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// 64 connections each send the 28-byte header of a refused 32 MiB WRITE
+/// and nothing more. The server must not gather (and zero) a 32 MiB input
+/// buffer for each: it drains refused payloads through its normal buffer.
+#[test]
+fn refused_write_headers_do_not_make_connections_hold_their_payload() {
+    let _serial = serial();
+    let server = TestServer::start(|_| {});
+    let len = 32 * MIB as u32;
+    let before_rss = rss_bytes();
+    let before = ramd::nbd::conn::buffer_bytes();
+    let mut conns = Vec::new();
+    for i in 0..64u64 {
+        // Read-only drive, an invalid flag, and past the end, in turn.
+        let (export, flags, offset) = match i % 3 {
+            0 => ("ro", 0, 0),
+            1 => ("ram0", CMD_FLAG_DF | CMD_FLAG_NO_HOLE, 0),
+            _ => ("ram0", 0, 60 << 20),
+        };
+        let mut s = server.open(export);
+        s.write_all(&request(CMD_WRITE, flags, i, offset, len))
+            .unwrap();
+        // A request behind it shows the header was parsed (no reply comes
+        // before the refused payload is drained).
+        conns.push(s);
+    }
+    // Every connection's thread has read its header by now or soon; give
+    // them time to (wrongly) grow their buffers.
+    thread::sleep(Duration::from_millis(500));
+    let held = ramd::nbd::conn::buffer_bytes() - before;
+    let grown = rss_bytes().saturating_sub(before_rss);
+    assert!(
+        held < 64 * 4 * MIB as u64,
+        "64 connections hold {} MiB of buffers",
+        held >> 20
+    );
+    assert!(grown < 256 << 20, "RSS grew by {} MiB", grown >> 20);
+    // The refusal comes once the payload was sent, and the connection
+    // goes on.
+    let mut s = conns.pop().unwrap();
+    s.write_all(&vec![7u8; len as usize]).unwrap();
+    // 63 % 3 == 0: the read-only drive.
+    assert_eq!(simple_reply(&mut s), (63, EPERM));
+    s.write_all(&request(CMD_READ, 0, 99, 0, 4096)).unwrap();
+    read_reply(&mut s, 99, 4096);
+    drop(conns);
+    drop(s);
+    eventually("connection buffers given back", || {
+        ramd::nbd::conn::buffer_bytes() <= before
+    });
+}
+
+/// The handshake has one deadline: a client that sends one byte at a time
+/// is closed when it passes, however steady its trickle.
+#[test]
+fn a_trickling_handshake_is_closed_at_its_deadline() {
+    let _serial = serial();
+    let server = TestServer::start(|c| c.handshake_timeout = Duration::from_secs(1));
+    let mut s = server.connect();
+    greet(&mut s).unwrap();
+    let option = IHAVEOPT.to_be_bytes();
+    let mut closed = false;
+    // 5 s of one byte every 100 ms: each read is quick, the whole is not.
+    for b in option.iter().cycle().take(50) {
+        if s.write_all(&[*b]).is_err() {
+            closed = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        closed || closed_within(&mut s, Duration::from_secs(1)),
+        "the server kept a trickling handshake open past its deadline"
+    );
+}
+
+/// A client that sends option after option and never reads the replies
+/// fills its socket: the server's writes then time out with the handshake
+/// deadline instead of blocking its thread forever.
+#[test]
+fn a_client_that_never_reads_option_replies_is_closed() {
+    let _serial = serial();
+    let server = TestServer::start(|c| c.handshake_timeout = Duration::from_secs(1));
+    let mut s = server.connect();
+    greet(&mut s).unwrap();
+    let mut list = Vec::new();
+    list.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    list.extend_from_slice(&OPT_LIST.to_be_bytes());
+    list.extend_from_slice(&0u32.to_be_bytes());
+    let flood: Vec<u8> = list
+        .iter()
+        .copied()
+        .cycle()
+        .take(list.len() * 40_000)
+        .collect();
+    let mut w = s.try_clone().unwrap();
+    w.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    // Stops when the socket is full and the server no longer reads.
+    let _ = w.write_all(&flood);
+    thread::sleep(Duration::from_millis(1500));
+    assert!(
+        closed_within(&mut s, Duration::from_secs(5)),
+        "the server still holds a connection that never read its replies"
+    );
+}
+
+/// Idle unfinished handshakes cannot keep a real client out: handshakes
+/// have slots of their own, and a newcomer takes the place of the oldest
+/// slow one.
+#[test]
+fn idle_handshakes_cannot_lock_out_a_real_client() {
+    let _serial = serial();
+    let server = TestServer::start(|c| {
+        c.max_connections = 16;
+        c.max_handshakes = 4;
+        c.handshake_timeout = Duration::from_secs(60);
+    });
+    let mut idle = Vec::new();
+    for _ in 0..16 {
+        let mut s = server.connect();
+        // Greeted or closed at once; either way it then says nothing.
+        let _ = greet(&mut s);
+        idle.push(s);
+    }
+    thread::sleep(Duration::from_millis(1200));
+    let mut real = server.open("ram0");
+    real.write_all(&request(CMD_READ, 0, 1, 0, 512)).unwrap();
+    read_reply(&mut real, 1, 512);
+    // Established clients are never evicted, whatever arrives after them.
+    for _ in 0..8 {
+        let mut s = server.connect();
+        let _ = greet(&mut s);
+        idle.push(s);
+    }
+    real.write_all(&request(CMD_READ, 0, 2, 0, 512)).unwrap();
+    read_reply(&mut real, 2, 512);
+}
+
+/// A client that sends READs and never reads the replies is disconnected
+/// after the reply timeout; other clients of the drive go on meanwhile.
+#[test]
+fn a_client_that_stops_reading_replies_is_disconnected() {
+    let _serial = serial();
+    let server = TestServer::start(|c| c.reply_timeout = Duration::from_secs(1));
+    let mut stuck = server.open("ram0");
+    for i in 0..256 {
+        stuck
+            .write_all(&request(CMD_READ, 0, i, 0, MIB as u32))
+            .unwrap();
+    }
+    let mut other = server.open("ram0");
+    other.write_all(&request(CMD_READ, 0, 7, 0, 4096)).unwrap();
+    read_reply(&mut other, 7, 4096);
+    thread::sleep(Duration::from_millis(2500));
+    assert!(
+        closed_within(&mut stuck, Duration::from_secs(10)),
+        "the server still serves a client that took no replies"
+    );
+}
+
+/// After a burst of connections that each moved 1 MiB both ways, the
+/// daemon gives their buffers back to the OS (RSS returns near its start).
+#[test]
+fn memory_of_a_connection_burst_is_given_back() {
+    let _serial = serial();
+    let server = TestServer::start(|_| {});
+    // Warm up: the drive's page and the server's first allocations.
+    burst(&server, 1);
+    let before = rss_bytes();
+    for _ in 0..3 {
+        burst(&server, 64);
+    }
+    eventually("connections gone", || ramd::nbd::conn::buffer_bytes() == 0);
+    let after = rss_bytes();
+    let kept = after.saturating_sub(before);
+    eprintln!(
+        "RSS before {} MiB, after 3 bursts of 64 connections {} MiB",
+        before >> 20,
+        after >> 20
+    );
+    assert!(
+        kept < 48 << 20,
+        "the process kept {} MiB after the bursts",
+        kept >> 20
+    );
+}
+
+/// `n` concurrent connections, each writing and reading 1 MiB, then closing.
+fn burst(server: &TestServer, n: usize) {
+    let path: &Path = &server.socket;
+    thread::scope(|scope| {
+        for i in 0..n {
+            scope.spawn(move || {
+                let mut s = open_at(path, "ram0");
+                let mut req = request(CMD_WRITE, 0, i as u64, 0, MIB as u32);
+                req.extend(std::iter::repeat_n(i as u8, MIB));
+                s.write_all(&req).unwrap();
+                assert_eq!(simple_reply(&mut s).1, 0);
+                s.write_all(&request(CMD_READ, 0, 1, 0, MIB as u32))
+                    .unwrap();
+                assert_eq!(simple_reply(&mut s).1, 0);
+                let mut data = vec![0u8; MIB];
+                s.read_exact(&mut data).unwrap();
+            });
+        }
+    });
+}
