@@ -87,7 +87,7 @@ def main(paths):
     old = [p for p, d in zip(paths, docs) if d.get("meta", {}).get("harness") != "bench/peers.py"]
     print("srv us/IO: the server's CPU time per I/O over fio's measured window"
           + (f"; in {len(old)} run(s) made before bench/peers.py existed, over fio's whole"
-             " run, start-up included (about 5% lower)" if old else "") + ".")
+             " run, start-up and ramp included (typically 0-15% lower)" if old else "") + ".")
     print()
     print("| server | " + " | ".join(c[3] for c in MAIN) + " |")
     print("|---" * (len(MAIN) + 1) + "|")
