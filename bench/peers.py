@@ -163,8 +163,9 @@ def group_alive(pgid):
 
 # ------------------------------------------------------------------ /proc
 def proc_stat(pid):
-    """Fields of /proc/PID/stat after the command name: [pid, comm, state, ppid, pgrp, ...]
-    re-indexed so that index 2 is the state, 3 the ppid, 4 the process group."""
+    """/proc/PID/stat as a list: index i holds field i+1 of proc(5) (0 pid,
+    1 comm, 2 state, 3 ppid, 4 process group, 13-16 utime stime cutime cstime);
+    None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             s = f.read()
@@ -198,7 +199,7 @@ def cpu_seconds(pids):
     total = 0
     for p in pids:
         st = proc_stat(p)
-        if st:  # stat fields 14-17 are at index 13-16 here
+        if st:
             total += sum(int(x) for x in st[13:17])
     return total / TICK
 
@@ -239,9 +240,9 @@ class CpuSampler(threading.Thread):
 
 # ------------------------------------------------------------------ servers
 class Server:
-    def __init__(self, name, argv, sock, uri, pidfile=None, setup=None, files=()):
+    def __init__(self, name, argv, sock, uri, pidfile=None, setup=None):
         self.name, self.argv, self.sock, self.uri = name, argv, sock, uri
-        self.pidfile, self.setup, self.files = pidfile, setup, files
+        self.pidfile, self.setup = pidfile, setup
         self.pid = None
 
     def start(self, logpath):
