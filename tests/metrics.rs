@@ -172,6 +172,10 @@ fn metrics_parse_as_prometheus_text() {
             "no {ty} {name} in {families:?}\n{text}"
         );
     }
+    assert!(
+        text.contains("# TYPE ramd_nbd_connection_buffers_bytes gauge\n"),
+        "no connection-buffer gauge in\n{text}"
+    );
 }
 
 #[test]

@@ -33,6 +33,7 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
         budget_limit_bytes: b.limit_bytes(),
         uptime_seconds: d.started.elapsed().as_secs_f64(),
         metrics_enabled: d.registry.metrics_enabled(),
+        connection_buffer_bytes: crate::nbd::conn::buffer_bytes(),
         drives,
     };
     let persist = super::persistence::metrics_samples(&d.registry.list());

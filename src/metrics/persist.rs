@@ -209,6 +209,7 @@ mod tests {
                 budget_limit_bytes: 1,
                 uptime_seconds: 1.0,
                 metrics_enabled: true,
+                connection_buffer_bytes: 0,
                 drives: Vec::new(),
             },
             vec![Box::new(PersistCollector(samples))],

@@ -17,6 +17,7 @@
 //! | `ramd_drive_size_bytes`, `ramd_drive_allocated_bytes`, `ramd_drive_mem_limit_bytes` | gauge | |
 //! | `ramd_drive_read_only` | gauge (0/1) | |
 //! | `ramd_memory_budget_used_bytes`, `ramd_memory_budget_limit_bytes` | gauge | |
+//! | `ramd_nbd_connection_buffers_bytes` | gauge | |
 //! | `ramd_drives`, `ramd_uptime_seconds`, `ramd_metrics_enabled` | gauge | |
 
 use prometheus_client::collector::Collector;
@@ -56,6 +57,8 @@ pub struct DaemonSample {
     pub budget_limit_bytes: u64,
     pub uptime_seconds: f64,
     pub metrics_enabled: bool,
+    /// What NBD connections' buffers hold (`nbd::conn::buffer_bytes`).
+    pub connection_buffer_bytes: u64,
     pub drives: Vec<DriveSample>,
 }
 
@@ -128,6 +131,13 @@ impl Collector for SampleCollector {
             "The daemon memory budget (--mem-budget)",
             Some(Unit::Bytes),
             vec![(vec![], g(s.budget_limit_bytes))],
+        )?;
+        family(
+            &mut enc,
+            "ramd_nbd_connection_buffers",
+            "Memory NBD connections' buffers hold (outside the drives' budget)",
+            Some(Unit::Bytes),
+            vec![(vec![], g(s.connection_buffer_bytes))],
         )?;
         family(
             &mut enc,
@@ -324,8 +334,10 @@ mod tests {
             budget_limit_bytes: 1 << 32,
             uptime_seconds: 1.5,
             metrics_enabled: true,
+            connection_buffer_bytes: 3 << 20,
             drives: vec![d],
         });
+        assert!(text.contains("ramd_nbd_connection_buffers_bytes 3145728\n"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"read\"} 3\n"));
         assert!(text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 12288\n"));
