@@ -1199,3 +1199,344 @@ fn usage_warnings_metrics_and_install_units() {
         }
     }
 }
+
+/// POST /v1/dirs with `body`: (status, JSON answer).
+fn post_dir(d: &Daemon, body: Value) -> (u16, Value) {
+    let (st, text) = d.http("POST", "/v1/dirs", Some(&body.to_string()));
+    (st, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Issue 15 item 6: system trees, shared scratch and home roots, a
+/// directory with other filesystems mounted inside and anything in ramd's
+/// own state or runtime directory are refused, with or without force, with
+/// a message saying what to do instead.
+#[test]
+fn add_refuses_system_trees_shared_roots_mounts_inside_and_own_dirs() {
+    if !require_root() {
+        return;
+    }
+    let s = Scratch::new("dirs-daemon", "refuse-trees");
+    let d = s.daemon(&[]);
+    let refused = |path: &Path, want: &str| {
+        for force in [false, true] {
+            let (st, v) = post_dir(&d, json!({"path": path, "force": force}));
+            assert_eq!(
+                (st, v["error"]["code"].as_str()),
+                (422, Some("dir_refused")),
+                "{} force={force}: {v}",
+                path.display()
+            );
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains(want), "{}: want {want:?} in {m}", path.display());
+        }
+    };
+    for (p, want) in [
+        (
+            "/tmp",
+            "keep the subdirectory you need there in RAM instead",
+        ),
+        ("/var/tmp", "not even with --force"),
+        ("/root", "/root/.cache"),
+        ("/home", "subdirectory"),
+        ("/srv", "subdirectory"),
+        ("/etc", "system directory"),
+        ("/", "system directory"),
+        ("/usr/lib", "belongs to the operating system"),
+    ] {
+        if Path::new(p).is_dir() && std::fs::canonicalize(p).unwrap() == Path::new(p) {
+            refused(Path::new(p), want);
+        }
+    }
+    let out = run(d.cli().args(["dir", "add", "/tmp", "--force"]));
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("subdirectory"), "{out}");
+
+    // Another filesystem mounted inside.
+    let outer = s.mkdir("data/outer");
+    let inner = s.mkdir("data/outer/sub/mnt");
+    rustix::mount::mount(
+        "ramd-test",
+        &inner,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .unwrap();
+    refused(&outer, &format!("{} (tmpfs)", inner.display()));
+
+    // ramd's own state and runtime directories, not only their dirs/.
+    refused(&s.mkdir("state/drives"), "ramd's own state directory");
+    refused(&s.mkdir("run/other"), "ramd's own runtime directory");
+    assert_eq!(fs_type_at(&outer), None, "nothing mounted by a refusal");
+    let (_, v) = d.http("GET", "/v1/dirs", None);
+    assert_eq!(
+        serde_json::from_str::<Value>(&v).unwrap()["dirs"],
+        json!([])
+    );
+}
+
+/// Issue 15 item 6: a directory other processes use (working directory,
+/// open file) is refused, naming them as "pid (comm)", unless forced.
+#[test]
+fn add_refuses_a_directory_other_processes_use_unless_forced() {
+    if !require_root() {
+        return;
+    }
+    let s = Scratch::new("dirs-daemon", "in-use");
+    let dir = s.mkdir("data/busy");
+    std::fs::write(dir.join("log"), b"line\n").unwrap();
+    let d = s.daemon(&[]);
+    let cwd_holder = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .current_dir(&dir)
+            .spawn()
+            .unwrap(),
+    );
+    let fd_holder = KillOnDrop(
+        std::process::Command::new("tail")
+            .arg("-f")
+            .arg(dir.join("log"))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (cwd_pid, fd_pid) = (cwd_holder.0.id(), fd_holder.0.id());
+    // tail opens its file right after it starts.
+    wait_until("tail has the file open", Duration::from_secs(10), || {
+        std::fs::read_dir(format!("/proc/{fd_pid}/fd"))
+            .unwrap()
+            .any(|e| std::fs::read_link(e.unwrap().path()).ok() == Some(dir.join("log")))
+    });
+    let (st, v) = post_dir(&d, json!({"path": dir}));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (409, Some("dir_busy")),
+        "{v}"
+    );
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains(&format!("{cwd_pid} (sleep): cwd {}", dir.display())),
+        "{m}"
+    );
+    assert!(m.contains(&format!("{fd_pid} (tail): fd ")), "{m}");
+    assert!(m.contains("--force"), "{m}");
+    assert_eq!(fs_type_at(&dir), None, "a refused add mounts nothing");
+    let out = run(d.cli().args(["dir", "add", dir.to_str().unwrap()]));
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("(sleep): cwd"), "{out}");
+
+    // Forced: added, and the log says who was using it.
+    let out = cli_ok(&d, &["dir", "add", dir.to_str().unwrap(), "--force"]);
+    assert!(out.stdout.contains("is in RAM"), "{out}");
+    assert_eq!(fs_type_at(&dir).as_deref(), Some("tmpfs"));
+    assert!(d.log().contains("added with --force"), "{}", d.log());
+    drop(fd_holder);
+    drop(cwd_holder);
+    cli_ok(&d, &["dir", "remove", dir.to_str().unwrap()]);
+    // Nobody left: no force needed.
+    let (st, v) = post_dir(&d, json!({"path": dir}));
+    assert_eq!(st, 201, "{v}");
+    cli_ok(&d, &["dir", "remove", dir.to_str().unwrap()]);
+}
+
+/// Issue 15 item 6: the content must fit at most half of the memory
+/// available, refused before anything is copied, with the figures.
+#[test]
+fn add_refuses_content_over_half_of_available_memory_before_copying() {
+    if !require_root() {
+        return;
+    }
+    let s = Scratch::new("dirs-daemon", "too-big");
+    let dir = s.mkdir("data/big");
+    let avail = ramd::dirsync::guard::mem_available_bytes();
+    // Allocated (unwritten) blocks count like data and cost no time.
+    let len = avail / 2 + (1 << 30);
+    let f = File::create(dir.join("big")).unwrap();
+    // SAFETY: fallocate on an open file descriptor we own.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, len as i64) };
+    if rc != 0 {
+        eprintln!(
+            "skipped: fallocate of {len} bytes failed: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    drop(f);
+    let d = s.daemon(&[]);
+    let (st, v) = post_dir(&d, json!({"path": dir}));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (507, Some("ram_full")),
+        "{v}"
+    );
+    let m = v["error"]["message"].as_str().unwrap();
+    for want in [
+        "more than a RAM copy may take",
+        "50% of the memory available",
+        "overlay",
+    ] {
+        assert!(m.contains(want), "want {want:?} in {m}");
+    }
+    assert_eq!(fs_type_at(&dir), None, "nothing was mounted or copied");
+    assert!(
+        std::fs::read_dir(s.path("run/dirs"))
+            .map(|mut r| r.next().is_none())
+            .unwrap_or(true),
+        "no runtime directory was made"
+    );
+    std::fs::remove_file(dir.join("big")).unwrap();
+}
+
+/// Issue 15 item 6: entries a program that had the directory open before
+/// it went into RAM writes to the on-disk copy below it are never deleted
+/// by a sync: kept, and reported as conflicts (API, CLI, log).
+#[test]
+fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
+    if !require_root() {
+        return;
+    }
+    let s = Scratch::new("dirs-daemon", "conflicts");
+    let dir = s.mkdir("data/shared");
+    std::fs::write(dir.join("kept"), b"k").unwrap();
+    std::fs::write(dir.join("to-delete"), b"d").unwrap();
+    let d = s.daemon(&[]);
+    // This process holds the directory (as a program with its working
+    // directory there would), so the add needs force.
+    let old_handle = File::open(&dir).unwrap();
+    let (st, v) = post_dir(&d, json!({"path": dir, "force": true}));
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    // Through its old handle the program writes to the disk copy.
+    let fd = rustix::fs::openat(
+        &old_handle,
+        "written-on-disk",
+        rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY,
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    rustix::io::write(&fd, b"behind the RAM copy").unwrap();
+    drop(fd);
+    rustix::fs::mkdirat(
+        &old_handle,
+        "dir-on-disk",
+        rustix::fs::Mode::from_raw_mode(0o755),
+    )
+    .unwrap();
+    assert!(!dir.join("written-on-disk").exists(), "PATH shows RAM");
+    // Meanwhile in RAM: a deletion and a new file.
+    std::fs::remove_file(dir.join("to-delete")).unwrap();
+    std::fs::write(dir.join("new-in-ram"), b"n").unwrap();
+
+    let (st, text) = d.http("POST", &format!("/v1/dirs/{id}/sync"), None);
+    assert_eq!(st, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    Spec::load().check("POST", "/v1/dirs/{id}/sync", 200, &text);
+    assert_eq!(
+        v["report"]["conflicts"],
+        json!(["dir-on-disk", "written-on-disk"]),
+        "{v}"
+    );
+    assert_eq!(v["report"]["entries_deleted"], 1, "{v}");
+    let disk = s.disk_view(&id);
+    assert_eq!(
+        std::fs::read(disk.join("written-on-disk")).unwrap(),
+        b"behind the RAM copy"
+    );
+    assert!(disk.join("dir-on-disk").is_dir());
+    assert!(
+        !disk.join("to-delete").exists(),
+        "deleted in RAM: deleted on disk"
+    );
+    assert_eq!(std::fs::read(disk.join("new-in-ram")).unwrap(), b"n");
+    assert!(d.log().contains("kept on disk, not in RAM"), "{}", d.log());
+    // Reported at every sync until resolved, also by the CLI.
+    let out = cli_ok(&d, &["dir", "sync", dir.to_str().unwrap()]);
+    assert!(out.stdout.contains("2 kept on disk (conflict)"), "{out}");
+    assert!(out.stderr.contains("appeared in the on-disk copy"), "{out}");
+    assert!(out.stderr.contains("written-on-disk"), "{out}");
+    drop(old_handle);
+    // After remove, PATH shows both sides' work.
+    cli_ok(&d, &["dir", "remove", dir.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(dir.join("written-on-disk")).unwrap(),
+        b"behind the RAM copy"
+    );
+    assert!(dir.join("dir-on-disk").is_dir() && dir.join("new-in-ram").exists());
+    assert!(!dir.join("to-delete").exists());
+}
+
+/// Issue 15 item 6: `dir remove --force` while a writer never stops:
+/// PATH is frozen, synced and detached at once (new opens go to the disk
+/// copy), the writer is named, and what it writes to the RAM copy after
+/// the final sync is saved as a recovery copy when it closes: nothing lost.
+#[test]
+fn remove_force_with_a_writer_that_never_stops_loses_nothing() {
+    if !require_root() {
+        return;
+    }
+    let s = Scratch::new("dirs-daemon", "drain");
+    let dir = s.mkdir("data/busy");
+    std::fs::write(dir.join("a"), b"a").unwrap();
+    let d = s.daemon(&[]);
+    let (st, v) = post_dir(&d, json!({"path": dir}));
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let mut writer = File::create(dir.join("log")).unwrap();
+    writer.write_all(b"before remove\n").unwrap();
+    let me = std::process::id();
+
+    let (st, text) = d.http("DELETE", &format!("/v1/dirs/{id}"), None);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (409, Some("dir_busy")),
+        "{v}"
+    );
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains(&format!("{me} (")), "names the writer: {m}");
+    assert!(m.contains("--force"), "{m}");
+
+    let (st, text) = d.http("DELETE", &format!("/v1/dirs/{id}?force=true"), None);
+    assert_eq!(st, 200, "{text}");
+    Spec::load().check("DELETE", "/v1/dirs/{id}", 200, &text);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["result"]["outcome"], "released", "{v}");
+    let still = v["result"]["still_open"].to_string();
+    assert!(still.contains(&format!("{me} (")), "{v}");
+    assert!(still.contains("/log"), "{v}");
+    let kept = PathBuf::from(v["result"]["kept_until_closed"].as_str().unwrap());
+    assert!(kept.starts_with(s.path("run/dirs")), "{v}");
+    // PATH is the disk copy, with everything up to the final sync.
+    assert_eq!(fs_type_at(&dir), None);
+    assert_eq!(std::fs::read(dir.join("log")).unwrap(), b"before remove\n");
+    std::fs::write(dir.join("opened-after"), b"on disk").unwrap();
+    // The writer goes on (into the detached RAM copy), then stops.
+    writer.write_all(b"after remove\n").unwrap();
+    drop(writer);
+    let rec = s.path(&format!("state/dirs/{id}/recovery"));
+    wait_until("the late writes are saved", Duration::from_secs(30), || {
+        recovery_files(&rec).iter().any(|f| {
+            f.ends_with("log") && std::fs::read(f).unwrap() == b"before remove\nafter remove\n"
+        })
+    });
+    wait_until("the RAM copy is freed", Duration::from_secs(10), || {
+        !s.path(&format!("run/dirs/{id}")).exists()
+    });
+    assert!(d.log().contains("saved as a recovery copy"), "{}", d.log());
+    // Nothing on disk was overwritten by the late writes.
+    assert_eq!(std::fs::read(dir.join("log")).unwrap(), b"before remove\n");
+    assert_eq!(std::fs::read(dir.join("opened-after")).unwrap(), b"on disk");
+    assert_eq!(fs_type_at(&kept), None);
+}
+
+/// Files in the recovery copies under `rec`.
+fn recovery_files(rec: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(rec)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|c| std::fs::read_dir(c.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .collect()
+}

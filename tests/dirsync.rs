@@ -1034,3 +1034,66 @@ fn worker_syncs_on_interval_before_suspend_and_on_stop() {
     ));
     m2.remove(&dir, false).unwrap();
 }
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+/// Issue 15 item 7: the state file and recovery copies are private (files
+/// 0600 in 0700 directories) whatever the umask, and what an older ramd
+/// left more open is fixed when the manager opens.
+#[test]
+fn state_and_recovery_copies_are_private_and_fixed_at_start() {
+    if !require_root() {
+        return;
+    }
+    let s = Scratch::new("dirsync", "private");
+    let dir = s.mkdir("data/secret");
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    let state = s.path("state/dirs");
+    // As an older ramd (umask 022) left it.
+    std::fs::create_dir_all(state.join("old-1/recovery")).unwrap();
+    for p in [
+        state.clone(),
+        state.join("old-1"),
+        state.join("old-1/recovery"),
+    ] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    {
+        let m = DirManager::open(s.manager_config()).unwrap();
+        for p in [
+            state.clone(),
+            state.join("old-1"),
+            state.join("old-1/recovery"),
+        ] {
+            assert_eq!(mode_of(&p), 0o700, "{} fixed at start", p.display());
+        }
+        m.add(AddRequest::new(&dir)).unwrap();
+        assert_eq!(mode_of(&state.join("dirs.state")), 0o600);
+        std::fs::write(dir.join("unsynced"), b"only in RAM").unwrap();
+        // Dropped without stop: a crash.
+    }
+    std::fs::set_permissions(
+        state.join("dirs.state"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let m = DirManager::open(s.manager_config()).unwrap();
+    assert_eq!(mode_of(&state.join("dirs.state")), 0o600, "fixed at start");
+    let out = m.recover_all();
+    let RecoverOutcome::Recovered { copy } = out[0].1.as_ref().unwrap() else {
+        panic!("{out:?}")
+    };
+    let rec = copy.parent().unwrap();
+    assert_eq!(mode_of(rec), 0o700, "{}", rec.display());
+    assert_eq!(mode_of(rec.parent().unwrap()), 0o700);
+    assert_eq!(
+        std::fs::read(copy.join("unsynced")).unwrap(),
+        b"only in RAM"
+    );
+    m.remove(&dir, false).unwrap();
+    for f in ["dirs.state", "dirs.state.bak"] {
+        assert_eq!(mode_of(&state.join(f)), 0o600, "{f}");
+    }
+}
