@@ -1116,3 +1116,36 @@ fn bad_command_lines_give_clear_errors() {
     .failed();
     assert!(out.stderr.contains("given twice"), "{out}");
 }
+
+/// A client connected before a shrink keeps the size it was told (NBD has
+/// no size-change notice); its requests past the new end fail with EINVAL
+/// (reads) and ENOSPC (writes), and the rest of the drive keeps working.
+#[test]
+fn nbdsh_client_connected_before_a_shrink_gets_errors_past_the_new_end() {
+    if !require(&["nbdsh"]) {
+        return;
+    }
+    let d = Daemon::start(&["shrink=8M"]);
+    let socket = d.api_socket().to_owned();
+    let script = format!(
+        r#"
+        import subprocess
+        h.pwrite(b"k" * 4096, 0)
+        h.pwrite(b"z" * 4096, 6 << 20)
+        out = subprocess.run([{ramd:?}, "--api-socket", {socket:?}, "resize", "shrink", "4M", "--force"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out
+        assert "reconnect" in out.stdout, out.stdout
+        assert h.get_size() == 8 << 20, "the old size until a reconnect"
+        h.set_strict_mode(0)
+        expect_err(errno.EINVAL, "pread past the new end", lambda: h.pread(4096, 6 << 20))
+        expect_err(errno.ENOSPC, "pwrite past the new end", lambda: h.pwrite(b"w" * 4096, 6 << 20))
+        assert h.pread(4096, 0) == b"k" * 4096
+        h.pwrite(b"m" * 4096, 4096)
+        "#,
+        ramd = env!("CARGO_BIN_EXE_ramd"),
+        socket = socket.to_str().unwrap(),
+    );
+    nbdsh(&d.uri("shrink"), &script);
+    nbdsh(&d.uri("shrink"), "assert h.get_size() == 4 << 20");
+}

@@ -5,6 +5,8 @@
 //! connection-buffer gauge, RSS) that other tests' connections would move;
 //! the tests here take `SERIAL` so they do not move each other's either.
 
+mod common;
+
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -382,4 +384,36 @@ fn burst(server: &TestServer, n: usize) {
             });
         }
     });
+}
+
+/// A flood of connections over the cap writes one log line per 10 s, not
+/// one per connection (the log is not a way to fill the disk).
+#[test]
+fn a_connection_flood_logs_one_line_per_interval() {
+    let _serial = serial();
+    let d = common::Daemon::launch(
+        &[
+            "serve".into(),
+            "--max-connections".into(),
+            "1".into(),
+            "--drive".into(),
+            "ram0=1M".into(),
+        ],
+        &[],
+    );
+    let mut held = open_at(d.socket(), "ram0");
+    for _ in 0..2000 {
+        // Refused at accept: closed at once, or refused to connect.
+        if let Ok(mut s) = UnixStream::connect(d.socket()) {
+            let _ = s.read(&mut [0u8; 32]);
+        }
+    }
+    held.write_all(&request(CMD_READ, 0, 5, 0, 512)).unwrap();
+    read_reply(&mut held, 5, 512);
+    let log = d.log();
+    let lines = log.matches("connection refused").count();
+    assert!(
+        (1..=2).contains(&lines),
+        "{lines} lines for 2000 refused connections:\n{log}"
+    );
 }
