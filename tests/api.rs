@@ -852,3 +852,146 @@ fn persistent_drive_routes_and_errors_match_the_spec() {
     assert_eq!(v["data_kept"], false);
     assert!(!dir.exists());
 }
+
+/// Issue 15 item 12: a query string a route does not know is an error,
+/// never silently ignored; malformed values too.
+#[test]
+fn unknown_or_malformed_query_strings_get_400() {
+    let api = Api::start(&["--drive", "a=1M"]);
+    let code = |v: &str| -> String {
+        let v: Value = serde_json::from_str(v).unwrap_or_else(|e| panic!("{e}: {v}"));
+        v["error"]["code"].as_str().unwrap_or_default().to_owned()
+    };
+    for (method, path, want) in [
+        ("GET", "/v1/drives?foo=1", "unknown_field"),
+        ("GET", "/v1/health?verbose", "unknown_field"),
+        ("GET", "/v1/drives/a?x=y", "unknown_field"),
+        ("GET", "/v1/stats?drive=a", "unknown_field"),
+        ("DELETE", "/v1/drives/a?forse=true", "unknown_field"),
+        ("DELETE", "/v1/drives/a?force=maybe", "bad_query"),
+        ("DELETE", "/v1/drives/a?force", "bad_query"),
+    ] {
+        let (status, body) = api.d.http(method, path, None);
+        assert_eq!(status, 400, "{method} {path}: {body}");
+        assert_eq!(code(&body), want, "{method} {path}: {body}");
+    }
+    // Nothing was deleted; an empty query is no query.
+    let (status, _) = api.d.http("GET", "/v1/drives/a?", None);
+    assert_eq!(status, 200);
+    let (status, body) = api.d.http("DELETE", "/v1/drives/a?force=true", None);
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Issue 15 item 12: a memory limit of 0 is refused everywhere (it would
+/// refuse every write; "none" removes a limit); sizes may have a space
+/// before the unit, as ramd prints them.
+#[test]
+fn mem_limit_zero_is_refused_and_sizes_may_have_spaces() {
+    let api = Api::start(&["--drive", "a=1M"]);
+    for body in [r#"{"mem_limit":"0"}"#, r#"{"mem_limit":0}"#] {
+        let (status, v) = api.d.http("PATCH", "/v1/drives/a", Some(body));
+        assert_eq!(status, 422, "{body}: {v}");
+        assert!(v.contains("invalid_size") && v.contains("none"), "{v}");
+    }
+    let (status, v) = api.d.http(
+        "POST",
+        "/v1/drives",
+        Some(r#"{"name":"b","size":"1M","mem_limit":"0"}"#),
+    );
+    assert_eq!(status, 422, "{v}");
+    let v = api.expect(
+        "POST",
+        "/v1/drives",
+        "/v1/drives",
+        Some(r#"{"name":"c","size":"1 M","mem_limit":" 512 KiB "}"#),
+        201,
+        None,
+    );
+    assert_eq!(v["size_bytes"], 1u64 << 20);
+    assert_eq!(v["mem_limit_bytes"], 512u64 << 10);
+    let v = api.expect(
+        "PATCH",
+        "/v1/drives/{name}",
+        "/v1/drives/c",
+        Some(r#"{"mem_limit":"none"}"#),
+        200,
+        None,
+    );
+    assert_eq!(v["mem_limit_bytes"], Value::Null);
+}
+
+/// Issue 15 item 12: a key file that is not a key (say /etc/shadow) is
+/// never named in a command that would overwrite it.
+#[test]
+fn key_file_errors_never_suggest_overwriting_the_file() {
+    let api = Api::start(&[]);
+    let not_a_key = api.d.dir().join("shadow");
+    std::fs::write(&not_a_key, "root:*:19000:0:99999:7:::\n".repeat(20)).unwrap();
+    let missing = api.d.dir().join("missing.key");
+    for (name, key) in [("a", &not_a_key), ("b", &missing)] {
+        let body = json!({"name": name, "size": "1M", "persist": true, "encrypt": true,
+                          "key_file": key.display().to_string()})
+        .to_string();
+        let (status, v) = api.d.http("POST", "/v1/drives", Some(&body));
+        assert!(status >= 400, "{v}");
+        let shown = key.display().to_string();
+        assert!(v.contains(&shown), "the message names the file: {v}");
+        if key == &not_a_key {
+            assert!(
+                !v.contains(&format!("> {shown}")),
+                "suggests overwriting {shown}: {v}"
+            );
+            assert!(v.contains("NEW_KEY_FILE"), "{v}");
+        } else {
+            assert!(
+                v.contains("set -C"),
+                "creating it must refuse to clobber: {v}"
+            );
+        }
+    }
+    assert!(std::fs::read_to_string(&not_a_key)
+        .unwrap()
+        .starts_with("root:"));
+}
+
+/// Issue 15 item 11 (API): a persistent drive created again keeps the
+/// settings in its drive.json that the request does not give, and the
+/// answer says which.
+#[test]
+fn recreated_persistent_drive_keeps_stored_settings_and_says_which() {
+    let api = Api::start(&[]);
+    let v = api.expect(
+        "POST",
+        "/v1/drives",
+        "/v1/drives",
+        Some(r#"{"name":"db","size":"1M","persist":true,"durability":"flush","sync_interval":"10s","mem_limit":"512K"}"#),
+        201,
+        None,
+    );
+    assert_eq!(v["persist"]["durability"], "flush");
+    let (s, b) = api.d.http("DELETE", "/v1/drives/db?keep_data=true", None);
+    assert_eq!(s, 200, "{b}");
+    // Durability given explicitly: that one is new, the rest is kept.
+    let v = api.expect(
+        "POST",
+        "/v1/drives",
+        "/v1/drives",
+        Some(r#"{"name":"db","persist":true,"durability":"none"}"#),
+        201,
+        None,
+    );
+    let notice = v["notice"].as_str().unwrap_or_default();
+    assert!(notice.contains("drive.json"), "{v}");
+    assert!(notice.contains("sync interval 10s"), "{v}");
+    assert!(notice.contains("memory limit 512 KiB"), "{v}");
+    assert!(!notice.contains("durability"), "durability was given: {v}");
+    assert_eq!(v["persist"]["durability"], "none");
+    assert_eq!(v["persist"]["sync_interval_ms"], 10_000);
+    assert_eq!(v["mem_limit_bytes"], 512u64 << 10);
+    let v = settled(&api, "db");
+    assert_eq!(v["state"], "ready", "{v}");
+    let stored = std::fs::read_to_string(api.d.state_dir().join("drives/db/drive.json")).unwrap();
+    let stored: Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(stored["durability"], "none");
+    assert_eq!(stored["sync_interval_ms"], 10_000);
+}

@@ -110,13 +110,13 @@ fn every_command_prints_a_table_and_json() {
     cli_fails(
         &d,
         &["create", "x", "--size", "12Q"],
-        1,
+        2,
         "unknown size unit",
     );
     cli_fails(
         &d,
         &["create", "Bad", "--size", "1M"],
-        1,
+        2,
         "invalid drive name",
     );
 
@@ -190,7 +190,7 @@ fn every_command_prints_a_table_and_json() {
     assert!(out.contains("db is now 32 MiB"), "{out}");
     let v = cli_json(&d, &["resize", "db", "24M", "--json"]);
     assert_eq!(v["size_bytes"], 24u64 << 20);
-    cli_fails(&d, &["resize", "db", "0"], 1, "at least 1 byte");
+    cli_fails(&d, &["resize", "db", "0"], 2, "at least 1 byte");
     let out = cli_ok(&d, &["lock", "db"]);
     assert!(out.contains("db is read-only"), "{out}");
     let v = cli_json(&d, &["unlock", "db", "--json"]);
@@ -248,4 +248,353 @@ fn completions_and_man_page_generate() {
             .unwrap_or_else(|e| panic!("{page}: {e}"));
         assert!(text.contains(".TH"), "{page}: {text}");
     }
+}
+
+/// Issue 15 item 12: a size or a name the command line can check is a
+/// usage error (exit 2, clap's message), before any request: even with no
+/// daemon running, which would be exit 1.
+#[test]
+fn bad_sizes_and_names_are_usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    for (args, want) in [
+        (&["create", "Bad", "--size", "1M"][..], "invalid drive name"),
+        (&["create", "x", "--size", "12Q"], "unknown size unit"),
+        (&["create", "x", "--size", "0"], "at least 1 byte"),
+        (
+            &["create", "x", "--size", "1M", "--mem-limit", "0"],
+            "memory limit of 0",
+        ),
+        (&["resize", "x", "0"], "at least 1 byte"),
+        (&["resize", "x", "1Q"], "unknown size unit"),
+        (&["delete", "-x"], ""),
+        (&["info", "Bad"], "invalid drive name"),
+        (&["lock", "a b"], "invalid drive name"),
+        (
+            &[
+                "cache",
+                "create",
+                "DB",
+                "--backing",
+                "/x",
+                "--size",
+                "1M",
+                "--mode",
+                "writeback",
+            ],
+            "invalid cache name",
+        ),
+        (
+            &[
+                "cache",
+                "create",
+                "db",
+                "--backing",
+                "/x",
+                "--size",
+                "1Q",
+                "--mode",
+                "writeback",
+            ],
+            "unknown size unit",
+        ),
+        (&["daemon", "--mem-budget", "0"], "memory budget of 0"),
+        (&["daemon", "--max-connections", "0"], "max_connections = 0"),
+        (&["daemon", "--log", "infp"], "unknown log level 'infp'"),
+    ] {
+        let out = run(ramd().env("RAMD_API_SOCKET", &sock).args(args)).failed();
+        assert_eq!(out.code(), 2, "{out}");
+        assert!(out.stderr.contains(want), "want {want:?} in: {out}");
+        assert!(!out.stderr.contains("not running"), "{out}");
+    }
+    // Sizes may have a space before the unit, as ramd prints them.
+    let out = run(ramd()
+        .env("RAMD_API_SOCKET", &sock)
+        .args(["create", "x", "--size", "1 GiB"]))
+    .failed();
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("not running"), "{out}");
+}
+
+/// Issue 15 item 12: `ramd man DIR`, as the help suggests, writes the
+/// pages like `--dir DIR`.
+#[test]
+fn man_takes_the_directory_as_an_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(ramd().arg("man").arg(dir.path())).ok();
+    assert!(out.stdout.contains("wrote man pages"), "{out}");
+    assert!(dir.path().join("ramd-create.1").exists());
+    run(ramd().args(["man", "a", "--dir", "b"])).failed();
+    let help = run(ramd().args(["man", "--help"])).ok().stdout;
+    assert!(help.contains("[DIR]"), "{help}");
+}
+
+/// `ramd ARGS` with stdout on a pipe whose reader is gone: (exit status,
+/// stderr).
+fn run_into_closed_pipe(cmd: &mut std::process::Command) -> (std::process::ExitStatus, String) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors we own from here on.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both are fresh descriptors nobody else owns.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(err.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_timeout(&mut child, TOOL_TIMEOUT).expect("ramd exits");
+    (status, std::fs::read_to_string(err.path()).unwrap())
+}
+
+/// Issue 15 item 12: `ramd completions bash | head -1`, `ramd list |
+/// head`: a reader that goes away ends the command quietly (no panic).
+#[test]
+fn a_closed_stdout_ends_quietly_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = Daemon::start(&["ram0=1M"]);
+    for args in [
+        &["completions", "bash"][..],
+        &["list"],
+        &["stats"],
+        &["info", "ram0", "--json"],
+        &["man"],
+    ] {
+        let (status, stderr) = run_into_closed_pipe(d.cli().args(args));
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            status.success() || status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {status}: {stderr}"
+        );
+    }
+}
+
+/// Issue 15 item 12: the persistence table of `ramd stats` has a heading
+/// for every column.
+#[test]
+fn stats_persistence_table_has_a_heading_per_column() {
+    let d = Daemon::start(&["db=1M,persist"]);
+    wait_until("db to be ready", DAEMON_TIMEOUT, || {
+        cli_json(&d, &["info", "db", "--json"])["state"] == "ready"
+    });
+    let text = cli_ok(&d, &["stats"]);
+    let table: Vec<&str> = text
+        .split("persistence:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no persistence table: {text}"))
+        .lines()
+        .take(2)
+        .collect();
+    let r = rows(&table.join("\n"));
+    assert_eq!(r[0].len(), r[1].len(), "{text}");
+    assert!(r[0].contains(&"RESTORE".to_owned()), "{text}");
+}
+
+/// Writes a config file into `dir`.
+fn config(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
+    let p = dir.join("ramd.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Starts `ramd daemon --config CFG` in `dir` (expecting a refusal):
+/// the output, and what is left in the runtime directory.
+fn refused_start(
+    dir: &std::path::Path,
+    cfg: &std::path::Path,
+    extra: &[&str],
+) -> (Output, Vec<String>) {
+    let runtime = dir.join("run");
+    let out = run(ramd()
+        .args(["daemon", "--config"])
+        .arg(cfg)
+        .arg("--runtime-dir")
+        .arg(&runtime)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(extra))
+    .failed();
+    let left = std::fs::read_dir(&runtime)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    (out, left)
+}
+
+/// Issue 15 item 10: values that would leave the daemon useless stop it
+/// with file:line:column, and so does a drive that does not fit the
+/// budget.
+#[test]
+fn daemon_refuses_useless_config_values_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, want) in [
+        (
+            "[daemon]\nmem_budget = \"0\"\n",
+            ":2:14: a memory budget of 0 bytes",
+        ),
+        (
+            "[daemon]\nmem_budget = 0\n",
+            ":2:14: a memory budget of 0 bytes",
+        ),
+        (
+            "[daemon]\nmax_connections = 0\n",
+            ":2:19: max_connections = 0",
+        ),
+        (
+            "[daemon]\nlog = \"infp\"\n",
+            ":2:7: unknown log level 'infp'",
+        ),
+        ("[daemon]\nlog = \"info,nbd\"\n", ":2:7: unknown log level"),
+        ("[daemon]\nlog = \"\"\n", ":2:7: unknown log level"),
+        (
+            "[[drive]]\nname = \"a\"\nsize = \"1M\"\nmem_limit = \"0\"\n",
+            ":4:13: a memory limit of 0 bytes",
+        ),
+        (
+            "[daemon]\nmem_budget = \"1M\"\n\n[[drive]]\nname = \"big\"\nsize = \"1G\"\n",
+            ":5:8: cannot create drive 'big'",
+        ),
+    ] {
+        let cfg = config(dir.path(), text);
+        let (out, left) = refused_start(dir.path(), &cfg, &[]);
+        assert_eq!(out.code(), 1, "{out}");
+        let want = format!("{}{want}", cfg.display());
+        assert!(out.stderr.contains(&want), "want {want:?} in: {out}");
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+    // Directives with levels, and plain levels, are fine.
+    let cfg = config(
+        dir.path(),
+        "[daemon]\nlog = \"warn,ramd::nbd=debug\"\nmax_connections = 1\n[[drive]]\nname = \"a\"\nsize = \"1M\"\n",
+    );
+    let d = Daemon::launch(
+        &[
+            "daemon".into(),
+            "--config".into(),
+            cfg.display().to_string(),
+        ],
+        &[],
+    );
+    cli_ok(&d, &["info", "a"]);
+}
+
+/// Issue 15 item 10: a start refused after the sockets were bound (a
+/// directory that cannot be kept in RAM, a TCP port in use) removes them.
+#[test]
+fn a_refused_start_leaves_no_socket_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let cfg = config(
+        dir.path(),
+        &format!("[[dir]]\npath = \"{}\"\n", missing.display()),
+    );
+    let (out, left) = refused_start(dir.path(), &cfg, &[]);
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("ramd.toml:2:8:"), "{out}");
+    assert!(left.is_empty(), "left behind: {left:?}: {out}");
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().to_string();
+    let cfg = config(dir.path(), "");
+    let (out, left) = refused_start(dir.path(), &cfg, &["--nbd-listen", &port]);
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(left.is_empty(), "left behind: {left:?}: {out}");
+}
+
+/// Issue 15 item 11: `ramd delete db --keep-data` then `ramd create db
+/// --persist` keeps the stored durability and interval, and says so.
+#[test]
+fn recreated_persistent_drive_keeps_its_stored_settings() {
+    let d = Daemon::start(&[]);
+    cli_ok(
+        &d,
+        &[
+            "create",
+            "db",
+            "--size",
+            "1M",
+            "--persist",
+            "--durability",
+            "flush",
+            "--sync-interval",
+            "10s",
+        ],
+    );
+    cli_ok(&d, &["delete", "db", "--keep-data"]);
+    let out = run(d.cli().args(["create", "db", "--persist"])).ok();
+    assert!(
+        out.stderr.contains("durability flush") && out.stderr.contains("sync interval 10s"),
+        "says which settings it kept: {out}"
+    );
+    let v = cli_json(&d, &["info", "db", "--json"]);
+    assert_eq!(v["persist"]["durability"], "flush", "{v}");
+    assert_eq!(v["persist"]["sync_interval_ms"], 10_000, "{v}");
+    let stored = std::fs::read_to_string(d.state_dir().join("drives/db/drive.json")).unwrap();
+    assert!(stored.contains("\"flush\""), "{stored}");
+    // Given explicitly, a setting changes (and the other is kept).
+    cli_ok(&d, &["delete", "db", "--keep-data"]);
+    let v = cli_json(
+        &d,
+        &[
+            "create",
+            "db",
+            "--persist",
+            "--durability",
+            "periodic",
+            "--json",
+        ],
+    );
+    assert_eq!(v["persist"]["durability"], "periodic", "{v}");
+    assert_eq!(v["persist"]["sync_interval_ms"], 10_000, "{v}");
+    let notice = v["notice"].as_str().unwrap_or_default();
+    assert!(notice.contains("sync interval 10s"), "{v}");
+}
+
+/// Issue 15 item 11: a damaged drive.json fails the drive, whoever
+/// declares it, and is left as it is; `ramd restore` refuses until it is
+/// fixed (or --force).
+#[test]
+fn damaged_drive_json_fails_the_drive_and_is_not_rewritten() {
+    let mut d = Daemon::start(&["db=1M,persist,durability=flush"]);
+    wait_until("db to be ready", DAEMON_TIMEOUT, || {
+        cli_json(&d, &["info", "db", "--json"])["state"] == "ready"
+    });
+    d.terminate();
+    let file = d.state_dir().join("drives/db/drive.json");
+    std::fs::write(&file, "{\"version\": 1,").unwrap();
+    d.restart();
+    let v = cli_json(&d, &["info", "db", "--json"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("drive.json is unusable"),
+        "{v}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "{\"version\": 1,");
+    let out = run(d.cli().args(["restore", "db"])).failed();
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("drive.json is unusable"), "{out}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "{\"version\": 1,");
+
+    // Re-created through the CLI: the same.
+    cli_ok(&d, &["delete", "db", "--keep-data"]);
+    let out = run(d.cli().args(["create", "db", "--persist"])).failed();
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("drive.json is unusable"), "{out}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "{\"version\": 1,");
+
+    // --force goes ahead and writes the drive's settings again.
+    run(d.cli().args(["restore", "db", "--force"])).ok();
+    let v = cli_json(&d, &["info", "db", "--json"]);
+    assert_eq!(v["state"], "ready", "{v}");
+    let stored = std::fs::read_to_string(&file).unwrap();
+    assert!(stored.contains("\"version\": 1"), "{stored}");
 }

@@ -16,13 +16,14 @@ use super::types::{
     CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, SizeValue,
 };
 use super::{blocking, ApiError};
+use crate::daemon::persistent::settings::{self, Given};
 use crate::daemon::persistent::{probe, Found};
 use crate::daemon::registry::{Drive, DriveChange, DriveState, Origin};
 use crate::daemon::spec::{
-    check_name, parse_drive_size, parse_durability, DriveSpec, PersistOptions, SpecError,
+    check_name, parse_drive_size, parse_durability, parse_mem_limit, DriveSpec, PersistOptions,
+    SpecError,
 };
 use crate::daemon::Daemon;
-use crate::size::parse_size;
 
 /// The API view of a drive.
 pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveInfo {
@@ -57,12 +58,13 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
     }
 }
 
+/// A memory limit in a request: a size of at least 1 byte, or `"none"`
+/// (`"unlimited"`) for no limit. 0 is refused (it would refuse every
+/// write; docs/api.md).
 fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
     match v {
         SizeValue::Text(t) if matches!(t.trim(), "none" | "unlimited") => Ok(None),
-        v => parse_size(&v.as_text())
-            .map(Some)
-            .map_err(SpecError::InvalidSize),
+        v => parse_mem_limit(&v.as_text()).map(Some),
     }
 }
 
@@ -90,6 +92,14 @@ pub async fn create(
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
     check_name(&req.name)?;
+    let given = Given {
+        durability: req.durability.is_some(),
+        sync_interval: req.sync_interval.is_some(),
+        key_file: req.key_file.is_some(),
+        mem_limit: req.mem_limit.is_some(),
+        read_only: req.read_only,
+        overcommit: req.overcommit,
+    };
     let persist = PersistOptions {
         persist: req.persist,
         durability: req
@@ -102,23 +112,21 @@ pub async fn create(
         key_file: req.key_file.as_deref().map(key_path).transpose()?,
     }
     .into_spec()?;
-    let size_bytes = match &req.size {
-        Some(s) => parse_drive_size(&s.as_text())?,
-        None => {
-            // Only a persistent drive that exists already may omit it.
-            let existing = match (&persist, d.registry.drive_dir(&req.name)) {
-                (Some(_), Ok(dir)) => match probe(&dir) {
-                    Found::Existing { size_bytes } => Some(size_bytes),
-                    _ => None,
-                },
-                _ => None,
-            };
-            existing.ok_or_else(|| {
-                ApiError::invalid("missing field `size`: give the size of the new drive (a persistent drive that exists in the state directory keeps its own)")
-            })?
-        }
+    // A persistent drive whose state directory holds one is restored.
+    let existing = match (&persist, d.registry.drive_dir(&req.name)) {
+        (Some(_), Ok(dir)) => match probe(&dir) {
+            Found::Existing { size_bytes } => Some((dir, size_bytes)),
+            _ => None,
+        },
+        _ => None,
     };
-    let spec = DriveSpec {
+    let size_bytes = match (&req.size, &existing) {
+        (Some(s), _) => parse_drive_size(&s.as_text())?,
+        // Only a persistent drive that exists already may omit it.
+        (None, Some((_, size_bytes))) => *size_bytes,
+        (None, None) => return Err(ApiError::invalid("missing field `size`: give the size of the new drive (a persistent drive that exists in the state directory keeps its own)")),
+    };
+    let mut spec = DriveSpec {
         name: req.name.clone(),
         size_bytes,
         mem_limit_bytes: match &req.mem_limit {
@@ -129,14 +137,34 @@ pub async fn create(
         overcommit: req.overcommit,
         persist,
     };
+    // Settings not given explicitly come from its drive.json (an unusable
+    // one fails the drive in the registry, never silently rewritten).
+    let notice = match &existing {
+        Some((dir, _)) => match settings::read_checked(dir, &req.name) {
+            Ok(Some(stored)) => stored_notice(dir, &stored.fill(&mut spec, &given)),
+            _ => None,
+        },
+        None => None,
+    };
     let d2 = d.clone();
     let drive = blocking(move || Ok(d2.registry.create(&spec, Origin::Api)?)).await?;
     let location = format!("/v1/drives/{}", drive.name);
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, location)],
-        Json(info(&d, &drive, None)),
+        Json(info(&d, &drive, notice)),
     ))
+}
+
+/// Says which stored settings a re-created persistent drive keeps.
+fn stored_notice(dir: &std::path::Path, taken: &[String]) -> Option<String> {
+    (!taken.is_empty()).then(|| {
+        format!(
+            "kept the drive's stored settings from {}: {} (give them explicitly to change them)",
+            dir.join(settings::FILE).display(),
+            taken.join(", ")
+        )
+    })
 }
 
 pub async fn patch(

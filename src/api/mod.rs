@@ -27,8 +27,9 @@ pub mod types;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::{OriginalUri, Request};
+use axum::extract::{MatchedPath, OriginalUri, Request};
 use axum::http::{Method, StatusCode};
+use axum::response::IntoResponse;
 use axum::Router;
 
 use crate::daemon::Daemon;
@@ -96,9 +97,41 @@ async fn wrong_method(method: Method, OriginalUri(uri): OriginalUri) -> ApiError
     )
 }
 
+/// The routes that take query parameters; their `Query` extractors refuse
+/// unknown or malformed ones (400 `unknown_field` / `bad_query`).
+pub const QUERY_ROUTES: &[(&str, &str)] = &[
+    ("DELETE", "/v1/drives/{name}"),
+    ("DELETE", "/v1/caches/{name}"),
+    ("DELETE", "/v1/dirs/{id}"),
+];
+
+/// Refuses a query string on a route that takes none (400
+/// `unknown_field`), so a mistyped `?force=true` is never silently
+/// ignored.
+async fn refuse_unknown_query(
+    matched: Option<MatchedPath>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let query = req.uri().query().filter(|q| !q.is_empty());
+    if let (Some(query), Some(route)) = (query, &matched) {
+        if !QUERY_ROUTES.contains(&(req.method().as_str(), route.as_str())) {
+            let message = format!(
+                "{} {} takes no query parameters (got '{query}'); see docs/api.md",
+                req.method(),
+                req.uri().path()
+            );
+            return ApiError::new(StatusCode::BAD_REQUEST, "unknown_field", message)
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
 /// The API router with its state.
 pub fn router(daemon: Arc<Daemon>) -> Router {
     routes()
+        .route_layer(axum::middleware::from_fn(refuse_unknown_query))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn(log_request))

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 
 use super::output::{count_rate, export_rows, mib_s, micros, render, table};
-use super::{print_json, CliError, JsonFlag};
+use super::{arg_cache_name, arg_size, print_json, CliError, JsonFlag};
 use crate::api::cache_types::{CacheInfo, CreateCache, DurationValue, PercentValue};
 use crate::api::client::{Client, ClientError};
 use crate::api::types::{Latency, SizeValue};
@@ -41,6 +41,7 @@ pub enum CacheCommand {
     /// Show one cache: settings, counters, the backing's health (failing or
     /// not, last error, next retry) and request rates.
     Info {
+        #[arg(value_parser = arg_cache_name)]
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -49,6 +50,7 @@ pub enum CacheCommand {
     /// Write back every dirty block and flush the backing; returns when it
     /// is durable (same as `ramd sync NAME`).
     Sync {
+        #[arg(value_parser = arg_cache_name)]
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -61,6 +63,7 @@ pub enum CacheCommand {
     /// clients are connected. --force closes the connections and, if the
     /// backing is dead, DROPS the dirty data (with a warning).
     Delete {
+        #[arg(value_parser = arg_cache_name)]
         name: String,
         #[arg(long)]
         force: bool,
@@ -73,26 +76,27 @@ pub enum CacheCommand {
 #[derive(clap::Args, Debug)]
 pub struct CreateArgs {
     /// Cache name, also the NBD export name: 1-64 of a-z 0-9 _ -.
+    #[arg(value_parser = arg_cache_name)]
     name: String,
     /// What to cache: a file, a block device, nbd://HOST[:PORT]/EXPORT or
     /// nbd+unix:///EXPORT?socket=PATH.
     #[arg(long, value_name = "SRC")]
     backing: String,
     /// RAM for cached data: 512M, 2G, 1.5GiB (binary units).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = arg_size)]
     size: String,
     /// writethrough, writearound or writeback.
     #[arg(long, value_name = "MODE")]
     mode: String,
     /// Unit of caching, a power of two from 4K to 1M [default: 4K].
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = arg_size)]
     block_size: Option<String>,
     /// Eviction: s3fifo (scan resistant), lru or fifo [default: s3fifo].
     #[arg(long, value_name = "POLICY")]
     policy: Option<String>,
     /// Sequential streams longer than this bypass the cache; 0: never
     /// [default: 4M].
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = arg_size)]
     sequential_cutoff: Option<String>,
     /// Write-back starts when dirty data reaches this % of the cache
     /// [default: 50].
@@ -105,7 +109,7 @@ pub struct CreateArgs {
     #[arg(long, value_name = "DURATION")]
     max_dirty_age: Option<String>,
     /// Largest write-back request [default: 1M].
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = arg_size)]
     writeback_max_io: Option<String>,
     /// First wait before retrying a failing backing [default: 100ms]...
     #[arg(long, value_name = "DURATION")]

@@ -2,7 +2,14 @@
 //! command is a thin client of its REST API over the unix socket.
 //!
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
-//! running"), 2 usage error (clap's own).
+//! running"), 2 usage error: clap's own, and values the command line can
+//! check itself (a size that does not parse, a name outside the naming
+//! rule) through the `arg_*` value parsers below, before any request.
+//!
+//! Every command but `daemon` restores the default SIGPIPE action, so
+//! `ramd list | head` ends quietly like other Unix tools instead of
+//! panicking on a closed stdout. The daemon keeps SIGPIPE ignored (its
+//! sockets and stderr must never kill it).
 
 pub mod cache;
 pub mod dirs;
@@ -93,12 +100,13 @@ pub enum Command {
     #[command(verbatim_doc_comment)]
     Create {
         /// Drive name: 1-64 of a-z 0-9 _ -, starting with a letter or digit.
+        #[arg(value_parser = arg_name)]
         name: String,
         /// Size: 512, 4K, 1.5G, 2GiB (binary units).
-        #[arg(long, value_name = "SIZE", required_unless_present = "persist")]
+        #[arg(long, value_name = "SIZE", required_unless_present = "persist", value_parser = arg_drive_size)]
         size: Option<String>,
         /// Most memory the drive may hold; writes past it fail with ENOSPC.
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", value_parser = arg_mem_limit)]
         mem_limit: Option<String>,
         /// Refuse writes from the start (unlock with `ramd unlock`).
         #[arg(long)]
@@ -119,6 +127,7 @@ pub enum Command {
     /// Prints what was saved and how long it took. Works in every
     /// durability mode (it is how `none` drives are saved).
     Sync {
+        #[arg(value_parser = arg_name)]
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -131,6 +140,7 @@ pub enum Command {
     /// e.g. the key file). Nothing on disk changes until a restore succeeds.
     #[command(verbatim_doc_comment)]
     Restore {
+        #[arg(value_parser = arg_name)]
         name: String,
         /// Load despite damage: corrupt image pages as they are (zero when
         /// encrypted; the next sync rewrites them), the journal up to its
@@ -160,6 +170,7 @@ pub enum Command {
     /// Show one drive (or cache) in detail, or the daemon when no name is
     /// given.
     Info {
+        #[arg(value_parser = arg_name)]
         name: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
@@ -168,6 +179,7 @@ pub enum Command {
     /// IOPS, MiB/s, p50/p99 latency (last second) and memory per drive.
     Stats {
         /// Only this drive.
+        #[arg(value_parser = arg_name)]
         name: Option<String>,
         /// Refresh once a second until Ctrl-C.
         #[arg(long)]
@@ -183,8 +195,10 @@ pub enum Command {
     ///
     /// NBD clients see the new size when they reconnect.
     Resize {
+        #[arg(value_parser = arg_name)]
         name: String,
         /// New size: 512, 4K, 1.5G, 2GiB.
+        #[arg(value_parser = arg_drive_size)]
         size: String,
         /// Shrink even when it discards data beyond the new end.
         #[arg(long)]
@@ -195,6 +209,7 @@ pub enum Command {
 
     /// Make a drive read-only (open connections too, at once).
     Lock {
+        #[arg(value_parser = arg_name)]
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -202,6 +217,7 @@ pub enum Command {
 
     /// Make a read-only drive writable again.
     Unlock {
+        #[arg(value_parser = arg_name)]
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -215,6 +231,7 @@ pub enum Command {
     /// removed too, unless --keep-data (which saves its last writes first;
     /// create it again with --persist to restore it).
     Delete {
+        #[arg(value_parser = arg_name)]
         name: String,
         #[arg(long)]
         force: bool,
@@ -239,11 +256,15 @@ pub enum Command {
     #[command(verbatim_doc_comment)]
     Attach {
         /// The drive.
-        #[arg(required_unless_present = "list")]
+        #[arg(required_unless_present = "list", value_parser = arg_name)]
         name: Option<String>,
-        /// An existing directory (not already a mount point).
+        /// An existing, empty directory that is not a mount point (never /).
         #[arg(required_unless_present = "list")]
         mountpoint: Option<PathBuf>,
+        /// Attach over a non-empty directory or a mount point anyway: what
+        /// is there stays hidden until detach.
+        #[arg(long, conflicts_with = "list")]
+        force: bool,
         /// List attachments instead.
         #[arg(long, conflicts_with_all = ["name", "mountpoint"])]
         list: bool,
@@ -278,8 +299,13 @@ pub enum Command {
 
     /// Print the man page (roff), or write one page per command into DIR.
     ///
-    /// Example: ramd man | man -l -
+    /// Examples: ramd man | man -l -
+    ///           ramd man /usr/local/share/man/man1   (same as --dir DIR)
+    #[command(verbatim_doc_comment)]
     Man {
+        /// Write one page per command into DIR (ramd.1, ramd-create.1, ...).
+        #[arg(value_name = "DIR", conflicts_with = "dir")]
+        into: Option<PathBuf>,
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
@@ -306,6 +332,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if !matches!(cli.command, Command::Daemon(_)) {
+        default_sigpipe();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -313,6 +342,50 @@ pub fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Restores the default SIGPIPE action (Rust ignores it): a client whose
+/// reader went away (`ramd list | head`) ends quietly, as Unix tools do.
+fn default_sigpipe() {
+    // SAFETY: signal(2) with SIG_DFL takes no pointers; called before any
+    // thread starts, and only in client commands.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// A drive or cache name argument: the naming rule, checked before any
+/// request (a bad name is a usage error, exit 2).
+pub(crate) fn arg_name(text: &str) -> Result<String, String> {
+    crate::daemon::spec::check_name(text)
+        .map(|()| text.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// A cache name argument (the same rule as drives).
+pub(crate) fn arg_cache_name(text: &str) -> Result<String, String> {
+    arg_name(text).map_err(|e| e.replace("drive name", "cache name"))
+}
+
+/// A size argument that must parse (`512`, `4K`, `1.5G`, `2 GiB`); the
+/// text is sent as given.
+pub(crate) fn arg_size(text: &str) -> Result<String, String> {
+    crate::size::parse_size(text).map(|_| text.to_owned())
+}
+
+/// A drive size argument: a size of at least 1 byte.
+pub(crate) fn arg_drive_size(text: &str) -> Result<String, String> {
+    crate::daemon::spec::parse_drive_size(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// A memory limit argument: a size of at least 1 byte, or `none`.
+pub(crate) fn arg_mem_limit(text: &str) -> Result<String, String> {
+    if matches!(text.trim(), "none" | "unlimited") {
+        return Ok(text.to_owned());
+    }
+    crate::daemon::spec::parse_mem_limit(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
@@ -516,6 +589,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Attach {
             name,
             mountpoint,
+            force,
             list,
             out,
         } => {
@@ -549,6 +623,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let a = c.attach(&CreateAttachment {
                 drive: name,
                 mountpoint: mp.display().to_string(),
+                force,
             })?;
             if out.json {
                 return print_json(&a);
@@ -623,7 +698,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "ramd", &mut std::io::stdout());
         }
-        Command::Man { dir } => man(dir)?,
+        Command::Man { into, dir } => man(into.or(dir))?,
     }
     Ok(())
 }

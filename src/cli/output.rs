@@ -338,6 +338,7 @@ pub fn persist_stats(report: &StatsReport) -> String {
             "WRITTEN",
             "SYNCS OK/FAIL",
             "MEAN/MAX",
+            "RESTORE",
             "LAST ERROR",
         ],
         &[3, 4, 5, 6],

@@ -105,6 +105,10 @@ pub fn after_create(
                     "{} already holds drive '{}': restoring it (its data is kept; delete it first to start empty)",
                     p.state_dir, d.name
                 );
+                // Which stored settings it keeps (drive.json).
+                if let Some(n) = &d.notice {
+                    eprintln!("{n}");
+                }
             }
             if no_wait {
                 return if json {
@@ -114,7 +118,9 @@ pub fn after_create(
                     Ok(())
                 };
             }
-            let d = poll_restore(client, d)?;
+            let notice = d.notice.clone();
+            let mut d = poll_restore(client, d)?;
+            d.notice = d.notice.or(notice);
             restore_outcome(&d, json)
         }
         "failed" => restore_outcome(&d, json),

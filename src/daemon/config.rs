@@ -46,6 +46,7 @@
 //! block_size = "64K"          # ...and every option of `ramd cache create`
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -55,8 +56,8 @@ use toml::Spanned;
 use super::caches::{CacheConfigEntry, CacheSpec};
 use super::dirs::DirSpec;
 use super::spec::{
-    check_name, parse_drive_size, parse_durability, parse_sync_interval_ms, DriveSpec,
-    PersistOptions,
+    check_mem_limit, check_name, parse_drive_size, parse_durability, parse_sync_interval_ms,
+    DriveSpec, PersistOptions,
 };
 use crate::size::parse_size;
 
@@ -140,6 +141,9 @@ pub struct ConfigFile {
 }
 
 /// `[daemon]`: each key matches a `ramd daemon` flag, which wins over it.
+/// Values that would leave the daemon unusable (a budget of 0, no
+/// connection allowed, a log filter that logs nothing) are refused where
+/// they are read, so the error names the file, line and column.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonSection {
@@ -147,13 +151,93 @@ pub struct DaemonSection {
     pub nbd_socket: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
     pub nbd_listen: Option<Vec<SocketAddr>>,
+    #[serde(default, deserialize_with = "de_mem_budget")]
     pub mem_budget: Option<Size>,
+    #[serde(default, deserialize_with = "de_max_connections")]
     pub max_connections: Option<usize>,
     pub poll_us: Option<u32>,
     pub keep_cpu_awake: Option<bool>,
     pub metrics: Option<bool>,
+    #[serde(default, deserialize_with = "de_log")]
     pub log: Option<String>,
     pub log_format: Option<LogFormat>,
+}
+
+/// Why a `[daemon]` value (or its `ramd daemon` flag) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DaemonValueError {
+    /// A memory budget of 0 bytes.
+    #[error("a memory budget of 0 bytes leaves no memory for any drive: give a size like \"16G\" (or leave it out: 75% of MemAvailable)")]
+    ZeroBudget,
+    /// `max_connections = 0`.
+    #[error(
+        "max_connections = 0 would refuse every NBD connection: give at least 1 (default 256)"
+    )]
+    ZeroConnections,
+    /// A log filter naming no known level.
+    #[error("unknown log level '{0}': use error, warn, info, debug, trace or off, or directives like \"info,ramd::nbd=debug\"")]
+    LogLevel(String),
+}
+
+/// Checks a memory budget (config key or flag).
+pub fn check_mem_budget(bytes: u64) -> Result<u64, DaemonValueError> {
+    if bytes == 0 {
+        return Err(DaemonValueError::ZeroBudget);
+    }
+    Ok(bytes)
+}
+
+/// Checks a connection limit (config key or flag).
+pub fn check_max_connections(n: usize) -> Result<usize, DaemonValueError> {
+    if n == 0 {
+        return Err(DaemonValueError::ZeroConnections);
+    }
+    Ok(n)
+}
+
+/// Checks a log filter: comma-separated directives, each a level
+/// (`error`, `warn`, `info`, `debug`, `trace`, `off`) or `TARGET=LEVEL`.
+/// A bare word that is not a level is refused: tracing would take it as
+/// a target name and log nothing else.
+pub fn check_log_filter(text: &str) -> Result<String, DaemonValueError> {
+    use std::str::FromStr;
+    use tracing_subscriber::filter::LevelFilter;
+    let bad = || DaemonValueError::LogLevel(text.to_owned());
+    let is_level = |s: &str| LevelFilter::from_str(s.trim()).is_ok();
+    let directives: Vec<&str> = text.split(',').map(str::trim).collect();
+    if directives.iter().all(|d| d.is_empty()) {
+        return Err(bad());
+    }
+    for d in directives.into_iter().filter(|d| !d.is_empty()) {
+        let ok = match d.rsplit_once('=') {
+            Some((target, level)) => !target.trim().is_empty() && is_level(level),
+            None => is_level(d),
+        };
+        if !ok {
+            return Err(bad());
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(text).map_err(|_| bad())?;
+    Ok(text.to_owned())
+}
+
+fn de_mem_budget<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Size>, D::Error> {
+    let s = Size::deserialize(d)?;
+    check_mem_budget(s.0)
+        .map(|b| Some(Size(b)))
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_max_connections<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    check_max_connections(usize::deserialize(d)?)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_log<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    check_log_filter(&String::deserialize(d)?)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// `[[drive]]`.
@@ -162,7 +246,7 @@ pub struct DaemonSection {
 pub struct DriveEntry {
     pub name: Spanned<String>,
     pub size: Spanned<Size>,
-    pub mem_limit: Option<Size>,
+    pub mem_limit: Option<Spanned<Size>>,
     #[serde(default)]
     pub read_only: bool,
     #[serde(default)]
@@ -202,6 +286,9 @@ pub struct Config {
     pub caches: Vec<CacheSpec>,
     /// Directories to keep in RAM, each with where it is declared.
     pub dirs: Vec<DirSpec>,
+    /// Line and column of each drive's and cache's `name`, so start-up
+    /// refusals (a drive over the budget) can point at the declaration.
+    pub declared_at: BTreeMap<String, (usize, usize)>,
 }
 
 /// 1-based line and column of a byte offset.
@@ -227,9 +314,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let offset = e.span().map_or(0, |s| s.start);
         invalid(offset, e.message().trim().to_owned())
     })?;
+    let mut declared_at = BTreeMap::new();
     let mut drives: Vec<DriveSpec> = Vec::new();
     for d in &file.drives {
         let name = d.name.get_ref();
+        declared_at.insert(name.clone(), line_col(text, d.name.span().start));
         check_name(name).map_err(|e| invalid(d.name.span().start, e.to_string()))?;
         if drives.iter().any(|x| &x.name == name) {
             return Err(invalid(
@@ -240,6 +329,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let size = d.size.get_ref().0;
         parse_drive_size(&size.to_string())
             .map_err(|e| invalid(d.size.span().start, e.to_string()))?;
+        let mem_limit_bytes = match &d.mem_limit {
+            Some(v) => Some(
+                check_mem_limit(v.get_ref().0)
+                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
+            ),
+            None => None,
+        };
         let mut p = PersistOptions {
             persist: d.persist.as_ref().is_some_and(|v| *v.get_ref()),
             encrypt: d.encrypt.as_ref().is_some_and(|v| *v.get_ref()),
@@ -279,7 +375,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         drives.push(DriveSpec {
             name: name.clone(),
             size_bytes: size,
-            mem_limit_bytes: d.mem_limit.map(|s| s.0),
+            mem_limit_bytes,
             read_only: d.read_only,
             overcommit: d.overcommit,
             persist,
@@ -302,6 +398,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 format!("cache '{name}': the name is taken by {what} (drives and caches share NBD export names)"),
             ));
         }
+        declared_at.insert(name.clone(), line_col(text, c.name.span().start));
         caches.push(spec);
     }
     let mut dirs: Vec<DirSpec> = Vec::new();
@@ -336,6 +433,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         drives,
         caches,
         dirs,
+        declared_at,
     })
 }
 

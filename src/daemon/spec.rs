@@ -59,6 +59,23 @@ pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
     Ok(size)
 }
 
+/// Checks a drive's memory limit: at least one byte. A limit of 0 would
+/// refuse every write; removing a limit is spelled `none` (API) or by
+/// leaving it out.
+pub fn check_mem_limit(bytes: u64) -> Result<u64, SpecError> {
+    if bytes == 0 {
+        return Err(SpecError::InvalidSize(
+            "a memory limit of 0 bytes would refuse every write: give at least 1 byte, or \"none\" (leave it out) for no limit".into(),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Parses a memory limit: a human size of at least one byte.
+pub fn parse_mem_limit(text: &str) -> Result<u64, SpecError> {
+    check_mem_limit(parse_size(text).map_err(SpecError::InvalidSize)?)
+}
+
 /// A drive to create, however it was described.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriveSpec {
@@ -164,7 +181,7 @@ impl PersistOptions {
         match (self.encrypt, &self.key_file) {
             (true, None) => {
                 return Err(SpecError::Persist(
-                    "encryption needs a key file: add --key-file F (32 random bytes: head -c 32 /dev/urandom > F)".into(),
+                    "encryption needs a key file: add --key-file F (a new file of 32 random bytes: (umask 077; set -C; head -c 32 /dev/urandom > F), where set -C refuses to overwrite an existing F)".into(),
                 ))
             }
             (false, Some(_)) => {
@@ -217,7 +234,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
     for opt in parts {
         match opt.split_once('=') {
             Some(("mem-limit", v)) => {
-                d.mem_limit_bytes = Some(parse_size(v).map_err(SpecError::InvalidSize)?)
+                d.mem_limit_bytes = Some(parse_mem_limit(v)?)
             }
             Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
             Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
@@ -282,6 +299,7 @@ mod tests {
             "x=0",
             "x=1G,turbo",
             "x=1G,mem-limit=z",
+            "x=1G,mem-limit=0",
             "x=1G,durability=flush",
             "x=1G,persist,durability=fast",
             "x=1G,persist,sync-interval=1ms",

@@ -23,6 +23,17 @@
 //! directory), so a crash leaves the old or the new file, never a torn one.
 //! `size_bytes` is the size asked for at creation; the drive's real size is
 //! the engine's (a resize is recorded by the next sync).
+//!
+//! Invariants:
+//! - an unusable file (unreadable, not JSON, another drive's name, a bad
+//!   value) is never rewritten behind the user's back: the drive fails
+//!   with the reason, whoever declares it ([`read_checked`]), until the
+//!   file is fixed or `ramd restore --force` replaces it;
+//! - a drive re-created through the API (`ramd create NAME --persist`
+//!   after `delete --keep-data`) keeps the stored settings it is not
+//!   given explicitly ([`DriveSettings::fill`]), and the answer says
+//!   which. A drive declared in the config or on the daemon's command
+//!   line is described by its declaration (edit it to change them).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,7 +59,7 @@ pub enum SettingsError {
         source: std::io::Error,
     },
     /// The file is not valid.
-    #[error("{path} is unusable: {detail}; fix or remove it (without it the drive is restored with default settings)")]
+    #[error("{path} is unusable: {detail}; fix it, or remove it to restore the drive with the settings it is declared (or created) with, or `ramd restore NAME --force` to rewrite it with them")]
     Invalid { path: PathBuf, detail: String },
 }
 
@@ -121,6 +132,89 @@ impl DriveSettings {
     }
 }
 
+/// Settings a re-create was given explicitly (None / false: not given).
+#[derive(Debug, Clone, Default)]
+pub struct Given {
+    pub durability: bool,
+    pub sync_interval: bool,
+    pub key_file: bool,
+    pub mem_limit: bool,
+    pub read_only: bool,
+    pub overcommit: bool,
+}
+
+impl DriveSettings {
+    /// Fills what `given` lacks in `spec` (a persistent drive about to be
+    /// restored from this state directory) from these stored settings.
+    /// Returns what was taken, for people (`durability flush`, ...).
+    pub fn fill(&self, spec: &mut DriveSpec, given: &Given) -> Vec<String> {
+        let Ok(stored) = self.to_spec() else {
+            return Vec::new();
+        };
+        let (Some(p), Some(sp)) = (spec.persist.as_mut(), stored.persist) else {
+            return Vec::new();
+        };
+        let mut taken = Vec::new();
+        if !given.durability {
+            p.durability = sp.durability;
+            taken.push(format!("durability {}", sp.durability));
+        }
+        if !given.sync_interval {
+            p.sync_interval_ms = sp.sync_interval_ms;
+            taken.push(format!(
+                "sync interval {}",
+                crate::daemon::spec::format_interval(sp.sync_interval_ms)
+            ));
+        }
+        if !given.key_file {
+            if let Some(k) = &sp.key_file {
+                taken.push(format!("key file {}", k.display()));
+            }
+            p.key_file = sp.key_file;
+        }
+        if !given.mem_limit {
+            spec.mem_limit_bytes = stored.mem_limit_bytes;
+            if let Some(m) = stored.mem_limit_bytes {
+                taken.push(format!("memory limit {}", crate::size::format_size(m)));
+            }
+        }
+        if !given.read_only && stored.read_only {
+            spec.read_only = true;
+            taken.push("read-only".into());
+        }
+        if !given.overcommit && stored.overcommit {
+            spec.overcommit = true;
+            taken.push("overcommit".into());
+        }
+        taken
+    }
+}
+
+/// Reads `dir/drive.json` of drive `name` and checks it: Ok(None) when
+/// there is none, Err with the reason (naming the file) when it is
+/// unusable.
+pub fn read_checked(dir: &Path, name: &str) -> Result<Option<DriveSettings>, String> {
+    let path = dir.join(FILE);
+    let Some(s) = read(dir).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let invalid = |detail: String| {
+        SettingsError::Invalid {
+            path: path.clone(),
+            detail,
+        }
+        .to_string()
+    };
+    if s.name != name {
+        return Err(invalid(format!(
+            "it names drive '{}', not '{name}'",
+            s.name
+        )));
+    }
+    s.to_spec().map_err(invalid)?;
+    Ok(Some(s))
+}
+
 /// Reads `dir/drive.json`; Ok(None) when there is none.
 pub fn read(dir: &Path) -> Result<Option<DriveSettings>, SettingsError> {
     let path = dir.join(FILE);
@@ -153,7 +247,18 @@ pub fn write(dir: &Path, settings: &DriveSettings) -> Result<(), SettingsError> 
     };
     let mut text = serde_json::to_string_pretty(settings).expect("settings serialize");
     text.push('\n');
-    let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+    // 0600 at creation, whatever the umask: drive data is private (see
+    // `modes`).
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io("create", &tmp))?
+    };
     f.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
     f.sync_data().map_err(io("fdatasync", &tmp))?;
     drop(f);

@@ -14,10 +14,23 @@ use super::{
     RegistryError,
 };
 use crate::backend::Backend;
-use crate::daemon::persistent::{self, DiskDrive, Found, Persistence, RestoreRecord};
+use crate::daemon::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
 use crate::daemon::spec::{DriveSpec, PersistSpec};
 use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
 use crate::size::format_size;
+
+/// What `dir` holds, where a drive whose `drive.json` is unusable counts
+/// as broken: it fails with the reason instead of being restored (and
+/// the file rewritten) with whatever settings the caller has.
+fn probe_with_settings(dir: &std::path::Path, name: &str) -> Found {
+    match persistent::probe(dir) {
+        found @ Found::Existing { .. } => match settings::read_checked(dir, name) {
+            Err(e) => Found::Broken(e),
+            Ok(_) => found,
+        },
+        found => found,
+    }
+}
 
 impl Registry {
     /// `create` for a persistent drive: a new one, or a restore.
@@ -32,7 +45,7 @@ impl Registry {
         if drives.contains_key(&spec.name) {
             return Err(RegistryError::Exists(spec.name.clone()));
         }
-        match persistent::probe(&dir) {
+        match probe_with_settings(&dir, &spec.name) {
             Found::New => {
                 self.check_budget(
                     &drives,
@@ -413,6 +426,27 @@ impl Registry {
                 )))
             }
         };
+        // The settings file: still unusable, only --force goes ahead (and
+        // the restore rewrites it); fixed, a drive created through the API
+        // takes its settings again.
+        match settings::read_checked(&p.dir, name) {
+            Err(e) if !opts.force => {
+                return Err(RegistryError::NotReady(format!(
+                    "{e} (`ramd restore {name}` after fixing it)"
+                )))
+            }
+            Err(e) => tracing::warn!(drive = %name, "restoring with --force despite: {e}"),
+            Ok(Some(stored)) if drive.origin == Origin::Api => {
+                if let Ok(DriveSpec {
+                    persist: Some(stored),
+                    ..
+                }) = stored.to_spec()
+                {
+                    *p.spec.lock() = stored;
+                }
+            }
+            Ok(_) => {}
+        }
         if let Some(k) = key_file {
             p.spec.lock().key_file = Some(k);
         }
