@@ -103,11 +103,11 @@ pub struct DaemonArgs {
     pub no_default_drive: bool,
 
     /// Memory all drives together may hold [default: 75% of MemAvailable].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_mem_budget_flag)]
     pub mem_budget: Option<u64>,
 
     /// Most NBD connections served at once [default: 256].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_max_connections_flag)]
     pub max_connections: Option<usize>,
 
     /// Microseconds a connection polls for its next request before sleeping
@@ -130,12 +130,31 @@ pub struct DaemonArgs {
 
     /// Log filter: error, warn, info, debug, trace, or a tracing directive
     /// [default: info; env: RUST_LOG].
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(long, value_name = "LEVEL", value_parser = parse_log_flag)]
     pub log: Option<String>,
 
     /// Log format.
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+}
+
+/// `--mem-budget`: a size of at least one byte.
+fn parse_mem_budget_flag(text: &str) -> Result<u64, String> {
+    config::check_mem_budget(parse_size(text)?).map_err(|e| e.to_string())
+}
+
+/// `--max-connections`: at least 1.
+fn parse_max_connections_flag(text: &str) -> Result<usize, String> {
+    let n = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("'{text}' is not a number: {e}"))?;
+    config::check_max_connections(n).map_err(|e| e.to_string())
+}
+
+/// `--log`: a known level or directives.
+fn parse_log_flag(text: &str) -> Result<String, String> {
+    config::check_log_filter(text).map_err(|e| e.to_string())
 }
 
 /// Why the daemon could not start (or stopped with an error).
@@ -154,6 +173,15 @@ pub enum DaemonError {
     /// A start-up drive could not be created.
     #[error("cannot create drive '{name}': {source}")]
     Drive { name: String, source: RegistryError },
+    /// A drive or cache declared in the config file could not be created
+    /// (the message names its declaration).
+    #[error("{path}:{line}:{column}: {message}")]
+    Declared {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
     /// The NBD listeners could not be bound.
     #[error("cannot start the NBD server: {0}")]
     Nbd(std::io::Error),
@@ -203,6 +231,8 @@ pub struct Settings {
     pub runtime_dir: PathBuf,
     /// Directories to keep in RAM, from the config.
     pub dirs: Vec<DirSpec>,
+    /// Where the config declares each drive and cache (line, column).
+    pub declared_at: std::collections::BTreeMap<String, (usize, usize)>,
 }
 
 impl Settings {
@@ -279,6 +309,24 @@ impl Settings {
             caches: config.caches,
             runtime_dir: runtime,
             dirs: config.dirs,
+            declared_at: config.declared_at,
+        })
+    }
+}
+
+impl Settings {
+    /// `message` as an error at the config line declaring `name`, when
+    /// it comes from the config.
+    fn declared(&self, name: &str, origin: &Origin, message: &str) -> Option<DaemonError> {
+        let (Origin::Config(path), Some(&(line, column))) = (origin, self.declared_at.get(name))
+        else {
+            return None;
+        };
+        Some(DaemonError::Declared {
+            path: path.clone(),
+            line,
+            column,
+            message: message.to_owned(),
         })
     }
 }
@@ -379,9 +427,14 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for (spec, origin) in &settings.drives {
         registry
             .create(spec, origin.clone())
-            .map_err(|source| DaemonError::Drive {
-                name: spec.name.clone(),
-                source,
+            .map_err(|source| {
+                let message = format!("cannot create drive '{}': {source}", spec.name);
+                settings
+                    .declared(&spec.name, origin, &message)
+                    .unwrap_or(DaemonError::Drive {
+                        name: spec.name.clone(),
+                        source,
+                    })
             })?;
     }
     // Persistent drives created through the API (or no longer declared)
@@ -400,9 +453,14 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for spec in &settings.caches {
         caches
             .create_at_start(spec.clone(), cache_origin.clone())
-            .map_err(|source| DaemonError::Cache {
-                name: spec.name.clone(),
-                source,
+            .map_err(|source| {
+                let message = format!("cannot create cache '{}': {source}", spec.name);
+                settings
+                    .declared(&spec.name, &cache_origin, &message)
+                    .unwrap_or(DaemonError::Cache {
+                        name: spec.name.clone(),
+                        source,
+                    })
             })?;
     }
 
@@ -411,7 +469,20 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     nbd_config.max_connections = settings.max_connections;
     nbd_config.poll_us = settings.poll_us;
     nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
-    let server = Server::bind(nbd_config, exports).map_err(DaemonError::Nbd)?;
+    // A refused start leaves no socket behind: one bound by a listener
+    // that failed after it (say, a TCP port in use), and from here on the
+    // NBD and API sockets, until the daemon serves.
+    let nbd_before = file_id(&settings.nbd_socket);
+    let server = Server::bind(nbd_config, exports).map_err(|e| {
+        if file_id(&settings.nbd_socket) != nbd_before {
+            remove_if_socket(&settings.nbd_socket);
+        }
+        DaemonError::Nbd(e)
+    })?;
+    let mut bound = BoundSockets {
+        paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
+        serving: false,
+    };
     let nbd_handle = server.shutdown_handle();
     registry.set_nbd(nbd_handle.clone());
     caches.set_nbd(nbd_handle.clone());
@@ -471,6 +542,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         })
         .map_err(DaemonError::Start)?;
 
+    bound.serving = true;
     announce(&daemon);
     let served = runtime.block_on(async {
         let listener = tokio::net::UnixListener::from_std(api_listener)?;
@@ -550,6 +622,32 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The sockets a start has bound, removed again when the start is
+/// refused (dropped before `serving` is set).
+struct BoundSockets<'a> {
+    paths: [&'a Path; 2],
+    serving: bool,
+}
+
+impl Drop for BoundSockets<'_> {
+    fn drop(&mut self) {
+        if !self.serving {
+            for p in self.paths {
+                remove_if_socket(p);
+            }
+        }
+    }
+}
+
+/// Device and inode of a file (None: no file), to tell a socket this
+/// process bound from one that was there before.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn remove_if_socket(path: &Path) {

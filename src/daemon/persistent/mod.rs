@@ -111,8 +111,26 @@ pub fn engine_config(spec: &PersistSpec) -> PersistConfig {
 fn read_key(spec: &PersistSpec) -> Result<Option<Key>, String> {
     spec.key_file
         .as_deref()
-        .map(|f| Key::from_file(f).map_err(|e| e.to_string()))
+        .map(|f| Key::from_file(f).map_err(|e| key_error(f, e)))
         .transpose()
+}
+
+/// A key file error for people. Never suggests a command that writes to
+/// the named file when it exists (it may be anything: `/etc/shadow`).
+fn key_error(path: &Path, e: crate::persist::crypto::CryptoError) -> String {
+    use crate::persist::crypto::CryptoError as E;
+    match e {
+        E::KeyFormat { len, .. } => format!(
+            "key file {} must hold 32 raw bytes or 64 hex digits, but it holds {len} bytes: is it the right file? To make a new key, write it to a new file (ramd never writes key files): (umask 077; set -C; head -c 32 /dev/urandom > NEW_KEY_FILE)",
+            path.display()
+        ),
+        E::KeyFile { source, .. } if source.kind() == std::io::ErrorKind::NotFound => format!(
+            "key file {} does not exist: give the file the drive was encrypted with, or for a new drive create one that does not exist yet with (umask 077; set -C; head -c 32 /dev/urandom > {})",
+            path.display(),
+            path.display()
+        ),
+        other => other.to_string(),
+    }
 }
 
 fn store_options(mem_limit_bytes: Option<u64>) -> StoreOptions {
