@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Checks the shape of src/: import circles between files, long functions,
+and stringly-typed errors. Run by tests/architecture.rs in CI.
+
+  scripts/arch_check.py [--report]     exit 1 when a rule is broken
+
+Rules (issue 16):
+  1. No import circles between files. An import is a `use crate::...`,
+     `use super::...` or an inline `crate::a::b` path naming an item of
+     another file; `mod.rs` re-exports count like any other import.
+  2. No function longer than MAX_FN_LINES lines outside tests.
+  3. No `Result<_, String>` and no `#[error("{0}")] X(String)` outside the
+     HTTP edge (EDGE_FILES).
+
+--report prints the counts and every finding even when the rules hold.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SRC = os.path.join(ROOT, "src")
+MAX_FN_LINES = 120
+# Where strings are the interface: the HTTP error mapping and the CLI's
+# top-level message printing.
+EDGE_FILES = {"src/api/error.rs", "src/api/server/error.rs", "src/main.rs"}
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def rust_files():
+    for d, _, files in os.walk(SRC):
+        for f in sorted(files):
+            if f.endswith(".rs"):
+                yield os.path.join(d, f)
+
+
+def module_of(path):
+    """src/a/b.rs -> ['a', 'b']; src/a/mod.rs -> ['a']; src/lib.rs -> []."""
+    parts = os.path.relpath(path, SRC)[:-3].split(os.sep)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts = parts[:-1]
+    return parts
+
+
+def strip_tests_and_comments(text, keep_strings=False):
+    """The text without `#[cfg(test)] mod ... { }` blocks, comments and
+    (unless `keep_strings`) the contents of string literals, so braces in
+    them do not count."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith("#[cfg(test)]", i):
+            j = text.find("\n", i)
+            rest = text[j + 1 :].lstrip()
+            if re.match(r"(pub(\([^)]*\))?\s+)?mod\s+\w+\s*\{", rest):
+                start = text.index("{", j)
+                end = match_brace(text, start)
+                # Keep the line count.
+                out.append("\n" * text.count("\n", i, end + 1))
+                i = end + 1
+                continue
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if text.startswith("/*", i):
+            j = text.find("*/", i)
+            out.append("\n" * text.count("\n", i, j))
+            i = j + 2
+            continue
+        if c == '"' or text.startswith('r"', i) or text.startswith("r#", i):
+            j = skip_string(text, i)
+            out.append(text[i:j] if keep_strings else '""' + "\n" * text.count("\n", i, j))
+            i = j
+            continue
+        if c == "'" and re.match(r"'(\\.|[^\\'])'", text[i : i + 4]):
+            j = text.index("'", i + 2 if text[i + 1] != "\\" else i + 3) + 1
+            out.append("' '")
+            i = j
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def skip_string(text, i):
+    if text[i] == "r":
+        m = re.match(r'r(#*)"', text[i:])
+        hashes = m.group(1)
+        end = text.index('"' + hashes, i + len(m.group(0)))
+        return end + 1 + len(hashes)
+    j = i + 1
+    while text[j] != '"':
+        j += 2 if text[j] == "\\" else 1
+    return j + 1
+
+
+def match_brace(text, start):
+    depth = 0
+    for k in range(start, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+    return len(text) - 1
+
+
+def resolve(modules, base, path):
+    """The file a path `a::b::c` (relative to module `base`) names: the
+    longest prefix that is a module."""
+    parts = list(base) + path
+    for k in range(len(parts), 0, -1):
+        f = modules.get(tuple(parts[:k]))
+        if f:
+            return f
+    return None
+
+
+USE_RE = re.compile(r"\buse\s+([^;]+);", re.S)
+INLINE_RE = re.compile(r"\b(crate|super)((?:::\w+)+)")
+
+
+def expand_use(tree):
+    """`a::{b, c::{d}}` -> ['a::b', 'a::c::d']."""
+    tree = re.sub(r"\s+", "", tree)
+    m = re.match(r"^(.*?)::\{(.*)\}$", tree)
+    if not m:
+        return [tree]
+    prefix, inner = m.groups()
+    items, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    if cur:
+        items.append(cur)
+    return [p for it in items if it for p in expand_use(prefix + "::" + it)]
+
+
+def imports(path, text, modules):
+    me = module_of(path)
+    # `super` of module a::b is a, whether it lives in a/b.rs or a/b/mod.rs.
+    parent = me[:-1]
+    targets = set()
+
+    def add(p):
+        parts = p.split("::")
+        if parts[0] == "crate":
+            base, rest = [], parts[1:]
+        elif parts[0] == "super":
+            base, rest = list(parent), parts[1:]
+            while rest and rest[0] == "super":
+                base, rest = base[:-1], rest[1:]
+        elif parts[0] == "self":
+            base, rest = list(me), parts[1:]
+        else:
+            return
+        rest = [r for r in rest if r not in ("*", "self")]
+        f = resolve(modules, base, rest)
+        if f and f != path:
+            targets.add(f)
+
+    for m in USE_RE.finditer(text):
+        for p in expand_use(m.group(1)):
+            add(re.sub(r"as\w+$", "", p) if "::" in p else p)
+    for m in INLINE_RE.finditer(text):
+        add(m.group(1) + m.group(2))
+    return targets
+
+
+def circles(graph):
+    """Strongly connected components of more than one file (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+FN_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?(?:extern\s+\"C\"\s+)?fn\s+(\w+)", re.M)
+
+
+def long_functions(path, text):
+    found = []
+    for m in FN_RE.finditer(text):
+        brace = text.find("{", m.end())
+        semi = text.find(";", m.end())
+        if brace < 0 or (0 <= semi < brace):
+            continue  # a declaration without a body
+        end = match_brace(text, brace)
+        lines = text.count("\n", m.start(), end) + 1
+        if lines > MAX_FN_LINES:
+            line = text.count("\n", 0, m.start()) + 1
+            found.append((rel(path), line, m.group(1), lines))
+    return found
+
+
+STRING_RESULT_RE = re.compile(r"Result<[^;{]*?,\s*String\s*>")
+STRING_VARIANT_RE = re.compile(r'#\[error\("\{0\}"\)\]\s*\w+\(String\)')
+
+
+def string_errors(path, text):
+    if rel(path) in EDGE_FILES:
+        return []
+    out = []
+    for rx, what in ((STRING_RESULT_RE, "Result<_, String>"), (STRING_VARIANT_RE, '#[error("{0}")] X(String)')):
+        for m in rx.finditer(text):
+            out.append((rel(path), text.count("\n", 0, m.start()) + 1, what))
+    return out
+
+
+def main():
+    report = "--report" in sys.argv
+    files = list(rust_files())
+    modules = {tuple(module_of(f)): f for f in files}
+    texts = {f: strip_tests_and_comments(open(f).read()) for f in files}
+    graph = {f: imports(f, texts[f], modules) for f in files}
+    loops = circles(graph)
+    longs = [x for f in files for x in long_functions(f, texts[f])]
+    raw = {f: strip_tests_and_comments(open(f).read(), keep_strings=True) for f in files}
+    strings = [x for f in files for x in string_errors(f, raw[f])]
+    ok = not loops and not longs and not strings
+    print(f"import circles: {len(loops)}; functions over {MAX_FN_LINES} lines: {len(longs)}; "
+          f"stringly-typed errors outside the HTTP edge: {len(strings)}")
+    if report or not ok:
+        for c in loops:
+            print("circle:", " <-> ".join(rel(f) for f in c))
+            for f in c:
+                for g in sorted(graph[f] & set(c)):
+                    print(f"    {rel(f)} -> {rel(g)}")
+        for f, line, name, n in sorted(longs, key=lambda x: -x[3]):
+            print(f"long function: {f}:{line} {name} ({n} lines)")
+        for f, line, what in strings:
+            print(f"string error: {f}:{line} {what}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
