@@ -116,12 +116,15 @@ pub enum DirCommand {
     ///
     /// PATH is a normal directory again, with the latest content.
     ///
-    /// Refused while a program has a file open for writing there (see
-    /// `fuser -vm PATH`) unless --force (then writes after the final sync
-    /// are lost).
+    /// Refused while a program has a file open for writing there (the
+    /// error names it) unless --force.
     Remove {
         /// The directory's path or id.
         dir: String,
+        /// Programs keep writing there: freeze PATH (no new writes), sync,
+        /// detach (new opens go to the disk copy) and keep the RAM copy
+        /// until they close it; what they write after the final sync is
+        /// then saved as a recovery copy. Nothing is lost.
         #[arg(long)]
         force: bool,
         #[command(flatten)]

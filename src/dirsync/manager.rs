@@ -12,6 +12,8 @@
 //!                                               (overlay: overlay mounted at PATH at once)
 //! Active ── sync (interval, on demand, before suspend) ──► on-disk copy updated in place, safely
 //! remove ─► PATH read-only ─► final sync ─► unmount ─► record dropped (a normal directory again)
+//!           (forced, files open for writing: read-only bind on top ─► final sync ─► detach ─►
+//!            RAM copy kept until its programs close it ─► later writes saved as a recovery copy)
 //! stop ───► like remove but the record stays; if files are open for writing, sync and leave the
 //!           mounts with a handover marker for the next daemon (see recovery)
 //! start ──► recover each record (Fresh / Adopt / Stale / Covered), before anything is ready
@@ -882,9 +884,10 @@ impl DirManager {
 
     /// Stops keeping `path` in RAM: makes PATH read-only (so nothing written
     /// after the final sync can be lost), syncs, unmounts and forgets it.
-    /// Files open for writing make it fail with a busy error, unless `force`
-    /// (then writes made after the final sync are lost). Returns the final
-    /// sync's report.
+    /// Files open for writing make it fail with a busy error naming the
+    /// programs, unless `force`: then PATH is frozen, synced and detached,
+    /// and the RAM copy is kept until they close it (see `release_frozen`;
+    /// nothing is lost). Returns the final sync's report.
     pub fn remove(&self, path: &Path, force: bool) -> Result<StopOutcome, DirError> {
         let m = self.get(path)?;
         let _op = m.op.lock();
