@@ -373,7 +373,7 @@ fn burst(server: &TestServer, n: usize) {
             scope.spawn(move || {
                 let mut s = open_at(path, "ram0");
                 let mut req = request(CMD_WRITE, 0, i as u64, 0, MIB as u32);
-                req.extend(std::iter::repeat_n(i as u8, MIB));
+                req.extend(vec![i as u8; MIB]);
                 s.write_all(&req).unwrap();
                 assert_eq!(simple_reply(&mut s).1, 0);
                 s.write_all(&request(CMD_READ, 0, 1, 0, MIB as u32))

@@ -39,13 +39,14 @@
 //!   connection at most, 1.5 MiB typical (mostly untouched address space).
 //!   [`buffer_bytes`] reports the sum over all connections.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::export::Export;
 use super::handshake::Negotiated;
 use super::poller::Poller;
 use super::proto::*;
+use super::transport::Transport;
 use crate::backend::Backend;
 use crate::metrics::{ConnRecorder, Op};
 
@@ -280,24 +281,6 @@ pub fn transmission<S: Transport>(
             r.batch_started();
         }
         end += n;
-    }
-}
-
-/// A connection's byte stream, able to try a read without blocking.
-pub trait Transport: Read + Write {
-    /// Reads what is available now; `Ok(None)` when nothing is.
-    fn read_now(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
-    /// Blocks until there is something to read, or the peer has hung up.
-    fn wait_readable(&self) -> io::Result<()>;
-    /// Blocks until the stream can take more bytes.
-    fn wait_writable(&self) -> io::Result<()>;
-    /// Sends what the stream takes now of `bufs` (gathered in order)
-    /// without blocking; 0 when it takes nothing.
-    fn send_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
-    /// Bytes we sent that the peer has not read yet, where the transport
-    /// can tell (unix sockets); None elsewhere.
-    fn unread_by_peer(&self) -> Option<usize> {
-        None
     }
 }
 
@@ -820,6 +803,7 @@ impl Conn<'_> {
 #[cfg(test)]
 mod streamed_write_tests {
     use std::cell::Cell;
+    use std::io::Read;
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
 

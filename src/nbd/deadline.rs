@@ -11,11 +11,7 @@
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
-/// A socket whose blocking reads and writes can time out.
-pub trait SocketTimeouts {
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
-}
+pub use super::transport::SocketTimeouts;
 
 /// `stream` with every read and write bounded by one deadline.
 pub struct Deadline<'a, S> {

@@ -13,6 +13,7 @@ pub mod handshake;
 mod poller;
 pub mod proto;
 pub mod server;
+pub mod transport;
 
 pub use export::{Export, ExportTable};
 pub use server::{Server, ServerConfig, ShutdownHandle};

@@ -51,7 +51,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::awake;
-use super::conn::Transport;
+use super::transport::Transport;
 
 /// A poll answered this fast means the client did not wait for our reply.
 /// A QD1 client whose CPU is kept awake (`awake.rs`) answers in 4-6 us,
