@@ -2,7 +2,7 @@
 # 1 MiB sequential writes (fio nbd engine, QD8, one connection) into ramd
 # and nbdkit null / nbdkit memory allocator=malloc, alternating, with the
 # server's CPU use and its syscalls and context switches per MiB (perf stat):
-# the A/B behind "1 MiB sequential writes" in bench/RESULTS.md.
+# the A/B behind "1 MiB sequential writes" in bench/HISTORY.md.
 #
 #   bench/seqwrite.sh                    # 3 rounds of 6 s each
 #   ROUNDS=5 RUNTIME=10 bench/seqwrite.sh

@@ -6,7 +6,7 @@
 //! page tables. Once every 4 KiB page of an aligned 2 MiB range is
 //! committed, nothing is lost by backing it with one huge page: the range
 //! holds the same memory either way. Measured with fio 4 KiB random I/O at
-//! QD64x2 over a full 1 GiB drive (nbdbench A/B, bench/RESULTS.md item 16):
+//! QD64x2 over a full 1 GiB drive (A/B in bench/HISTORY.md, item 16):
 //! 1.27-1.29 us of server CPU per request against 1.48-1.54, and 7-8% more
 //! IOPS.
 //!
@@ -31,7 +31,7 @@
 //! ~175k IOPS for the seconds a 1 GiB pass took). So before each collapse
 //! the thread commits a huge page in a scratch mapping of its own and
 //! frees it at once (`Region::warm_huge_page`): the collapse then gets that
-//! block, already backed, and takes ~0.5 ms (`bench/RESULTS.md` item 20).
+//! block, already backed, and takes ~0.5 ms (`bench/HISTORY.md`, item 20).
 //! The rest after a collapse counts the warm-up too. The scratch page
 //! holds 2 MiB outside the budgets for the moment between the two calls,
 //! like the collapse itself, which holds the new huge page and the old
