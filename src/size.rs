@@ -1,5 +1,7 @@
 //! Human sizes: parsing `512`, `4K`, `4KiB`, `1.5G`, `2GiB` (binary units)
-//! and printing bytes back as `1.5 GiB`.
+//! and printing bytes back as `1.5 GiB`. Whitespace around the number and
+//! between number and unit is allowed, so what [`format_size`] prints
+//! parses back; whitespace inside the number is not (`1 000G`).
 
 /// Parses a size. Units are binary (K = KiB = 1024). Fractions are allowed
 /// with a unit and must come out to a whole number of bytes.
@@ -84,6 +86,19 @@ mod tests {
         assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
         assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
         assert_eq!(parse_size(" 1m ").unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn a_space_may_separate_number_and_unit() {
+        // What format_size prints parses back (docs/config.md, api.md).
+        assert_eq!(parse_size("1 G").unwrap(), 1 << 30);
+        assert_eq!(parse_size(" 1.5 GiB ").unwrap(), 3 << 29);
+        for bytes in [4096, 3 << 29, 1 << 30, 512] {
+            assert_eq!(parse_size(&format_size(bytes)).unwrap(), bytes);
+        }
+        for bad in ["1 000G", "1 0", "1 G B"] {
+            assert!(parse_size(bad).is_err(), "{bad} accepted");
+        }
     }
 
     #[test]

@@ -668,6 +668,44 @@ read_only = true
     }
 
     #[test]
+    fn useless_daemon_values_are_refused_at_their_line() {
+        for (text, want) in [
+            (
+                "[daemon]\nmem_budget = \"0\"\n",
+                "ramd.toml:2:14: a memory budget of 0",
+            ),
+            (
+                "[daemon]\nmax_connections = 0\n",
+                "ramd.toml:2:19: max_connections = 0",
+            ),
+            (
+                "[daemon]\nlog = \"infp\"\n",
+                "ramd.toml:2:7: unknown log level 'infp'",
+            ),
+            (
+                "[[drive]]\nname = \"a\"\nsize = 1\nmem_limit = 0\n",
+                "ramd.toml:4:13: a memory limit of 0",
+            ),
+        ] {
+            let e = err(text);
+            assert!(e.starts_with(want), "want {want:?} got {e:?}");
+        }
+        for good in ["info", "WARN", "off", "warn,ramd::nbd=debug", "ramd=trace"] {
+            assert!(check_log_filter(good).is_ok(), "{good}");
+        }
+        for bad in ["infp", "", " , ", "info,nbd", "=debug", "ramd=loud"] {
+            assert!(check_log_filter(bad).is_err(), "{bad:?}");
+        }
+        let c = parse(
+            Path::new("x.toml"),
+            "[[drive]]\nname = \"a\"\nsize = 1\n\n[[cache]]\nname = \"c\"\nbacking = \"/x\"\nsize = \"1M\"\nmode = \"wb\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.declared_at["a"], (2, 8));
+        assert_eq!(c.declared_at["c"], (6, 8));
+    }
+
+    #[test]
     fn errors_name_file_line_and_reason() {
         let e = err("[daemon]\nmax_connections = 3\nturbo = true\n");
         assert!(e.starts_with("ramd.toml:3:1: "), "{e}");

@@ -302,6 +302,46 @@ mod tests {
     }
 
     #[test]
+    fn fill_takes_what_was_not_given_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec();
+        let st = DriveSettings::from_spec(&s, s.persist.as_ref().unwrap(), "api");
+        write(dir.path(), &st).unwrap();
+        let stored = read_checked(dir.path(), "db").unwrap().unwrap();
+        let mut fresh = DriveSpec {
+            mem_limit_bytes: None,
+            read_only: false,
+            persist: Some(PersistSpec::default()),
+            ..s.clone()
+        };
+        let given = Given {
+            durability: true,
+            ..Given::default()
+        };
+        let taken = stored.fill(&mut fresh, &given);
+        assert_eq!(
+            taken,
+            [
+                "sync interval 5s",
+                "key file /k",
+                "memory limit 1 MiB",
+                "read-only"
+            ]
+        );
+        let p = fresh.persist.as_ref().unwrap();
+        assert_eq!(p.durability, Durability::default());
+        assert_eq!(p.sync_interval_ms, 5000);
+        assert!(fresh.read_only);
+        assert!(read_checked(dir.path(), "other")
+            .unwrap_err()
+            .contains("names drive 'db'"));
+        std::fs::write(dir.path().join(FILE), "{").unwrap();
+        assert!(read_checked(dir.path(), "db")
+            .unwrap_err()
+            .contains("drive.json is unusable"));
+    }
+
+    #[test]
     fn damaged_files_are_refused_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE), "{\"version\": 1,").unwrap();
