@@ -150,19 +150,27 @@ fn link_path(link: PathBuf) -> PathBuf {
     }
 }
 
-/// The paths mapped in a `/proc/<pid>/maps` text (file mappings only).
-pub fn mapped_paths(maps: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = maps
+/// The file mappings in a `/proc/<pid>/maps` text: (path, device), one
+/// per path and device. The device is the line's `major:minor` (hex), so
+/// no file is looked up.
+pub fn mapped_files(maps: &str) -> Vec<(PathBuf, Option<u64>)> {
+    let mut out: Vec<(PathBuf, Option<u64>)> = maps
         .lines()
         .filter_map(|line| {
             // address perms offset dev inode [path]
+            let dev_field = line.split_whitespace().nth(3);
             let mut rest = line;
             for _ in 0..5 {
                 rest = rest.trim_start().split_once(' ')?.1;
             }
             let p = rest.trim_start();
-            p.starts_with('/')
-                .then(|| link_path(PathBuf::from(p.to_string())))
+            if !p.starts_with('/') {
+                return None;
+            }
+            Some((
+                link_path(PathBuf::from(p.to_string())),
+                dev_field.and_then(parse_dev),
+            ))
         })
         .collect();
     out.sort();
@@ -170,15 +178,29 @@ pub fn mapped_paths(maps: &str) -> Vec<PathBuf> {
     out
 }
 
+/// `fd:01` (hex major:minor) as a `dev_t`.
+fn parse_dev(text: &str) -> Option<u64> {
+    let (ma, mi) = text.split_once(':')?;
+    Some(libc::makedev(
+        u32::from_str_radix(ma, 16).ok()?,
+        u32::from_str_radix(mi, 16).ok()?,
+    ))
+}
+
 /// Everything one process uses (None when it vanished or is unreadable).
-fn read_proc(pid: u32) -> Option<ProcFiles> {
+/// With `with_dev`, each open file and directory is `stat`ed through
+/// `/proc` for its device (which can block on a hung network
+/// filesystem: only a forced remove asks for it).
+fn read_proc(pid: u32, with_dev: bool) -> Option<ProcFiles> {
     let base = PathBuf::from(format!("/proc/{pid}"));
     let comm = std::fs::read_to_string(base.join("comm")).ok()?;
     let mut uses = Vec::new();
     let mut push = |how: Use, link: &Path| {
         if let Ok(target) = std::fs::read_link(link) {
             if target.is_absolute() {
-                let dev = std::fs::metadata(link).ok().map(|m| m.dev());
+                let dev = with_dev
+                    .then(|| std::fs::metadata(link).ok().map(|m| m.dev()))
+                    .flatten();
                 uses.push(Usage {
                     how,
                     path: link_path(target),
@@ -199,8 +221,7 @@ fn read_proc(pid: u32) -> Option<ProcFiles> {
         }
     }
     if let Ok(maps) = std::fs::read_to_string(base.join("maps")) {
-        for path in mapped_paths(&maps) {
-            let dev = std::fs::symlink_metadata(&path).ok().map(|m| m.dev());
+        for (path, dev) in mapped_files(&maps) {
             uses.push(Usage {
                 how: Use::Map,
                 path,
@@ -215,20 +236,22 @@ fn read_proc(pid: u32) -> Option<ProcFiles> {
     })
 }
 
-/// Reads every process in `/proc`.
-pub fn scan() -> Vec<ProcFiles> {
+/// Reads every process in `/proc` (devices of open files only with
+/// `with_dev`, see [`read_proc`]).
+pub fn scan(with_dev: bool) -> Vec<ProcFiles> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(read_proc)
+        .filter_map(|pid| read_proc(pid, with_dev))
         .collect()
 }
 
 /// The processes (but this one) using `target` now.
 pub fn find(target: Target<'_>) -> Vec<Holder> {
-    holders(&scan(), target, std::process::id())
+    let with_dev = matches!(target, Target::Device(_));
+    holders(&scan(with_dev), target, std::process::id())
 }
 
 #[cfg(test)]
@@ -297,10 +320,13 @@ mod tests {
 7f04-7f05 r-xp 00001000 fd:01 1234                       /usr/lib/libc.so.6
 ";
         assert_eq!(
-            mapped_paths(maps),
+            mapped_files(maps),
             [
-                PathBuf::from("/data/my file"),
-                PathBuf::from("/usr/lib/libc.so.6")
+                (PathBuf::from("/data/my file"), Some(libc::makedev(0xfd, 1))),
+                (
+                    PathBuf::from("/usr/lib/libc.so.6"),
+                    Some(libc::makedev(0xfd, 1))
+                )
             ]
         );
         assert_eq!(link_path("/a/b (deleted)".into()), PathBuf::from("/a/b"));
@@ -309,8 +335,17 @@ mod tests {
 
     #[test]
     fn scan_sees_this_process_cwd() {
-        let me = read_proc(std::process::id()).unwrap();
+        let me = read_proc(std::process::id(), true).unwrap();
         let cwd = std::env::current_dir().unwrap();
-        assert!(me.uses.iter().any(|u| u.how == Use::Cwd && u.path == cwd));
+        let dev = std::fs::metadata(&cwd).unwrap().dev();
+        assert!(me
+            .uses
+            .iter()
+            .any(|u| u.how == Use::Cwd && u.path == cwd && u.dev == Some(dev)));
+        assert!(read_proc(std::process::id(), false)
+            .unwrap()
+            .uses
+            .iter()
+            .all(|u| u.how == Use::Map || u.dev.is_none()));
     }
 }

@@ -1046,7 +1046,7 @@ impl DirManager {
             if all.is_empty() {
                 return;
             }
-            let procs = holders::scan();
+            let procs = holders::scan(true);
             let own = std::process::id();
             let (done, wait): (Vec<Draining>, Vec<Draining>) =
                 std::mem::take(&mut *all).into_iter().partition(|d| {
