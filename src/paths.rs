@@ -3,8 +3,18 @@
 //! Runtime dir: `$XDG_RUNTIME_DIR/ramd`, else `/run/ramd` for root, else
 //! `/tmp/ramd-<uid>`. The API socket is `api.sock` and the NBD socket
 //! `nbd.sock` in it. State: see [`state_dir`].
+//!
+//! # Invariants
+//!
+//! - The runtime directory is the daemon's own before any socket or lock
+//!   goes into it ([`ensure_runtime_dir`]): a real directory (no symlink),
+//!   owned by the daemon's user, writable by nobody else, in a parent where
+//!   nobody else can rename it. One made here is mode 0700, whatever the
+//!   umask. Another user's `/tmp/ramd-UID` is refused, never reused.
+//! - Directories created for private data are 0700 ([`create_private_dir`]).
 
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 /// The runtime directory (sockets).
 pub fn runtime_dir() -> PathBuf {
@@ -43,4 +53,188 @@ pub fn state_dir() -> PathBuf {
     }
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
     home.join(".local/state/ramd")
+}
+
+/// Why a directory that holds the daemon's sockets (or its state) cannot be
+/// used safely.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// Creating it (or a missing parent) failed.
+    #[error("cannot create {path}: {source}")]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// It (or its parent) cannot be inspected or its mode changed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A symbolic link where a real directory must be.
+    #[error("{path} is a symbolic link, not a directory: someone else may control where it points. Remove it{hint}")]
+    Symlink { path: PathBuf, hint: &'static str },
+    /// Something else than a directory.
+    #[error("{path} is not a directory. Remove it{hint}")]
+    NotDir { path: PathBuf, hint: &'static str },
+    /// Another user owns it.
+    #[error("{path} is owned by uid {owner}, not by this daemon's user (uid {uid}): that user could move or replace what ramd keeps there. Remove it (as its owner or root){hint}")]
+    Owner {
+        path: PathBuf,
+        owner: u32,
+        uid: u32,
+        hint: &'static str,
+    },
+    /// Other users may create, rename or remove entries in it.
+    #[error("{path} is writable by {who} (mode {mode:04o}): they could move or replace what ramd keeps there. Run `chmod go-w {path}` or remove it{hint}")]
+    Writable {
+        path: PathBuf,
+        who: &'static str,
+        mode: u32,
+        hint: &'static str,
+    },
+}
+
+/// What [`DirError`]s about the runtime directory suggest besides removing it.
+const RUNTIME_HINT: &str = ", or set XDG_RUNTIME_DIR (or --runtime-dir) to a directory of your own";
+
+/// The daemon's effective uid.
+pub fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// "group", "others" or "group and others" for the write bits in `mode`;
+/// None when neither may write.
+fn writers(mode: u32) -> Option<&'static str> {
+    match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (false, false) => None,
+        (true, false) => Some("its group"),
+        (false, true) => Some("other users"),
+        (true, true) => Some("its group and other users"),
+    }
+}
+
+/// Creates `dir` with mode 0700 (and missing parents with 0700) when it is
+/// absent; Ok(true) when this call created it. The mode is set explicitly
+/// afterwards, so the umask cannot change it.
+pub fn create_private_dir(dir: &Path) -> Result<bool, DirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let create = |source| DirError::Create {
+        path: dir.to_owned(),
+        source,
+    };
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(create)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
+                |source| DirError::Io {
+                    op: "set the mode of",
+                    path: dir.to_owned(),
+                    source,
+                },
+            )?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(create(e)),
+    }
+}
+
+/// Makes sure the runtime directory is the daemon's own: created with
+/// mode 0700 when absent; refused when it is a symbolic link, not a
+/// directory, owned by another user, or writable by its group or others,
+/// and when its parent lets others rename it (writable without the sticky
+/// bit). An existing directory's read bits are left as the admin set them
+/// (say 0750 for a group allowed to reach the NBD socket).
+pub fn ensure_runtime_dir(dir: &Path) -> Result<(), DirError> {
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if parent.exists() {
+            check_parent(parent, RUNTIME_HINT)?;
+        }
+    }
+    create_private_dir(dir)?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| DirError::Io {
+        op: "inspect",
+        path: dir.to_owned(),
+        source,
+    })?;
+    let path = dir.to_owned();
+    if meta.file_type().is_symlink() {
+        return Err(DirError::Symlink {
+            path,
+            hint: RUNTIME_HINT,
+        });
+    }
+    check_owned_dir(&path, &meta, false, RUNTIME_HINT)
+}
+
+/// For a socket's directory the user named (`--api-socket /some/dir/x`):
+/// created 0700 when absent; otherwise it must belong to the daemon's user
+/// or root, and others may write in it only when it has the sticky bit (as
+/// /tmp: then nobody else can rename or remove our entries).
+pub fn ensure_socket_dir(dir: &Path) -> Result<(), DirError> {
+    if create_private_dir(dir)? {
+        return Ok(());
+    }
+    let meta = std::fs::metadata(dir).map_err(|source| DirError::Io {
+        op: "inspect",
+        path: dir.to_owned(),
+        source,
+    })?;
+    check_owned_dir(dir, &meta, true, "")
+}
+
+/// A parent of a private directory: nobody but its owner (us or root) may
+/// rename entries in it, unless the sticky bit protects them.
+fn check_parent(parent: &Path, hint: &'static str) -> Result<(), DirError> {
+    let meta = std::fs::metadata(parent).map_err(|source| DirError::Io {
+        op: "inspect",
+        path: parent.to_owned(),
+        source,
+    })?;
+    check_owned_dir(parent, &meta, true, hint)
+}
+
+/// The shared rules: a directory, owned by us (or root when `root_ok`),
+/// not writable by group or others (unless sticky when `root_ok`).
+fn check_owned_dir(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    root_ok: bool,
+    hint: &'static str,
+) -> Result<(), DirError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = path.to_owned();
+    if !meta.is_dir() {
+        return Err(DirError::NotDir { path, hint });
+    }
+    let uid = euid();
+    if meta.uid() != uid && !(root_ok && meta.uid() == 0) {
+        return Err(DirError::Owner {
+            path,
+            owner: meta.uid(),
+            uid,
+            hint,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    let sticky = mode & 0o1000 != 0;
+    match writers(mode) {
+        Some(who) if !(root_ok && sticky) => Err(DirError::Writable {
+            path,
+            who,
+            mode,
+            hint,
+        }),
+        _ => Ok(()),
+    }
 }

@@ -272,3 +272,223 @@ fn sigterm_with_requests_in_flight_ends_without_a_torn_reply() {
     );
     assert!(wait_timeout(&mut client.0, Duration::from_secs(30)).is_some());
 }
+
+/// A `ramd daemon` started by hand (not through [`Daemon`]): its output
+/// goes to `log`; SIGTERM and a bounded wait on drop.
+struct Raw {
+    child: Option<std::process::Child>,
+    log: std::path::PathBuf,
+}
+
+impl Raw {
+    fn spawn(cmd: &mut std::process::Command, log: &std::path::Path) -> Raw {
+        let f = std::fs::File::create(log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .expect("spawn ramd");
+        Raw {
+            child: Some(child),
+            log: log.to_owned(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the API at `api` answers GET /v1/health with 200;
+    /// panics with the log when the daemon exits first.
+    #[track_caller]
+    fn wait_serving(&mut self, api: &std::path::Path) {
+        wait_until("the daemon to serve its API", DAEMON_TIMEOUT, || {
+            let c = self.child.as_mut().unwrap();
+            if let Some(status) = c.try_wait().unwrap() {
+                panic!("ramd exited with {status}:\n{}", self.log());
+            }
+            try_health(api).is_some()
+        });
+    }
+}
+
+/// GET /v1/health's body when a daemon answers 200 on `api`; None on any
+/// failure (a killed daemon's socket may accept and then reset).
+fn try_health(api: &std::path::Path) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(api).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.starts_with("HTTP/1.1 200").then_some(text)
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), libc::SIGTERM);
+            if wait_timeout(&mut c, DAEMON_TIMEOUT).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// `ramd daemon` with every path in `dir`, under `umask 000` (so only the
+/// daemon's own modes protect anything).
+fn daemon_in_runtime_dir(
+    dir: &std::path::Path,
+    runtime: &std::path::Path,
+) -> std::process::Command {
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c")
+        .arg("umask 000; exec \"$@\"")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_ramd"))
+        .args([
+            "daemon",
+            "--no-config",
+            "--drive",
+            "ram0=1M",
+            "--runtime-dir",
+        ])
+        .arg(runtime)
+        .arg("--state-dir")
+        .arg(dir.join("state"));
+    c
+}
+
+#[test]
+fn runtime_dir_is_created_private_and_one_others_control_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = dir.path().join("parent/run");
+    let api = runtime.join("api.sock");
+    // Absent: created 0700 (umask 000 notwithstanding), API socket 0600.
+    let mut d = Raw::spawn(
+        &mut daemon_in_runtime_dir(dir.path(), &runtime),
+        &dir.path().join("1.log"),
+    );
+    d.wait_serving(&api);
+    assert_eq!(mode_of(&runtime), 0o700, "runtime dir");
+    assert_eq!(mode_of(&api), 0o600, "API socket under umask 000");
+    assert_eq!(mode_of(&dir.path().join("parent")), 0o700, "created parent");
+    drop(d);
+
+    let refused = |what: &str, want: &[&str]| {
+        let out = run(&mut daemon_in_runtime_dir(dir.path(), &runtime)).failed();
+        assert_eq!(out.code(), 1, "{what}: {out}");
+        for w in want {
+            assert!(out.stderr.contains(w), "{what}: want {w:?} in {out}");
+        }
+        assert!(!api.exists(), "{what}: a socket was made anyway");
+    };
+    let set = |m| std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(m)).unwrap();
+    // Another user's directory (the /tmp/ramd-UID another user made first).
+    std::os::unix::fs::chown(&runtime, Some(65534), None).unwrap();
+    set(0o777);
+    refused(
+        "another user's 0777 dir",
+        &["owned by uid 65534", "Remove it", "XDG_RUNTIME_DIR"],
+    );
+    // Ours, but others may write in it.
+    std::os::unix::fs::chown(&runtime, Some(0), None).unwrap();
+    refused("a 0777 dir of ours", &["writable by", "chmod go-w"]);
+    set(0o770);
+    refused("a group-writable dir", &["writable by its group"]);
+    // A symlink to a directory of ours is not taken either.
+    set(0o700);
+    let real = dir.path().join("real");
+    std::fs::rename(&runtime, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &runtime).unwrap();
+    refused("a symlink", &["symbolic link", "XDG_RUNTIME_DIR"]);
+    // An existing directory of ours, 0755: used as it is.
+    std::fs::remove_file(&runtime).unwrap();
+    std::fs::rename(&real, &runtime).unwrap();
+    set(0o755);
+    let mut d = Raw::spawn(
+        &mut daemon_in_runtime_dir(dir.path(), &runtime),
+        &dir.path().join("2.log"),
+    );
+    d.wait_serving(&api);
+    assert_eq!(mode_of(&runtime), 0o755);
+    assert_eq!(mode_of(&api), 0o600);
+}
+
+#[test]
+fn non_root_daemon_refuses_a_tmp_runtime_dir_another_user_made() {
+    // The reported case: no XDG_RUNTIME_DIR, so a user's daemon uses
+    // /tmp/ramd-UID, which another user created first (0777).
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to act as two users");
+        return;
+    }
+    let uid = 64_917u32;
+    let squatted = std::path::PathBuf::from(format!("/tmp/ramd-{uid}"));
+    let _ = std::fs::remove_dir_all(&squatted);
+    std::fs::create_dir(&squatted).unwrap();
+    std::os::unix::fs::chown(&squatted, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&squatted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(home.path(), Some(uid), Some(uid)).unwrap();
+    let out = run(tool("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_ramd"))
+        .args(["daemon", "--no-config", "--drive", "ram0=1M"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", home.path()))
+    .failed();
+    let _ = std::fs::remove_dir_all(&squatted);
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(
+        out.stderr
+            .contains(&format!("/tmp/ramd-{uid} is owned by uid 65534")),
+        "{out}"
+    );
+    assert!(out.stderr.contains("XDG_RUNTIME_DIR"), "{out}");
+}
+
+#[test]
+fn restart_right_after_kill_9_takes_the_dead_daemons_lock_over() {
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    // Memory in the drive makes the killed process take a while to exit:
+    // it shows as dead (a zombie) while the kernel frees its pages, and
+    // only then closes its files, the lock among them.
+    let d = Daemon::start(&["ram0=1G"]);
+    let fill = d.dir().join("fill.bin");
+    std::fs::write(&fill, random_bytes(768 << 20, 14)).unwrap();
+    run(tool("nbdcopy").arg(&fill).arg(d.uri("ram0"))).ok();
+    std::fs::remove_file(&fill).unwrap();
+    let old = d.pid();
+    // No wait between the kill and the restart (a reaping parent would
+    // wait until the exit is complete; a shell's `kill -9` does not).
+    signal(old, libc::SIGKILL);
+    let mut cmd = ramd();
+    cmd.args(["daemon", "--no-config", "--drive", "ram0=1M", "--socket"])
+        .arg(d.socket())
+        .arg("--api-socket")
+        .arg(d.api_socket())
+        .arg("--state-dir")
+        .arg(d.dir().join("state"));
+    let mut new = Raw::spawn(&mut cmd, &d.dir().join("restart.log"));
+    new.wait_serving(d.api_socket());
+    let (_, body) = http(d.api_socket(), "GET", "/v1/health", None);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_ne!(v["pid"].as_u64(), Some(u64::from(old)), "{v}");
+    assert!(!new.log().contains("already running"), "{}", new.log());
+}

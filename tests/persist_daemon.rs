@@ -1065,3 +1065,85 @@ fn ready_is_sent_to_systemd_only_once_every_drive_is_restored() {
     let img = image(&d, "big");
     assert!(img[..48 << 20] == random_bytes(48 << 20, 5)[..]);
 }
+
+/// Every path under `root` (itself included) with its permission bits;
+/// symlinks are not followed.
+fn modes_under(root: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(p) = todo.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                todo.push(e.unwrap().path());
+            }
+        }
+        if !m.file_type().is_symlink() {
+            out.push((p, m.permissions().mode() & 0o7777));
+        }
+    }
+    out
+}
+
+/// The paths whose mode lets anyone but the owner in.
+fn open_to_others(root: &Path) -> Vec<(PathBuf, u32)> {
+    modes_under(root)
+        .into_iter()
+        .filter(|(_, m)| m & 0o077 != 0)
+        .collect()
+}
+
+#[test]
+fn state_dir_is_private_wide_modes_are_narrowed_and_another_users_is_refused() {
+    if !require(&["nbdcopy"]) || !require_python_module("nbd", "python3-libnbd") {
+        return;
+    }
+    let spec = "p=4M,persist,durability=periodic,sync-interval=1h";
+    let mut d = Daemon::launch(&drive_flag(spec), &[]);
+    ready(&d, "p");
+    nbd_write(&d.uri("p"), 0, 7, 100_000, false);
+    run(d.cli().args(["sync", "p"])).ok();
+    let state = d.state_dir();
+    let drive_dir = state.join("drives/p");
+    // New: directories 0700, files 0600 (the test runs with umask 022).
+    let all = modes_under(&state);
+    let files = all.iter().filter(|(p, _)| p.is_file()).count();
+    assert!(files >= 3, "image, meta, drive.json...: {all:?}");
+    assert_eq!(open_to_others(&state), vec![], "{all:?}");
+    assert!(d.terminate().success());
+
+    // As an older ramd (or a umask 022) left them: readable by everyone.
+    use std::os::unix::fs::PermissionsExt;
+    for (p, _) in modes_under(&state) {
+        let m = if p.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+    d.restart();
+    ready(&d, "p");
+    assert_eq!(open_to_others(&state), vec![]);
+    let log = d.log();
+    for p in [&state, &drive_dir, &drive_dir.join("drive.json")] {
+        let want = format!("{} was open to other users (mode 0", p.display());
+        assert!(log.contains(&want), "want {want:?} in:\n{log}");
+    }
+    assert!(log.contains("WARN"), "{log}");
+    assert_eq!(&image(&d, "p")[..100_000], &pattern(7, 100_000)[..]);
+    assert!(d.terminate().success());
+
+    // Another user's drive directory: the daemon does not start.
+    std::os::unix::fs::chown(&drive_dir, Some(65534), None).unwrap();
+    let out = run(ramd()
+        .args(["daemon", "--no-config", "--drive", spec, "--socket"])
+        .arg(d.socket())
+        .arg("--api-socket")
+        .arg(d.api_socket())
+        .arg("--state-dir")
+        .arg(&state))
+    .failed();
+    assert_eq!(out.code(), 1, "{out}");
+    let want = format!("{} is owned by uid 65534", drive_dir.display());
+    assert!(out.stderr.contains(&want), "want {want:?} in {out}");
+    assert!(out.stderr.contains("chown -R"), "{out}");
+    std::os::unix::fs::chown(&drive_dir, Some(0), None).unwrap();
+}

@@ -170,6 +170,13 @@ pub enum DaemonError {
     Duplicate(String),
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// The runtime directory (or a socket's directory) is not the daemon's
+    /// own.
+    #[error(transparent)]
+    RuntimeDir(#[from] crate::paths::DirError),
+    /// The state directory is not private to the daemon's user.
+    #[error(transparent)]
+    StateDir(#[from] persistent::modes::StateModeError),
     /// A start-up drive could not be created.
     #[error("cannot create drive '{name}': {source}")]
     Drive { name: String, source: RegistryError },
@@ -381,31 +388,80 @@ fn block_shutdown_signals() -> libc::sigset_t {
     }
 }
 
-/// Binds the API socket with mode 0600 (no window where it is wider).
+/// Makes sure the directories the lock and sockets go into are the
+/// daemon's own (`paths::ensure_runtime_dir`; a socket directory named
+/// on the command line: `paths::ensure_socket_dir`).
+fn secure_socket_dirs(s: &Settings) -> Result<(), DaemonError> {
+    crate::paths::ensure_runtime_dir(&s.runtime_dir)?;
+    for sock in [&s.api_socket, &s.nbd_socket] {
+        if let Some(dir) = sock.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if dir != s.runtime_dir {
+                crate::paths::ensure_socket_dir(dir)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Binds the API socket with mode 0600, whatever the umask: the socket's
+/// inode gets 0600 before `bind` (Linux creates the file with the
+/// socket's mode minus the umask), and the file exactly 0600 right after.
+/// The process umask is never touched (other threads run by now).
 fn bind_api(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
     let err = |source| DaemonError::Api {
         path: path.to_owned(),
         source,
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(err)?;
-            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
-        }
-    }
+    let last = || std::io::Error::last_os_error();
     // The pid lock is held: a socket file here is a dead daemon's.
-    if path.exists() {
+    if std::fs::symlink_metadata(path).is_ok() {
         std::fs::remove_file(path).map_err(err)?;
     }
-    // SAFETY: umask only swaps the process file-creation mask; start-up is
-    // single-threaded here, so no other thread creates files meanwhile.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = std::os::unix::net::UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    let listener = bound.map_err(err)?;
+    // SAFETY: socket(2) takes no pointers; the fd is owned right away.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(err(last()));
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fchmod on a descriptor we own; no memory is passed.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+        return Err(err(last()));
+    }
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("the path is longer than {} bytes", addr.sun_path.len() - 1),
+        )));
+    }
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: `addr` is an initialised sockaddr_un, NUL-terminated within
+    // `len` bytes, and outlives the call.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(err(last()));
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    Ok(listener)
+    // SAFETY: listen on a bound socket we own.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+        return Err(err(last()));
+    }
+    Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.
@@ -413,7 +469,10 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let signals = block_shutdown_signals();
     let settings = Settings::resolve(&args)?;
     logging::init(settings.log.as_deref(), settings.log_format);
+    secure_socket_dirs(&settings)?;
     let _lock = PidLock::acquire(&settings.api_socket)?;
+    // Each narrowed mode is logged (WARN) where it is fixed.
+    persistent::modes::secure_state_dir(&settings.state_dir)?;
 
     let budget = Arc::new(match settings.mem_budget_bytes {
         Some(b) => MemoryBudget::new(b),

@@ -15,11 +15,16 @@
 //! - Creating, renaming and removing names become durable only after a
 //!   successful `sync_dir`; a crash may keep any prefix of them.
 //! - `set_len` and `punch_hole` are like writes: durable after `sync_data`.
+//!
+//! On real disks a state directory [`DirStorage`] creates is mode 0700 and
+//! every file it creates 0600, set at creation whatever the umask: drive
+//! data is private to the daemon's user (`daemon::persistent::modes` checks
+//! existing ones at start).
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// A directory of named files (a drive's state directory).
@@ -102,10 +107,13 @@ pub struct DirStorage {
 }
 
 impl DirStorage {
-    /// Uses `dir`, creating it (and its parents) when absent.
+    /// Uses `dir`, creating it (and its parents) with mode 0700 when absent.
     pub fn create_dir(dir: impl AsRef<Path>) -> io::Result<DirStorage> {
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
         Ok(DirStorage { dir })
     }
 
@@ -136,6 +144,7 @@ impl Storage for DirStorage {
             .write(true)
             .create(create)
             .truncate(false)
+            .mode(0o600)
             .open(self.dir.join(name))?;
         Ok(RealFile { file })
     }

@@ -30,6 +30,7 @@
 //! when no drive is restoring any more: services ordered after ramd see
 //! their data, while `ramd list` / the API already show restore progress.
 
+pub mod modes;
 pub mod settings;
 
 use std::path::{Path, PathBuf};
