@@ -376,8 +376,13 @@ pub struct StatsReport {
 #[serde(deny_unknown_fields)]
 pub struct CreateAttachment {
     pub drive: String,
-    /// Absolute path of an existing directory.
+    /// Absolute path of an existing directory: empty, not a mount point,
+    /// not `/`.
     pub mountpoint: String,
+    /// Attach over a non-empty directory or a mount point anyway (never
+    /// over `/`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
 }
 
 /// An attachment.
