@@ -6,6 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::mounts;
 use common::openapi::Spec;
 use common::*;
 use serde_json::Value;
@@ -168,4 +169,144 @@ fn ext4_on_an_attached_drive_survives_detach_and_reattach() {
     // Once detached, delete goes through.
     let (status, body) = d.http("DELETE", "/v1/drives/ram0", None);
     assert_eq!(status, 200, "{body}");
+}
+
+/// A tmpfs mounted at a scratch path (what the user already has mounted).
+fn mount_tmpfs(at: &Path) {
+    rustix::mount::mount(
+        "tmpfs",
+        at,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=1m",
+    )
+    .unwrap_or_else(|e| panic!("mount tmpfs at {}: {e}", at.display()));
+}
+
+/// The filesystem types mounted exactly at `at`, bottom first.
+fn mounted_at(at: &Path) -> Vec<String> {
+    ramd::dirsync::mountinfo::read()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.mount_point == at)
+        // ramd's FUSE mounts show as "fuse" (or "fuse.ramd").
+        .map(|m| {
+            if m.fs_type.starts_with("fuse") {
+                "fuse".into()
+            } else {
+                m.fs_type
+            }
+        })
+        .collect()
+}
+
+fn attach_body(mountpoint: &Path, force: bool) -> String {
+    serde_json::json!({"drive": "ram0", "mountpoint": mountpoint, "force": force}).to_string()
+}
+
+#[test]
+fn attach_refuses_root_mount_points_and_non_empty_dirs_unless_forced() {
+    if !require(&["fusermount3"]) || !require_root_block_devices() {
+        return;
+    }
+    let scratch = mounts::Scratch::new("attach", "rules");
+    let d = Daemon::start(&["ram0=8M"]);
+    let spec = Spec::load();
+
+    // `/`: never, not even forced.
+    for force in [false, true] {
+        let (status, body) = d.http(
+            "POST",
+            "/v1/attachments",
+            Some(&attach_body(Path::new("/"), force)),
+        );
+        spec.check("POST", "/v1/attachments", status, &body);
+        assert_eq!(status, 422, "force={force}: {body}");
+        assert!(body.contains("bad_mountpoint"), "{body}");
+    }
+    let out = run(d.cli().args(["attach", "ram0", "/", "--force"])).failed();
+    assert!(out.stderr.contains("over /"), "{out}");
+
+    // A mount point: refused, then forced; detach leaves the user's mount.
+    let mnt = scratch.mkdir("mounted");
+    mount_tmpfs(&mnt);
+    std::fs::write(mnt.join("user.txt"), "mine").unwrap();
+    let (status, body) = d.http("POST", "/v1/attachments", Some(&attach_body(&mnt, false)));
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("bad_mountpoint") && body.contains("already a mount point"),
+        "{body}"
+    );
+    let out = run(d.cli().args(["attach", "ram0"]).arg(&mnt)).failed();
+    assert!(
+        out.stderr.contains("mount point") && out.stderr.contains("--force"),
+        "{out}"
+    );
+    let (status, body) = d.http("POST", "/v1/attachments", Some(&attach_body(&mnt, true)));
+    spec.check("POST", "/v1/attachments", status, &body);
+    assert_eq!(status, 201, "{body}");
+    assert!(mnt.join("ram0").exists() && !mnt.join("user.txt").exists());
+    run(d.cli().args(["detach"]).arg(&mnt)).ok();
+    assert_eq!(
+        mounted_at(&mnt),
+        vec!["tmpfs".to_owned()],
+        "the user's mount must stay"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("user.txt")).unwrap(),
+        "mine"
+    );
+
+    // A non-empty directory: refused, then forced through the CLI.
+    let full = scratch.mkdir("full");
+    std::fs::write(full.join("keep.txt"), "x").unwrap();
+    let out = run(d.cli().args(["attach", "ram0"]).arg(&full)).failed();
+    assert!(
+        out.stderr.contains("not empty") && out.stderr.contains("keep.txt"),
+        "{out}"
+    );
+    assert!(mounted_at(&full).is_empty());
+    run(d.cli().args(["attach", "ram0", "--force"]).arg(&full)).ok();
+    assert!(full.join("ram0").exists());
+    run(d.cli().args(["detach"]).arg(&full)).ok();
+    assert!(full.join("keep.txt").exists());
+    assert!(mounted_at(&full).is_empty());
+}
+
+#[test]
+fn detach_unmounts_only_what_ramd_mounted() {
+    if !require(&["fusermount3"]) || !require_root_block_devices() {
+        return;
+    }
+    let scratch = mounts::Scratch::new("attach", "detach");
+    let d = Daemon::start(&["ram0=8M"]);
+    let at = scratch.mkdir("at");
+    let at_s = at.to_str().unwrap();
+
+    // The user mounts something over the attachment: detach refuses and
+    // both stay; once the user's mount is gone, detach works.
+    run(d.cli().args(["attach", "ram0", at_s])).ok();
+    mount_tmpfs(&at);
+    let out = run(d.cli().args(["detach", at_s])).failed();
+    assert!(out.stderr.contains("mounted over"), "{out}");
+    assert_eq!(mounted_at(&at), vec!["fuse".to_owned(), "tmpfs".to_owned()]);
+    rustix::mount::unmount(&at, rustix::mount::UnmountFlags::empty()).unwrap();
+    run(d.cli().args(["detach", at_s])).ok();
+    assert!(mounted_at(&at).is_empty());
+
+    // Someone unmounts ramd's mount and mounts their own there: detach
+    // forgets the attachment and leaves their mount alone.
+    run(d.cli().args(["attach", "ram0", at_s])).ok();
+    rustix::mount::unmount(&at, rustix::mount::UnmountFlags::empty()).unwrap();
+    mount_tmpfs(&at);
+    let out = run(d.cli().args(["detach", at_s])).ok();
+    assert!(out.stdout.contains("detached ram0"), "{out}");
+    assert_eq!(
+        mounted_at(&at),
+        vec!["tmpfs".to_owned()],
+        "the user's mount must stay"
+    );
+    let (_, body) = d.http("GET", "/v1/attachments", None);
+    assert!(!body.contains(at_s), "{body}");
+    assert!(!d.log().contains("panicked"), "{}", d.log());
 }

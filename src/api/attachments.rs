@@ -59,7 +59,7 @@ pub async fn create(
     let drive = attachable(&d, &req.drive)?;
     let info = blocking(move || {
         Ok(d.attachments
-            .attach(drive, std::path::Path::new(&req.mountpoint))?)
+            .attach(drive, std::path::Path::new(&req.mountpoint), req.force)?)
     })
     .await?;
     Ok((StatusCode::CREATED, Json(view(info))))

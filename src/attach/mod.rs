@@ -17,6 +17,16 @@
 //!
 //! # Invariants
 //!
+//! - Never over `/`; never over an existing mount point or a non-empty
+//!   directory unless forced (`--force`, `force: true`): the attachment
+//!   would hide what is there. The mountpoint rules are checked on the
+//!   canonical path against `/proc/self/mountinfo`.
+//! - ramd unmounts only what it mounted: the mount it made is recorded
+//!   (mount id from mountinfo, device of the mounted root) and detach,
+//!   forced deletes and shutdown unmount only when that very mount is the
+//!   one the path leads to. Covered by another mount: refused. Already
+//!   unmounted by someone else: the attachment is forgotten, nothing is
+//!   unmounted.
 //! - An attachment is listed (here and in its drive's `attachments`) from
 //!   the moment its mount succeeded until it is unmounted.
 //! - The `Attachments` mutex is never held while waiting on the kernel for
@@ -37,6 +47,7 @@ use fuser::MountOption;
 use parking_lot::Mutex;
 
 use crate::daemon::registry::Drive;
+use crate::dirsync::mountinfo::{self, Mount};
 use crate::nbd::Export;
 pub use fs::DriveFs;
 
@@ -97,6 +108,11 @@ pub struct AttachmentInfo {
 struct Attachment {
     info: AttachmentInfo,
     drive: Arc<dyn Attachable>,
+    /// The mount we made (None when mountinfo did not show it right after
+    /// mounting: it is then recognised by type, source and place).
+    mount_id: Option<u64>,
+    /// `st_dev` of the mounted root, seen through the mountpoint.
+    dev: Option<u64>,
     /// Runs the FUSE session; returns once the filesystem is unmounted.
     thread: Option<JoinHandle<io::Result<()>>>,
 }
@@ -140,39 +156,16 @@ impl Attachments {
             .collect()
     }
 
-    /// Mounts `drive` at `mountpoint` (an existing, empty-or-not directory
-    /// that is not already a mount point).
+    /// Mounts `drive` at `mountpoint`: an existing, empty directory that
+    /// is not a mount point, nor `/`; `force` allows a non-empty directory
+    /// or a mount point (whose contents the attachment hides until detach).
     pub fn attach(
         &self,
         drive: Arc<dyn Attachable>,
         mountpoint: &Path,
+        force: bool,
     ) -> Result<AttachmentInfo, AttachError> {
-        if !mountpoint.is_absolute() {
-            return Err(AttachError::BadMountpoint(format!(
-                "mountpoint {} must be an absolute path",
-                mountpoint.display()
-            )));
-        }
-        let meta = std::fs::metadata(mountpoint).map_err(|e| {
-            AttachError::BadMountpoint(format!(
-                "mountpoint {}: {e}{}",
-                mountpoint.display(),
-                if e.kind() == io::ErrorKind::NotFound {
-                    "; create it first (mkdir -p)"
-                } else {
-                    ""
-                }
-            ))
-        })?;
-        if !meta.is_dir() {
-            return Err(AttachError::BadMountpoint(format!(
-                "mountpoint {} is not a directory",
-                mountpoint.display()
-            )));
-        }
-        let mountpoint = mountpoint
-            .canonicalize()
-            .map_err(|e| AttachError::BadMountpoint(format!("{}: {e}", mountpoint.display())))?;
+        let mountpoint = canonical_dir(mountpoint)?;
         let mut inner = self.inner.lock();
         if let Some(a) = inner
             .by_id
@@ -186,31 +179,12 @@ impl Attachments {
                 mountpoint.display()
             )));
         }
-        if let Some(parent) = mountpoint.parent() {
-            let parent_dev = std::fs::metadata(parent).map(|m| m.dev()).ok();
-            if parent_dev.is_some_and(|d| d != meta.dev()) {
-                return Err(AttachError::BadMountpoint(format!(
-                    "{} is already a mount point; pick an empty directory that is not mounted",
-                    mountpoint.display()
-                )));
-            }
-        }
-        let mut options = vec![
-            MountOption::FSName(format!("ramd:{}", drive.name())),
-            MountOption::Subtype("ramd".into()),
-            MountOption::NoDev,
-            MountOption::NoSuid,
-            MountOption::NoExec,
-        ];
-        if !is_root() && user_allow_other() {
-            // Let root's losetup open a file mounted by another user.
-            options.push(MountOption::AllowRoot);
-        }
+        check_free(&mountpoint, force)?;
         let export = drive
             .export()
             .ok_or_else(|| AttachError::Failed(format!("'{}' is not serving now", drive.name())))?;
         let fs = DriveFs::new(export);
-        let mut session = fuser::Session::new(fs, &mountpoint, &options).map_err(|e| {
+        let mut session = mount(fs, &mountpoint, drive.name()).map_err(|e| {
             AttachError::Failed(format!(
                 "cannot mount FUSE at {}: {e}{}",
                 mountpoint.display(),
@@ -222,10 +196,18 @@ impl Attachments {
             ))
         })?;
         let name = drive.name().to_owned();
+        let source = source_of(&name);
+        let mount_id = mountinfo::read().ok().and_then(|mounts| {
+            mountinfo::top_mount_at(&mounts, &mountpoint)
+                .filter(|m| is_ours(m, &source))
+                .map(|m| m.mount_id)
+        });
         let thread = std::thread::Builder::new()
             .name(format!("fuse-{name}"))
             .spawn(move || session.run())
             .map_err(|e| AttachError::Failed(format!("cannot start the FUSE thread: {e}")))?;
+        // Served by the thread just started (which needs no lock of ours).
+        let dev = std::fs::metadata(&mountpoint).ok().map(|m| m.dev());
         inner.next_id += 1;
         let info = AttachmentInfo {
             id: inner.next_id,
@@ -239,6 +221,8 @@ impl Attachments {
             Attachment {
                 info: info.clone(),
                 drive,
+                mount_id,
+                dev,
                 thread: Some(thread),
             },
         );
@@ -267,7 +251,15 @@ impl Attachments {
                 "no attachment {id} (see `ramd attach --list`)"
             )));
         };
-        unmount(&a.info.mountpoint, false)?;
+        match mount_state(a)? {
+            MountState::Ours => unmount(&a.info.mountpoint, false)?,
+            MountState::Covered(what) => return Err(covered(a, &what)),
+            MountState::Gone => tracing::warn!(
+                drive = %a.info.drive,
+                mountpoint = %a.info.mountpoint.display(),
+                "was already unmounted (not by ramd); forgetting the attachment, unmounting nothing"
+            ),
+        }
         let mut a = inner.by_id.remove(&id).expect("present above");
         drop(inner);
         finish(&mut a);
@@ -298,6 +290,23 @@ impl Attachments {
             .collect();
         for mut a in all {
             let mp = a.info.mountpoint.clone();
+            match mount_state(&a) {
+                Ok(MountState::Ours) => {}
+                Ok(MountState::Gone) => {
+                    finish(&mut a);
+                    continue;
+                }
+                Ok(MountState::Covered(what)) => {
+                    tracing::error!(drive = %a.info.drive, "{}; leaving it mounted", covered(&a, &what));
+                    a.drive.attached_at().lock().retain(|p| p != &mp);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(drive = %a.info.drive, "{e}; leaving {} mounted", mp.display());
+                    a.drive.attached_at().lock().retain(|p| p != &mp);
+                    continue;
+                }
+            }
             match unmount(&mp, false) {
                 Ok(()) => finish(&mut a),
                 Err(e) => {
@@ -311,6 +320,201 @@ impl Attachments {
             }
         }
     }
+}
+
+/// Mounts `fs` at `mp`. As root the mount is made here and the session
+/// built on its /dev/fuse descriptor: a session fuser mounted itself would,
+/// when it ends, unmount the path once more (its check whether its mount
+/// is still there reads an ended connection as mounted), taking down
+/// whatever is mounted there then, such as the mount the attachment was
+/// forced over. Other users go through fusermount3 (fuser does that).
+fn mount(fs: DriveFs, mp: &Path, name: &str) -> io::Result<fuser::Session<DriveFs>> {
+    if !is_root() {
+        let mut options = vec![
+            MountOption::FSName(source_of(name)),
+            MountOption::Subtype("ramd".into()),
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::NoExec,
+        ];
+        if user_allow_other() {
+            // Let root's losetup open a file mounted by another user.
+            options.push(MountOption::AllowRoot);
+        }
+        return fuser::Session::new(fs, mp, &options);
+    }
+    use std::os::fd::AsRawFd;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let data = format!(
+        "fd={},rootmode={:o},user_id={},group_id={}",
+        dev.as_raw_fd(),
+        std::fs::metadata(mp)?.mode() & libc::S_IFMT,
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw()
+    );
+    let data = CString::new(data).map_err(io::Error::other)?;
+    use rustix::mount::MountFlags;
+    rustix::mount::mount(
+        source_of(name).as_str(),
+        mp,
+        "fuse.ramd",
+        MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC,
+        data.as_c_str(),
+    )?;
+    Ok(fuser::Session::from_fd(
+        fs,
+        dev.into(),
+        fuser::SessionACL::Owner,
+    ))
+}
+
+/// The FUSE source (`fsname`) of `name`'s attachments.
+fn source_of(name: &str) -> String {
+    format!("ramd:{name}")
+}
+
+/// A FUSE mount of ours for the drive whose source is `source`.
+fn is_ours(m: &Mount, source: &str) -> bool {
+    m.fs_type.starts_with("fuse") && m.source == source
+}
+
+/// `mountpoint`, canonical: it must be an absolute path to a directory.
+fn canonical_dir(mountpoint: &Path) -> Result<PathBuf, AttachError> {
+    let bad = |text: String| AttachError::BadMountpoint(text);
+    if !mountpoint.is_absolute() {
+        return Err(bad(format!(
+            "mountpoint {} must be an absolute path",
+            mountpoint.display()
+        )));
+    }
+    let meta = std::fs::metadata(mountpoint).map_err(|e| {
+        bad(format!(
+            "mountpoint {}: {e}{}",
+            mountpoint.display(),
+            if e.kind() == io::ErrorKind::NotFound {
+                "; create it first (mkdir -p)"
+            } else {
+                ""
+            }
+        ))
+    })?;
+    if !meta.is_dir() {
+        return Err(bad(format!(
+            "mountpoint {} is not a directory",
+            mountpoint.display()
+        )));
+    }
+    mountpoint
+        .canonicalize()
+        .map_err(|e| bad(format!("{}: {e}", mountpoint.display())))
+}
+
+/// Checks the canonical `mp` against the rules (see the module
+/// invariants): not `/`; unless `force`, not a mount point and empty.
+fn check_free(mp: &Path, force: bool) -> Result<(), AttachError> {
+    let bad = |text: String| AttachError::BadMountpoint(text);
+    if mp.parent().is_none() {
+        return Err(bad(
+            "refusing to attach over / (the root directory), even with force: \
+             pick an empty directory such as /mnt/NAME"
+                .into(),
+        ));
+    }
+    let hint = "pick an empty directory that is not a mount point (mkdir -p /mnt/NAME), \
+                or force it (--force, \"force\": true) to hide what is there until detach";
+    let meta = std::fs::metadata(mp).map_err(|e| bad(format!("{}: {e}", mp.display())))?;
+    if let Some(what) = mounted_at(mp, &meta)? {
+        if !force {
+            return Err(bad(format!(
+                "{} is already a mount point ({what}): the attachment would hide it; {hint}",
+                mp.display()
+            )));
+        }
+    }
+    let mut entries = std::fs::read_dir(mp).map_err(|e| bad(format!("{}: {e}", mp.display())))?;
+    if let Some(first) = entries.next() {
+        if !force {
+            let first = first.map_or_else(
+                |_| "?".into(),
+                |e| e.file_name().to_string_lossy().into_owned(),
+            );
+            return Err(bad(format!(
+                "{} is not empty (it holds '{first}'): the attachment would hide its files; {hint}",
+                mp.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What is mounted at the canonical `mp`, if anything: from mountinfo,
+/// else (a mount mountinfo cannot show) a device differing from the
+/// parent's.
+fn mounted_at(mp: &Path, meta: &std::fs::Metadata) -> Result<Option<String>, AttachError> {
+    let mounts = mountinfo::read().map_err(|e| AttachError::Failed(e.to_string()))?;
+    if let Some(m) = mountinfo::top_mount_at(&mounts, mp) {
+        return Ok(Some(format!("{} from {}", m.fs_type, m.source)));
+    }
+    let parent_dev = mp
+        .parent()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.dev());
+    Ok(parent_dev
+        .filter(|d| *d != meta.dev())
+        .map(|_| "another filesystem".to_owned()))
+}
+
+/// Where an attachment's mount stands now.
+enum MountState {
+    /// Mounted, and the mountpoint leads to it: ours to unmount.
+    Ours,
+    /// Mounted, but something else is on top (described).
+    Covered(String),
+    /// Not mounted any more (someone unmounted it).
+    Gone,
+}
+
+/// Finds the attachment's mount in mountinfo and checks that the path
+/// leads to it.
+fn mount_state(a: &Attachment) -> Result<MountState, AttachError> {
+    let mp = &a.info.mountpoint;
+    let source = source_of(&a.info.drive);
+    let mounts = mountinfo::read().map_err(|e| AttachError::Failed(e.to_string()))?;
+    let ours = mounts.iter().find(|m| {
+        m.mount_point == *mp
+            && is_ours(m, &source)
+            && a.mount_id.map_or(true, |id| id == m.mount_id)
+    });
+    let Some(ours) = ours else {
+        return Ok(MountState::Gone);
+    };
+    let top = mountinfo::top_mount_at(&mounts, mp).expect("ours is mounted there");
+    if top.mount_id != ours.mount_id {
+        return Ok(MountState::Covered(format!(
+            "{} from {}",
+            top.fs_type, top.source
+        )));
+    }
+    // The path must lead to our root (it may not, say over a chroot).
+    match (a.dev, std::fs::metadata(mp).map(|m| m.dev())) {
+        (Some(want), Ok(dev)) if dev != want => Ok(MountState::Covered(
+            "the path no longer leads to ramd's mount".into(),
+        )),
+        _ => Ok(MountState::Ours),
+    }
+}
+
+/// The refusal for a mount of ours that something else covers.
+fn covered(a: &Attachment, what: &str) -> AttachError {
+    AttachError::Busy(format!(
+        "something else is mounted over ramd's attachment at {} ({what}); ramd unmounts only \
+         its own mount: unmount that first (umount {})",
+        a.info.mountpoint.display(),
+        a.info.mountpoint.display()
+    ))
 }
 
 /// After a successful unmount: the session ends; join it and unlist.
