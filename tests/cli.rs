@@ -468,6 +468,23 @@ fn daemon_refuses_useless_config_values_naming_file_and_line() {
         assert!(out.stderr.contains(&want), "want {want:?} in: {out}");
         assert!(left.is_empty(), "left behind: {left:?}");
     }
+    // A cache over the budget: the line of its declaration too.
+    let backing = dir.path().join("backing.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[daemon]\nmem_budget = \"1M\"\n\n[[cache]]\nname = \"c\"\nbacking = \"{}\"\nsize = \"64M\"\nmode = \"writeback\"\n",
+            backing.display()
+        ),
+    );
+    let (out, left) = refused_start(dir.path(), &cfg, &[]);
+    let want = format!("{}:5:8: cannot create cache 'c'", cfg.display());
+    assert!(out.stderr.contains(&want), "want {want:?} in: {out}");
+    assert!(left.is_empty(), "left behind: {left:?}");
     // Directives with levels, and plain levels, are fine.
     let cfg = config(
         dir.path(),
@@ -597,4 +614,39 @@ fn damaged_drive_json_fails_the_drive_and_is_not_rewritten() {
     assert_eq!(v["state"], "ready", "{v}");
     let stored = std::fs::read_to_string(&file).unwrap();
     assert!(stored.contains("\"version\": 1"), "{stored}");
+}
+
+/// Issue 15 item 11: a drive created through the API whose drive.json is
+/// damaged fails at start; once the file is fixed, `ramd restore` brings
+/// it back with the settings the file holds.
+#[test]
+fn restore_uses_a_fixed_drive_json() {
+    let mut d = Daemon::start(&[]);
+    cli_ok(
+        &d,
+        &[
+            "create",
+            "db",
+            "--size",
+            "1M",
+            "--persist",
+            "--durability",
+            "flush",
+        ],
+    );
+    d.terminate();
+    let file = d.state_dir().join("drives/db/drive.json");
+    let good = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, "[]").unwrap();
+    d.restart();
+    let v = cli_json(&d, &["info", "db", "--json"]);
+    assert_eq!(v["state"], "failed", "{v}");
+    let out = run(d.cli().args(["restore", "db"])).failed();
+    assert!(out.stderr.contains("drive.json is unusable"), "{out}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "[]");
+    std::fs::write(&file, &good).unwrap();
+    run(d.cli().args(["restore", "db"])).ok();
+    let v = cli_json(&d, &["info", "db", "--json"]);
+    assert_eq!(v["state"], "ready", "{v}");
+    assert_eq!(v["persist"]["durability"], "flush", "{v}");
 }

@@ -92,8 +92,9 @@ pub enum Command {
     ///
     /// --persist keeps the drive in the daemon's state directory
     /// (STATE_DIR/drives/NAME); when that already holds the drive, it is
-    /// restored (with a progress bar) instead of created, and --size may be
-    /// left out. Durability: none (saved by `ramd sync` and clean shutdown
+    /// restored (with a progress bar) instead of created, --size may be
+    /// left out, and the settings stored with it (durability, interval,
+    /// key file, memory limit) are kept unless given here (it says which). Durability: none (saved by `ramd sync` and clean shutdown
     /// only; FLUSH is a no-op), periodic (a whole point-in-time image at most
     /// one interval old), flush (periodic, and an acknowledged FLUSH/FUA means
     /// every earlier write is on disk). See docs/persistence.md.

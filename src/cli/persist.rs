@@ -28,8 +28,9 @@ pub struct PersistArgs {
     /// Encrypt the saved data (AES-256-GCM) with the key in --key-file.
     #[arg(long, requires_all = ["persist", "key_file"])]
     pub encrypt: bool,
-    /// The key: 32 raw bytes or 64 hex digits (head -c 32 /dev/urandom > F).
-    /// The daemon reads it at every start; it is never logged.
+    /// The key: 32 raw bytes or 64 hex digits. A new one: (umask 077;
+    /// set -C; head -c 32 /dev/urandom > F). The daemon reads it at every
+    /// start; it is never logged, and never written by ramd.
     #[arg(long, value_name = "FILE", requires = "encrypt")]
     pub key_file: Option<PathBuf>,
     /// Return at once when the drive is restoring instead of waiting with
