@@ -28,12 +28,16 @@
 //!   vCPU, which is what we are trying to avoid.
 //!
 //! Cost: while a QD1 client runs, the CPU time the client's CPU would have
-//! spent halted shows as ramd's (on 2 vCPUs, up to one more core). Turned
-//! off with polling (`poll_us = 0`) or on its own (`keep_cpu_awake = false`
-//! in the config, `--keep-cpu-awake false`). Only where the daemon may run
-//! on 2 to `MAX_CPUS` CPUs: small VMs, where halting is what QD1 costs; on
-//! a larger machine keeping every idle CPU awake would burn far more than
-//! the one the client runs on.
+//! spent halted shows as ramd's (on 2 vCPUs, up to one more core), and a
+//! host that runs other guests takes that time back when it likes: a vCPU
+//! that spins is descheduled for whole host time slices, and the requests
+//! in flight then wait milliseconds (QD1 p99.9 of 2-5 ms on the VM here,
+//! against ~0.1-0.2 ms without it; bench/RESULTS.md). So it is opt-in
+//! (`keep_cpu_awake = true` in the config, `--keep-cpu-awake true`), for
+//! dedicated small VMs where the median matters more than the far tail,
+//! and needs polling (`poll_us` > 0). Only where the daemon may run on 2
+//! to `MAX_CPUS` CPUs: on a larger machine keeping every idle CPU awake
+//! would burn far more than the one the client runs on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;

@@ -44,9 +44,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::export::Export;
 use super::handshake::Negotiated;
-use super::poller::Poller;
 use super::proto::*;
 use super::transport::Transport;
+use super::wait::Wait;
 use crate::backend::Backend;
 use crate::metrics::{ConnRecorder, Op};
 
@@ -136,11 +136,10 @@ fn refuse(errno: u32, message: impl Into<String>) -> Refusal {
 
 /// Serves requests until the client disconnects, the stream fails, or the
 /// client breaks the protocol (returned as an error).
-pub fn transmission<S: Transport>(
+pub(super) fn transmission<S: Transport, W: Wait>(
     stream: &mut S,
     neg: &Negotiated,
-    poll_us: u32,
-    keep_cpu_awake: bool,
+    mut wait: W,
 ) -> io::Result<()> {
     let mut conn = Conn {
         export: &neg.export,
@@ -153,7 +152,6 @@ pub fn transmission<S: Transport>(
         sent_bytes: 0,
     };
     let mut inbuf = vec![0u8; IN_DEFAULT_BYTES];
-    let mut poller = Poller::new(poll_us, keep_cpu_awake);
     let (mut start, mut end) = (0usize, 0usize);
     let mut held = HeldBuffers::default();
     // Payload bytes of a refused WRITE still to be skipped, and its refusal:
@@ -271,7 +269,7 @@ pub fn transmission<S: Transport>(
             (start, end) = (0, end - start);
         }
         let sent = std::mem::take(&mut conn.sent_bytes);
-        let n = match poller.read(stream, &mut inbuf[end..], batch, sent) {
+        let n = match wait.read(stream, &mut inbuf[end..], batch, sent) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -803,8 +801,8 @@ impl Conn<'_> {
 #[cfg(test)]
 mod streamed_write_tests {
     use std::cell::Cell;
-    use std::io::Read;
     use std::collections::VecDeque;
+    use std::io::Read;
     use std::sync::{Arc, Mutex};
 
     use super::*;
@@ -961,7 +959,7 @@ mod streamed_write_tests {
         wire.extend_from_slice(&data);
         encode_request(&mut wire, &request(0, CMD_DISC, 2, 0, 0));
         let mut stream = Bursts::new(&wire, burst_lens);
-        transmission(&mut stream, &neg, 0, false).unwrap();
+        transmission(&mut stream, &neg, crate::nbd::wait::Blocking).unwrap();
         assert_eq!(stream.replies.len(), 16, "one simple reply");
         assert_eq!(&stream.replies[4..8], &[0; 4], "the write succeeded");
         let mut back = vec![0u8; len];

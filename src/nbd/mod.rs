@@ -14,6 +14,7 @@ mod poller;
 pub mod proto;
 pub mod server;
 pub mod transport;
+mod wait;
 
 pub use export::{Export, ExportTable};
 pub use server::{Server, ServerConfig, ShutdownHandle};

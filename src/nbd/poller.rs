@@ -1,17 +1,16 @@
-//! How a connection waits for its client's next bytes.
+//! The adaptive waiting strategy (the default; `wait.rs` has the trait and
+//! the blocking one).
 //!
 //! A connection thread that blocks on its socket costs two things on a VM:
 //! its vCPU may halt, and waking it again takes tens of microseconds; and
 //! the client pays for the wake-up itself, inside its `send` (an IPI to our
-//! vCPU, a VM exit). Measured on the 2-vCPU VM with fio 4 KiB randrw on one
-//! connection: 9.6% of the client's CPU went to waking the server at QD128,
-//! and QD4 made 49k IOPS, less than QD1. So when the socket is empty the
-//! poller picks the cheapest way to wait for what the client does next:
+//! vCPU, a VM exit). So when the socket is empty the poller picks the
+//! cheapest way to wait for what the client does next:
 //!
 //! ```text
 //!   socket empty ──► request-reply client (QD1)?
-//!        │             yes: poll up to poll_us, keeping the other CPUs
-//!        │                  awake (awake.rs), then block
+//!        │             yes: poll up to poll_us (optionally keeping the
+//!        │                  other CPUs awake, awake.rs), then block
 //!        ▼ no, pipelining (a batch of several in the last PIPELINE_READS)
 //!   client still holds >= NAP_BACKLOG_BYTES of our replies unread?
 //!        │             yes: nap on a timer first, then take what came
@@ -20,42 +19,40 @@
 //!        │                  a thing, and what piles up meanwhile is read
 //!        │                  and answered as one batch
 //!        ▼ no
-//!   take what is there; else poll up to poll_us (no keep-awake), then block
+//!   take what is there; else poll up to poll_us, then block
 //! ```
 //!
-//! A nap lasts 1/NAP_DRAIN_SHARE of the time the client needs to read the
-//! backlog it holds, at the pace it has been reading (`drain`, measured
-//! over earlier naps), within NAP_MIN_US..NAP_MAX_US. Napping before the
-//! first look, rather than reading as soon as anything is there, is what
-//! makes the batches large: at QD128 on one connection a read used to carry
-//! 4.4 requests (the thread, faster than its client, read each little group
-//! the moment it came, and both sides fought over the socket's locks); with
-//! the nap first it carries 50-65 (`bench/RESULTS.md` item 19).
+//! Why nap first for a busy pipelining client: a thread faster than its
+//! client that reads as soon as anything is there reads a few requests at a
+//! time, and both sides then contend for the socket's receive-queue locks
+//! on every read. Napping for a share of the time the client needs to read
+//! its backlog lets requests pile up, so one read carries dozens. A nap
+//! lasts 1/NAP_DRAIN_SHARE of that time, at the pace the client has been
+//! reading (`drain`, measured over earlier naps), within
+//! NAP_MIN_US..NAP_MAX_US; the backlog (`SIOCOUTQ`) is asked for only when
+//! the replies sent since the last look could have made it deep.
 //!
-//! Polls that run out MISS_STREAK times in a row mean an idle client, and
-//! QUICK_STREAK polls in a row answered within QUICK_US mean one that does
-//! not wait for our replies: either way the next QUIET_READS reads block
-//! at once, since a spinning thread would take
-//! the CPU a client on the same small machine needs (measured with a
-//! write-back cache beside its flusher on 2 vCPUs: p99 4.5 ms with polling,
-//! 0.8 ms without). `poll_us = 0` turns all of this off: reads block.
+//! Why polling stops: polls that run out MISS_STREAK times in a row mean an
+//! idle client, and QUICK_STREAK polls in a row answered within QUICK_US
+//! mean one that does not wait for our replies; either way the next
+//! QUIET_READS reads block at once, since a spinning thread would take the
+//! CPU that a client on the same small machine needs.
 //!
-//! Figures (`SETTLE=6 QD=n JOBS=j bench/qdprobe.sh`, kIOPS, before -> after
-//! the nap and the pipelined poll): QD2 25 -> 106-118, QD4 49 -> 225, QD8
-//! 87 -> 241, QD32 240 -> 268, QD128x1 218 -> 252, QD64x2 unchanged. Then
-//! napping first, paced by the client's drain (item 19): QD128x1 server CPU
-//! per I/O 3.16 -> 2.64 us, randread QD128x1 281k -> 322k IOPS at 3.21 ->
-//! 2.47 us; QD2-QD64x2 unchanged.
+//! Invariant: a request-reply client's request is never left waiting for a
+//! timer: naps happen only while the client holds a backlog of replies, so
+//! it is busy reading them whatever we do. Measured figures for each
+//! constant are in bench/RESULTS.md and bench/HISTORY.md.
 
 use std::io;
 use std::time::{Duration, Instant};
 
 use super::awake;
 use super::transport::Transport;
+use super::wait::{block, Wait};
 
 /// A poll answered this fast means the client did not wait for our reply.
 /// A QD1 client whose CPU is kept awake (`awake.rs`) answers in 4-6 us,
-/// so the line sits below that (it was 12 us before keep-awake).
+/// so the line sits below that.
 const QUICK_US: u64 = 3;
 /// Quick polls in a row that quiet polling (`caught_request_reply`).
 const QUICK_STREAK: u32 = 8;
@@ -67,31 +64,29 @@ const QUIET_READS: u32 = 512;
 /// several requests.
 const PIPELINE_READS: u32 = 512;
 /// Unread reply bytes that make a client busy enough to nap for: about 32
-/// 4 KiB reads, 60-130 us of work for the fio/libnbd client here, against a
-/// nap of NAP_MIN_US or more plus the timer's wake-up. 64 KiB measured the
-/// same; a threshold scaled down to the last batch's average reply (4 KiB
-/// for WRITE replies) starved mixed QD16 (235-249k -> 174-178k IOPS), so a
-/// client that only writes is polled for, never napped for.
+/// 4 KiB reads, 60-130 us of work for a fio/libnbd client, against a nap
+/// of NAP_MIN_US or more plus the timer's wake-up. Fixed, not scaled to
+/// the reply size: a client that only writes (16-byte replies) is polled
+/// for, never napped for, since a small backlog drains in microseconds.
 const NAP_BACKLOG_BYTES: usize = 128 * 1024;
 /// The shortest nap, and the first one's length while the client's reading
 /// pace is unknown. 5 us lost a fifth of QD64x2 (the naps then outnumber
 /// the requests).
 const NAP_MIN_US: f64 = 10.0;
-/// The longest nap. Fixed 80 us naps let a QD128 client run low (its CPU
-/// fell from 99% to 92%); the drain-paced ones reach ~60-100 us only while
-/// the backlog is deep.
+/// The longest nap: longer ones let a deep-queue client run low on
+/// replies to read; the drain-paced naps reach it only while the backlog
+/// is deep.
 const NAP_MAX_US: f64 = 100.0;
 /// A nap lasts this fraction (1/N) of the time the client needs to read
-/// what it holds. At QD128 x 1 (`SETTLE=8 QD=128 JOBS=1
-/// bench/qdprobe.sh`): 1/2 let the client run low (274.7k IOPS, its CPU at
-/// 88%), 1/4 too (292.6k, 94%), 1/8 kept it busy (303.8k, 99%) at 2.6 us
-/// of server CPU per I/O against 3.2-3.3 without naps first.
+/// what it holds: short enough that the client never runs out of replies
+/// to read (1/2 and 1/4 let it run low at QD128), long enough that one
+/// read then carries many requests.
 const NAP_DRAIN_SHARE: f64 = 8.0;
 /// Naps in a row before the poller gives up on a client that holds a
 /// backlog but sends nothing (stopped, or not reading).
 const NAP_MAX: u32 = 64;
 /// Timer slack of connection threads: the kernel's default of 50 us would
-/// stretch a 10 us nap sixfold (QD32 fell from 260k to 185k IOPS).
+/// stretch a 10 us nap sixfold.
 const TIMER_SLACK_NS: libc::c_ulong = 1_000;
 
 pub(super) struct Poller {
@@ -136,11 +131,10 @@ impl Poller {
             held_bound: 0,
         }
     }
+}
 
-    /// Reads into `buf` after a batch of `batch` requests whose replies
-    /// (and any before them not yet told) came to `sent` bytes; 0 at end of
-    /// stream.
-    pub(super) fn read<S: Transport>(
+impl Wait for Poller {
+    fn read<S: Transport>(
         &mut self,
         stream: &mut S,
         buf: &mut [u8],
@@ -150,9 +144,6 @@ impl Poller {
         self.held_bound = self.held_bound.saturating_add(sent);
         if batch > 1 {
             self.pipelining = PIPELINE_READS;
-        }
-        if self.poll_us == 0 {
-            return block(stream, buf);
         }
         if self.quiet > 0 {
             self.quiet -= 1;
@@ -174,7 +165,9 @@ impl Poller {
         }
         block(stream, buf)
     }
+}
 
+impl Poller {
     /// Tries non-blocking reads for up to `poll_us`; `sched_yield` between
     /// tries lets any other runnable thread on this CPU (the client itself,
     /// on a small machine) go first.
@@ -265,13 +258,12 @@ impl Poller {
     }
 
     /// A poll outside pipelining mode caught a request after `waited`:
-    /// the client answered our reply (QD1: keep its CPU awake), or it did
-    /// not wait for one. A streak of those quiets polling for a while, as
-    /// before the pipelining mode existed: with keep-awake a QD1 client
-    /// answers within QUICK_US often (646 streaks in 5 s of fio randread),
-    /// and entering pipelining mode there instead (polls without
-    /// keep-awake) cost QD1 a quarter of its IOPS (`bench/qd1.sh`: 67-77k
-    /// -> 41-59k), where quieting did not.
+    /// the client answered our reply (QD1: keep its CPU awake if asked
+    /// to), or it did not wait for one. A streak of those quiets polling
+    /// for a while rather than switching to pipelining mode: a QD1 client
+    /// whose CPU is kept awake often answers that fast too, and pipelining
+    /// mode (polls without keep-awake) would cost it far more than a quiet
+    /// spell does.
     fn caught_request_reply(&mut self, waited: Duration) {
         if waited < Duration::from_micros(QUICK_US) {
             self.quick_streak += 1;
@@ -288,16 +280,6 @@ impl Poller {
             // A client in a request-reply loop: keep a CPU for it awake
             // while the loop lasts.
             self.awake = awake::Hold::new();
-        }
-    }
-}
-
-/// A blocking read, retried on EINTR.
-fn block<S: Transport>(stream: &mut S, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        match stream.read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            r => return r,
         }
     }
 }
@@ -610,10 +592,11 @@ mod tests {
         assert_eq!(p.miss_streak, 1, "the poll after the naps ran out");
     }
 
-    /// `poll_us = 0` blocks at once, whatever the client does.
+    /// The blocking strategy (`poll_us = 0`) blocks at once, whatever the
+    /// client does.
     #[test]
     fn no_polling_blocks_at_once() {
-        let mut p = Poller::new(0, true);
+        let mut p = super::super::wait::Blocking;
         let mut buf = [0u8; 16];
         for batch in [1, 3] {
             let mut s = Scripted::new(&[true]);
@@ -621,7 +604,6 @@ mod tests {
             p.read(&mut s, &mut buf, batch, usize::MAX).unwrap();
             assert_eq!((s.nonblocking_reads, s.blocking_reads), (0, 1));
             assert_eq!(s.unread_asked.get(), 0);
-            assert!(p.awake.is_none());
         }
     }
 }

@@ -29,7 +29,9 @@ use super::conn;
 use super::deadline::Deadline;
 use super::export::{Export, ExportTable};
 use super::handshake::{self, HandshakeError};
+use super::poller::Poller;
 use super::transport::{SocketTimeouts, Stream};
+use super::wait::Blocking;
 
 /// Default for `ServerConfig::poll_us`.
 pub const DEFAULT_POLL_US: u32 = 50;
@@ -60,7 +62,10 @@ pub struct ServerConfig {
     /// clients); 0 blocks at once.
     pub poll_us: u32,
     /// While a connection polls successfully (a QD1 client), keep the
-    /// other CPUs awake with `SCHED_IDLE` spinners (see `awake.rs`).
+    /// other CPUs awake with `SCHED_IDLE` spinners (see `awake.rs`). Off by
+    /// default: it burns the idle time of every CPU while such a client
+    /// runs, and on a VM whose host takes that time back the client's
+    /// tail latency suffers (bench/RESULTS.md).
     pub keep_cpu_awake: bool,
 }
 
@@ -74,7 +79,7 @@ impl ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             reply_timeout: Duration::from_secs(60),
             poll_us: DEFAULT_POLL_US,
-            keep_cpu_awake: true,
+            keep_cpu_awake: false,
         }
     }
 }
@@ -416,12 +421,14 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
         return;
     }
     tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
-    match conn::transmission(
-        &mut stream,
-        &neg,
-        shared.config.poll_us,
-        shared.config.keep_cpu_awake,
-    ) {
+    let served = match shared.config.poll_us {
+        0 => conn::transmission(&mut stream, &neg, Blocking),
+        poll_us => {
+            let adaptive = Poller::new(poll_us, shared.config.keep_cpu_awake);
+            conn::transmission(&mut stream, &neg, adaptive)
+        }
+    };
+    match served {
         Ok(()) => tracing::debug!(conn = id, "disconnected"),
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
             static BROKEN: RateLimit = RateLimit::per_10s();
