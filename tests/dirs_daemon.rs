@@ -1401,13 +1401,17 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
     std::fs::write(dir.join("kept"), b"k").unwrap();
     std::fs::write(dir.join("to-delete"), b"d").unwrap();
     let d = s.daemon(&[]);
-    // This process holds the directory (as a program with its working
-    // directory there would), so the add needs force.
+    // This process holds the directory and a file in it (as a program with
+    // its working directory there would), so the add needs force.
     let old_handle = File::open(&dir).unwrap();
+    let mut old_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("kept"))
+        .unwrap();
     let (st, v) = post_dir(&d, json!({"path": dir, "force": true}));
     assert_eq!(st, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
-    // Through its old handle the program writes to the disk copy.
+    // Through its old handles the program writes to the disk copy.
     let fd = rustix::fs::openat(
         &old_handle,
         "written-on-disk",
@@ -1423,7 +1427,13 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
         rustix::fs::Mode::from_raw_mode(0o755),
     )
     .unwrap();
+    old_file.write_all(b" + written behind").unwrap();
     assert!(!dir.join("written-on-disk").exists(), "PATH shows RAM");
+    assert_eq!(
+        std::fs::read(dir.join("kept")).unwrap(),
+        b"k",
+        "RAM is stale"
+    );
     // Meanwhile in RAM: a deletion and a new file.
     std::fs::remove_file(dir.join("to-delete")).unwrap();
     std::fs::write(dir.join("new-in-ram"), b"n").unwrap();
@@ -1432,11 +1442,21 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
     assert_eq!(st, 200, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     Spec::load().check("POST", "/v1/dirs/{id}/sync", 200, &text);
+    let mut conflicts: Vec<String> = v["report"]["conflicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    conflicts.sort();
+    assert_eq!(conflicts.len(), 3, "{v}");
+    let aside = conflicts[1].clone();
     assert_eq!(
-        v["report"]["conflicts"],
-        json!(["dir-on-disk", "written-on-disk"]),
+        (conflicts[0].as_str(), conflicts[2].as_str()),
+        ("dir-on-disk", "written-on-disk"),
         "{v}"
     );
+    assert!(aside.starts_with("kept.ramd-conflict-"), "{v}");
     assert_eq!(v["report"]["entries_deleted"], 1, "{v}");
     let disk = s.disk_view(&id);
     assert_eq!(
@@ -1449,13 +1469,23 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
         "deleted in RAM: deleted on disk"
     );
     assert_eq!(std::fs::read(disk.join("new-in-ram")).unwrap(), b"n");
+    // The file RAM also has: RAM's version at its name, the one written
+    // behind kept aside, where the program's fd still writes.
+    assert_eq!(std::fs::read(disk.join("kept")).unwrap(), b"k");
+    old_file.write_all(b" + more").unwrap();
+    assert_eq!(
+        std::fs::read(disk.join(&aside)).unwrap(),
+        b"k + written behind + more"
+    );
     assert!(d.log().contains("kept on disk, not in RAM"), "{}", d.log());
-    // Reported at every sync until resolved, also by the CLI.
+    // Reported at every sync until resolved, also by the CLI; nothing new
+    // is set aside.
     let out = cli_ok(&d, &["dir", "sync", dir.to_str().unwrap()]);
-    assert!(out.stdout.contains("2 kept on disk (conflict)"), "{out}");
-    assert!(out.stderr.contains("appeared in the on-disk copy"), "{out}");
+    assert!(out.stdout.contains("3 kept on disk (conflict)"), "{out}");
+    assert!(out.stderr.contains("behind the RAM copy"), "{out}");
     assert!(out.stderr.contains("written-on-disk"), "{out}");
     drop(old_handle);
+    drop(old_file);
     // After remove, PATH shows both sides' work.
     cli_ok(&d, &["dir", "remove", dir.to_str().unwrap()]);
     assert_eq!(
@@ -1464,6 +1494,11 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
     );
     assert!(dir.join("dir-on-disk").is_dir() && dir.join("new-in-ram").exists());
     assert!(!dir.join("to-delete").exists());
+    assert_eq!(std::fs::read(dir.join("kept")).unwrap(), b"k");
+    assert_eq!(
+        std::fs::read(dir.join(&aside)).unwrap(),
+        b"k + written behind + more"
+    );
 }
 
 /// Issue 15 item 6: `dir remove --force` while a writer never stops:

@@ -52,8 +52,8 @@ pub enum DirCommand {
         recovery_generations: Option<u32>,
         /// Add even though other processes have files, their working
         /// directory or mappings there (refused otherwise, naming them).
-        /// What they create on disk meanwhile is kept and reported as
-        /// conflicts. System trees and /tmp, /home, /root... stay refused.
+        /// What they write to the disk copy meanwhile is kept and reported
+        /// as conflicts. System trees and /tmp, /home, /root... stay refused.
         #[arg(long)]
         force: bool,
         #[command(flatten)]
@@ -409,7 +409,7 @@ fn print_conflicts(path: &str, r: &SyncReport) {
         return;
     }
     eprintln!(
-        "warning: {} entr{} appeared in the on-disk copy after {path} went into RAM (written by programs that had it open before): kept on disk, not in RAM; they show up at {path} after `ramd dir remove` (see docs/dirs.md):",
+        "warning: {} entr{} written to the on-disk copy behind the RAM copy of {path} (by programs that had it open before it went into RAM): kept on disk, not in RAM (a file RAM also has under a .ramd-conflict- name); they show up at {path} after `ramd dir remove` (see docs/dirs.md):",
         r.conflicts.len(),
         if r.conflicts.len() == 1 { "y" } else { "ies" }
     );

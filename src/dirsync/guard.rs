@@ -98,7 +98,7 @@ pub enum GuardError {
     #[error("{path} contains mount points of other filesystems ({mounts}); a RAM copy would hide them; unmount them or keep a directory without mounts inside in RAM")]
     ContainsMounts { path: PathBuf, mounts: String },
     /// other processes use the directory
-    #[error("{path} is in use by other processes: {holders}. Programs that keep files or their working directory there would go on using the on-disk copy hidden under the RAM copy; stop them (or cd out) and add it again, or add it with --force (files such programs create on disk are then kept and reported as conflicts by each sync)")]
+    #[error("{path} is in use by other processes: {holders}. Programs that keep files or their working directory there would go on using the on-disk copy hidden under the RAM copy; stop them (or cd out) and add it again, or add it with --force (what such programs write to the on-disk copy is then kept and reported as conflicts by each sync)")]
     InUse {
         path: PathBuf,
         holders: String,

@@ -627,7 +627,7 @@ impl DirManager {
             guard::check_not_in_use(&path, &in_use)?;
         } else if !in_use.is_empty() {
             tracing::warn!(path = %path.display(), holders = %holders::describe(&in_use, 8),
-                "added with --force although other processes use it; what they create on disk is kept and reported as conflicts");
+                "added with --force although other processes use it; what they write to the on-disk copy is kept and reported as conflicts");
         }
         if req.mode == MountMode::Tmpfs {
             let need = guard::content_bytes(&path).map_err(io_err("measure", &path))?;
@@ -718,7 +718,7 @@ impl DirManager {
             mounts::mount_tmpfs(&layout.ram(), &layout.tag, size_limit_bytes, 0o700)?;
             match cfg.mode {
                 MountMode::Tmpfs => {
-                    let (report, known) =
+                    let (report, seen) =
                         sync::sync_tree_known(&disk, &layout.ram(), &SyncOptions::to_ram(), None)
                             .map_err(|e| match e {
                             SyncError::NoSpace { .. } => DirError::RamFull {
@@ -739,7 +739,8 @@ impl DirManager {
                         tracing::warn!(path = %cfg.path.display(), files = ?report.changed_during_sync,
                             "files changed on disk while being copied into RAM; programs should not use the directory before ramd is ready");
                     }
-                    *m.known.lock() = known;
+                    // Fingerprints of the disk entries as found.
+                    *m.known.lock() = seen.src;
                     mounts::bind(&layout.ram(), &cfg.path)?;
                 }
                 MountMode::Overlay => {
@@ -752,7 +753,7 @@ impl DirManager {
                         .map_err(io_err("set xattrs on", &layout.upper()))?;
                     meta::apply_attributes(&layout.upper(), &root)
                         .map_err(io_err("set attributes on", &layout.upper()))?;
-                    *m.known.lock() = Known::of_tree(&disk).map_err(io_err("read", &disk))?;
+                    *m.known.lock() = Known::of_tree(&disk, true).map_err(io_err("read", &disk))?;
                     mounts::mount_overlay(
                         &cfg.path,
                         &layout.tag,
@@ -825,7 +826,7 @@ impl DirManager {
             Some(&known),
         )
         .map(|(r, seen)| {
-            *known = seen;
+            *known = seen.dst;
             r
         });
         drop(known);
@@ -834,7 +835,7 @@ impl DirManager {
             Ok(r) => {
                 if !r.conflicts.is_empty() {
                     tracing::warn!(path = %path.display(), entries = ?r.conflicts,
-                        "entries appeared in the on-disk copy after the directory went into RAM (written by programs that had it open): kept on disk, not in RAM; see docs/dirs.md");
+                        "entries written to the on-disk copy behind the RAM copy (by programs that had it open before it went into RAM): kept on disk, not in RAM (a file RAM also has is kept under a .ramd-conflict- name); see docs/dirs.md");
                 }
                 live.last_sync_unix_ms = Some(now_unix_ms());
                 live.last_report = Some(r.clone());
@@ -1189,7 +1190,8 @@ impl DirManager {
                     Ok(k) => k,
                     Err(_) => {
                         let src = self.source(m);
-                        Known::of_tree(&src).map_err(io_err("read", &src))?
+                        // No fingerprints: only deletions are protected.
+                        Known::of_tree(&src, false).map_err(io_err("read", &src))?
                     }
                 };
                 let _ = std::fs::remove_file(layout.known());

@@ -35,17 +35,29 @@
 //! skip. Such names are reserved: a source entry named like that is not
 //! synced.
 //!
-//! # Entries that appear on disk behind the RAM copy
+//! # Entries written on disk behind the RAM copy
 //!
 //! A program that had the directory open before it went into RAM (its
-//! working directory, a directory fd) keeps creating entries in the on-disk
-//! copy. Such an entry is not in RAM, but it must not be taken for one RAM
-//! deleted. [`sync_tree_known`] takes the [`Known`] set: the relative paths
-//! the destination held when the directory went into RAM, then those the
-//! source held at each sync since. A destination-only entry is deleted only
-//! when it is known; an unknown one is kept and listed in
-//! [`SyncReport::conflicts`] (at every sync, until someone moves or deletes
-//! it). Internal names (`.ramd-tmp.*`, `.ramd-del.*`) are always deleted.
+//! working directory, a directory or file fd) keeps writing to the on-disk
+//! copy. What it writes is in no RAM copy, and must not be lost.
+//! [`sync_tree_known`] takes the [`Known`] set: the relative paths the
+//! destination held when the directory went into RAM, then those each sync
+//! left there, with a [`Fingerprint`] (inode, size, mtime) of each
+//! non-directory as ramd left it. Then:
+//!
+//! - a destination-only entry is deleted only when it is known; an unknown
+//!   one (created behind the RAM copy) is kept;
+//! - a destination file about to be replaced that is unknown or whose
+//!   fingerprint changed (written behind the RAM copy) first gets a second
+//!   name, `<name>.ramd-conflict-<unix s>`, by a hard link: the source's
+//!   version takes the name, the other version stays, and a program still
+//!   writing through its fd keeps writing to it there.
+//!
+//! Both are listed in [`SyncReport::conflicts`]; kept entries at every sync
+//! until someone moves or deletes them (a conflict name is itself an
+//! unknown entry). Internal names (`.ramd-tmp.*`, `.ramd-del.*`) are always
+//! deleted. Without a `Known` set (fills, recovery copies) none of this
+//! applies.
 //!
 //! # Files that change while being copied
 //!
@@ -61,7 +73,7 @@
 //! on tmpfs, so such writes are only noticed once something else changes the
 //! file (as with rsync).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
@@ -88,11 +100,58 @@ pub fn is_internal_name(name: &OsStr) -> bool {
     b.starts_with(TMP_PREFIX.as_bytes()) || b.starts_with(DEL_PREFIX.as_bytes())
 }
 
-/// Relative paths a destination is known to hold because they came from
-/// the source (64-bit FNV-1a hashes of the path bytes: a set of a million
-/// entries takes about 16 MiB and collides with odds of 1 in 10^7).
+/// What a non-directory looked like when ramd last left it in the
+/// destination (inode, size, mtime): a different one was written by
+/// someone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: (i64, i64),
+}
+
+impl Fingerprint {
+    /// The fingerprint of a non-directory (None for directories).
+    pub fn of(m: &Meta) -> Option<Fingerprint> {
+        (m.kind != Kind::Dir).then_some(Fingerprint {
+            ino: m.dev_ino.1,
+            size: m.size,
+            mtime: m.mtime,
+        })
+    }
+
+    const BYTES: usize = 32;
+
+    fn encode(fp: Option<Fingerprint>, out: &mut Vec<u8>) {
+        let f = fp.unwrap_or(Fingerprint {
+            ino: u64::MAX,
+            size: u64::MAX,
+            mtime: (i64::MIN, i64::MIN),
+        });
+        out.extend_from_slice(&f.ino.to_le_bytes());
+        out.extend_from_slice(&f.size.to_le_bytes());
+        out.extend_from_slice(&f.mtime.0.to_le_bytes());
+        out.extend_from_slice(&f.mtime.1.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Option<Fingerprint> {
+        let n = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let f = Fingerprint {
+            ino: n(0),
+            size: n(1),
+            mtime: (n(2) as i64, n(3) as i64),
+        };
+        (f.mtime.0 != i64::MIN).then_some(f)
+    }
+}
+
+/// Relative paths a destination is known to hold because ramd put them
+/// there (or they were there when the directory went into RAM), each with
+/// the [`Fingerprint`] of what ramd left (None: a directory, or not
+/// known). Keys are 64-bit FNV-1a hashes of the path bytes: a million
+/// entries take about 50 MiB and collide with odds of 1 in 10^7.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Known(HashSet<u64>);
+pub struct Known(HashMap<u64, Option<Fingerprint>>);
 
 impl Known {
     fn hash(rel: &Path) -> u64 {
@@ -104,14 +163,25 @@ impl Known {
             })
     }
 
-    /// Adds a relative path.
-    pub fn insert(&mut self, rel: &Path) {
-        self.0.insert(Self::hash(rel));
+    /// Adds a relative path and what is there (None: a directory, or
+    /// unknown).
+    pub fn insert(&mut self, rel: &Path, fp: Option<Fingerprint>) {
+        self.0.insert(Self::hash(rel), fp);
     }
 
     /// True when `rel` is known.
     pub fn contains(&self, rel: &Path) -> bool {
-        self.0.contains(&Self::hash(rel))
+        self.0.contains_key(&Self::hash(rel))
+    }
+
+    /// True when the destination entry `dm` at `rel` is not what ramd left
+    /// there: `rel` is unknown, or its fingerprint differs.
+    fn changed_behind(&self, rel: &Path, dm: &Meta) -> bool {
+        match self.0.get(&Self::hash(rel)) {
+            None => true,
+            Some(None) => false,
+            Some(Some(fp)) => Fingerprint::of(dm) != Some(*fp),
+        }
     }
 
     /// How many paths are known.
@@ -124,8 +194,9 @@ impl Known {
         self.0.is_empty()
     }
 
-    /// Every entry below `root` (internal names left out).
-    pub fn of_tree(root: &Path) -> io::Result<Known> {
+    /// Every entry below `root` (internal names left out), with
+    /// fingerprints when `fingerprints` (else None: no change detection).
+    pub fn of_tree(root: &Path, fingerprints: bool) -> io::Result<Known> {
         let mut k = Known::default();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
@@ -136,7 +207,15 @@ impl Known {
                     continue;
                 }
                 let r = rel.join(&name);
-                k.insert(&r);
+                let fp = match fingerprints {
+                    true => match Meta::lstat(&ent.path()) {
+                        Ok(m) => Fingerprint::of(&m),
+                        Err(e) if is_not_found(&e) => continue,
+                        Err(e) => return Err(e),
+                    },
+                    false => None,
+                };
+                k.insert(&r, fp);
                 if ent.file_type()?.is_dir() {
                     stack.push(r);
                 }
@@ -145,11 +224,12 @@ impl Known {
         Ok(k)
     }
 
-    /// Writes the set to `path` (little-endian u64s; runtime use only).
+    /// Writes the set to `path` (little-endian records; runtime use only).
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        let mut bytes = Vec::with_capacity(self.0.len() * 8);
-        for h in &self.0 {
+        let mut bytes = Vec::with_capacity(self.0.len() * (8 + Fingerprint::BYTES));
+        for (h, fp) in &self.0 {
             bytes.extend_from_slice(&h.to_le_bytes());
+            Fingerprint::encode(*fp, &mut bytes);
         }
         std::fs::write(path, bytes)
     }
@@ -157,7 +237,8 @@ impl Known {
     /// Reads a set [`Known::save`] wrote.
     pub fn load(path: &Path) -> io::Result<Known> {
         let bytes = std::fs::read(path)?;
-        if bytes.len() % 8 != 0 {
+        let rec = 8 + Fingerprint::BYTES;
+        if bytes.len() % rec != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "torn known-entries file",
@@ -165,8 +246,11 @@ impl Known {
         }
         Ok(Known(
             bytes
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .chunks_exact(rec)
+                .map(|c| {
+                    let h = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+                    (h, Fingerprint::decode(&c[8..]))
+                })
                 .collect(),
         ))
     }
@@ -302,15 +386,26 @@ pub fn sync_tree(src: &Path, dst: &Path, opts: &SyncOptions) -> Result<SyncRepor
     sync_tree_known(src, dst, opts, None).map(|(r, _)| r)
 }
 
-/// [`sync_tree`] that deletes a destination-only entry only when `known`
-/// (when given) has it; returns the report and the source's entries (the
-/// `known` of the next sync).
+/// What a sync saw, for the next one's [`Known`].
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// The source's entries, with their fingerprints as listed (what a
+    /// fill from disk found on disk).
+    pub src: Known,
+    /// The destination's entries that came from the source, with their
+    /// fingerprints after the sync (what a sync to disk left there).
+    pub dst: Known,
+}
+
+/// [`sync_tree`] that, given `known`, deletes a destination-only entry
+/// only when it is known, and moves a destination file that is not what
+/// ramd left there aside before replacing it (see the module docs).
 pub fn sync_tree_known(
     src: &Path,
     dst: &Path,
     opts: &SyncOptions,
     known: Option<&Known>,
-) -> Result<(SyncReport, Known), SyncError> {
+) -> Result<(SyncReport, Seen), SyncError> {
     let start = Instant::now();
     let src_meta = Meta::lstat(src).map_err(rd(src))?;
     if src_meta.kind != Kind::Dir {
@@ -332,7 +427,8 @@ pub fn sync_tree_known(
         deferred_files: 0,
         seq: 0,
         known,
-        seen: Known::default(),
+        seen: Seen::default(),
+        pending_fp: Vec::new(),
     };
     let result = e.run(src, dst, &src_meta, &dst_meta);
     if result.is_err() {
@@ -383,8 +479,11 @@ struct Engine<'a> {
     seq: u64,
     /// Destination entries that came from the source (None: all of them).
     known: Option<&'a Known>,
-    /// Source entries seen by this sync.
-    seen: Known,
+    /// What this sync saw.
+    seen: Seen,
+    /// Non-directories whose destination fingerprint is read once they are
+    /// in place (relative paths).
+    pending_fp: Vec<PathBuf>,
 }
 
 /// Lists a directory: (name, lstat) sorted by name, internal names left out.
@@ -435,6 +534,7 @@ impl Engine<'_> {
             touched.push(parent_of(&r.to));
         }
         self.barrier_dirs(&mut touched)?;
+        self.read_pending_fingerprints()?;
         // Step 4.
         for path in std::mem::take(&mut self.deletes) {
             self.delete(&path)?;
@@ -497,10 +597,11 @@ impl Engine<'_> {
             }
             self.report.entries_scanned += 1;
             let (s, d, r) = (src.join(&name), dst.join(&name), rel.join(&name));
-            self.seen.insert(&r);
+            self.seen.src.insert(&r, Fingerprint::of(&sm));
             let dm = dst_entries.remove(&name);
             match (sm.kind, dm) {
                 (Kind::Dir, Some(dm)) if dm.kind == Kind::Dir => {
+                    self.seen.dst.insert(&r, None);
                     let inner = self.sync_dir(&s, &d, &r)?;
                     self.queue_dir_attrs(&s, &d, &sm, &dm, inner)?;
                 }
@@ -510,6 +611,7 @@ impl Engine<'_> {
                     self.temps.push(tmp.clone());
                     if self.fill_new_dir(&s, &tmp, &r, &sm)? {
                         self.report.dirs_created += 1;
+                        self.seen.dst.insert(&r, None);
                         self.push_rename(tmp, d, dm.is_some());
                         changed = true;
                     } else {
@@ -578,16 +680,18 @@ impl Engine<'_> {
             }
             self.report.entries_scanned += 1;
             let (sp, tp, rp) = (s.join(&name), t.join(&name), r.join(&name));
-            self.seen.insert(&rp);
+            self.seen.src.insert(&rp, Fingerprint::of(&em));
             if em.kind == Kind::Dir {
                 std::fs::create_dir(&tp).map_err(wr(&tp))?;
                 if self.fill_new_dir(&sp, &tp, &rp, &em)? {
                     self.report.dirs_created += 1;
+                    self.seen.dst.insert(&rp, None);
                 } else {
                     std::fs::remove_dir_all(&tp).map_err(wr(&tp))?;
                 }
                 continue;
             }
+            self.pending_fp.push(rp.clone());
             if self.link_follower(&em, &tp)? {
                 continue;
             }
@@ -624,11 +728,17 @@ impl Engine<'_> {
         dm: Option<&Meta>,
     ) -> Result<bool, SyncError> {
         let dst_is_dir = dm.is_some_and(|m| m.kind == Kind::Dir);
+        // Unchanged entries: what is there now; others: read once in place.
+        if let Some(dm) = dm {
+            self.seen.dst.insert(r, Fingerprint::of(dm));
+        }
+        self.pending_fp.push(r.to_path_buf());
         // A further name of a hard-linked inode seen earlier in this sync.
         if sm.nlink > 1 {
             if let Some(leader) = self.links.get(&sm.dev_ino) {
                 if leader.kept_dev_ino.is_some() && leader.kept_dev_ino == dm.map(|m| m.dev_ino) {
                     self.report.unchanged += 1;
+                    self.pending_fp.pop();
                     return Ok(false);
                 }
                 let leader_path = leader.path.clone();
@@ -643,6 +753,7 @@ impl Engine<'_> {
         if let Some(dm) = dm {
             if self.unchanged(s, d, sm, dm)? {
                 self.report.unchanged += 1;
+                self.pending_fp.pop();
                 if sm.nlink > 1 {
                     self.links.insert(
                         sm.dev_ino,
@@ -655,6 +766,11 @@ impl Engine<'_> {
                 return Ok(false);
             }
         }
+        if let (Some(dm), Some(known)) = (dm, self.known) {
+            if dm.kind != Kind::Dir && known.changed_behind(r, dm) {
+                self.keep_aside(d, r)?;
+            }
+        }
         let tmp = self.temp_in(&parent_of(d), TMP_PREFIX);
         if self.create_copy(s, &tmp, r, sm)? {
             self.push_rename(tmp, d.to_path_buf(), dst_is_dir);
@@ -662,6 +778,53 @@ impl Engine<'_> {
         } else {
             Ok(false)
         }
+    }
+
+    /// The destination entry `d` is not what ramd left there (a program
+    /// wrote it behind the RAM copy): gives its inode a second name,
+    /// `<name>.ramd-conflict-<unix s>[-N]`, before the source's version
+    /// replaces the first one. A program still writing through an open fd
+    /// keeps writing to it there.
+    fn keep_aside(&mut self, d: &Path, r: &Path) -> Result<(), SyncError> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let name = d.file_name().unwrap_or_default().to_string_lossy();
+        let dir = parent_of(d);
+        let mut n = 1;
+        loop {
+            let suffix = if n == 1 {
+                String::new()
+            } else {
+                format!("-{n}")
+            };
+            let aside = dir.join(format!("{name}.ramd-conflict-{now}{suffix}"));
+            match std::fs::hard_link(d, &aside) {
+                Ok(()) => {
+                    self.report
+                        .conflicts
+                        .push(parent_of(r).join(aside.file_name().expect("a name")));
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+                Err(e) => return Err(wr(&aside)(e)),
+            }
+        }
+    }
+
+    /// Reads the destination fingerprints of the entries this sync put
+    /// in place (or left, when their copy was skipped).
+    fn read_pending_fingerprints(&mut self) -> Result<(), SyncError> {
+        for rel in std::mem::take(&mut self.pending_fp) {
+            let p = self.dst_root.join(&rel);
+            match Meta::lstat(&p) {
+                Ok(m) => self.seen.dst.insert(&rel, Fingerprint::of(&m)),
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(rd(&p)(e)),
+            }
+        }
+        Ok(())
     }
 
     /// The cheap comparison (see [`meta`]).
@@ -877,7 +1040,7 @@ mod tests {
     }
 
     #[test]
-    fn entries_that_appeared_in_dst_are_kept_as_conflicts() {
+    fn entries_written_behind_the_ram_copy_are_kept_as_conflicts() {
         let d = tempfile::tempdir().unwrap();
         let (src, dst) = (d.path().join("src"), d.path().join("dst"));
         for root in [&src, &dst] {
@@ -892,34 +1055,50 @@ mod tests {
         std::fs::create_dir(dst.join("new-dir")).unwrap();
         std::fs::write(dst.join(".ramd-tmp.1.1"), b"leftover").unwrap();
         let mut known = Known::default();
-        for p in [
-            "both",
-            "sub",
-            "deleted-in-ram",
-            "gone-dir",
-            "gone-dir/inner",
-        ] {
-            known.insert(Path::new(p));
+        for p in ["sub", "deleted-in-ram", "gone-dir", "gone-dir/inner"] {
+            known.insert(Path::new(p), None);
         }
+        // "both" as ramd left it, then rewritten behind the RAM copy.
+        let left = Meta::lstat(&dst.join("both")).unwrap();
+        known.insert(Path::new("both"), Fingerprint::of(&left));
+        std::fs::write(src.join("both"), b"ram").unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        std::fs::write(dst.join("both"), b"disk, later").unwrap();
+
         let opts = SyncOptions::to_ram();
         let (r, seen) = sync_tree_known(&src, &dst, &opts, Some(&known)).unwrap();
         let mut conflicts = r.conflicts.clone();
         conflicts.sort();
+        assert_eq!(conflicts.len(), 4, "{conflicts:?}");
+        let aside = conflicts[1].clone();
+        assert!(
+            aside.to_string_lossy().starts_with("both.ramd-conflict-"),
+            "{conflicts:?}"
+        );
         assert_eq!(
             conflicts,
             [
                 PathBuf::from("appeared"),
+                aside.clone(),
                 PathBuf::from("new-dir"),
                 PathBuf::from("sub/appeared-too")
             ]
         );
+        assert_eq!(std::fs::read(dst.join("both")).unwrap(), b"ram");
+        assert_eq!(std::fs::read(dst.join(&aside)).unwrap(), b"disk, later");
         assert_eq!(r.entries_deleted, 3, "{r:?}");
         assert!(!dst.join("deleted-in-ram").exists());
         assert!(!dst.join("gone-dir").exists());
         assert!(!dst.join(".ramd-tmp.1.1").exists());
         assert_eq!(std::fs::read(dst.join("appeared")).unwrap(), b"new on disk");
+        let seen = seen.dst;
         assert!(seen.contains(Path::new("sub")) && !seen.contains(Path::new("appeared")));
         assert_eq!(seen.len(), 2);
+        // What this sync left is known: the next one sees no new conflict.
+        let both = Meta::lstat(&dst.join("both")).unwrap();
+        assert!(!seen.changed_behind(Path::new("both"), &both));
+        let (r, _) = sync_tree_known(&src, &dst, &opts, Some(&seen)).unwrap();
+        assert_eq!(r.conflicts.len(), 4, "only the kept entries: {r:?}");
         // Without a known set everything dst-only goes.
         let r = sync_tree(&src, &dst, &opts).unwrap();
         assert!(r.conflicts.is_empty() && !dst.join("appeared").exists());
