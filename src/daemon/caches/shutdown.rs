@@ -247,9 +247,9 @@ fn give_up(entry: &CacheEntry, live: &Live, rescue_root: &Path, error: String) -
 /// Writes `data.img`, `ranges` and `apply.sh` into `dir`; returns the
 /// bytes saved.
 fn write_rescue(entry: &CacheEntry, live: &Live, dir: &Path) -> std::io::Result<u64> {
-    std::fs::create_dir_all(dir)?;
+    crate::paths::create_private_dir(dir).map_err(std::io::Error::other)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    let img = File::create(dir.join("data.img"))?;
+    let img = create_private(&dir.join("data.img"))?;
     use crate::backend::Backend;
     img.set_len(live.cache.size())?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
@@ -274,8 +274,21 @@ fn write_rescue(entry: &CacheEntry, live: &Live, dir: &Path) -> std::io::Result<
     Ok(saved)
 }
 
+/// Creates (or truncates) `path` with mode 0600 whatever the umask: the
+/// rescued data is as private as the drive's (see
+/// `daemon::persistent::modes`).
+fn create_private(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut f = File::create(path)?;
+    let mut f = create_private(path)?;
     f.write_all(bytes)?;
     f.sync_all()
 }
