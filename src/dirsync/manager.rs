@@ -823,7 +823,7 @@ impl DirManager {
             &self.source(m),
             &m.layout.disk(),
             &self.cfg.sync,
-            Some(&known),
+            Some(&mut known),
         )
         .map(|(r, seen)| {
             *known = seen.dst;

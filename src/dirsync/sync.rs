@@ -399,12 +399,16 @@ pub struct Seen {
 
 /// [`sync_tree`] that, given `known`, deletes a destination-only entry
 /// only when it is known, and moves a destination file that is not what
-/// ramd left there aside before replacing it (see the module docs).
+/// ramd left there aside before replacing it (see the module docs). The
+/// caller replaces `known` with [`Seen::dst`] after a success; after a
+/// failure once renames began, `known` has been updated here with what
+/// was put in place, so the next sync does not take ramd's own writes for
+/// someone else's.
 pub fn sync_tree_known(
     src: &Path,
     dst: &Path,
     opts: &SyncOptions,
-    known: Option<&Known>,
+    known: Option<&mut Known>,
 ) -> Result<(SyncReport, Seen), SyncError> {
     let start = Instant::now();
     let src_meta = Meta::lstat(src).map_err(rd(src))?;
@@ -433,6 +437,7 @@ pub fn sync_tree_known(
     let result = e.run(src, dst, &src_meta, &dst_meta);
     if result.is_err() {
         e.cleanup_temps();
+        e.remember_what_was_placed();
     }
     result?;
     e.report.duration_ms = start.elapsed().as_millis() as u64;
@@ -478,7 +483,7 @@ struct Engine<'a> {
     /// Counter for unique temporary names.
     seq: u64,
     /// Destination entries that came from the source (None: all of them).
-    known: Option<&'a Known>,
+    known: Option<&'a mut Known>,
     /// What this sync saw.
     seen: Seen,
     /// Non-directories whose destination fingerprint is read once they are
@@ -625,7 +630,7 @@ impl Engine<'_> {
         // What is left exists only in dst (including leftovers of a crash).
         for name in dst_entries.into_keys() {
             let r = rel.join(&name);
-            if !is_internal_name(&name) && self.known.is_some_and(|k| !k.contains(&r)) {
+            if !is_internal_name(&name) && self.known.as_deref().is_some_and(|k| !k.contains(&r)) {
                 // Appeared in dst after the directory went into RAM.
                 self.report.conflicts.push(r);
                 continue;
@@ -766,7 +771,7 @@ impl Engine<'_> {
                 return Ok(false);
             }
         }
-        if let (Some(dm), Some(known)) = (dm, self.known) {
+        if let (Some(dm), Some(known)) = (dm, self.known.as_deref()) {
             if dm.kind != Kind::Dir && known.changed_behind(r, dm) {
                 self.keep_aside(d, r)?;
             }
@@ -809,6 +814,24 @@ impl Engine<'_> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 100 => n += 1,
                 Err(e) => return Err(wr(&aside)(e)),
+            }
+        }
+    }
+
+    /// After a failure: what the renames done so far put in place goes
+    /// into `known` (best effort; the names not renamed yet still hold
+    /// what was there, already kept aside when written behind the RAM
+    /// copy).
+    fn remember_what_was_placed(&mut self) {
+        let Some(known) = self.known.as_deref_mut() else {
+            return;
+        };
+        for (rel, fp) in self.seen.dst.0.drain() {
+            known.0.insert(rel, fp);
+        }
+        for rel in &self.pending_fp {
+            if let Ok(m) = Meta::lstat(&self.dst_root.join(rel)) {
+                known.insert(rel, Fingerprint::of(&m));
             }
         }
     }
@@ -1066,7 +1089,7 @@ mod tests {
         std::fs::write(dst.join("both"), b"disk, later").unwrap();
 
         let opts = SyncOptions::to_ram();
-        let (r, seen) = sync_tree_known(&src, &dst, &opts, Some(&known)).unwrap();
+        let (r, seen) = sync_tree_known(&src, &dst, &opts, Some(&mut known)).unwrap();
         let mut conflicts = r.conflicts.clone();
         conflicts.sort();
         assert_eq!(conflicts.len(), 4, "{conflicts:?}");
@@ -1097,7 +1120,7 @@ mod tests {
         // What this sync left is known: the next one sees no new conflict.
         let both = Meta::lstat(&dst.join("both")).unwrap();
         assert!(!seen.changed_behind(Path::new("both"), &both));
-        let (r, _) = sync_tree_known(&src, &dst, &opts, Some(&seen)).unwrap();
+        let (r, _) = sync_tree_known(&src, &dst, &opts, Some(&mut seen.clone())).unwrap();
         assert_eq!(r.conflicts.len(), 4, "only the kept entries: {r:?}");
         // Without a known set everything dst-only goes.
         let r = sync_tree(&src, &dst, &opts).unwrap();
