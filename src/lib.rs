@@ -41,6 +41,7 @@
 pub mod api;
 pub mod attach;
 pub mod backend;
+pub mod block;
 pub mod cache;
 pub mod cli;
 pub mod daemon;

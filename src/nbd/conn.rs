@@ -48,6 +48,7 @@ use super::proto::*;
 use super::transport::Transport;
 use super::wait::Wait;
 use crate::backend::Backend;
+use crate::block;
 use crate::metrics::{ConnRecorder, Op};
 
 /// Input buffer size while idle.
@@ -283,15 +284,29 @@ pub(super) fn transmission<S: Transport, W: Wait>(
 }
 
 fn oversized(req: &Request) -> Refusal {
-    refuse(
-        EINVAL,
-        format!(
-            "{} of {} bytes exceeds the maximum payload of {} bytes (32 MiB); split the request",
-            command_name(req.command),
-            req.len,
-            MAX_PAYLOAD_BYTES
-        ),
-    )
+    let r = block::Refusal::TooLong {
+        command: block::Command::Write,
+        len: req.len as u64,
+        max: MAX_PAYLOAD_BYTES as u64,
+    };
+    refuse(r.errno().nbd(), r.to_string())
+}
+
+/// The frontend-neutral command of an NBD command (None: unknown).
+#[inline]
+fn block_command(command: u16) -> Option<block::Command> {
+    use block::Command as C;
+    Some(match command {
+        CMD_READ => C::Read,
+        CMD_WRITE => C::Write,
+        CMD_FLUSH => C::Flush,
+        CMD_TRIM => C::Trim,
+        CMD_WRITE_ZEROES => C::WriteZeroes,
+        CMD_CACHE => C::Cache,
+        CMD_BLOCK_STATUS => C::BlockStatus,
+        CMD_DISC => C::Disconnect,
+        _ => return None,
+    })
 }
 
 struct Conn<'a> {
@@ -384,52 +399,33 @@ impl Conn<'_> {
         if req.flags & CMD_FLAG_DF != 0 && !self.structured {
             return Err(refuse(EINVAL, "DF needs structured replies"));
         }
-        let writes = matches!(req.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-        if writes && self.export.is_read_only() {
+        if req.command == CMD_BLOCK_STATUS && !self.base_allocation {
             return Err(refuse(
+                EINVAL,
+                "block status needs base:allocation negotiated",
+            ));
+        }
+        let Some(command) = block_command(req.command) else {
+            return Err(refuse(EINVAL, format!("unknown command {}", req.command)));
+        };
+        let limits = block::Limits {
+            size: self.backend.size(),
+            read_only: self.export.is_read_only(),
+            max_len: MAX_PAYLOAD_BYTES as u64,
+        };
+        let request = block::Request {
+            command,
+            offset: req.offset,
+            len: req.len as u64,
+        };
+        match block::validate(request, &limits) {
+            Ok(_) => Ok(()),
+            Err(block::Refusal::ReadOnly) => Err(refuse(
                 EPERM,
                 format!("drive '{}' is read-only", self.export.name),
-            ));
+            )),
+            Err(r) => Err(refuse(r.errno().nbd(), r.to_string())),
         }
-        if matches!(req.command, CMD_READ) && req.len > MAX_PAYLOAD_BYTES {
-            return Err(oversized(req));
-        }
-        if matches!(req.command, CMD_FLUSH | CMD_DISC) {
-            return Ok(());
-        }
-        if req.command == CMD_BLOCK_STATUS {
-            if !self.base_allocation {
-                return Err(refuse(
-                    EINVAL,
-                    "block status needs base:allocation negotiated",
-                ));
-            }
-            if req.len == 0 {
-                return Err(refuse(EINVAL, "block status of zero bytes"));
-            }
-        }
-        let size = self.backend.size();
-        let in_range = req
-            .offset
-            .checked_add(req.len as u64)
-            .is_some_and(|end| end <= size);
-        if !in_range {
-            let errno = if matches!(req.command, CMD_WRITE | CMD_WRITE_ZEROES) {
-                ENOSPC
-            } else {
-                EINVAL
-            };
-            return Err(refuse(
-                errno,
-                format!(
-                    "{} at offset {} length {} is beyond the end of the drive ({size} bytes)",
-                    command_name(req.command),
-                    req.offset,
-                    req.len
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Validates and runs one request, appending its reply.

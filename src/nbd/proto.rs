@@ -135,21 +135,10 @@ pub const OPTION_HEADER_BYTES: usize = 16;
 pub const SIMPLE_REPLY_BYTES: usize = 16;
 pub const CHUNK_HEADER_BYTES: usize = 20;
 
-/// Maps a backend error to the NBD errno sent to the client: the one place
-/// this mapping lives.
+/// Maps a backend error to the NBD errno sent to the client, from the one
+/// errno table every frontend shares (`block::Errno`).
 pub fn errno_for(err: &Error) -> u32 {
-    match err {
-        Error::OutOfRange { .. } => EINVAL,
-        Error::NoSpace(_) => ENOSPC,
-        Error::ReadOnly => EPERM,
-        Error::Invalid(_) => EINVAL,
-        Error::NotSupported(_) => ENOTSUP,
-        Error::Io(e) => match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => ENOSPC,
-            Some(libc::EPERM) | Some(libc::EROFS) => EPERM,
-            _ => EIO,
-        },
-    }
+    crate::block::Errno::of(err).nbd()
 }
 
 /// The name of an NBD command, for messages and metrics.

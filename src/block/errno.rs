@@ -1,0 +1,88 @@
+//! The one errno table: every refusal and backend error becomes one
+//! [`Errno`], and each frontend reports that its own way (NBD on the wire,
+//! FUSE in its reply). The values are Linux's, which are also the NBD
+//! protocol's for the set it defines.
+
+use crate::backend::Error;
+
+/// An error as every frontend reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Errno {
+    Perm,
+    Io,
+    NoMem,
+    Inval,
+    NoSpace,
+    Overflow,
+    NotSup,
+    Shutdown,
+}
+
+impl Errno {
+    /// The errno a backend error is reported as.
+    pub fn of(e: &Error) -> Errno {
+        match e {
+            Error::OutOfRange { .. } => Errno::Inval,
+            Error::NoSpace(_) => Errno::NoSpace,
+            Error::ReadOnly => Errno::Perm,
+            Error::Invalid(_) => Errno::Inval,
+            Error::NotSupported(_) => Errno::NotSup,
+            Error::Io(e) => match e.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => Errno::NoSpace,
+                Some(libc::EPERM) | Some(libc::EROFS) => Errno::Perm,
+                _ => Errno::Io,
+            },
+        }
+    }
+
+    /// The Linux errno (FUSE replies with it as is).
+    pub fn raw(self) -> i32 {
+        match self {
+            Errno::Perm => libc::EPERM,
+            Errno::Io => libc::EIO,
+            Errno::NoMem => libc::ENOMEM,
+            Errno::Inval => libc::EINVAL,
+            Errno::NoSpace => libc::ENOSPC,
+            Errno::Overflow => libc::EOVERFLOW,
+            Errno::NotSup => libc::ENOTSUP,
+            Errno::Shutdown => libc::ESHUTDOWN,
+        }
+    }
+
+    /// The NBD protocol's value: the same numbers (the spec defines these
+    /// eight and they match Linux's).
+    pub fn nbd(self) -> u32 {
+        self.raw() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nbd_values_are_the_specs() {
+        let spec = [
+            (Errno::Perm, 1),
+            (Errno::Io, 5),
+            (Errno::NoMem, 12),
+            (Errno::Inval, 22),
+            (Errno::NoSpace, 28),
+            (Errno::Overflow, 75),
+            (Errno::NotSup, 95),
+            (Errno::Shutdown, 108),
+        ];
+        for (e, v) in spec {
+            assert_eq!(e.nbd(), v, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn io_errors_keep_their_kind() {
+        let io = |n| Error::Io(std::io::Error::from_raw_os_error(n));
+        assert_eq!(Errno::of(&io(libc::EDQUOT)), Errno::NoSpace);
+        assert_eq!(Errno::of(&io(libc::EROFS)), Errno::Perm);
+        assert_eq!(Errno::of(&io(libc::EBADF)), Errno::Io);
+        assert_eq!(Errno::of(&Error::NoSpace("x".into())), Errno::NoSpace);
+    }
+}

@@ -1,0 +1,32 @@
+//! The data-path contract every frontend (NBD, FUSE attach) shares with the
+//! engines behind it.
+//!
+//! ```text
+//!  frontend (nbd::conn, attach::fs)   decodes its wire format into a
+//!        │                            block::Request
+//!  block::validate                    the one set of rules: access, length,
+//!        │                            range; a Valid request or a Refusal
+//!  Backend (layers wrapping layers)   runs it
+//!        │
+//!  errors ─► block::Errno             the one table that turns refusals and
+//!                                     backend errors into an errno, which
+//!                                     each frontend then reports its way
+//! ```
+//!
+//! Invariants:
+//! - A backend only ever sees a request that `validate` accepted against
+//!   the size and access the frontend read just before (backends still
+//!   check ranges against their *current* size: a resize may race).
+//! - The same condition gets the same errno over every frontend: a write
+//!   past the end is ENOSPC whether it comes over NBD or through the FUSE
+//!   file; a read past the end is EINVAL over NBD, and the FUSE file reads
+//!   short at its end as files do (it never asks for bytes past it).
+//!
+//! What stays in a frontend: its own protocol rules (NBD flags, structured
+//! replies, negotiated metadata contexts).
+
+mod errno;
+mod request;
+
+pub use errno::Errno;
+pub use request::{validate, Command, Limits, Refusal, Request, Valid};
