@@ -1086,16 +1086,6 @@ impl DirManager {
         let _ = std::fs::remove_dir_all(&d.layout.base);
     }
 
-    /// Paths (ramd's view of the RAM copies a forced remove keeps) of the
-    /// copies still waiting for their programs.
-    pub fn draining(&self) -> Vec<(PathBuf, PathBuf)> {
-        self.draining
-            .lock()
-            .iter()
-            .map(|d| (d.path.clone(), d.source.clone()))
-            .collect()
-    }
-
     /// Daemon stop: every directory is synced and released, or handed over
     /// when files are open for writing. Records stay: the next start
     /// restores them.
