@@ -26,6 +26,7 @@ use fuser::{
 };
 
 use crate::backend::{Backend, Error as BackendError};
+use crate::block;
 use crate::metrics::{ConnRecorder, Op};
 use crate::nbd::Export;
 
@@ -108,30 +109,31 @@ impl DriveFs {
         }
     }
 
-    /// Checks a change request; Err(errno) when refused.
-    fn check_write(&self, offset: i64, len: u64) -> Result<u64, i32> {
-        if self.export.is_read_only() {
-            return Err(libc::EROFS);
-        }
+    /// Checks a change request with the rules every frontend shares
+    /// (`block::validate`); the offset, or the errno when refused. The file
+    /// cannot grow: writing past its end is "no space".
+    fn check(&self, command: block::Command, offset: i64, len: u64) -> Result<u64, i32> {
         let offset = u64::try_from(offset).map_err(|_| libc::EINVAL)?;
-        match offset.checked_add(len) {
-            Some(end) if end <= self.backend().size() => Ok(offset),
-            // The file cannot grow: writing past its end is "no space".
-            _ => Err(libc::ENOSPC),
-        }
+        let limits = block::Limits {
+            size: self.backend().size(),
+            read_only: self.export.is_read_only(),
+            // The kernel splits writes at max_write.
+            max_len: u64::MAX,
+        };
+        let req = block::Request {
+            command,
+            offset,
+            len,
+        };
+        block::validate(req, &limits)
+            .map(|_| offset)
+            .map_err(|r| r.errno().fuse())
     }
 }
 
 /// The errno a backend error is reported as.
 fn errno(e: &BackendError) -> i32 {
-    match e {
-        BackendError::OutOfRange { .. } => libc::ENOSPC,
-        BackendError::NoSpace(_) => libc::ENOSPC,
-        BackendError::ReadOnly => libc::EROFS,
-        BackendError::Invalid(_) => libc::EINVAL,
-        BackendError::NotSupported(_) => libc::EOPNOTSUPP,
-        BackendError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
-    }
+    block::Errno::of(e).fuse()
 }
 
 impl Filesystem for DriveFs {
@@ -190,7 +192,7 @@ impl Filesystem for DriveFs {
         }
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         if writes && self.export.is_read_only() {
-            return reply.error(libc::EROFS);
+            return reply.error(block::Refusal::ReadOnly.errno().fuse());
         }
         reply.opened(0, fuser::consts::FOPEN_DIRECT_IO);
     }
@@ -245,10 +247,12 @@ impl Filesystem for DriveFs {
         if ino != FILE_INO {
             return reply.error(libc::EISDIR);
         }
-        let result = self.check_write(offset, data.len() as u64).and_then(|off| {
-            let sync = flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
-            self.backend().write(off, data, sync).map_err(|e| errno(&e))
-        });
+        let result = self
+            .check(block::Command::Write, offset, data.len() as u64)
+            .and_then(|off| {
+                let sync = flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
+                self.backend().write(off, data, sync).map_err(|e| errno(&e))
+            });
         self.record(Op::Write, data.len() as u64, result, started);
         match result {
             Ok(()) => reply.written(data.len() as u32),
@@ -297,19 +301,24 @@ impl Filesystem for DriveFs {
         };
         let (op, result) = if mode & FALLOC_FL_PUNCH_HOLE != 0 {
             let r = self
-                .check_write(offset, len)
+                .check(block::Command::Trim, offset, len)
                 .and_then(|off| self.backend().trim(off, len).map_err(|e| errno(&e)));
             (Op::Trim, r)
         } else if mode & FALLOC_FL_ZERO_RANGE != 0 {
-            let r = self.check_write(offset, len).and_then(|off| {
-                self.backend()
-                    .write_zeroes(off, len, false)
-                    .map_err(|e| errno(&e))
-            });
+            let r = self
+                .check(block::Command::WriteZeroes, offset, len)
+                .and_then(|off| {
+                    self.backend()
+                        .write_zeroes(off, len, false)
+                        .map_err(|e| errno(&e))
+                });
             (Op::WriteZeroes, r)
         } else if mode & !FALLOC_FL_KEEP_SIZE == 0 {
             // Plain preallocation inside the file: RAM needs none.
-            let r = self.check_write(offset, len).map(|_| ());
+            // Checked as a write: the file cannot grow.
+            let r = self
+                .check(block::Command::WriteZeroes, offset, len)
+                .map(|_| ());
             (Op::Cache, r)
         } else {
             (Op::Cache, Err(libc::EOPNOTSUPP))

@@ -1,13 +1,17 @@
 //! The one errno table: every refusal and backend error becomes one
-//! [`Errno`], and each frontend reports that its own way (NBD on the wire,
-//! FUSE in its reply). The values are Linux's, which are also the NBD
-//! protocol's for the set it defines.
+//! [`Errno`], and each frontend reports that its own way: `nbd()` on the
+//! wire (the protocol's eight values, which are Linux's), `fuse()` in a
+//! FUSE reply. The two columns differ only where a file has a better word
+//! than a block device: a read-only drive is EPERM over NBD (the spec's
+//! value) and EROFS through the FUSE file.
 
 use crate::backend::Error;
 
 /// An error as every frontend reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Errno {
+    /// The drive is read-only.
+    ReadOnly,
     Perm,
     Io,
     NoMem,
@@ -24,7 +28,7 @@ impl Errno {
         match e {
             Error::OutOfRange { .. } => Errno::Inval,
             Error::NoSpace(_) => Errno::NoSpace,
-            Error::ReadOnly => Errno::Perm,
+            Error::ReadOnly => Errno::ReadOnly,
             Error::Invalid(_) => Errno::Inval,
             Error::NotSupported(_) => Errno::NotSup,
             Error::Io(e) => match e.raw_os_error() {
@@ -35,9 +39,10 @@ impl Errno {
         }
     }
 
-    /// The Linux errno (FUSE replies with it as is).
-    pub fn raw(self) -> i32 {
+    /// The errno a FUSE reply carries.
+    pub fn fuse(self) -> i32 {
         match self {
+            Errno::ReadOnly => libc::EROFS,
             Errno::Perm => libc::EPERM,
             Errno::Io => libc::EIO,
             Errno::NoMem => libc::ENOMEM,
@@ -49,10 +54,13 @@ impl Errno {
         }
     }
 
-    /// The NBD protocol's value: the same numbers (the spec defines these
-    /// eight and they match Linux's).
+    /// The NBD protocol's value (the spec defines eight, numbered as
+    /// Linux's).
     pub fn nbd(self) -> u32 {
-        self.raw() as u32
+        match self {
+            Errno::ReadOnly => libc::EPERM as u32,
+            other => other.fuse() as u32,
+        }
     }
 }
 
@@ -63,6 +71,7 @@ mod tests {
     #[test]
     fn nbd_values_are_the_specs() {
         let spec = [
+            (Errno::ReadOnly, 1),
             (Errno::Perm, 1),
             (Errno::Io, 5),
             (Errno::NoMem, 12),
@@ -82,6 +91,7 @@ mod tests {
         let io = |n| Error::Io(std::io::Error::from_raw_os_error(n));
         assert_eq!(Errno::of(&io(libc::EDQUOT)), Errno::NoSpace);
         assert_eq!(Errno::of(&io(libc::EROFS)), Errno::Perm);
+        assert_eq!(Errno::of(&Error::ReadOnly).fuse(), libc::EROFS);
         assert_eq!(Errno::of(&io(libc::EBADF)), Errno::Io);
         assert_eq!(Errno::of(&Error::NoSpace("x".into())), Errno::NoSpace);
     }

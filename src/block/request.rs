@@ -103,7 +103,7 @@ impl Refusal {
     /// The errno every frontend reports for it.
     pub fn errno(&self) -> Errno {
         match self {
-            Refusal::ReadOnly => Errno::Perm,
+            Refusal::ReadOnly => Errno::ReadOnly,
             Refusal::TooLong { .. } | Refusal::ZeroLength(_) => Errno::Inval,
             Refusal::PastEnd { command, .. } if command.needs_room() => Errno::NoSpace,
             Refusal::PastEnd { .. } => Errno::Inval,
@@ -236,7 +236,8 @@ mod tests {
         for c in [Command::Read, Command::Flush, Command::Cache] {
             assert!(validate(req(c, 0, 1), &ro).is_ok(), "{c:?}");
         }
-        assert_eq!(Refusal::ReadOnly.errno(), Errno::Perm);
+        assert_eq!(Refusal::ReadOnly.errno().nbd(), libc::EPERM as u32);
+        assert_eq!(Refusal::ReadOnly.errno().fuse(), libc::EROFS);
     }
 
     #[test]
