@@ -990,8 +990,16 @@ fn recreated_persistent_drive_keeps_stored_settings_and_says_which() {
     assert_eq!(v["mem_limit_bytes"], 512u64 << 10);
     let v = settled(&api, "db");
     assert_eq!(v["state"], "ready", "{v}");
-    let stored = std::fs::read_to_string(api.d.state_dir().join("drives/db/drive.json")).unwrap();
-    let stored: Value = serde_json::from_str(&stored).unwrap();
-    assert_eq!(stored["durability"], "none");
+    // Recorded right after the restore (the drive serves meanwhile).
+    let file = api.d.state_dir().join("drives/db/drive.json");
+    let mut stored = Value::Null;
+    wait_until(
+        "drive.json to record the new durability",
+        DAEMON_TIMEOUT,
+        || {
+            stored = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            stored["durability"] == "none"
+        },
+    );
     assert_eq!(stored["sync_interval_ms"], 10_000);
 }
