@@ -2,15 +2,8 @@
 //! across it, then dropped where wholly covered and zeroed in place where
 //! partly covered.
 
-use super::engine::{Inner, Meta, State};
+use super::engine::{Discard, Inner, Meta, State};
 use crate::backend::{check_range, Result};
-
-/// How a zero/trim reaches the backing.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Discard {
-    Zero { may_trim: bool },
-    Trim,
-}
 
 impl Inner {
     pub fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {

@@ -55,7 +55,6 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock, RwLockWriteGuard};
 
 use super::config::{CacheConfig, Mode};
-use super::discard::Discard;
 use super::gate::{Gate, Pass};
 use super::health::{Health, Op};
 use super::index::Index;
@@ -83,6 +82,13 @@ pub(crate) enum State {
     Clean,
     /// Newer than the backing; must be written back before it may go.
     Dirty,
+}
+
+/// How a zero/trim reaches the backing (`discard.rs` runs them).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Discard {
+    Zero { may_trim: bool },
+    Trim,
 }
 
 /// What a slot holds. Guarded by the slot's `meta` lock.
