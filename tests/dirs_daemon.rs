@@ -1484,6 +1484,12 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
     assert!(out.stdout.contains("3 kept on disk (conflict)"), "{out}");
     assert!(out.stderr.contains("behind the RAM copy"), "{out}");
     assert!(out.stderr.contains("written-on-disk"), "{out}");
+    let out = cli_ok(&d, &["dir", "list"]);
+    assert!(
+        out.stdout
+            .contains("3 entries written to the on-disk copy behind the RAM copy kept there"),
+        "{out}"
+    );
     drop(old_handle);
     drop(old_file);
     // After remove, PATH shows both sides' work.

@@ -497,6 +497,13 @@ fn warnings(d: &DirInfo) -> Vec<String> {
             c.path.display()
         ));
     }
+    if let Some(r) = d.last_sync.as_ref().filter(|r| !r.conflicts.is_empty()) {
+        out.push(format!(
+            "{p}: {} entr{} written to the on-disk copy behind the RAM copy kept there (`ramd dir sync {p}` lists them)",
+            r.conflicts.len(),
+            if r.conflicts.len() == 1 { "y" } else { "ies" }
+        ));
+    }
     for n in &d.notes {
         out.push(format!("{p}: {n}"));
     }
@@ -701,5 +708,10 @@ mod tests {
             "1 file copied (2 KiB), 2 deleted, 5 unchanged, 1 skipped (changing), 1.50 s"
         );
         assert_eq!(ago(None), "never");
+        let with_conflicts = SyncReport {
+            conflicts: vec!["a".into(), "b.ramd-conflict-1".into()],
+            ..SyncReport::default()
+        };
+        assert!(sync_summary(&with_conflicts).contains("2 kept on disk (conflict)"));
     }
 }
