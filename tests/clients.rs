@@ -1136,6 +1136,7 @@ fn nbdsh_client_connected_before_a_shrink_gets_errors_past_the_new_end() {
                              capture_output=True, text=True)
         assert out.returncode == 0, out
         assert "reconnect" in out.stdout, out.stdout
+        assert "1 NBD connection(s) to 'shrink' keep the size" in out.stderr, out.stderr
         assert h.get_size() == 8 << 20, "the old size until a reconnect"
         h.set_strict_mode(0)
         expect_err(errno.EINVAL, "pread past the new end", lambda: h.pread(4096, 6 << 20))

@@ -204,6 +204,7 @@ pub async fn patch(
     let plain = change.size_bytes.is_some()
         || change.read_only.is_some()
         || change.mem_limit_bytes.is_some();
+    let resizing = change.size_bytes.is_some();
     let d2 = d.clone();
     let drive = blocking(move || {
         if durability.is_some() || sync_interval_ms.is_some() {
@@ -217,8 +218,29 @@ pub async fn patch(
         Ok(d2.registry.get(&name)?)
     })
     .await?;
-    let notice = drive.origin.ephemeral_notice(&drive.name);
+    let resized = resizing.then(|| resize_notice(&drive));
+    let notices: Vec<String> = [
+        drive.origin.ephemeral_notice(&drive.name),
+        resized.flatten(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let notice = (!notices.is_empty()).then(|| notices.join("; "));
     Ok(Json(info(&d, &drive, notice)))
+}
+
+/// What clients already connected see after a resize: NBD has no way to
+/// tell them, so they keep the old size until they reconnect, and their
+/// requests past the new end fail (EINVAL for reads, ENOSPC for writes).
+fn resize_notice(drive: &crate::daemon::registry::Drive) -> Option<String> {
+    match drive.connections() {
+        0 => None,
+        n => Some(format!(
+            "{n} NBD connection(s) to '{}' keep the size they were given until they reconnect (NBD cannot announce a new size); their requests past the new end fail with EINVAL (reads) or ENOSPC (writes)",
+            drive.name
+        )),
+    }
 }
 
 pub async fn delete(
