@@ -69,7 +69,7 @@ pub enum DirError {
     #[error("the RAM copy of {path} is full: its content needs more than the size limit {limit}; raise the size limit (or use overlay mode)")]
     RamFull { path: PathBuf, limit: String },
     /// files are open for writing in the RAM copy
-    #[error("{path} is busy: programs have files open for writing there ({holders}; see `fuser -vm {path}`); close them and retry, or remove it with --force: PATH is then frozen (no new writes), synced and detached, and the RAM copy is kept until those programs close their files (what they write after the final sync is saved as a recovery copy)")]
+    #[error("{path} is busy: a program has a file open for writing there (programs using it: {holders}; see `fuser -vm {path}`); close them and retry, or remove it with --force: PATH is then frozen (no new writes), synced and detached, and the RAM copy is kept until those programs close their files (what they write after the final sync is saved as a recovery copy)")]
     Busy { path: PathBuf, holders: String },
     /// PATH is covered by a mount that is not ours
     #[error("{path} is covered by another mount ({fs_type} from {source_name}); unmount it, then restart ramd")]
