@@ -238,3 +238,65 @@ fn check_owned_dir(
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn runtime_dir_is_created_0700_with_its_parents() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/b/ramd");
+        ensure_runtime_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&root.path().join("a/b")), 0o700);
+        // Again: an existing directory of ours is fine.
+        ensure_runtime_dir(&dir).unwrap();
+    }
+
+    #[test]
+    fn runtime_dir_others_can_change_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ramd");
+        std::fs::create_dir(&dir).unwrap();
+        let set = |m| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
+        set(0o777);
+        let e = ensure_runtime_dir(&dir).unwrap_err();
+        assert!(matches!(e, DirError::Writable { .. }), "{e}");
+        assert!(e.to_string().contains("XDG_RUNTIME_DIR"), "{e}");
+        set(0o1777);
+        assert!(
+            ensure_runtime_dir(&dir).is_err(),
+            "sticky is no excuse here"
+        );
+        set(0o750);
+        ensure_runtime_dir(&dir).unwrap();
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let e = ensure_runtime_dir(&link).unwrap_err();
+        assert!(matches!(e, DirError::Symlink { .. }), "{e}");
+        if euid() == 0 {
+            std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+            let e = ensure_runtime_dir(&dir).unwrap_err();
+            assert!(matches!(e, DirError::Owner { owner: 65534, .. }), "{e}");
+        }
+    }
+
+    #[test]
+    fn runtime_dir_in_a_parent_others_may_rename_in_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let parent = root.path().join("open");
+        std::fs::create_dir(&parent).unwrap();
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = ensure_runtime_dir(&parent.join("ramd")).unwrap_err();
+        assert!(matches!(e, DirError::Writable { .. }), "{e}");
+        // With the sticky bit (as /tmp) nobody else can rename our entry.
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        ensure_runtime_dir(&parent.join("ramd")).unwrap();
+    }
+}

@@ -426,6 +426,7 @@ fn runtime_dir_is_created_private_and_one_others_control_is_refused() {
 fn non_root_daemon_refuses_a_tmp_runtime_dir_another_user_made() {
     // The reported case: no XDG_RUNTIME_DIR, so a user's daemon uses
     // /tmp/ramd-UID, which another user created first (0777).
+    // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIPPED: needs root to act as two users");
         return;
