@@ -166,7 +166,7 @@ fn every_command_prints_a_table_and_json() {
     let r = rows(&table);
     assert_eq!(
         r[0][..4],
-        ["NAME", "IOPS R/W", "MiB/s R/W", "READ p50/p99"],
+        ["NAME", "IOPS R/W", "MiB/s R/W", "READ p50/p99/p99.9"],
         "{table}"
     );
     assert!(table.contains("budget:"), "{table}");

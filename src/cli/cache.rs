@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 
-use super::output::{count_rate, export_rows, mib_s, micros, render, table};
+use super::output::{count_rate, export_rows, latency_cell, mib_s, micros, render, table};
 use super::{arg_cache_name, arg_size, print_json, CliError, JsonFlag};
 use crate::api::cache_types::{CacheInfo, CreateCache, DurationValue, PercentValue};
 use crate::api::client::{Client, ClientError};
-use crate::api::types::{Latency, SizeValue};
+use crate::api::types::SizeValue;
 use crate::size::format_size;
 
 /// `ramd cache ...`
@@ -544,13 +544,6 @@ pub fn info(c: &CacheInfo) -> String {
     render(&t)
 }
 
-fn lat_pair(l: Option<&Latency>) -> String {
-    match l {
-        Some(l) if l.count > 0 => format!("{}/{}", micros(l.p50_us), micros(l.p99_us)),
-        _ => "-".into(),
-    }
-}
-
 /// The caches' table of `ramd stats`: request rates of the last second
 /// and the cache's own numbers (ratios since creation).
 pub fn stats_section(caches: &[CacheInfo]) -> String {
@@ -559,8 +552,8 @@ pub fn stats_section(caches: &[CacheInfo]) -> String {
             "CACHE",
             "IOPS R/W",
             "MiB/s R/W",
-            "READ p50/p99",
-            "WRITE p50/p99",
+            "READ p50/p99/p99.9",
+            "WRITE p50/p99/p99.9",
             "HIT R/W",
             "DIRTY",
             "WB RATE",
@@ -580,8 +573,8 @@ pub fn stats_section(caches: &[CacheInfo]) -> String {
                     mib_s(r.read_bytes_per_s),
                     mib_s(r.write_bytes_per_s)
                 ),
-                lat_pair(r.latency.get("read")),
-                lat_pair(r.latency.get("write")),
+                latency_cell(r.latency.get("read")),
+                latency_cell(r.latency.get("write")),
             ),
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };

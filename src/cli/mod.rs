@@ -743,7 +743,8 @@ fn stats(
             if watch && tty {
                 let _ = write!(out, "\x1b[H\x1b[2J");
             }
-            let _ = write!(out, "{}", output::stats(&report));
+            let caches = cache::stats_section(&report.caches);
+            let _ = write!(out, "{}", output::stats(&report, &caches));
             let _ = write!(out, "{}", output::persist_stats(&report));
             if name.is_none() {
                 let _ = write!(out, "{}", dirs::stats_section(client));

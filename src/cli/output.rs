@@ -403,15 +403,22 @@ pub fn daemon_info(h: &Health) -> String {
     render(&t)
 }
 
-fn lat_pair(l: Option<&Latency>) -> String {
+/// A latency cell: p50/p99/p99.9 over the last second.
+pub(super) fn latency_cell(l: Option<&Latency>) -> String {
     match l {
-        Some(l) if l.count > 0 => format!("{}/{}", micros(l.p50_us), micros(l.p99_us)),
+        Some(l) if l.count > 0 => format!(
+            "{}/{}/{}",
+            micros(l.p50_us),
+            micros(l.p99_us),
+            micros(l.p999_us)
+        ),
         _ => "-".into(),
     }
 }
 
-/// `ramd stats`: one row per drive, rates over the last second.
-pub fn stats(report: &StatsReport) -> String {
+/// `ramd stats`: one row per drive, rates over the last second, then the
+/// caches' table (`caches`, made by the caller) and the budget.
+pub fn stats(report: &StatsReport, caches: &str) -> String {
     let mut out = String::new();
     if !report.metrics_enabled {
         out.push_str("metrics are off (daemon started with --metrics off): memory only\n");
@@ -421,9 +428,9 @@ pub fn stats(report: &StatsReport) -> String {
             "NAME",
             "IOPS R/W",
             "MiB/s R/W",
-            "READ p50/p99",
-            "WRITE p50/p99",
-            "FLUSH p50/p99",
+            "READ p50/p99/p99.9",
+            "WRITE p50/p99/p99.9",
+            "FLUSH p50/p99/p99.9",
             "MEMORY",
             "CONNS",
             "ERRORS",
@@ -440,7 +447,7 @@ pub fn stats(report: &StatsReport) -> String {
         if !report.drives.is_empty() {
             out.push('\n');
         }
-        out.push_str(&super::cache::stats_section(&report.caches));
+        out.push_str(caches);
     }
     let b = &report.memory_budget;
     out.push_str(&format!(
@@ -461,9 +468,9 @@ fn stats_row(d: &DriveStats) -> Vec<String> {
                 mib_s(r.read_bytes_per_s),
                 mib_s(r.write_bytes_per_s)
             ),
-            lat_pair(r.latency.get("read")),
-            lat_pair(r.latency.get("write")),
-            lat_pair(r.latency.get("flush")),
+            latency_cell(r.latency.get("read")),
+            latency_cell(r.latency.get("write")),
+            latency_cell(r.latency.get("flush")),
         ),
         None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
     };
