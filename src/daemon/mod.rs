@@ -120,7 +120,8 @@ pub struct DaemonArgs {
     /// While a client sends request after request at QD1, keep the other
     /// CPUs out of their halt with idle-priority spinners, so replies wake
     /// the client fast (on/off; 2-4 CPU machines only; costs the idle time
-    /// of those CPUs while such a client runs) [default: on].
+    /// of those CPUs while such a client runs, and on a shared VM host a
+    /// far latency tail of milliseconds) [default: off].
     #[arg(long, value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
     pub keep_cpu_awake: Option<bool>,
 
@@ -307,7 +308,7 @@ impl Settings {
                 .poll_us
                 .or(c.poll_us)
                 .unwrap_or(crate::nbd::server::DEFAULT_POLL_US),
-            keep_cpu_awake: args.keep_cpu_awake.or(c.keep_cpu_awake).unwrap_or(true),
+            keep_cpu_awake: args.keep_cpu_awake.or(c.keep_cpu_awake).unwrap_or(false),
             metrics: args.metrics.or(c.metrics).unwrap_or(true),
             log: args.log.clone().or(c.log.clone()),
             log_format: args.log_format.or(c.log_format).unwrap_or_default(),
