@@ -51,7 +51,8 @@
 //!   fingerprint changed (written behind the RAM copy) first gets a second
 //!   name, `<name>.ramd-conflict-<unix s>`, by a hard link: the source's
 //!   version takes the name, the other version stays, and a program still
-//!   writing through its fd keeps writing to it there.
+//!   writing through its fd keeps writing to it there; an unknown
+//!   directory where the source has a non-directory is renamed there.
 //!
 //! Both are listed in [`SyncReport::conflicts`]; kept entries at every sync
 //! until someone moves or deletes them (a conflict name is itself an
@@ -611,6 +612,11 @@ impl Engine<'_> {
                     self.queue_dir_attrs(&s, &d, &sm, &dm, inner)?;
                 }
                 (Kind::Dir, dm) => {
+                    if let (Some(dm), Some(known)) = (&dm, self.known.as_deref()) {
+                        if known.changed_behind(&r, dm) {
+                            self.keep_aside(&d, &r, false)?;
+                        }
+                    }
                     let tmp = self.temp_in(dst, TMP_PREFIX);
                     std::fs::create_dir(&tmp).map_err(wr(&tmp))?;
                     self.temps.push(tmp.clone());
@@ -732,7 +738,7 @@ impl Engine<'_> {
         sm: &Meta,
         dm: Option<&Meta>,
     ) -> Result<bool, SyncError> {
-        let dst_is_dir = dm.is_some_and(|m| m.kind == Kind::Dir);
+        let mut dst_is_dir = dm.is_some_and(|m| m.kind == Kind::Dir);
         // Unchanged entries: what is there now; others: read once in place.
         if let Some(dm) = dm {
             self.seen.dst.insert(r, Fingerprint::of(dm));
@@ -772,8 +778,10 @@ impl Engine<'_> {
             }
         }
         if let (Some(dm), Some(known)) = (dm, self.known.as_deref()) {
-            if dm.kind != Kind::Dir && known.changed_behind(r, dm) {
-                self.keep_aside(d, r)?;
+            if known.changed_behind(r, dm) {
+                self.keep_aside(d, r, dst_is_dir)?;
+                // A directory was moved aside: the name is free.
+                dst_is_dir = false;
             }
         }
         let tmp = self.temp_in(&parent_of(d), TMP_PREFIX);
@@ -786,11 +794,12 @@ impl Engine<'_> {
     }
 
     /// The destination entry `d` is not what ramd left there (a program
-    /// wrote it behind the RAM copy): gives its inode a second name,
-    /// `<name>.ramd-conflict-<unix s>[-N]`, before the source's version
-    /// replaces the first one. A program still writing through an open fd
-    /// keeps writing to it there.
-    fn keep_aside(&mut self, d: &Path, r: &Path) -> Result<(), SyncError> {
+    /// wrote it behind the RAM copy): gives it the name
+    /// `<name>.ramd-conflict-<unix s>[-N]` before the source's version
+    /// replaces it. A file gets it as a second name (hard link: a program
+    /// still writing through an open fd keeps writing to it there); a
+    /// directory (`is_dir`) is renamed there.
+    fn keep_aside(&mut self, d: &Path, r: &Path, is_dir: bool) -> Result<(), SyncError> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -805,7 +814,14 @@ impl Engine<'_> {
                 format!("-{n}")
             };
             let aside = dir.join(format!("{name}.ramd-conflict-{now}{suffix}"));
-            match std::fs::hard_link(d, &aside) {
+            let placed = if !is_dir {
+                std::fs::hard_link(d, &aside)
+            } else if aside.symlink_metadata().is_ok() {
+                Err(io::ErrorKind::AlreadyExists.into())
+            } else {
+                std::fs::rename(d, &aside)
+            };
+            match placed {
                 Ok(()) => {
                     self.report
                         .conflicts
@@ -1077,6 +1093,12 @@ mod tests {
         std::fs::write(dst.join("sub/appeared-too"), b"new on disk").unwrap();
         std::fs::create_dir(dst.join("new-dir")).unwrap();
         std::fs::write(dst.join(".ramd-tmp.1.1"), b"leftover").unwrap();
+        // The same name made on both sides, as different types.
+        std::fs::create_dir(dst.join("x-dir-on-disk")).unwrap();
+        std::fs::write(dst.join("x-dir-on-disk/inner"), b"disk").unwrap();
+        std::fs::write(src.join("x-dir-on-disk"), b"ram file").unwrap();
+        std::fs::write(dst.join("y-file-on-disk"), b"disk file").unwrap();
+        std::fs::create_dir(src.join("y-file-on-disk")).unwrap();
         let mut known = Known::default();
         for p in ["sub", "deleted-in-ram", "gone-dir", "gone-dir/inner"] {
             known.insert(Path::new(p), None);
@@ -1092,36 +1114,44 @@ mod tests {
         let (r, seen) = sync_tree_known(&src, &dst, &opts, Some(&mut known)).unwrap();
         let mut conflicts = r.conflicts.clone();
         conflicts.sort();
-        assert_eq!(conflicts.len(), 4, "{conflicts:?}");
-        let aside = conflicts[1].clone();
-        assert!(
-            aside.to_string_lossy().starts_with("both.ramd-conflict-"),
-            "{conflicts:?}"
-        );
-        assert_eq!(
-            conflicts,
-            [
-                PathBuf::from("appeared"),
-                aside.clone(),
-                PathBuf::from("new-dir"),
-                PathBuf::from("sub/appeared-too")
-            ]
-        );
+        assert_eq!(conflicts.len(), 6, "{conflicts:?}");
+        let aside = |prefix: &str| {
+            conflicts
+                .iter()
+                .find(|c| c.to_string_lossy().starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix}* in {conflicts:?}"))
+                .clone()
+        };
+        for kept in ["appeared", "new-dir", "sub/appeared-too"] {
+            assert!(conflicts.contains(&PathBuf::from(kept)), "{conflicts:?}");
+        }
+        let both = aside("both.ramd-conflict-");
         assert_eq!(std::fs::read(dst.join("both")).unwrap(), b"ram");
-        assert_eq!(std::fs::read(dst.join(&aside)).unwrap(), b"disk, later");
-        assert_eq!(r.entries_deleted, 3, "{r:?}");
+        assert_eq!(std::fs::read(dst.join(&both)).unwrap(), b"disk, later");
+        let x = aside("x-dir-on-disk.ramd-conflict-");
+        assert_eq!(std::fs::read(dst.join(&x).join("inner")).unwrap(), b"disk");
+        assert_eq!(
+            std::fs::read(dst.join("x-dir-on-disk")).unwrap(),
+            b"ram file"
+        );
+        let y = aside("y-file-on-disk.ramd-conflict-");
+        assert_eq!(std::fs::read(dst.join(&y)).unwrap(), b"disk file");
+        assert!(dst.join("y-file-on-disk").is_dir());
+        // The 3 known entries, and the file swapped out for y-file-on-disk
+        // (its inode lives on under the conflict name).
+        assert_eq!(r.entries_deleted, 4, "{r:?}");
         assert!(!dst.join("deleted-in-ram").exists());
         assert!(!dst.join("gone-dir").exists());
         assert!(!dst.join(".ramd-tmp.1.1").exists());
         assert_eq!(std::fs::read(dst.join("appeared")).unwrap(), b"new on disk");
         let seen = seen.dst;
         assert!(seen.contains(Path::new("sub")) && !seen.contains(Path::new("appeared")));
-        assert_eq!(seen.len(), 2);
+        assert_eq!(seen.len(), 4);
         // What this sync left is known: the next one sees no new conflict.
         let both = Meta::lstat(&dst.join("both")).unwrap();
         assert!(!seen.changed_behind(Path::new("both"), &both));
         let (r, _) = sync_tree_known(&src, &dst, &opts, Some(&mut seen.clone())).unwrap();
-        assert_eq!(r.conflicts.len(), 4, "only the kept entries: {r:?}");
+        assert_eq!(r.conflicts.len(), 6, "only the kept entries: {r:?}");
         // Without a known set everything dst-only goes.
         let r = sync_tree(&src, &dst, &opts).unwrap();
         assert!(r.conflicts.is_empty() && !dst.join("appeared").exists());
