@@ -3,33 +3,41 @@
 //! between number and unit is allowed, so what [`format_size`] prints
 //! parses back; whitespace inside the number is not (`1 000G`).
 
+/// Why a text is not a size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("empty size: expected a number with an optional unit, like 4G")]
+    Empty,
+    /// The unit (lowercased) is none of B, K, M, G, T, P.
+    #[error("unknown size unit '{unit}' in '{text}': use B, K, M, G, T or P (binary, e.g. 512, 4K, 1.5G, 2GiB)")]
+    UnknownUnit { unit: String, text: String },
+    /// The number does not parse.
+    #[error("'{0}' is not a size: expected a number with an optional unit, like 512, 4K, 1.5G")]
+    NotANumber(String),
+    /// A fraction that does not come out to whole bytes.
+    #[error("'{0}' is not a whole number of bytes")]
+    NotWholeBytes(String),
+    /// More than `u64::MAX` bytes.
+    #[error("'{0}' is too large")]
+    TooLarge(String),
+}
+
 /// Parses a size. Units are binary (K = KiB = 1024). Fractions are allowed
 /// with a unit and must come out to a whole number of bytes.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse(text: &str) -> Result<u64, SizeError> {
     let t = text.trim();
     if t.is_empty() {
-        return Err("empty size: expected a number with an optional unit, like 4G".into());
+        return Err(SizeError::Empty);
     }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        other => {
-            return Err(format!(
-                "unknown size unit '{other}' in '{t}': use B, K, M, G, T or P (binary, e.g. 512, 4K, 1.5G, 2GiB)"
-            ))
-        }
-    };
-    let bad = || {
-        format!("'{t}' is not a size: expected a number with an optional unit, like 512, 4K, 1.5G")
-    };
+    let shift = unit_shift(unit).ok_or_else(|| SizeError::UnknownUnit {
+        unit: unit.trim().to_ascii_lowercase(),
+        text: t.to_owned(),
+    })?;
+    let bad = || SizeError::NotANumber(t.to_owned());
     if num.is_empty() || num.matches('.').count() > 1 {
         return Err(bad());
     }
@@ -49,11 +57,31 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         let scale = 10u128.pow(digits);
         let frac_bytes = frac << shift;
         if frac_bytes % scale != 0 {
-            return Err(format!("'{t}' is not a whole number of bytes"));
+            return Err(SizeError::NotWholeBytes(t.to_owned()));
         }
         bytes += frac_bytes / scale;
     }
-    u64::try_from(bytes).map_err(|_| format!("'{t}' is too large"))
+    u64::try_from(bytes).map_err(|_| SizeError::TooLarge(t.to_owned()))
+}
+
+/// The power of two a unit stands for (`K` 10, `GiB` 30); None when unknown.
+fn unit_shift(unit: &str) -> Option<u32> {
+    Some(match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        _ => return None,
+    })
+}
+
+/// [`parse`] with the error as its message, for the callers (daemon specs
+/// and flags) that still carry errors as text; goes once they take
+/// [`SizeError`].
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    parse(text).map_err(|e| e.to_string())
 }
 
 /// Formats bytes with a binary unit: `0 B`, `512 B`, `4 KiB`, `1.5 GiB`.
@@ -80,24 +108,24 @@ mod tests {
 
     #[test]
     fn parses_units() {
-        assert_eq!(parse_size("512").unwrap(), 512);
-        assert_eq!(parse_size("4K").unwrap(), 4096);
-        assert_eq!(parse_size("4KiB").unwrap(), 4096);
-        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
-        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_size(" 1m ").unwrap(), 1 << 20);
+        assert_eq!(parse("512").unwrap(), 512);
+        assert_eq!(parse("4K").unwrap(), 4096);
+        assert_eq!(parse("4KiB").unwrap(), 4096);
+        assert_eq!(parse("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse(" 1m ").unwrap(), 1 << 20);
     }
 
     #[test]
     fn a_space_may_separate_number_and_unit() {
         // What format_size prints parses back (docs/config.md, api.md).
-        assert_eq!(parse_size("1 G").unwrap(), 1 << 30);
-        assert_eq!(parse_size(" 1.5 GiB ").unwrap(), 3 << 29);
+        assert_eq!(parse("1 G").unwrap(), 1 << 30);
+        assert_eq!(parse(" 1.5 GiB ").unwrap(), 3 << 29);
         for bytes in [4096, 3 << 29, 1 << 30, 512] {
-            assert_eq!(parse_size(&format_size(bytes)).unwrap(), bytes);
+            assert_eq!(parse(&format_size(bytes)).unwrap(), bytes);
         }
         for bad in ["1 000G", "1 0", "1 G B"] {
-            assert!(parse_size(bad).is_err(), "{bad} accepted");
+            assert!(parse(bad).is_err(), "{bad} accepted");
         }
     }
 
@@ -113,7 +141,7 @@ mod tests {
             "99999999999P",
             "0x10",
         ] {
-            assert!(parse_size(bad).is_err(), "{bad} accepted");
+            assert!(parse(bad).is_err(), "{bad} accepted");
         }
     }
 

@@ -319,8 +319,50 @@ pub enum CliError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Daemon(#[from] crate::daemon::DaemonError),
+    /// A path given on the command line could not be made absolute.
+    #[error("{}: {source}", path.display())]
+    Path {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `ramd detach MOUNTPOINT` where nothing is attached.
+    #[error("nothing is attached at {} (see `ramd attach --list`)", .0.display())]
+    NotAttached(PathBuf),
+    /// A persistent drive whose restore failed: what to do next.
+    #[error("drive '{name}' failed to restore: {reason}\n  nothing was changed on disk; decide with `ramd restore {name} --force` or `ramd restore {name} --discard-journal` (see `ramd restore --help`), or `ramd delete {name}`")]
+    RestoreFailed { name: String, reason: String },
+    /// `ramd install-units` without --bin, when this binary's path is unknown.
+    #[error("cannot find this binary's path: {0}; give it with --bin")]
+    NoBinaryPath(#[source] std::io::Error),
+    /// A file `ramd install-units` or `ramd man` writes.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write the man page: {0}")]
+    ManPage(#[source] std::io::Error),
+    /// JSON output that could not be encoded.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Messages of `ramd dir` (src/cli/dirs.rs) until it has its own
+    /// variants.
     #[error("{0}")]
     Other(String),
+}
+
+/// A value the command line refuses before any request (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ArgError {
+    /// A drive name, size or memory limit the daemon's rules refuse.
+    #[error(transparent)]
+    Spec(#[from] crate::daemon::spec::SpecError),
+    /// A cache name outside the naming rule (the same as for drives).
+    #[error("invalid cache name '{0}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
+    CacheName(String),
+    /// A size that does not parse.
+    #[error(transparent)]
+    Size(#[from] crate::size::SizeError),
 }
 
 /// Parses the command line and runs it; the process exit code.
@@ -355,42 +397,39 @@ fn default_sigpipe() {
 
 /// A drive or cache name argument: the naming rule, checked before any
 /// request (a bad name is a usage error, exit 2).
-pub(crate) fn arg_name(text: &str) -> Result<String, String> {
-    crate::daemon::spec::check_name(text)
-        .map(|()| text.to_owned())
-        .map_err(|e| e.to_string())
+pub(crate) fn arg_name(text: &str) -> Result<String, ArgError> {
+    crate::daemon::spec::check_name(text)?;
+    Ok(text.to_owned())
 }
 
 /// A cache name argument (the same rule as drives).
-pub(crate) fn arg_cache_name(text: &str) -> Result<String, String> {
-    arg_name(text).map_err(|e| e.replace("drive name", "cache name"))
+pub(crate) fn arg_cache_name(text: &str) -> Result<String, ArgError> {
+    arg_name(text).map_err(|_| ArgError::CacheName(text.to_owned()))
 }
 
 /// A size argument that must parse (`512`, `4K`, `1.5G`, `2 GiB`); the
 /// text is sent as given.
-pub(crate) fn arg_size(text: &str) -> Result<String, String> {
-    crate::size::parse_size(text).map(|_| text.to_owned())
+pub(crate) fn arg_size(text: &str) -> Result<String, ArgError> {
+    crate::size::parse(text)?;
+    Ok(text.to_owned())
 }
 
 /// A drive size argument: a size of at least 1 byte.
-pub(crate) fn arg_drive_size(text: &str) -> Result<String, String> {
-    crate::daemon::spec::parse_drive_size(text)
-        .map(|_| text.to_owned())
-        .map_err(|e| e.to_string())
+pub(crate) fn arg_drive_size(text: &str) -> Result<String, ArgError> {
+    crate::daemon::spec::parse_drive_size(text)?;
+    Ok(text.to_owned())
 }
 
 /// A memory limit argument: a size of at least 1 byte, or `none`.
-pub(crate) fn arg_mem_limit(text: &str) -> Result<String, String> {
-    if matches!(text.trim(), "none" | "unlimited") {
-        return Ok(text.to_owned());
+pub(crate) fn arg_mem_limit(text: &str) -> Result<String, ArgError> {
+    if !matches!(text.trim(), "none" | "unlimited") {
+        crate::daemon::spec::parse_mem_limit(text)?;
     }
-    crate::daemon::spec::parse_mem_limit(text)
-        .map(|_| text.to_owned())
-        .map_err(|e| e.to_string())
+    Ok(text.to_owned())
 }
 
 pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Other(e.to_string()))?;
+    let text = serde_json::to_string_pretty(v)?;
     println!("{text}");
     Ok(())
 }
@@ -405,6 +444,20 @@ fn size_value(text: &str) -> SizeValue {
     SizeValue::Text(text.to_owned())
 }
 
+/// An absolute path for the daemon (which has its own working directory).
+fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
+    std::path::absolute(path).map_err(|source| CliError::Path {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// [`absolute`] as the text a request carries.
+fn absolute_text(path: Option<&std::path::Path>) -> Result<Option<String>, CliError> {
+    path.map(|p| absolute(p).map(|a| a.display().to_string()))
+        .transpose()
+}
+
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     let socket = cli
@@ -413,8 +466,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         .unwrap_or_else(crate::paths::api_socket);
     let client = || Client::new(&socket);
     match cli.command {
-        Command::Daemon(args) => {
-            let mut args = args;
+        Command::Daemon(mut args) => {
             if args.api_socket.is_none() {
                 args.api_socket = cli.api_socket.clone();
             }
@@ -429,17 +481,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             persist,
             out,
         } => {
-            let c = client();
-            let key_file = persist
-                .key_file
-                .as_deref()
-                .map(|k| {
-                    std::path::absolute(k)
-                        .map(|p| p.display().to_string())
-                        .map_err(|e| CliError::Other(format!("{}: {e}", k.display())))
-                })
-                .transpose()?;
-            let d = c.create_drive(&CreateDrive {
+            let req = CreateDrive {
                 name,
                 size: size.as_deref().map(size_value),
                 mem_limit: mem_limit.as_deref().map(size_value),
@@ -449,71 +491,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 durability: persist.durability.clone(),
                 sync_interval: persist.sync_interval.clone().map(DurationValue::Text),
                 encrypt: persist.encrypt,
-                key_file,
-            })?;
-            if d.persist.is_some() {
-                return persist::after_create(&c, d, out.json, persist.no_wait);
-            }
-            if out.json {
-                return print_json(&d);
-            }
-            println!(
-                "created {} ({}{}) at {}",
-                d.name,
-                format_size(d.size_bytes),
-                if d.read_only { ", read-only" } else { "" },
-                d.uri
-            );
-            println!(
-                "attach as a file: mkdir -p /mnt/{n} && ramd attach {n} /mnt/{n}",
-                n = d.name
-            );
+                key_file: absolute_text(persist.key_file.as_deref())?,
+            };
+            create(&client(), &req, out.json, persist.no_wait)?
         }
-        Command::List { out } => {
-            let c = client();
-            let list = c.list_drives()?;
-            if out.json {
-                return print_json(&list);
-            }
-            print!("{}", output::drive_list(&list.drives));
-            // Caches have their own columns: point to them.
-            let caches = c.list_caches().map_or(0, |l| l.caches.len());
-            if caches > 0 {
-                println!(
-                    "and {caches} cache{} (ramd cache list)",
-                    if caches == 1 { "" } else { "s" }
-                );
-            }
-        }
-        Command::Info { name, out } => match name {
-            Some(name) => {
-                let c = client();
-                let d = match c.drive(&name) {
-                    Ok(d) => d,
-                    // A cache's name shows the cache.
-                    Err(e) if e.code() == Some("drive_not_found") => match c.cache(&name) {
-                        Ok(cache) if out.json => return print_json(&cache),
-                        Ok(cache) => {
-                            print!("{}", cache::info(&cache));
-                            return Ok(());
-                        }
-                        Err(_) => return Err(e.into()),
-                    },
-                    Err(e) => return Err(e.into()),
-                };
-                if out.json {
-                    return print_json(&d);
-                }
-                print!("{}", output::drive_info(&d));
-            }
-            None => {
-                let h = client().health()?;
-                if out.json {
-                    return print_json(&h);
-                }
-                print!("{}", output::daemon_info(&h));
-            }
-        },
+        Command::List { out } => list(&client(), out.json)?,
+        Command::Info { name, out } => info(&client(), name.as_deref(), out.json)?,
         Command::Stats {
             name,
             watch,
@@ -525,140 +508,26 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             size,
             force,
             out,
-        } => {
-            let d = client().patch_drive(
-                &name,
-                &PatchDrive {
-                    size: Some(size_value(&size)),
-                    force,
-                    ..Default::default()
-                },
-            )?;
-            if out.json {
-                return print_json(&d);
-            }
-            notice(&d.notice);
-            println!(
-                "{} is now {} (NBD clients see it when they reconnect)",
-                d.name,
-                format_size(d.size_bytes)
-            );
-        }
-        Command::Lock { ref name, out } | Command::Unlock { ref name, out } => {
-            let lock = matches!(cli.command, Command::Lock { .. });
-            let name = name.clone();
-            let d = client().patch_drive(
-                &name,
-                &PatchDrive {
-                    read_only: Some(lock),
-                    ..Default::default()
-                },
-            )?;
-            if out.json {
-                return print_json(&d);
-            }
-            notice(&d.notice);
-            println!(
-                "{} is {}",
-                d.name,
-                if d.read_only { "read-only" } else { "writable" }
-            );
-        }
+        } => resize(&client(), &name, &size, force, out.json)?,
+        Command::Lock { name, out } => set_read_only(&client(), &name, true, out.json)?,
+        Command::Unlock { name, out } => set_read_only(&client(), &name, false, out.json)?,
         Command::Delete {
             name,
             force,
             keep_data,
             out,
-        } => {
-            let r = client().delete_drive_with(&name, force, keep_data)?;
-            if out.json {
-                return print_json(&r);
-            }
-            notice(&r.notice);
-            persist::after_delete(&r);
-            if r.closed_connections > 0 {
-                println!(
-                    "deleted {} (closed {} connection{})",
-                    r.name,
-                    r.closed_connections,
-                    if r.closed_connections == 1 { "" } else { "s" }
-                );
-            } else {
-                println!("deleted {}", r.name);
-            }
-        }
+        } => delete(&client(), &name, force, keep_data, out.json)?,
         Command::Attach {
             name,
             mountpoint,
             force,
             list,
             out,
-        } => {
-            let c = client();
-            if list {
-                let l = c.attachments()?;
-                if out.json {
-                    return print_json(&l);
-                }
-                if l.attachments.is_empty() {
-                    println!("no attachments");
-                    return Ok(());
-                }
-                let mut t = output::table(&["ID", "DRIVE", "MOUNTPOINT", "FILE"], &[0]);
-                for a in &l.attachments {
-                    t.add_row(vec![
-                        a.id.to_string(),
-                        a.drive.clone(),
-                        a.mountpoint.clone(),
-                        a.file.clone(),
-                    ]);
-                }
-                print!("{}", output::render(&t));
-                return Ok(());
-            }
-            let (Some(name), Some(mp)) = (name, mountpoint) else {
-                unreachable!("clap requires both without --list");
-            };
-            let mp = std::path::absolute(&mp)
-                .map_err(|e| CliError::Other(format!("{}: {e}", mp.display())))?;
-            let a = c.attach(&CreateAttachment {
-                drive: name,
-                mountpoint: mp.display().to_string(),
-                force,
-            })?;
-            if out.json {
-                return print_json(&a);
-            }
-            println!("attached {} as {}", a.drive, a.file);
-            println!("next: dev=$(losetup -f --show {})", a.file);
-            println!("      mkfs.ext4 \"$dev\" && mkdir -p /mnt/data && mount \"$dev\" /mnt/data");
-            println!(
-                "undo: umount /mnt/data; losetup -d \"$dev\"; ramd detach {}",
-                a.mountpoint
-            );
-        }
-        Command::Detach { mountpoint, out } => {
-            let c = client();
-            let want = std::fs::canonicalize(&mountpoint)
-                .or_else(|_| std::path::absolute(&mountpoint))
-                .map_err(|e| CliError::Other(format!("{}: {e}", mountpoint.display())))?;
-            let list = c.attachments()?;
-            let Some(a) = list
-                .attachments
-                .iter()
-                .find(|a| std::path::Path::new(&a.mountpoint) == want)
-            else {
-                return Err(CliError::Other(format!(
-                    "nothing is attached at {} (see `ramd attach --list`)",
-                    want.display()
-                )));
-            };
-            let a = c.detach(a.id)?;
-            if out.json {
-                return print_json(&a);
-            }
-            println!("detached {} from {}", a.drive, a.mountpoint);
-        }
+        } => match (name, mountpoint) {
+            (Some(name), Some(mp)) if !list => attach(&client(), name, &mp, force, out.json)?,
+            _ => attach_list(&client(), out.json)?,
+        },
+        Command::Detach { mountpoint, out } => detach(&client(), &mountpoint, out.json)?,
         Command::Cache(cmd) => cache::run(&client(), cmd)?,
         Command::Sync { name, out } => {
             // A cache's name syncs the cache; else the drive's.
@@ -674,23 +543,13 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             no_wait,
             out,
         } => {
-            let key_file = key_file
-                .as_deref()
-                .map(|k| {
-                    std::path::absolute(k)
-                        .map(|p| p.display().to_string())
-                        .map_err(|e| CliError::Other(format!("{}: {e}", k.display())))
-                })
-                .transpose()?;
+            let req = RestoreRequest {
+                force,
+                discard_journal,
+                key_file: absolute_text(key_file.as_deref())?,
+            };
             let c = client();
-            let d = c.restore_drive(
-                &name,
-                &RestoreRequest {
-                    force,
-                    discard_journal,
-                    key_file,
-                },
-            )?;
+            let d = c.restore_drive(&name, &req)?;
             persist::wait_restore(&c, d, out.json, no_wait)?;
         }
         Command::Dir(cmd) => dirs::run(&client(), cmd)?,
@@ -701,6 +560,216 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Man { into, dir } => man(into.or(dir))?,
     }
+    Ok(())
+}
+
+/// `ramd create`.
+fn create(c: &Client, req: &CreateDrive, json: bool, no_wait: bool) -> Result<(), CliError> {
+    let d = c.create_drive(req)?;
+    if d.persist.is_some() {
+        return persist::after_create(c, d, json, no_wait);
+    }
+    if json {
+        return print_json(&d);
+    }
+    println!(
+        "created {} ({}{}) at {}",
+        d.name,
+        format_size(d.size_bytes),
+        if d.read_only { ", read-only" } else { "" },
+        d.uri
+    );
+    println!(
+        "attach as a file: mkdir -p /mnt/{n} && ramd attach {n} /mnt/{n}",
+        n = d.name
+    );
+    Ok(())
+}
+
+/// `ramd list`.
+fn list(c: &Client, json: bool) -> Result<(), CliError> {
+    let list = c.list_drives()?;
+    if json {
+        return print_json(&list);
+    }
+    print!("{}", output::drive_list(&list.drives));
+    // Caches have their own columns: point to them.
+    let caches = c.list_caches().map_or(0, |l| l.caches.len());
+    if caches > 0 {
+        println!(
+            "and {caches} cache{} (ramd cache list)",
+            if caches == 1 { "" } else { "s" }
+        );
+    }
+    Ok(())
+}
+
+/// `ramd info [NAME]`: a drive, else a cache of that name; the daemon
+/// without a name.
+fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), CliError> {
+    let Some(name) = name else {
+        let h = c.health()?;
+        if json {
+            return print_json(&h);
+        }
+        print!("{}", output::daemon_info(&h));
+        return Ok(());
+    };
+    let d = match c.drive(name) {
+        Ok(d) => d,
+        // A cache's name shows the cache.
+        Err(e) if e.code() == Some("drive_not_found") => match c.cache(name) {
+            Ok(cache) if json => return print_json(&cache),
+            Ok(cache) => {
+                print!("{}", cache::info(&cache));
+                return Ok(());
+            }
+            Err(_) => return Err(e.into()),
+        },
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        return print_json(&d);
+    }
+    print!("{}", output::drive_info(&d));
+    Ok(())
+}
+
+/// `ramd resize`.
+fn resize(c: &Client, name: &str, size: &str, force: bool, json: bool) -> Result<(), CliError> {
+    let patch = PatchDrive {
+        size: Some(size_value(size)),
+        force,
+        ..Default::default()
+    };
+    let d = c.patch_drive(name, &patch)?;
+    if json {
+        return print_json(&d);
+    }
+    notice(&d.notice);
+    println!(
+        "{} is now {} (NBD clients see it when they reconnect)",
+        d.name,
+        format_size(d.size_bytes)
+    );
+    Ok(())
+}
+
+/// `ramd lock` / `ramd unlock`.
+fn set_read_only(c: &Client, name: &str, lock: bool, json: bool) -> Result<(), CliError> {
+    let patch = PatchDrive {
+        read_only: Some(lock),
+        ..Default::default()
+    };
+    let d = c.patch_drive(name, &patch)?;
+    if json {
+        return print_json(&d);
+    }
+    notice(&d.notice);
+    println!(
+        "{} is {}",
+        d.name,
+        if d.read_only { "read-only" } else { "writable" }
+    );
+    Ok(())
+}
+
+/// `ramd delete`.
+fn delete(
+    c: &Client,
+    name: &str,
+    force: bool,
+    keep_data: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let r = c.delete_drive_with(name, force, keep_data)?;
+    if json {
+        return print_json(&r);
+    }
+    notice(&r.notice);
+    persist::after_delete(&r);
+    if r.closed_connections > 0 {
+        println!(
+            "deleted {} (closed {} connection{})",
+            r.name,
+            r.closed_connections,
+            if r.closed_connections == 1 { "" } else { "s" }
+        );
+    } else {
+        println!("deleted {}", r.name);
+    }
+    Ok(())
+}
+
+/// `ramd attach --list`.
+fn attach_list(c: &Client, json: bool) -> Result<(), CliError> {
+    let l = c.attachments()?;
+    if json {
+        return print_json(&l);
+    }
+    if l.attachments.is_empty() {
+        println!("no attachments");
+        return Ok(());
+    }
+    let mut t = output::table(&["ID", "DRIVE", "MOUNTPOINT", "FILE"], &[0]);
+    for a in &l.attachments {
+        t.add_row(vec![
+            a.id.to_string(),
+            a.drive.clone(),
+            a.mountpoint.clone(),
+            a.file.clone(),
+        ]);
+    }
+    print!("{}", output::render(&t));
+    Ok(())
+}
+
+/// `ramd attach NAME MOUNTPOINT`.
+fn attach(
+    c: &Client,
+    drive: String,
+    mountpoint: &std::path::Path,
+    force: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let mp = absolute(mountpoint)?;
+    let a = c.attach(&CreateAttachment {
+        drive,
+        mountpoint: mp.display().to_string(),
+        force,
+    })?;
+    if json {
+        return print_json(&a);
+    }
+    println!("attached {} as {}", a.drive, a.file);
+    println!("next: dev=$(losetup -f --show {})", a.file);
+    println!("      mkfs.ext4 \"$dev\" && mkdir -p /mnt/data && mount \"$dev\" /mnt/data");
+    println!(
+        "undo: umount /mnt/data; losetup -d \"$dev\"; ramd detach {}",
+        a.mountpoint
+    );
+    Ok(())
+}
+
+/// `ramd detach MOUNTPOINT`.
+fn detach(c: &Client, mountpoint: &std::path::Path, json: bool) -> Result<(), CliError> {
+    let want = match std::fs::canonicalize(mountpoint) {
+        Ok(p) => p,
+        Err(_) => absolute(mountpoint)?,
+    };
+    let list = c.attachments()?;
+    let Some(a) = list
+        .attachments
+        .iter()
+        .find(|a| std::path::Path::new(&a.mountpoint) == want)
+    else {
+        return Err(CliError::NotAttached(want));
+    };
+    let a = c.detach(a.id)?;
+    if json {
+        return print_json(&a);
+    }
+    println!("detached {} from {}", a.drive, a.mountpoint);
     Ok(())
 }
 
@@ -736,8 +805,7 @@ fn stats(
                 serde_json::to_string(&report)
             } else {
                 serde_json::to_string_pretty(&report)
-            }
-            .map_err(|e| CliError::Other(e.to_string()))?;
+            }?;
             let _ = writeln!(out, "{text}");
         } else {
             if watch && tty {
@@ -764,7 +832,7 @@ fn stats(
 
 fn man(dir: Option<PathBuf>) -> Result<(), CliError> {
     let cmd = Cli::command();
-    let io = |e: std::io::Error| CliError::Other(format!("cannot write the man page: {e}"));
+    let io = CliError::ManPage;
     match dir {
         None => clap_mangen::Man::new(cmd)
             .render(&mut std::io::stdout())

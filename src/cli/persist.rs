@@ -70,11 +70,10 @@ fn restore_outcome(d: &DriveInfo, json: bool) -> Result<(), CliError> {
         print_json(d)?;
     }
     match d.state.as_str() {
-        "failed" => Err(CliError::Other(format!(
-            "drive '{n}' failed to restore: {}\n  nothing was changed on disk; decide with `ramd restore {n} --force` or `ramd restore {n} --discard-journal` (see `ramd restore --help`), or `ramd delete {n}`",
-            d.error.as_deref().unwrap_or("unknown error"),
-            n = d.name
-        ))),
+        "failed" => Err(CliError::RestoreFailed {
+            name: d.name.clone(),
+            reason: d.error.as_deref().unwrap_or("unknown error").to_owned(),
+        }),
         _ => {
             if !json {
                 let summary = d

@@ -135,11 +135,7 @@ pub fn run(client: &Client, args: InstallArgs) -> Result<(), CliError> {
         Some(b) => std::path::absolute(&b).unwrap_or(b),
         None => std::env::current_exe()
             .and_then(std::fs::canonicalize)
-            .map_err(|e| {
-                CliError::Other(format!(
-                    "cannot find this binary's path: {e}; give it with --bin"
-                ))
-            })?,
+            .map_err(CliError::NoBinaryPath)?,
     };
     let dirs = managed_dirs(client, args.config.as_deref())?;
     let files = units(&bin, &dirs);
@@ -149,8 +145,10 @@ pub fn run(client: &Client, args: InstallArgs) -> Result<(), CliError> {
             println!("# would write {}\n{text}", path.display());
             continue;
         }
-        write_file(&path, text)
-            .map_err(|e| CliError::Other(format!("cannot write {}: {e}", path.display())))?;
+        write_file(&path, text).map_err(|source| CliError::Write {
+            path: path.clone(),
+            source,
+        })?;
         println!("wrote {}", path.display());
     }
     if !bin.exists() {
