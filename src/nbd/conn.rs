@@ -152,125 +152,21 @@ pub(super) fn transmission<S: Transport, W: Wait>(
         rec: neg.export.metrics.as_ref().map(|m| m.connection()),
         sent_bytes: 0,
     };
-    let mut inbuf = vec![0u8; IN_DEFAULT_BYTES];
-    let (mut start, mut end) = (0usize, 0usize);
+    let mut input = Input::new();
     let mut held = HeldBuffers::default();
-    // Payload bytes of a refused WRITE still to be skipped, and its refusal:
-    // sent only once the whole payload is read, because libnbd (and other
-    // clients) cannot take a reply while they are still sending.
-    let mut discard: u64 = 0;
-    let mut pending: Option<(Request, Refusal)> = None;
     loop {
-        held.account(inbuf.capacity() + conn.out.capacity() + conn.bounce.capacity());
-        let mut next = Next::Continue;
-        // Requests run since the last read: the client's pipelining depth.
-        let mut batch = 0usize;
-        while next == Next::Continue {
-            if discard > 0 {
-                let n = discard.min((end - start) as u64);
-                start += n as usize;
-                discard -= n;
-                if discard > 0 {
-                    break;
-                }
-            }
-            if let Some((req, r)) = pending.take() {
-                conn.reply_error(&req, &r);
-            }
-            let req = match parse_request(&inbuf[start..end]) {
-                Ok(Parse::Done(req, _)) => req,
-                Ok(Parse::Incomplete) => break,
-                Err(e) => {
-                    conn.send(stream)?;
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                }
-            };
-            let total = REQUEST_HEADER_BYTES + req.payload_len();
-            if let Some(r) = conn.refuse_unread_write(&req, end - start < total) {
-                // Drained through the input buffer, never gathered whole.
-                start += REQUEST_HEADER_BYTES;
-                discard = req.len as u64;
-                pending = Some((req, r));
-                continue;
-            }
-            let direct = req.len as usize >= DIRECT_MIN_BYTES
-                && conn.backend.direct_io()
-                && conn.validate(&req).is_ok();
-            if direct && req.command == CMD_READ {
-                conn.send(stream)?;
-                conn.direct_read(&req, stream)?;
-                batch += 1;
-                start += total;
-                continue;
-            }
-            if req.command == CMD_READ
-                && req.len as usize > READ_PIECE_BYTES
-                && !conn.backend.direct_io()
-                && conn.validate(&req).is_ok()
-            {
-                conn.send(stream)?;
-                conn.piecewise_read(&req, stream)?;
-                batch += 1;
-                start += total;
-                continue;
-            }
-            if end - start < total
-                && req.command == CMD_WRITE
-                && req.len as usize >= conn.streamed_write_min_bytes()
-                && conn.validate(&req).is_ok()
-            {
-                // A large WRITE whose payload is still arriving: stream it
-                // into the store piece by piece instead of gathering it.
-                conn.send(stream)?;
-                let buffered = &inbuf[start + REQUEST_HEADER_BYTES..end];
-                if let Some((unread, r)) = conn.streamed_write(&req, buffered, stream)? {
-                    if unread == 0 {
-                        conn.reply_error(&req, &r);
-                    } else {
-                        (discard, pending) = (unread, Some((req, r)));
-                    }
-                }
-                batch += 1;
-                (start, end) = (0, 0);
-                continue;
-            }
-            if end - start < total {
-                if inbuf.len() - start < total {
-                    // Make room for the whole request at the front.
-                    inbuf.copy_within(start..end, 0);
-                    (start, end) = (0, end - start);
-                    if inbuf.len() < total {
-                        inbuf.resize(total, 0);
-                    }
-                }
-                break;
-            }
-            let payload = &inbuf[start + REQUEST_HEADER_BYTES..start + total];
-            next = conn.handle(&req, payload);
-            batch += 1;
-            start += total;
-            if conn.out.len() >= OUT_FLUSH_BYTES {
-                conn.send(stream)?;
-            }
-        }
+        held.account(input.buf.capacity() + conn.out.capacity() + conn.bounce.capacity());
+        // `batch`: requests run since the last read, the client's depth.
+        let (next, batch) = conn.run_buffered(&mut input, stream)?;
         if !conn.out.is_empty() {
             conn.send(stream)?;
         }
         if next == Next::Disconnect {
             return Ok(());
         }
-        if start == end {
-            (start, end) = (0, 0);
-            if inbuf.len() > IN_SHRINK_BYTES {
-                inbuf.truncate(IN_DEFAULT_BYTES);
-                inbuf.shrink_to_fit();
-            }
-        } else if inbuf.len() - end < REQUEST_HEADER_BYTES.max(inbuf.len() / 4) {
-            inbuf.copy_within(start..end, 0);
-            (start, end) = (0, end - start);
-        }
+        input.tidy();
         let sent = std::mem::take(&mut conn.sent_bytes);
-        let n = match wait.read(stream, &mut inbuf[end..], batch, sent) {
+        let n = match wait.read(stream, &mut input.buf[input.end..], batch, sent) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -279,8 +175,89 @@ pub(super) fn transmission<S: Transport, W: Wait>(
         if let Some(r) = conn.rec.as_mut() {
             r.batch_started();
         }
-        end += n;
+        input.end += n;
     }
+}
+
+/// A connection's input: bytes read, of which `[start, end)` are not parsed
+/// yet, and what is left of a refused WRITE's payload.
+struct Input {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Payload bytes of a refused WRITE still to be skipped, and its
+    /// refusal: sent only once the whole payload is read, because libnbd
+    /// (and other clients) cannot take a reply while they are still sending.
+    discard: u64,
+    pending: Option<(Request, Refusal)>,
+}
+
+impl Input {
+    fn new() -> Self {
+        Input {
+            buf: vec![0u8; IN_DEFAULT_BYTES],
+            start: 0,
+            end: 0,
+            discard: 0,
+            pending: None,
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Skips what is buffered of a refused payload; true once none is left.
+    fn drain(&mut self) -> bool {
+        let n = self.discard.min(self.buffered() as u64);
+        self.start += n as usize;
+        self.discard -= n;
+        self.discard == 0
+    }
+
+    /// Skips a refused WRITE's header; its payload is drained as it comes
+    /// and `refusal` sent after it.
+    fn refuse(&mut self, req: Request, refusal: Refusal) {
+        self.start += REQUEST_HEADER_BYTES;
+        self.discard = req.len as u64;
+        self.pending = Some((req, refusal));
+    }
+
+    /// Makes room for a whole request of `total` bytes from `start`.
+    fn make_room(&mut self, total: usize) {
+        if self.buf.len() - self.start < total {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.buffered());
+            if self.buf.len() < total {
+                self.buf.resize(total, 0);
+            }
+        }
+    }
+
+    /// After a batch: starts over when all was parsed (shrinking a grown
+    /// buffer back), else moves the rest to the front when space runs low.
+    fn tidy(&mut self) {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+            if self.buf.len() > IN_SHRINK_BYTES {
+                self.buf.truncate(IN_DEFAULT_BYTES);
+                self.buf.shrink_to_fit();
+            }
+        } else if self.buf.len() - self.end < REQUEST_HEADER_BYTES.max(self.buf.len() / 4) {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.buffered());
+        }
+    }
+}
+
+/// What became of the next buffered request.
+enum Step {
+    /// It ran (or was answered with an error).
+    Ran(Next),
+    /// It was refused before its payload arrived; the payload is drained.
+    Refused,
+    /// Its payload has not all arrived: read more first.
+    Incomplete,
 }
 
 fn oversized(req: &Request) -> Refusal {
@@ -341,6 +318,118 @@ fn op_of(command: u16) -> Option<Op> {
 }
 
 impl Conn<'_> {
+    /// Runs every complete request in `input`, in order; returns what the
+    /// last one asked for and how many ran.
+    fn run_buffered<S: Transport>(
+        &mut self,
+        input: &mut Input,
+        stream: &mut S,
+    ) -> io::Result<(Next, usize)> {
+        let mut batch = 0usize;
+        loop {
+            if !input.drain() {
+                return Ok((Next::Continue, batch));
+            }
+            if let Some((req, r)) = input.pending.take() {
+                self.reply_error(&req, &r);
+            }
+            let req = match parse_request(&input.buf[input.start..input.end]) {
+                Ok(Parse::Done(req, _)) => req,
+                Ok(Parse::Incomplete) => return Ok((Next::Continue, batch)),
+                Err(e) => {
+                    self.send(stream)?;
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            };
+            match self.dispatch(&req, input, stream)? {
+                Step::Ran(next) => {
+                    batch += 1;
+                    if next == Next::Disconnect {
+                        return Ok((next, batch));
+                    }
+                }
+                Step::Refused => {}
+                Step::Incomplete => return Ok((Next::Continue, batch)),
+            }
+        }
+    }
+
+    /// Runs `req`, whose header starts `input`'s unparsed bytes, by the
+    /// path that fits it: refused before its payload, a large READ sent
+    /// apart from the batch, a large WRITE streamed as it arrives, or
+    /// (the common case) inline from the buffer once it is all there.
+    fn dispatch<S: Transport>(
+        &mut self,
+        req: &Request,
+        input: &mut Input,
+        stream: &mut S,
+    ) -> io::Result<Step> {
+        let total = REQUEST_HEADER_BYTES + req.payload_len();
+        let unread = input.buffered() < total;
+        if let Some(r) = self.refuse_unread_write(req, unread) {
+            // Drained through the input buffer, never gathered whole.
+            input.refuse(*req, r);
+            return Ok(Step::Refused);
+        }
+        if req.command == CMD_READ && self.reads_apart(req) {
+            self.send(stream)?;
+            if self.backend.direct_io() {
+                self.direct_read(req, stream)?;
+            } else {
+                self.piecewise_read(req, stream)?;
+            }
+            input.start += total;
+            return Ok(Step::Ran(Next::Continue));
+        }
+        if unread && self.streams(req) {
+            // A large WRITE whose payload is still arriving: stream it
+            // into the store piece by piece instead of gathering it.
+            self.send(stream)?;
+            let buffered = &input.buf[input.start + REQUEST_HEADER_BYTES..input.end];
+            if let Some((left, r)) = self.streamed_write(req, buffered, stream)? {
+                if left == 0 {
+                    self.reply_error(req, &r);
+                } else {
+                    input.discard = left;
+                    input.pending = Some((*req, r));
+                }
+            }
+            (input.start, input.end) = (0, 0);
+            return Ok(Step::Ran(Next::Continue));
+        }
+        if unread {
+            input.make_room(total);
+            return Ok(Step::Incomplete);
+        }
+        let payload = &input.buf[input.start + REQUEST_HEADER_BYTES..input.start + total];
+        let next = self.handle(req, payload);
+        input.start += total;
+        if self.out.len() >= OUT_FLUSH_BYTES {
+            self.send(stream)?;
+        }
+        Ok(Step::Ran(next))
+    }
+
+    /// A valid READ sent on its own, outside the batch: zero-copy from a
+    /// drive that works in place (64 KiB and more), or a piece at a time
+    /// from one that does not (over 1 MiB).
+    fn reads_apart(&self, req: &Request) -> bool {
+        let len = req.len as usize;
+        let apart = if self.backend.direct_io() {
+            len >= DIRECT_MIN_BYTES
+        } else {
+            len > READ_PIECE_BYTES
+        };
+        apart && self.validate(req).is_ok()
+    }
+
+    /// A valid WRITE long enough to be streamed as it arrives.
+    fn streams(&self, req: &Request) -> bool {
+        req.command == CMD_WRITE
+            && req.len as usize >= self.streamed_write_min_bytes()
+            && self.validate(req).is_ok()
+    }
+
     /// Writes every pending reply and clears the buffer; their requests'
     /// latency is recorded once the bytes are out.
     #[inline]
