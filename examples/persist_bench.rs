@@ -207,7 +207,7 @@ fn latency(dir: &Path, args: &[String]) {
     let syncer = std::thread::spawn(move || {
         if !same_priority {
             // As the daemon's background sync thread does.
-            ramd::persist::scheduler::lower_thread_priority();
+            ramd::persist::priority::lower_thread_priority();
         }
         let r = ds.sync().expect("sync");
         flag.store(false, Ordering::Release);

@@ -13,7 +13,6 @@
 //! acknowledgement. The drive keeps serving from RAM; the error shows in
 //! the status and the scheduler retries.
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +20,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::crypto::Key;
+use super::durability::{Durability, SyncCause};
 use super::engine::{Engine, SyncProgress, SyncReport};
 use super::restore::{restore, RestoreOptions, RestoreProgress, RestoreReport};
 use super::status::{PersistStatus, SyncState};
@@ -28,64 +28,6 @@ use super::storage::Storage;
 use super::{now_unix_ms, Error, Result};
 use crate::backend::{self, Backend, Caps, Extent};
 use crate::store::{MemoryBudget, RamStore, StoreOptions, PAGE_BYTES};
-
-/// The promise a drive makes about its data on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// Saved only by explicit syncs and clean shutdown; FLUSH is a no-op.
-    None,
-    /// A whole point-in-time image at most one interval (plus one sync) old.
-    #[default]
-    Periodic,
-    /// Periodic, and an acknowledged FLUSH/FUA covers every write
-    /// acknowledged before it.
-    Flush,
-}
-
-impl Durability {
-    /// Lower-case name (as on the command line).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Durability::None => "none",
-            Durability::Periodic => "periodic",
-            Durability::Flush => "flush",
-        }
-    }
-    fn from_u8(v: u8) -> Durability {
-        match v {
-            0 => Durability::None,
-            1 => Durability::Periodic,
-            _ => Durability::Flush,
-        }
-    }
-    fn to_u8(self) -> u8 {
-        match self {
-            Durability::None => 0,
-            Durability::Periodic => 1,
-            Durability::Flush => 2,
-        }
-    }
-}
-
-impl std::fmt::Display for Durability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Durability {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Durability, String> {
-        match s {
-            "none" => Ok(Durability::None),
-            "periodic" => Ok(Durability::Periodic),
-            "flush" => Ok(Durability::Flush),
-            other => Err(format!(
-                "unknown durability '{other}': use none, periodic or flush"
-            )),
-        }
-    }
-}
 
 /// How failed background syncs are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,19 +89,6 @@ impl Default for PersistConfig {
             retry: RetryPolicy::default(),
         }
     }
-}
-
-/// Why a sync runs (decides whether a checkpoint follows).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncCause {
-    /// A FLUSH or FUA write in `flush` mode.
-    Flush,
-    /// The background scheduler.
-    Periodic,
-    /// `ramd sync`.
-    Manual,
-    /// Clean shutdown.
-    Shutdown,
 }
 
 /// Status kept between syncs.

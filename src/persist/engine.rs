@@ -435,7 +435,7 @@ impl<S: Storage> Engine<S> {
                     .boost
                     .swap(false, std::sync::atomic::Ordering::Relaxed)
                 {
-                    super::scheduler::normal_thread_priority();
+                    super::priority::normal_thread_priority();
                 }
             }
             if !begun {

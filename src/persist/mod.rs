@@ -51,10 +51,12 @@
 
 pub mod crypto;
 pub mod drive;
+pub mod durability;
 pub mod engine;
 pub mod format;
 pub mod image;
 pub mod journal;
+pub mod priority;
 pub mod restore;
 pub mod scheduler;
 pub mod sim;
@@ -62,7 +64,8 @@ pub mod status;
 pub mod storage;
 
 pub use crypto::Key;
-pub use drive::{Durability, PersistConfig, PersistentDrive, RetryPolicy, SyncCause};
+pub use drive::{PersistConfig, PersistentDrive, RetryPolicy};
+pub use durability::{Durability, SyncCause};
 pub use engine::{Engine, SyncReport};
 pub use restore::{RestoreOptions, RestoreProgress, RestoreReport};
 pub use scheduler::SyncScheduler;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::drive::Durability;
+use super::durability::Durability;
 use crate::metrics::Histogram;
 
 /// What the drive's persistence is doing.
