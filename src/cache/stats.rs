@@ -158,163 +158,166 @@ pub struct Metric {
     pub value: f64,
 }
 
+/// How to read one metric from the stats.
+type ReadMetric = fn(&CacheStats) -> f64;
+
+/// Every metric of a cache: name, help, kind and how to read it.
+const METRICS: &[(&str, &str, MetricKind, ReadMetric)] = {
+    use MetricKind::*;
+    &[
+        (
+            "size_bytes",
+            "Size of the export (the backing's size)",
+            Gauge,
+            |s| s.size_bytes as f64,
+        ),
+        ("capacity_bytes", "RAM the cache may hold", Gauge, |s| {
+            s.capacity_bytes as f64
+        }),
+        ("resident_bytes", "RAM holding cached blocks", Gauge, |s| {
+            s.resident_bytes as f64
+        }),
+        (
+            "dirty_bytes",
+            "Cached data not yet written back",
+            Gauge,
+            |s| s.dirty_bytes as f64,
+        ),
+        (
+            "read_hits_total",
+            "Blocks read from the cache",
+            Counter,
+            |s| s.read_hits as f64,
+        ),
+        (
+            "read_misses_total",
+            "Blocks read from the backing",
+            Counter,
+            |s| s.read_misses as f64,
+        ),
+        (
+            "read_hit_ratio",
+            "Share of blocks read that were cached",
+            Gauge,
+            |s| s.read_hit_ratio(),
+        ),
+        (
+            "write_hits_total",
+            "Blocks written that were cached",
+            Counter,
+            |s| s.write_hits as f64,
+        ),
+        (
+            "write_misses_total",
+            "Blocks written that were not cached",
+            Counter,
+            |s| s.write_misses as f64,
+        ),
+        (
+            "write_hit_ratio",
+            "Share of blocks written that were cached",
+            Gauge,
+            |s| s.write_hit_ratio(),
+        ),
+        (
+            "evictions_total",
+            "Cached blocks evicted to make room",
+            Counter,
+            |s| s.evictions as f64,
+        ),
+        (
+            "invalidations_total",
+            "Cached blocks dropped because their data changed underneath",
+            Counter,
+            |s| s.invalidations as f64,
+        ),
+        (
+            "writeback_bytes_total",
+            "Bytes written back to the backing",
+            Counter,
+            |s| s.writeback_bytes as f64,
+        ),
+        (
+            "writeback_rate_bytes_per_second",
+            "Recent write-back throughput",
+            Gauge,
+            |s| s.writeback_rate_bytes_per_s as f64,
+        ),
+        (
+            "writeback_lag_ms",
+            "Age of the oldest dirty block",
+            Gauge,
+            |s| s.writeback_lag_ms as f64,
+        ),
+        (
+            "bypassed_requests_total",
+            "Requests that bypassed the cache",
+            Counter,
+            |s| s.bypassed_requests as f64,
+        ),
+        (
+            "bypassed_bytes_total",
+            "Bytes of requests that bypassed the cache",
+            Counter,
+            |s| s.bypassed_bytes as f64,
+        ),
+        (
+            "backing_read_bytes_total",
+            "Bytes read from the backing",
+            Counter,
+            |s| s.backing_read_bytes as f64,
+        ),
+        (
+            "backing_write_bytes_total",
+            "Bytes written to the backing",
+            Counter,
+            |s| s.backing_write_bytes as f64,
+        ),
+        (
+            "backing_failing",
+            "1 while the backing is failing",
+            Gauge,
+            |s| s.backing.failing as u8 as f64,
+        ),
+        (
+            "backing_read_errors_total",
+            "Failed backing reads",
+            Counter,
+            |s| s.backing.read_errors as f64,
+        ),
+        (
+            "backing_write_errors_total",
+            "Failed backing writes",
+            Counter,
+            |s| s.backing.write_errors as f64,
+        ),
+        (
+            "backing_flush_errors_total",
+            "Failed backing flushes",
+            Counter,
+            |s| s.backing.flush_errors as f64,
+        ),
+        (
+            "backing_retries_total",
+            "Write-back retries after backing failures",
+            Counter,
+            |s| s.backing.retries as f64,
+        ),
+    ]
+};
+
 impl CacheStats {
     /// Every number as a [`Metric`] (names are stable: dashboards use them).
     pub fn metrics(&self) -> Vec<Metric> {
-        use MetricKind::*;
-        let h = &self.backing;
-        let m = |name, help, kind, value: f64| Metric {
-            name,
-            help,
-            kind,
-            value,
-        };
-        vec![
-            m(
-                "size_bytes",
-                "Size of the export (the backing's size)",
-                Gauge,
-                self.size_bytes as f64,
-            ),
-            m(
-                "capacity_bytes",
-                "RAM the cache may hold",
-                Gauge,
-                self.capacity_bytes as f64,
-            ),
-            m(
-                "resident_bytes",
-                "RAM holding cached blocks",
-                Gauge,
-                self.resident_bytes as f64,
-            ),
-            m(
-                "dirty_bytes",
-                "Cached data not yet written back",
-                Gauge,
-                self.dirty_bytes as f64,
-            ),
-            m(
-                "read_hits_total",
-                "Blocks read from the cache",
-                Counter,
-                self.read_hits as f64,
-            ),
-            m(
-                "read_misses_total",
-                "Blocks read from the backing",
-                Counter,
-                self.read_misses as f64,
-            ),
-            m(
-                "read_hit_ratio",
-                "Share of blocks read that were cached",
-                Gauge,
-                self.read_hit_ratio(),
-            ),
-            m(
-                "write_hits_total",
-                "Blocks written that were cached",
-                Counter,
-                self.write_hits as f64,
-            ),
-            m(
-                "write_misses_total",
-                "Blocks written that were not cached",
-                Counter,
-                self.write_misses as f64,
-            ),
-            m(
-                "write_hit_ratio",
-                "Share of blocks written that were cached",
-                Gauge,
-                self.write_hit_ratio(),
-            ),
-            m(
-                "evictions_total",
-                "Cached blocks evicted to make room",
-                Counter,
-                self.evictions as f64,
-            ),
-            m(
-                "invalidations_total",
-                "Cached blocks dropped because their data changed underneath",
-                Counter,
-                self.invalidations as f64,
-            ),
-            m(
-                "writeback_bytes_total",
-                "Bytes written back to the backing",
-                Counter,
-                self.writeback_bytes as f64,
-            ),
-            m(
-                "writeback_rate_bytes_per_second",
-                "Recent write-back throughput",
-                Gauge,
-                self.writeback_rate_bytes_per_s as f64,
-            ),
-            m(
-                "writeback_lag_ms",
-                "Age of the oldest dirty block",
-                Gauge,
-                self.writeback_lag_ms as f64,
-            ),
-            m(
-                "bypassed_requests_total",
-                "Requests that bypassed the cache",
-                Counter,
-                self.bypassed_requests as f64,
-            ),
-            m(
-                "bypassed_bytes_total",
-                "Bytes of requests that bypassed the cache",
-                Counter,
-                self.bypassed_bytes as f64,
-            ),
-            m(
-                "backing_read_bytes_total",
-                "Bytes read from the backing",
-                Counter,
-                self.backing_read_bytes as f64,
-            ),
-            m(
-                "backing_write_bytes_total",
-                "Bytes written to the backing",
-                Counter,
-                self.backing_write_bytes as f64,
-            ),
-            m(
-                "backing_failing",
-                "1 while the backing is failing",
-                Gauge,
-                h.failing as u8 as f64,
-            ),
-            m(
-                "backing_read_errors_total",
-                "Failed backing reads",
-                Counter,
-                h.read_errors as f64,
-            ),
-            m(
-                "backing_write_errors_total",
-                "Failed backing writes",
-                Counter,
-                h.write_errors as f64,
-            ),
-            m(
-                "backing_flush_errors_total",
-                "Failed backing flushes",
-                Counter,
-                h.flush_errors as f64,
-            ),
-            m(
-                "backing_retries_total",
-                "Write-back retries after backing failures",
-                Counter,
-                h.retries as f64,
-            ),
-        ]
+        METRICS
+            .iter()
+            .map(|&(name, help, kind, read)| Metric {
+                name,
+                help,
+                kind,
+                value: read(self),
+            })
+            .collect()
     }
 
     /// Share of blocks read that were cached (0.0 with no reads).

@@ -8,7 +8,9 @@ use clap::Subcommand;
 
 use super::output::{count_rate, export_rows, latency_cell, mib_s, micros, render, table};
 use super::{arg_cache_name, arg_size, print_json, CliError, JsonFlag};
-use crate::api::cache_types::{CacheInfo, CreateCache, DurationValue, PercentValue};
+use crate::api::cache_types::{
+    BackingInfo, CacheCounters, CacheInfo, CacheSettings, CreateCache, DurationValue, PercentValue,
+};
 use crate::api::client::{Client, ClientError};
 use crate::api::types::SizeValue;
 use crate::size::format_size;
@@ -368,12 +370,47 @@ fn ms(v: u64) -> String {
     micros(Some(v as f64 * 1000.0))
 }
 
+/// A row of a FIELD/VALUE table.
+type Row<'a> = dyn FnMut(&str, String) + 'a;
+
 /// `ramd cache info NAME`.
 pub fn info(c: &CacheInfo) -> String {
     let mut t = table(&["FIELD", "VALUE"], &[]);
     let mut row = |k: &str, v: String| {
         t.add_row(vec![k.to_owned(), v]);
     };
+    identity_rows(&mut row, c);
+    backing_rows(&mut row, &c.backing);
+    if let Some(s) = &c.stats {
+        counter_rows(&mut row, s);
+    }
+    if let Some(r) = c.io.as_ref().and_then(|io| io.rates.as_ref()) {
+        row(
+            "requests",
+            format!(
+                "{}/{} IOPS, {}/{} MiB/s read/write (last second)",
+                count_rate(r.read_iops),
+                count_rate(r.write_iops),
+                mib_s(r.read_bytes_per_s),
+                mib_s(r.write_bytes_per_s)
+            ),
+        );
+    }
+    settings_rows(&mut row, &c.settings, &c.backing.kind);
+    row("memory promised", format_size(c.promised_bytes));
+    export_rows(
+        &mut row,
+        c.connections,
+        &c.attachments,
+        &c.origin,
+        &c.uri,
+        &c.tcp_uris,
+    );
+    render(&t)
+}
+
+/// Name, state, mode and size.
+fn identity_rows(row: &mut Row, c: &CacheInfo) {
     let st = &c.settings;
     row("name", c.name.clone());
     row("state", c.state.clone());
@@ -392,7 +429,10 @@ pub fn info(c: &CacheInfo) -> String {
             format!("{} ({s} bytes, the backing's)", format_size(s))
         }),
     );
-    let b = &c.backing;
+}
+
+/// The backing: where, its health, its last error and error counts.
+fn backing_rows(row: &mut Row, b: &BackingInfo) {
     row("backing", format!("{} ({})", b.spec, b.kind));
     let health = match b.state.as_str() {
         "failing" => format!(
@@ -419,80 +459,74 @@ pub fn info(c: &CacheInfo) -> String {
             b.read_errors, b.write_errors, b.flush_errors, b.retries
         ),
     );
-    if let Some(s) = &c.stats {
-        row(
-            "cache",
-            format!(
-                "{} used of {}, {} dirty",
-                format_size(s.resident_bytes),
-                format_size(s.capacity_bytes),
-                format_size(s.dirty_bytes)
-            ),
-        );
-        row(
-            "reads",
-            format!(
-                "{} hit ratio ({} hits, {} misses, in blocks)",
-                pct(s.read_hit_ratio),
-                s.read_hits,
-                s.read_misses
-            ),
-        );
-        row(
-            "writes",
-            format!(
-                "{} hit ratio ({} hits, {} misses, in blocks)",
-                pct(s.write_hit_ratio),
-                s.write_hits,
-                s.write_misses
-            ),
-        );
-        row(
-            "evictions",
-            format!("{} ({} invalidations)", s.evictions, s.invalidations),
-        );
-        row(
-            "write-back",
-            format!(
-                "{} in total, {}/s lately, oldest dirty block {}",
-                format_size(s.writeback_bytes),
-                format_size(s.writeback_rate_bytes_per_s),
-                if s.dirty_bytes == 0 {
-                    "-".into()
-                } else {
-                    ms(s.writeback_lag_ms)
-                }
-            ),
-        );
-        row(
-            "bypassed",
-            format!(
-                "{} requests, {}",
-                s.bypassed_requests,
-                format_size(s.bypassed_bytes)
-            ),
-        );
-        row(
-            "backing i/o",
-            format!(
-                "{} read, {} written",
-                format_size(s.backing_read_bytes),
-                format_size(s.backing_write_bytes)
-            ),
-        );
-    }
-    if let Some(r) = c.io.as_ref().and_then(|io| io.rates.as_ref()) {
-        row(
-            "requests",
-            format!(
-                "{}/{} IOPS, {}/{} MiB/s read/write (last second)",
-                count_rate(r.read_iops),
-                count_rate(r.write_iops),
-                mib_s(r.read_bytes_per_s),
-                mib_s(r.write_bytes_per_s)
-            ),
-        );
-    }
+}
+
+/// The cache's counters (once the backing is open).
+fn counter_rows(row: &mut Row, s: &CacheCounters) {
+    row(
+        "cache",
+        format!(
+            "{} used of {}, {} dirty",
+            format_size(s.resident_bytes),
+            format_size(s.capacity_bytes),
+            format_size(s.dirty_bytes)
+        ),
+    );
+    row(
+        "reads",
+        format!(
+            "{} hit ratio ({} hits, {} misses, in blocks)",
+            pct(s.read_hit_ratio),
+            s.read_hits,
+            s.read_misses
+        ),
+    );
+    row(
+        "writes",
+        format!(
+            "{} hit ratio ({} hits, {} misses, in blocks)",
+            pct(s.write_hit_ratio),
+            s.write_hits,
+            s.write_misses
+        ),
+    );
+    row(
+        "evictions",
+        format!("{} ({} invalidations)", s.evictions, s.invalidations),
+    );
+    row(
+        "write-back",
+        format!(
+            "{} in total, {}/s lately, oldest dirty block {}",
+            format_size(s.writeback_bytes),
+            format_size(s.writeback_rate_bytes_per_s),
+            if s.dirty_bytes == 0 {
+                "-".into()
+            } else {
+                ms(s.writeback_lag_ms)
+            }
+        ),
+    );
+    row(
+        "bypassed",
+        format!(
+            "{} requests, {}",
+            s.bypassed_requests,
+            format_size(s.bypassed_bytes)
+        ),
+    );
+    row(
+        "backing i/o",
+        format!(
+            "{} read, {} written",
+            format_size(s.backing_read_bytes),
+            format_size(s.backing_write_bytes)
+        ),
+    );
+}
+
+/// How the cache was set up: watermarks, cutoff, retries, backing options.
+fn settings_rows(row: &mut Row, st: &CacheSettings, backing_kind: &str) {
     row(
         "watermarks",
         format!(
@@ -519,7 +553,7 @@ pub fn info(c: &CacheInfo) -> String {
             ms(st.retry_max_ms)
         ),
     );
-    if b.kind == "nbd" {
+    if backing_kind == "nbd" {
         row(
             "nbd",
             format!(
@@ -532,16 +566,6 @@ pub fn info(c: &CacheInfo) -> String {
         row("o_direct", if st.direct { "yes" } else { "no" }.into());
     }
     row("shutdown timeout", ms(st.shutdown_timeout_ms));
-    row("memory promised", format_size(c.promised_bytes));
-    export_rows(
-        &mut row,
-        c.connections,
-        &c.attachments,
-        &c.origin,
-        &c.uri,
-        &c.tcp_uris,
-    );
-    render(&t)
 }
 
 /// The caches' table of `ramd stats`: request rates of the last second
