@@ -5,25 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::types::DurationValue;
 use super::types::{SizeValue, StatsRates, StatsTotals};
-
-/// A duration in a request: milliseconds, or text like `"30s"`, `"500ms"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum DurationValue {
-    Millis(u64),
-    Text(String),
-}
-
-impl DurationValue {
-    /// The text to parse (milliseconds become `"NNNms"`).
-    pub fn as_text(&self) -> String {
-        match self {
-            DurationValue::Millis(ms) => format!("{ms}ms"),
-            DurationValue::Text(t) => t.clone(),
-        }
-    }
-}
 
 /// A percentage in a request: a number or text like `"50%"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

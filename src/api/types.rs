@@ -25,12 +25,23 @@ impl SizeValue {
     }
 }
 
-/// A duration in a request: milliseconds or a human duration ("60s").
+/// A duration in a request: milliseconds or a human duration (`"60s"`,
+/// `"500ms"`): sync intervals, cache timeouts, directory intervals.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum DurationValue {
     Millis(u64),
     Text(String),
+}
+
+impl DurationValue {
+    /// The text to parse (milliseconds become `"NNNms"`).
+    pub fn as_text(&self) -> String {
+        match self {
+            DurationValue::Millis(ms) => format!("{ms}ms"),
+            DurationValue::Text(t) => t.clone(),
+        }
+    }
 }
 
 /// `POST /v1/drives`.
@@ -416,12 +427,7 @@ pub struct ErrorDetail {
 }
 
 /// An interval in a request: milliseconds, or a duration like `"10m"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum IntervalValue {
-    Millis(u64),
-    Text(String),
-}
+pub type IntervalValue = DurationValue;
 
 /// `POST /v1/dirs`: keep a directory in RAM.
 #[derive(Debug, Clone, Serialize, Deserialize)]
