@@ -38,18 +38,40 @@ impl fmt::Display for Mode {
     }
 }
 
-impl FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+impl Mode {
+    /// Parses a mode name (`writeback`, `write-back`, `wb`, ...).
+    pub fn parse(s: &str) -> Result<Mode, SettingError> {
         match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
             "writethrough" | "wt" => Ok(Mode::WriteThrough),
             "writearound" | "wa" => Ok(Mode::WriteAround),
             "writeback" | "wb" => Ok(Mode::WriteBack),
-            _ => Err(format!(
-                "unknown cache mode '{s}': use writethrough, writearound or writeback"
-            )),
+            _ => Err(SettingError::UnknownMode(s.to_owned())),
         }
     }
+}
+
+/// [`Mode::parse`] with the error as its message, for the callers (daemon
+/// cache specs) that still carry errors as text.
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Mode::parse(s).map_err(|e| e.to_string())
+    }
+}
+
+/// A cache setting's value that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("unknown cache mode '{0}': use writethrough, writearound or writeback")]
+    UnknownMode(String),
+    #[error("'{0}' is not a duration (like 500ms, 30s, 5m)")]
+    NotADuration(String),
+    #[error("unknown time unit '{unit}' in '{text}': use ms, s, m or h")]
+    UnknownTimeUnit { unit: String, text: String },
+    #[error("duration '{0}' is too long")]
+    DurationTooLong(String),
+    #[error("expected a percentage from 0 to 100")]
+    NotAPercentage,
 }
 
 /// Smallest and largest cache block.
@@ -165,20 +187,18 @@ impl CacheConfig {
     /// `500ms`, `30s`, `5m`), `writeback-max-io`. Sizes take binary units.
     /// Call [`CacheConfig::validate`] when done.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), CacheError> {
-        let bad = |m: String| CacheError::Config(format!("{key}={value}: {m}"));
-        let size = || crate::size::parse_size(value).map_err(bad);
-        let percent = || -> Result<u8, CacheError> {
-            match value.trim_end_matches('%').parse::<u8>() {
-                Ok(p) if p <= 100 => Ok(p),
-                _ => Err(bad("expected a percentage from 0 to 100".into())),
-            }
+        let bad = |m: &dyn fmt::Display| CacheError::Config(format!("{key}={value}: {m}"));
+        let size = || crate::size::parse(value).map_err(|e| bad(&e));
+        let percent = || match value.trim_end_matches('%').parse::<u8>() {
+            Ok(p) if p <= 100 => Ok(p),
+            _ => Err(bad(&SettingError::NotAPercentage)),
         };
-        let millis = || parse_duration_ms(value).map_err(bad);
+        let millis = || parse_duration(value).map_err(|e| bad(&e));
         match key {
-            "mode" => self.mode = value.parse().map_err(bad)?,
+            "mode" => self.mode = Mode::parse(value).map_err(|e| bad(&e))?,
             "size" => self.cache_bytes = size()?,
             "block-size" => self.block_bytes = size()?,
-            "policy" => self.policy = value.parse().map_err(bad)?,
+            "policy" => self.policy = value.parse().map_err(|e| bad(&e))?,
             "sequential-cutoff" => self.sequential_cutoff_bytes = size()?,
             "dirty-high" => self.dirty_high_percent = percent()?,
             "dirty-low" => self.dirty_low_percent = percent()?,
@@ -198,27 +218,35 @@ impl CacheConfig {
     }
 }
 
-/// Parses `250ms`, `30s`, `5m`, `1h` (or a bare number of milliseconds).
-pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+/// Parses `250ms`, `30s`, `5m`, `1h` (or a bare number of milliseconds)
+/// into milliseconds.
+pub fn parse_duration(text: &str) -> Result<u64, SettingError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("'{text}' is not a duration (like 500ms, 30s, 5m)"))?;
+        .map_err(|_| SettingError::NotADuration(text.to_owned()))?;
     let mult = match unit.trim() {
         "" | "ms" => 1,
         "s" => 1000,
         "m" | "min" => 60_000,
         "h" => 3_600_000,
         u => {
-            return Err(format!(
-                "unknown time unit '{u}' in '{text}': use ms, s, m or h"
-            ))
+            return Err(SettingError::UnknownTimeUnit {
+                unit: u.to_owned(),
+                text: text.to_owned(),
+            })
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("duration '{text}' is too long"))
+        .ok_or_else(|| SettingError::DurationTooLong(text.to_owned()))
+}
+
+/// [`parse_duration`] with the error as its message, for the callers
+/// (daemon cache specs) that still carry errors as text.
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    parse_duration(text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -75,16 +75,19 @@ impl std::fmt::Display for PolicyKind {
     }
 }
 
+/// A policy name that is none of s3fifo, lru, fifo.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown eviction policy '{0}': use s3fifo (default), lru or fifo")]
+pub struct UnknownPolicy(pub String);
+
 impl std::str::FromStr for PolicyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         match s.to_ascii_lowercase().as_str() {
             "s3fifo" | "s3-fifo" => Ok(PolicyKind::S3Fifo),
             "lru" => Ok(PolicyKind::Lru),
             "fifo" => Ok(PolicyKind::Fifo),
-            _ => Err(format!(
-                "unknown eviction policy '{s}': use s3fifo (default), lru or fifo"
-            )),
+            _ => Err(UnknownPolicy(s.to_owned())),
         }
     }
 }
@@ -692,6 +695,10 @@ mod tests {
     fn kind_parses() {
         assert_eq!("S3-FIFO".parse::<PolicyKind>(), Ok(PolicyKind::S3Fifo));
         assert_eq!("lru".parse::<PolicyKind>(), Ok(PolicyKind::Lru));
-        assert!("arc".parse::<PolicyKind>().unwrap_err().contains("s3fifo"));
+        assert!("arc"
+            .parse::<PolicyKind>()
+            .unwrap_err()
+            .to_string()
+            .contains("s3fifo"));
     }
 }
