@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 
-use super::output::{count_rate, export_rows, latency_cell, mib_s, micros, render, table};
+use super::output::{
+    count_rate, errors_cell, export_rows, mib_s, micros, rate_cells, render, table,
+};
 use super::{arg_cache_name, arg_size, print_json, CliError, JsonFlag};
 use crate::api::cache_types::{
     BackingInfo, CacheCounters, CacheInfo, CacheSettings, CreateCache, DurationValue, PercentValue,
@@ -588,31 +590,14 @@ pub fn stats_section(caches: &[CacheInfo]) -> String {
         &[1, 2, 3, 4, 5, 6, 7, 8, 10],
     );
     for c in caches {
-        let rates = c.io.as_ref().and_then(|io| io.rates.as_ref());
-        let (iops, mibs, r, w) = match rates {
-            Some(r) => (
-                format!("{}/{}", count_rate(r.read_iops), count_rate(r.write_iops)),
-                format!(
-                    "{}/{}",
-                    mib_s(r.read_bytes_per_s),
-                    mib_s(r.write_bytes_per_s)
-                ),
-                latency_cell(r.latency.get("read")),
-                latency_cell(r.latency.get("write")),
-            ),
-            None => ("-".into(), "-".into(), "-".into(), "-".into()),
-        };
+        let io = c.io.as_ref();
         let s = c.stats.as_ref();
-        let errors =
-            c.io.as_ref()
-                .and_then(|io| io.totals.as_ref())
-                .map_or("-".into(), |t| t.errors.values().sum::<u64>().to_string());
-        t.add_row(vec![
-            c.name.clone(),
-            iops,
-            mibs,
-            r,
-            w,
+        let mut row = vec![c.name.clone()];
+        row.extend(rate_cells(
+            io.and_then(|io| io.rates.as_ref()),
+            &["read", "write"],
+        ));
+        row.extend([
             s.map_or("-".into(), |s| {
                 format!("{}/{}", pct(s.read_hit_ratio), pct(s.write_hit_ratio))
             }),
@@ -628,8 +613,9 @@ pub fn stats_section(caches: &[CacheInfo]) -> String {
                 }
             }),
             c.backing.state.clone(),
-            errors,
+            errors_cell(io.and_then(|io| io.totals.as_ref())),
         ]);
+        t.add_row(row);
     }
     render(&t)
 }

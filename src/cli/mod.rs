@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use crate::api::client::{Client, ClientError};
 use crate::api::types::{
-    CreateAttachment, CreateDrive, DurationValue, PatchDrive, RestoreRequest, SizeValue,
+    CreateAttachment, CreateDrive, DriveInfo, DurationValue, PatchDrive, RestoreRequest, SizeValue,
 };
 use crate::daemon::DaemonArgs;
 use crate::size::format_size;
@@ -637,40 +637,47 @@ fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), CliError> {
 
 /// `ramd resize`.
 fn resize(c: &Client, name: &str, size: &str, force: bool, json: bool) -> Result<(), CliError> {
-    let patch = PatchDrive {
+    let req = PatchDrive {
         size: Some(size_value(size)),
         force,
         ..Default::default()
     };
-    let d = c.patch_drive(name, &patch)?;
-    if json {
-        return print_json(&d);
-    }
-    notice(&d.notice);
-    println!(
-        "{} is now {} (NBD clients see it when they reconnect)",
-        d.name,
-        format_size(d.size_bytes)
-    );
-    Ok(())
+    patch(c, name, &req, json, |d| {
+        format!(
+            "{} is now {} (NBD clients see it when they reconnect)",
+            d.name,
+            format_size(d.size_bytes)
+        )
+    })
 }
 
 /// `ramd lock` / `ramd unlock`.
 fn set_read_only(c: &Client, name: &str, lock: bool, json: bool) -> Result<(), CliError> {
-    let patch = PatchDrive {
+    let req = PatchDrive {
         read_only: Some(lock),
         ..Default::default()
     };
-    let d = c.patch_drive(name, &patch)?;
+    patch(c, name, &req, json, |d| {
+        let mode = if d.read_only { "read-only" } else { "writable" };
+        format!("{} is {mode}", d.name)
+    })
+}
+
+/// Patches a drive and prints the result: JSON, or the daemon's notice and
+/// what `line` says about the drive.
+fn patch(
+    c: &Client,
+    name: &str,
+    req: &PatchDrive,
+    json: bool,
+    line: impl FnOnce(&DriveInfo) -> String,
+) -> Result<(), CliError> {
+    let d = c.patch_drive(name, req)?;
     if json {
         return print_json(&d);
     }
     notice(&d.notice);
-    println!(
-        "{} is {}",
-        d.name,
-        if d.read_only { "read-only" } else { "writable" }
-    );
+    println!("{}", line(&d));
     Ok(())
 }
 

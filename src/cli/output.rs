@@ -3,7 +3,9 @@
 
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 
-use crate::api::types::{DriveInfo, DriveStats, Health, Latency, PersistInfo, StatsReport};
+use crate::api::types::{
+    DriveInfo, DriveStats, Health, Latency, PersistInfo, StatsRates, StatsReport, StatsTotals,
+};
 use crate::size::format_size;
 
 /// A borderless table, columns aligned, numbers right-aligned.
@@ -460,39 +462,42 @@ pub fn stats(report: &StatsReport, caches: &str) -> String {
 }
 
 fn stats_row(d: &DriveStats) -> Vec<String> {
-    let (iops, mibs, r, w, f) = match &d.rates {
-        Some(r) => (
-            format!("{}/{}", count_rate(r.read_iops), count_rate(r.write_iops)),
-            format!(
-                "{}/{}",
-                mib_s(r.read_bytes_per_s),
-                mib_s(r.write_bytes_per_s)
-            ),
-            latency_cell(r.latency.get("read")),
-            latency_cell(r.latency.get("write")),
-            latency_cell(r.latency.get("flush")),
-        ),
-        None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
-    };
-    let errors = d
-        .totals
-        .as_ref()
-        .map_or("-".into(), |t| t.errors.values().sum::<u64>().to_string());
-    vec![
-        d.name.clone(),
-        iops,
-        mibs,
-        r,
-        w,
-        f,
+    let mut row = vec![d.name.clone()];
+    row.extend(rate_cells(d.rates.as_ref(), &["read", "write", "flush"]));
+    row.extend([
         format!(
             "{} / {}",
             format_size(d.allocated_bytes),
             format_size(d.size_bytes)
         ),
         d.connections.to_string(),
-        errors,
-    ]
+        errors_cell(d.totals.as_ref()),
+    ]);
+    row
+}
+
+/// The request cells of a `ramd stats` row: IOPS and MiB/s (read/write),
+/// then the latency of each of `ops`; "-" each without rates.
+pub fn rate_cells(rates: Option<&StatsRates>, ops: &[&str]) -> Vec<String> {
+    let Some(r) = rates else {
+        return vec!["-".into(); 2 + ops.len()];
+    };
+    let mut cells = vec![
+        format!("{}/{}", count_rate(r.read_iops), count_rate(r.write_iops)),
+        format!(
+            "{}/{}",
+            mib_s(r.read_bytes_per_s),
+            mib_s(r.write_bytes_per_s)
+        ),
+    ];
+    cells.extend(ops.iter().map(|op| latency_cell(r.latency.get(*op))));
+    cells
+}
+
+/// The errors cell of a `ramd stats` row: failed requests since start;
+/// "-" without totals.
+pub fn errors_cell(totals: Option<&StatsTotals>) -> String {
+    totals.map_or("-".into(), |t| t.errors.values().sum::<u64>().to_string())
 }
 
 #[cfg(test)]
