@@ -218,18 +218,7 @@ pub fn restore<S: Storage>(
     progress.set_phase(RestorePhase::Verifying);
     let dir = storage.describe("");
     let mut meta = read_meta(&storage)?;
-    let cipher = match (meta.encrypted, key) {
-        (true, None) => return Err(Error::KeyRequired(dir)),
-        (false, Some(_)) => return Err(Error::KeyNotExpected(dir)),
-        (true, Some(k)) => {
-            let c = Cipher::new(k, meta.uuid);
-            if !c.verify_key_check(&meta.key_check) {
-                return Err(Error::WrongKey(dir));
-            }
-            Some(c)
-        }
-        (false, None) => None,
-    };
+    let cipher = open_cipher(&meta, key, dir)?;
     // A leftover of an interrupted meta update is harmless: the rename is
     // the commit point.
     let open = |name: &str| {
@@ -253,46 +242,7 @@ pub fn restore<S: Storage>(
     };
 
     // 2. The journal.
-    let mut gens = Vec::new();
-    let mut committed_end = 0;
-    if opts.discard_journal {
-        report.journal_discarded = true;
-    } else {
-        let s = scan(&journal, meta.drive_id(), meta.entry_bytes())
-            .map_err(io_err("read", jpath.clone()))?;
-        match s.end {
-            ScanEnd::Clean => {}
-            ScanEnd::Stale { bytes } => report.stale_journal_bytes = bytes,
-            ScanEnd::TornTail {
-                damage_offset,
-                bytes,
-                detail,
-            } => {
-                report.torn_tail = Some(TornTail {
-                    damage_offset,
-                    bytes,
-                    detail,
-                })
-            }
-            ScanEnd::Corrupt {
-                damage_offset,
-                detail,
-                later_gen,
-            } => {
-                if !opts.force {
-                    return Err(Error::CorruptJournal {
-                        path: jpath,
-                        offset: damage_offset,
-                        detail,
-                        later_gen,
-                    });
-                }
-                report.forced_journal_damage = Some((damage_offset, detail));
-            }
-        }
-        gens = s.gens;
-        committed_end = s.committed_end;
-    }
+    let (gens, committed_end) = scan_journal(&journal, &meta, &opts, &jpath, &mut report)?;
     let covered = Covered::new(meta.pages(), &gens);
     let journal_bytes: u64 = gens.iter().map(|g| g.data_pages * PAGE_BYTES as u64).sum();
 
@@ -318,46 +268,16 @@ pub fn restore<S: Storage>(
 
     // 4. Replay.
     progress.set_phase(RestorePhase::Replaying);
-    let mut buf = Vec::new();
+    let replay = Replay {
+        journal: &journal,
+        jpath: &jpath,
+        entry_bytes: meta.entry_bytes(),
+        cipher: cipher.as_ref(),
+        store: &store,
+        progress,
+    };
     for g in &gens {
-        store.resize(g.min_size.min(g.drive_size))?;
-        store.resize(g.drive_size)?;
-        for rec in &g.records {
-            let first = rec.first_page * PAGE_BYTES as u64;
-            let end = ((rec.first_page + rec.n_pages as u64) * PAGE_BYTES as u64).min(g.drive_size);
-            report.journal_pages += rec.n_pages as u64;
-            if first >= end {
-                continue;
-            }
-            if rec.kind != RecordKind::Pages {
-                store.trim(first, end - first)?;
-                continue;
-            }
-            read_payload(&journal, rec, &mut buf).map_err(io_err("read", jpath.clone()))?;
-            let n = rec.n_pages as usize;
-            let (data, entries) = buf.split_at_mut(n * PAGE_BYTES);
-            let eb = meta.entry_bytes();
-            for i in 0..n {
-                let page = rec.first_page + i as u64;
-                let pd = &mut data[i * PAGE_BYTES..(i + 1) * PAGE_BYTES];
-                let ok = verify_page(cipher.as_ref(), page, &entries[i * eb..(i + 1) * eb], pd);
-                if !ok {
-                    // The record's checksum held, so this is a bug or a
-                    // wrong-key situation the key check missed: refuse.
-                    return Err(Error::CorruptJournal {
-                        path: jpath.clone(),
-                        offset: rec.payload_offset,
-                        detail: format!("page {page} does not verify against its entry"),
-                        later_gen: g.gen,
-                    });
-                }
-            }
-            let len = (end - first) as usize;
-            store.write(first, &data[..len], false)?;
-            // (Encrypted pages were decrypted in place by verify_page.)
-            progress.add(len as u64);
-        }
-        report.journal_gens += 1;
+        replay.generation(g, &mut report)?;
     }
     report.restored_gen = gens
         .last()
@@ -411,6 +331,140 @@ pub fn restore<S: Storage>(
     progress.set_phase(RestorePhase::Done);
     report.duration = started.elapsed();
     Ok((engine, store, report))
+}
+
+/// The cipher of an encrypted drive, checked against the key check in
+/// `meta`; None for a plain drive. A key must be given exactly when the
+/// drive is encrypted.
+fn open_cipher(meta: &Meta, key: Option<&Key>, dir: String) -> Result<Option<Cipher>> {
+    match (meta.encrypted, key) {
+        (true, None) => Err(Error::KeyRequired(dir)),
+        (false, Some(_)) => Err(Error::KeyNotExpected(dir)),
+        (true, Some(k)) => {
+            let c = Cipher::new(k, meta.uuid);
+            if !c.verify_key_check(&meta.key_check) {
+                return Err(Error::WrongKey(dir));
+            }
+            Ok(Some(c))
+        }
+        (false, None) => Ok(None),
+    }
+}
+
+/// Reads the journal's committed generations and where they end, noting
+/// in `report` what was found past them. Damage inside (not at the tail)
+/// refuses the restore unless forced; with `discard_journal` nothing is
+/// read.
+fn scan_journal<F: StorageFile>(
+    journal: &F,
+    meta: &Meta,
+    opts: &RestoreOptions,
+    jpath: &str,
+    report: &mut RestoreReport,
+) -> Result<(Vec<GenInfo>, u64)> {
+    if opts.discard_journal {
+        report.journal_discarded = true;
+        return Ok((Vec::new(), 0));
+    }
+    let s = scan(journal, meta.drive_id(), meta.entry_bytes())
+        .map_err(io_err("read", jpath.to_owned()))?;
+    match s.end {
+        ScanEnd::Clean => {}
+        ScanEnd::Stale { bytes } => report.stale_journal_bytes = bytes,
+        ScanEnd::TornTail {
+            damage_offset,
+            bytes,
+            detail,
+        } => {
+            report.torn_tail = Some(TornTail {
+                damage_offset,
+                bytes,
+                detail,
+            })
+        }
+        ScanEnd::Corrupt {
+            damage_offset,
+            detail,
+            later_gen,
+        } => {
+            if !opts.force {
+                return Err(Error::CorruptJournal {
+                    path: jpath.to_owned(),
+                    offset: damage_offset,
+                    detail,
+                    later_gen,
+                });
+            }
+            report.forced_journal_damage = Some((damage_offset, detail));
+        }
+    }
+    Ok((s.gens, s.committed_end))
+}
+
+/// Replays journal generations into the store, verifying every page.
+struct Replay<'a, F> {
+    journal: &'a F,
+    jpath: &'a str,
+    entry_bytes: usize,
+    cipher: Option<&'a Cipher>,
+    store: &'a RamStore,
+    progress: &'a RestoreProgress,
+}
+
+impl<F: StorageFile> Replay<'_, F> {
+    /// One generation: its size changes, then its records in order.
+    fn generation(&self, g: &GenInfo, report: &mut RestoreReport) -> Result<()> {
+        self.store.resize(g.min_size.min(g.drive_size))?;
+        self.store.resize(g.drive_size)?;
+        let mut buf = Vec::new();
+        for rec in &g.records {
+            let first = rec.first_page * PAGE_BYTES as u64;
+            let end = ((rec.first_page + rec.n_pages as u64) * PAGE_BYTES as u64).min(g.drive_size);
+            report.journal_pages += rec.n_pages as u64;
+            if first >= end {
+                continue;
+            }
+            if rec.kind != RecordKind::Pages {
+                self.store.trim(first, end - first)?;
+                continue;
+            }
+            read_payload(self.journal, rec, &mut buf)
+                .map_err(io_err("read", self.jpath.to_owned()))?;
+            let data = self.verified(g, rec, &mut buf)?;
+            let len = (end - first) as usize;
+            self.store.write(first, &data[..len], false)?;
+            self.progress.add(len as u64);
+        }
+        report.journal_gens += 1;
+        Ok(())
+    }
+
+    /// The record's pages, each verified against its entry (and decrypted
+    /// in place when encrypted). The record's checksum held, so a page that
+    /// does not verify is a bug or a wrong key the key check missed: refuse.
+    fn verified<'b>(
+        &self,
+        g: &GenInfo,
+        rec: &super::journal::RecordLoc,
+        buf: &'b mut [u8],
+    ) -> Result<&'b [u8]> {
+        let n = rec.n_pages as usize;
+        let eb = self.entry_bytes;
+        let (data, entries) = buf.split_at_mut(n * PAGE_BYTES);
+        for i in 0..n {
+            let page = rec.first_page + i as u64;
+            let pd = &mut data[i * PAGE_BYTES..(i + 1) * PAGE_BYTES];
+            if !verify_page(self.cipher, page, &entries[i * eb..(i + 1) * eb], pd) {
+                return Err(Error::CorruptJournal {
+                    path: self.jpath.to_owned(),
+                    offset: rec.payload_offset,
+                    detail: format!("page {page} does not verify against its entry"),
+                    later_gen: g.gen,
+                });
+            }
+        }
+        Ok(data)
+    }
 }
 
 /// Checks one page against its table entry (decrypting it in place when
