@@ -368,26 +368,15 @@ impl Backend for Cache {
         self.inner.flush()
     }
     fn extents(&self, offset: u64, len: u64) -> backend::Result<Vec<Extent>> {
-        backend::check_range(offset, len, self.inner.size)?;
         // No allocation map through a cache: everything is data.
-        Ok(vec![Extent {
-            len,
-            hole: false,
-            zero: false,
-        }])
+        backing::all_data(offset, len, self.inner.size)
     }
     fn capabilities(&self) -> Caps {
+        // What a plain backing can do (one cache serves every connection,
+        // and FLUSH writes back all of it: multi-conn), and CACHE.
         Caps {
-            can_trim: true,
-            can_zero: true,
-            can_fast_zero: false,
-            can_fua: true,
-            can_flush: true,
-            // One cache serves every connection, and FLUSH writes back all
-            // of it.
-            can_multi_conn: true,
-            can_extents: false,
             can_cache: true,
+            ..backing::PLAIN_CAPS
         }
     }
     fn cache(&self, offset: u64, len: u64) -> backend::Result<()> {
