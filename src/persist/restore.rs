@@ -293,21 +293,8 @@ pub fn restore<S: Storage>(
     // 5. Change the disk: forget discarded/damaged journal bytes, then
     //    checkpoint what was replayed.
     progress.set_phase(RestorePhase::Checkpointing);
-    let file_len = journal.len().map_err(io_err("stat", jpath.clone()))?;
-    if report.journal_discarded {
-        journal
-            .set_len(0)
-            .map_err(io_err("truncate", jpath.clone()))?;
-        journal
-            .sync_data()
-            .map_err(io_err("fdatasync", jpath.clone()))?;
-    }
+    let (cend, flen) = journal_ends(&journal, &jpath, report.journal_discarded, committed_end)?;
     let next_gen = report.restored_gen.max(meta.image_gen) + 1;
-    let (cend, flen) = if report.journal_discarded {
-        (0, 0)
-    } else {
-        (committed_end, file_len)
-    };
     if meta.drive_size != durable_size && gens.is_empty() {
         // Never happens (the size changes only through generations), but
         // keep meta honest if it did.
@@ -331,6 +318,28 @@ pub fn restore<S: Storage>(
     progress.set_phase(RestorePhase::Done);
     report.duration = started.elapsed();
     Ok((engine, store, report))
+}
+
+/// Where the journal writer goes on: after the committed generations, or
+/// from an empty journal when it was discarded (truncated and synced here,
+/// so the discard is on disk before anything new is written).
+fn journal_ends<F: StorageFile>(
+    journal: &F,
+    jpath: &str,
+    discarded: bool,
+    committed_end: u64,
+) -> Result<(u64, u64)> {
+    if discarded {
+        journal
+            .set_len(0)
+            .map_err(io_err("truncate", jpath.to_owned()))?;
+        journal
+            .sync_data()
+            .map_err(io_err("fdatasync", jpath.to_owned()))?;
+        return Ok((0, 0));
+    }
+    let file_len = journal.len().map_err(io_err("stat", jpath.to_owned()))?;
+    Ok((committed_end, file_len))
 }
 
 /// The cipher of an encrypted drive, checked against the key check in
