@@ -23,6 +23,16 @@ pub enum Mode {
 impl Mode {
     pub const ALL: [Mode; 3] = [Mode::WriteThrough, Mode::WriteAround, Mode::WriteBack];
 
+    /// Parses a mode name (`writeback`, `write-back`, `wb`, ...).
+    pub fn parse(s: &str) -> Result<Mode, SettingError> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "writethrough" | "wt" => Ok(Mode::WriteThrough),
+            "writearound" | "wa" => Ok(Mode::WriteAround),
+            "writeback" | "wb" => Ok(Mode::WriteBack),
+            _ => Err(SettingError::UnknownMode(s.to_owned())),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::WriteThrough => "writethrough",
@@ -35,18 +45,6 @@ impl Mode {
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl Mode {
-    /// Parses a mode name (`writeback`, `write-back`, `wb`, ...).
-    pub fn parse(s: &str) -> Result<Mode, SettingError> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "writethrough" | "wt" => Ok(Mode::WriteThrough),
-            "writearound" | "wa" => Ok(Mode::WriteAround),
-            "writeback" | "wb" => Ok(Mode::WriteBack),
-            _ => Err(SettingError::UnknownMode(s.to_owned())),
-        }
     }
 }
 
