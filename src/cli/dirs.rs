@@ -175,46 +175,15 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
             force,
             out,
         } => {
-            let abs = std::fs::canonicalize(&path).map_err(|e| {
-                CliError::Other(format!(
-                    "{}: {e} (ramd keeps an existing directory in RAM)",
-                    path.display()
-                ))
-            })?;
-            let given = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
-            if abs != given && !out.json {
-                eprintln!(
-                    "note: {} resolves to {}; keeping that in RAM",
-                    given.display(),
-                    abs.display()
-                );
-            }
             let req = AddDir {
-                path: abs.display().to_string(),
+                path: String::new(),
                 interval: interval.map(IntervalValue::Text),
                 overlay,
                 size_limit: size_limit.map(SizeValue::Text),
                 recovery_generations,
                 force,
             };
-            let info = waiting(
-                format!("copying {} into RAM", abs.display()),
-                out.json,
-                || client.add_dir(&req),
-            )?;
-            if out.json {
-                return print_json(&info);
-            }
-            println!(
-                "{} is in RAM ({}, {}), synced to disk every {}, on `ramd dir sync`, before suspend and when ramd stops",
-                info.path.display(),
-                mode_name(info.mode),
-                info.size_limit_bytes
-                    .map(|l| format!("limit {}", format_size(l)))
-                    .unwrap_or_else(|| "no size limit: up to half of RAM".into()),
-                format_interval(info.sync_interval_ms)
-            );
-            hint_units(&info.path);
+            add(client, &path, req, out.json)
         }
         DirCommand::List { out } => {
             let list = client.list_dirs()?;
@@ -222,6 +191,7 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                 return print_json(&list);
             }
             print!("{}", list_table(&list.dirs));
+            Ok(())
         }
         DirCommand::Set {
             dir,
@@ -229,74 +199,24 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
             size_limit,
             recovery_generations,
             out,
-        } => {
-            if interval.is_none() && size_limit.is_none() && recovery_generations.is_none() {
-                return Err(CliError::Other(
-                    "nothing to change: give --interval, --size-limit or --recovery-generations"
-                        .into(),
-                ));
-            }
-            let r = client.patch_dir(
-                &key(&dir)?,
-                &PatchDir {
-                    interval: interval.map(IntervalValue::Text),
-                    size_limit: size_limit.map(SizeValue::Text),
-                    recovery_generations,
-                },
-            )?;
-            if out.json {
-                return print_json(&r);
-            }
-            if let Some(n) = &r.notice {
-                eprintln!("note: {n}");
-            }
-            let i = &r.info;
-            println!(
-                "{}: {}, synced every {}",
-                i.path.display(),
-                i.size_limit_bytes
-                    .map(|l| format!("limit {}", format_size(l)))
-                    .unwrap_or_else(|| "no size limit (half of RAM)".into()),
-                format_interval(i.sync_interval_ms),
-            );
-        }
+        } => set(
+            client,
+            &dir,
+            interval,
+            size_limit,
+            recovery_generations,
+            out.json,
+        ),
         DirCommand::Info { dir, out } => {
             let info = client.dir(&key(&dir)?)?;
             if out.json {
                 return print_json(&info);
             }
             print!("{}", info_table(&info));
+            Ok(())
         }
-        DirCommand::Sync { dir, all, out } => {
-            if all {
-                let r = waiting("syncing every directory".into(), out.json, || {
-                    client.sync_all_dirs()
-                })?;
-                if out.json {
-                    print_json(&r)?;
-                }
-                let mut failed = 0;
-                for x in &r.results {
-                    match (&x.report, &x.error) {
-                        (Some(rep), _) if !out.json => print_sync(&x.path, rep),
-                        (_, Some(e)) => {
-                            failed += 1;
-                            eprintln!("ramd: {}: sync failed: {}", x.path, e.message);
-                        }
-                        _ => {}
-                    }
-                }
-                if r.results.is_empty() && !out.json {
-                    println!("no directories in RAM");
-                }
-                if failed > 0 {
-                    return Err(CliError::Other(format!(
-                        "{failed} of {} directories failed to sync (see above)",
-                        r.results.len()
-                    )));
-                }
-                return Ok(());
-            }
+        DirCommand::Sync { all: true, out, .. } => sync_all(client, out.json),
+        DirCommand::Sync { dir, out, .. } => {
             let dir = dir.expect("clap requires a directory without --all");
             let k = key(&dir)?;
             let r = waiting(format!("syncing {k}"), out.json, || client.sync_dir(&k))?;
@@ -304,44 +224,161 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
                 return print_json(&r);
             }
             print_sync(&r.path, &r.report);
+            Ok(())
         }
-        DirCommand::Remove { dir, force, out } => {
-            let k = key(&dir)?;
-            let r = waiting(format!("final sync of {k}"), out.json, || {
-                client.remove_dir(&k, force)
-            })?;
-            if out.json {
-                return print_json(&r);
+        DirCommand::Remove { dir, force, out } => remove(client, &dir, force, out.json),
+    }
+}
+
+/// `ramd dir add`: resolves PATH (saying so when it differs) and asks
+/// the daemon to keep it in RAM.
+fn add(client: &Client, path: &std::path::Path, req: AddDir, json: bool) -> Result<(), CliError> {
+    let abs = std::fs::canonicalize(path).map_err(|e| {
+        CliError::Other(format!(
+            "{}: {e} (ramd keeps an existing directory in RAM)",
+            path.display()
+        ))
+    })?;
+    let given = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if abs != given && !json {
+        eprintln!(
+            "note: {} resolves to {}; keeping that in RAM",
+            given.display(),
+            abs.display()
+        );
+    }
+    let req = AddDir {
+        path: abs.display().to_string(),
+        ..req
+    };
+    let info = waiting(format!("copying {} into RAM", abs.display()), json, || {
+        client.add_dir(&req)
+    })?;
+    if json {
+        return print_json(&info);
+    }
+    println!(
+        "{} is in RAM ({}, {}), synced to disk every {}, on `ramd dir sync`, before suspend and when ramd stops",
+        info.path.display(),
+        mode_name(info.mode),
+        info.size_limit_bytes
+            .map(|l| format!("limit {}", format_size(l)))
+            .unwrap_or_else(|| "no size limit: up to half of RAM".into()),
+        format_interval(info.sync_interval_ms)
+    );
+    hint_units(&info.path);
+    Ok(())
+}
+
+/// `ramd dir set`: changes a directory's interval, size limit or
+/// recovery generations.
+fn set(
+    client: &Client,
+    dir: &str,
+    interval: Option<String>,
+    size_limit: Option<String>,
+    recovery_generations: Option<u32>,
+    json: bool,
+) -> Result<(), CliError> {
+    if interval.is_none() && size_limit.is_none() && recovery_generations.is_none() {
+        return Err(CliError::Other(
+            "nothing to change: give --interval, --size-limit or --recovery-generations".into(),
+        ));
+    }
+    let r = client.patch_dir(
+        &key(dir)?,
+        &PatchDir {
+            interval: interval.map(IntervalValue::Text),
+            size_limit: size_limit.map(SizeValue::Text),
+            recovery_generations,
+        },
+    )?;
+    if json {
+        return print_json(&r);
+    }
+    if let Some(n) = &r.notice {
+        eprintln!("note: {n}");
+    }
+    let i = &r.info;
+    println!(
+        "{}: {}, synced every {}",
+        i.path.display(),
+        i.size_limit_bytes
+            .map(|l| format!("limit {}", format_size(l)))
+            .unwrap_or_else(|| "no size limit (half of RAM)".into()),
+        format_interval(i.sync_interval_ms),
+    );
+    Ok(())
+}
+
+/// `ramd dir sync --all`: one line per directory; fails when any failed.
+fn sync_all(client: &Client, json: bool) -> Result<(), CliError> {
+    let r = waiting("syncing every directory".into(), json, || {
+        client.sync_all_dirs()
+    })?;
+    if json {
+        print_json(&r)?;
+    }
+    let mut failed = 0;
+    for x in &r.results {
+        match (&x.report, &x.error) {
+            (Some(rep), _) if !json => print_sync(&x.path, rep),
+            (_, Some(e)) => {
+                failed += 1;
+                eprintln!("ramd: {}: sync failed: {}", x.path, e.message);
             }
-            if let Some(n) = &r.notice {
-                eprintln!("note: {n}");
-            }
-            match &r.result {
-                StopOutcome::Released {
-                    report,
-                    lazy_unmount,
-                    still_open,
-                    kept_until_closed,
-                } => {
-                    println!(
-                        "{} is a normal directory again (final sync: {})",
-                        r.path,
-                        sync_summary(report)
-                    );
-                    print_conflicts(&r.path, report);
-                    if let Some(kept) = kept_until_closed {
-                        println!("note: these programs still have files in the RAM copy; it stays at {} until they close them, and what they write after the final sync is then saved as a recovery copy under the state directory (the log names it):", kept.display());
-                        for h in still_open {
-                            println!("  {h}");
-                        }
-                    } else if *lazy_unmount {
-                        println!("note: programs that still had files open there keep the (synced) RAM copy until they close them");
-                    }
+            _ => {}
+        }
+    }
+    if r.results.is_empty() && !json {
+        println!("no directories in RAM");
+    }
+    if failed > 0 {
+        return Err(CliError::Other(format!(
+            "{failed} of {} directories failed to sync (see above)",
+            r.results.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `ramd dir remove`: the final sync, then what became of the directory
+/// and of programs that still use the RAM copy.
+fn remove(client: &Client, dir: &str, force: bool, json: bool) -> Result<(), CliError> {
+    let k = key(dir)?;
+    let r = waiting(format!("final sync of {k}"), json, || {
+        client.remove_dir(&k, force)
+    })?;
+    if json {
+        return print_json(&r);
+    }
+    if let Some(n) = &r.notice {
+        eprintln!("note: {n}");
+    }
+    match &r.result {
+        StopOutcome::Released {
+            report,
+            lazy_unmount,
+            still_open,
+            kept_until_closed,
+        } => {
+            println!(
+                "{} is a normal directory again (final sync: {})",
+                r.path,
+                sync_summary(report)
+            );
+            print_conflicts(&r.path, report);
+            if let Some(kept) = kept_until_closed {
+                println!("note: these programs still have files in the RAM copy; it stays at {} until they close them, and what they write after the final sync is then saved as a recovery copy under the state directory (the log names it):", kept.display());
+                for h in still_open {
+                    println!("  {h}");
                 }
-                StopOutcome::HandedOver { .. } | StopOutcome::Inactive => {
-                    println!("{} is no longer managed by ramd", r.path);
-                }
+            } else if *lazy_unmount {
+                println!("note: programs that still had files open there keep the (synced) RAM copy until they close them");
             }
+        }
+        StopOutcome::HandedOver { .. } | StopOutcome::Inactive => {
+            println!("{} is no longer managed by ramd", r.path);
         }
     }
     Ok(())
