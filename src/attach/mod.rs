@@ -79,20 +79,80 @@ impl Attachable for Drive {
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     /// The mountpoint is unusable.
-    #[error("{0}")]
-    BadMountpoint(String),
+    #[error(transparent)]
+    BadMountpoint(#[from] BadMountpoint),
     /// Something is already attached there.
-    #[error("{0}")]
-    AlreadyAttached(String),
-    /// No attachment matches.
-    #[error("{0}")]
-    NotFound(String),
-    /// The unmount was refused because the file is in use.
-    #[error("{0}")]
-    Busy(String),
-    /// The kernel or fusermount3 refused.
-    #[error("{0}")]
-    Failed(String),
+    #[error("drive '{}' is already attached at {}; run `ramd detach {}` first", .0.drive, .0.mountpoint.display(), .0.mountpoint.display())]
+    AlreadyAttached(AttachmentInfo),
+    /// No attachment has this id.
+    #[error("no attachment {0} (see `ramd attach --list`)")]
+    NotFound(u64),
+    /// The unmount was refused: the file is in use, or something else is
+    /// mounted over ours.
+    #[error(transparent)]
+    Busy(#[from] Busy),
+    /// The kernel, fusermount3 or the system refused.
+    #[error(transparent)]
+    Failed(#[from] Failure),
+}
+
+/// Why a mountpoint cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BadMountpoint {
+    #[error("mountpoint {} must be an absolute path", .0.display())]
+    NotAbsolute(PathBuf),
+    #[error("mountpoint {}: {source}{}", .path.display(), if .source.kind() == io::ErrorKind::NotFound { "; create it first (mkdir -p)" } else { "" })]
+    Unreachable { path: PathBuf, source: io::Error },
+    #[error("mountpoint {} is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error("{}: {source}", .path.display())]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error("refusing to attach over / (the root directory), even with force: pick an empty directory such as /mnt/NAME")]
+    Root,
+    #[error("{} is already a mount point ({what}): the attachment would hide it; {FREE_HINT}", .path.display())]
+    MountPoint { path: PathBuf, what: String },
+    #[error("{} is not empty (it holds '{first}'): the attachment would hide its files; {FREE_HINT}", .path.display())]
+    NotEmpty { path: PathBuf, first: String },
+}
+
+/// What to do about a mountpoint that is in use.
+const FREE_HINT: &str = "pick an empty directory that is not a mount point (mkdir -p /mnt/NAME), \
+                         or force it (--force, \"force\": true) to hide what is there until detach";
+
+/// Why an unmount was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Busy {
+    #[error("{} is busy: something still uses the drive's file. Unmount the filesystem on it and detach its loop device first (`losetup -j FILE` under {} shows the device; then umount it and losetup -d it)", .0.display(), .0.display())]
+    InUse(PathBuf),
+    #[error("something else is mounted over ramd's attachment at {} ({what}); ramd unmounts only its own mount: unmount that first (umount {})", .mountpoint.display(), .mountpoint.display())]
+    Covered { mountpoint: PathBuf, what: String },
+}
+
+/// An operation the system refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("'{0}' is not serving now")]
+    NotServing(String),
+    #[error("cannot mount FUSE at {}: {source}{}", .mountpoint.display(), if is_root() { " (is /dev/fuse present?)" } else { " (is fusermount3 installed (apt-get install fuse3) and /dev/fuse usable?)" })]
+    Mount {
+        mountpoint: PathBuf,
+        source: io::Error,
+    },
+    #[error("cannot start the FUSE thread: {0}")]
+    Thread(#[source] io::Error),
+    #[error(transparent)]
+    Mountinfo(#[from] crate::dirsync::mountinfo::MountInfoError),
+    #[error("mountpoint contains a NUL byte")]
+    NulInPath,
+    #[error("cannot unmount {}: {source}", .mountpoint.display())]
+    Unmount {
+        mountpoint: PathBuf,
+        source: io::Error,
+    },
+    #[error("cannot run fusermount3: {0}")]
+    Fusermount(#[source] io::Error),
+    #[error("fusermount3 -u {} failed: {stderr}", .mountpoint.display())]
+    FusermountFailed { mountpoint: PathBuf, stderr: String },
 }
 
 /// A live attachment as listings show it.
@@ -172,29 +232,18 @@ impl Attachments {
             .values()
             .find(|a| a.info.mountpoint == mountpoint)
         {
-            return Err(AttachError::AlreadyAttached(format!(
-                "drive '{}' is already attached at {}; run `ramd detach {}` first",
-                a.info.drive,
-                mountpoint.display(),
-                mountpoint.display()
-            )));
+            return Err(AttachError::AlreadyAttached(a.info.clone()));
         }
         check_free(&mountpoint, force)?;
         let export = drive
             .export()
-            .ok_or_else(|| AttachError::Failed(format!("'{}' is not serving now", drive.name())))?;
+            .ok_or_else(|| Failure::NotServing(drive.name().to_owned()))?;
         let fs = DriveFs::new(export);
-        let mut session = mount(fs, &mountpoint, drive.name()).map_err(|e| {
-            AttachError::Failed(format!(
-                "cannot mount FUSE at {}: {e}{}",
-                mountpoint.display(),
-                if is_root() {
-                    " (is /dev/fuse present?)"
-                } else {
-                    " (is fusermount3 installed (apt-get install fuse3) and /dev/fuse usable?)"
-                }
-            ))
-        })?;
+        let mut session =
+            mount(fs, &mountpoint, drive.name()).map_err(|source| Failure::Mount {
+                mountpoint: mountpoint.clone(),
+                source,
+            })?;
         let name = drive.name().to_owned();
         let source = source_of(&name);
         let mount_id = mountinfo::read().ok().and_then(|mounts| {
@@ -205,7 +254,7 @@ impl Attachments {
         let thread = std::thread::Builder::new()
             .name(format!("fuse-{name}"))
             .spawn(move || session.run())
-            .map_err(|e| AttachError::Failed(format!("cannot start the FUSE thread: {e}")))?;
+            .map_err(Failure::Thread)?;
         // Served by the thread just started (which needs no lock of ours).
         let dev = std::fs::metadata(&mountpoint).ok().map(|m| m.dev());
         inner.next_id += 1;
@@ -247,9 +296,7 @@ impl Attachments {
     pub fn detach(&self, id: u64) -> Result<AttachmentInfo, AttachError> {
         let mut inner = self.inner.lock();
         let Some(a) = inner.by_id.get(&id) else {
-            return Err(AttachError::NotFound(format!(
-                "no attachment {id} (see `ramd attach --list`)"
-            )));
+            return Err(AttachError::NotFound(id));
         };
         match mount_state(a)? {
             MountState::Ours => unmount(&a.info.mountpoint, false)?,
@@ -383,68 +430,54 @@ fn is_ours(m: &Mount, source: &str) -> bool {
 
 /// `mountpoint`, canonical: it must be an absolute path to a directory.
 fn canonical_dir(mountpoint: &Path) -> Result<PathBuf, AttachError> {
-    let bad = |text: String| AttachError::BadMountpoint(text);
+    let path = || mountpoint.to_owned();
     if !mountpoint.is_absolute() {
-        return Err(bad(format!(
-            "mountpoint {} must be an absolute path",
-            mountpoint.display()
-        )));
+        return Err(BadMountpoint::NotAbsolute(path()).into());
     }
-    let meta = std::fs::metadata(mountpoint).map_err(|e| {
-        bad(format!(
-            "mountpoint {}: {e}{}",
-            mountpoint.display(),
-            if e.kind() == io::ErrorKind::NotFound {
-                "; create it first (mkdir -p)"
-            } else {
-                ""
-            }
-        ))
+    let meta = std::fs::metadata(mountpoint).map_err(|source| BadMountpoint::Unreachable {
+        path: path(),
+        source,
     })?;
     if !meta.is_dir() {
-        return Err(bad(format!(
-            "mountpoint {} is not a directory",
-            mountpoint.display()
-        )));
+        return Err(BadMountpoint::NotADirectory(path()).into());
     }
-    mountpoint
+    Ok(mountpoint
         .canonicalize()
-        .map_err(|e| bad(format!("{}: {e}", mountpoint.display())))
+        .map_err(|source| BadMountpoint::Unreadable {
+            path: path(),
+            source,
+        })?)
 }
 
 /// Checks the canonical `mp` against the rules (see the module
 /// invariants): not `/`; unless `force`, not a mount point and empty.
 fn check_free(mp: &Path, force: bool) -> Result<(), AttachError> {
-    let bad = |text: String| AttachError::BadMountpoint(text);
+    let path = || mp.to_owned();
+    let unreadable = |source| BadMountpoint::Unreadable {
+        path: path(),
+        source,
+    };
     if mp.parent().is_none() {
-        return Err(bad(
-            "refusing to attach over / (the root directory), even with force: \
-             pick an empty directory such as /mnt/NAME"
-                .into(),
-        ));
+        return Err(BadMountpoint::Root.into());
     }
-    let hint = "pick an empty directory that is not a mount point (mkdir -p /mnt/NAME), \
-                or force it (--force, \"force\": true) to hide what is there until detach";
-    let meta = std::fs::metadata(mp).map_err(|e| bad(format!("{}: {e}", mp.display())))?;
+    let meta = std::fs::metadata(mp).map_err(unreadable)?;
     if let Some(what) = mounted_at(mp, &meta)? {
         if !force {
-            return Err(bad(format!(
-                "{} is already a mount point ({what}): the attachment would hide it; {hint}",
-                mp.display()
-            )));
+            return Err(BadMountpoint::MountPoint { path: path(), what }.into());
         }
     }
-    let mut entries = std::fs::read_dir(mp).map_err(|e| bad(format!("{}: {e}", mp.display())))?;
+    let mut entries = std::fs::read_dir(mp).map_err(unreadable)?;
     if let Some(first) = entries.next() {
         if !force {
             let first = first.map_or_else(
                 |_| "?".into(),
                 |e| e.file_name().to_string_lossy().into_owned(),
             );
-            return Err(bad(format!(
-                "{} is not empty (it holds '{first}'): the attachment would hide its files; {hint}",
-                mp.display()
-            )));
+            return Err(BadMountpoint::NotEmpty {
+                path: path(),
+                first,
+            }
+            .into());
         }
     }
     Ok(())
@@ -454,7 +487,7 @@ fn check_free(mp: &Path, force: bool) -> Result<(), AttachError> {
 /// else (a mount mountinfo cannot show) a device differing from the
 /// parent's.
 fn mounted_at(mp: &Path, meta: &std::fs::Metadata) -> Result<Option<String>, AttachError> {
-    let mounts = mountinfo::read().map_err(|e| AttachError::Failed(e.to_string()))?;
+    let mounts = mountinfo::read().map_err(Failure::Mountinfo)?;
     if let Some(m) = mountinfo::top_mount_at(&mounts, mp) {
         return Ok(Some(format!("{} from {}", m.fs_type, m.source)));
     }
@@ -482,7 +515,7 @@ enum MountState {
 fn mount_state(a: &Attachment) -> Result<MountState, AttachError> {
     let mp = &a.info.mountpoint;
     let source = source_of(&a.info.drive);
-    let mounts = mountinfo::read().map_err(|e| AttachError::Failed(e.to_string()))?;
+    let mounts = mountinfo::read().map_err(Failure::Mountinfo)?;
     let ours = mounts.iter().find(|m| {
         m.mount_point == *mp
             && is_ours(m, &source)
@@ -509,12 +542,11 @@ fn mount_state(a: &Attachment) -> Result<MountState, AttachError> {
 
 /// The refusal for a mount of ours that something else covers.
 fn covered(a: &Attachment, what: &str) -> AttachError {
-    AttachError::Busy(format!(
-        "something else is mounted over ramd's attachment at {} ({what}); ramd unmounts only \
-         its own mount: unmount that first (umount {})",
-        a.info.mountpoint.display(),
-        a.info.mountpoint.display()
-    ))
+    Busy::Covered {
+        mountpoint: a.info.mountpoint.clone(),
+        what: what.to_owned(),
+    }
+    .into()
 }
 
 /// After a successful unmount: the session ends; join it and unlist.
@@ -535,17 +567,9 @@ fn finish(a: &mut Attachment) {
 /// Unmounts a FUSE mount: umount2 as root, fusermount3 otherwise. `lazy`
 /// detaches even when busy.
 fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), AttachError> {
-    let busy = || {
-        AttachError::Busy(format!(
-            "{} is busy: something still uses the drive's file. Unmount the filesystem on it and detach its loop device first \
-             (`losetup -j FILE` under {} shows the device; then umount it and losetup -d it)",
-            mountpoint.display(),
-            mountpoint.display(),
-        ))
-    };
+    let busy = || AttachError::from(Busy::InUse(mountpoint.to_owned()));
     if is_root() {
-        let c = CString::new(mountpoint.as_os_str().as_bytes())
-            .map_err(|_| AttachError::Failed("mountpoint contains a NUL byte".into()))?;
+        let c = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| Failure::NulInPath)?;
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
         // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
         if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
@@ -554,10 +578,11 @@ fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), AttachError> {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             Some(libc::EBUSY) => Err(busy()),
-            _ => Err(AttachError::Failed(format!(
-                "cannot unmount {}: {e}",
-                mountpoint.display()
-            ))),
+            _ => Err(Failure::Unmount {
+                mountpoint: mountpoint.to_owned(),
+                source: e,
+            }
+            .into()),
         };
     }
     let mut cmd = std::process::Command::new("fusermount3");
@@ -569,7 +594,7 @@ fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), AttachError> {
         .arg("--")
         .arg(mountpoint)
         .output()
-        .map_err(|e| AttachError::Failed(format!("cannot run fusermount3: {e}")))?;
+        .map_err(Failure::Fusermount)?;
     if out.status.success() {
         return Ok(());
     }
@@ -577,10 +602,10 @@ fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), AttachError> {
     if err.contains("busy") {
         Err(busy())
     } else {
-        Err(AttachError::Failed(format!(
-            "fusermount3 -u {} failed: {}",
-            mountpoint.display(),
-            err.trim()
-        )))
+        Err(Failure::FusermountFailed {
+            mountpoint: mountpoint.to_owned(),
+            stderr: err.trim().to_owned(),
+        }
+        .into())
     }
 }
