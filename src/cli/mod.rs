@@ -345,8 +345,20 @@ pub enum CliError {
     /// JSON output that could not be encoded.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
-    /// Messages of `ramd dir` (src/cli/dirs.rs) until it has its own
-    /// variants.
+    /// `ramd dir add PATH` where PATH is no directory that exists.
+    #[error("{}: {source} (ramd keeps an existing directory in RAM)", path.display())]
+    NoDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `ramd dir set` without anything to change.
+    #[error("nothing to change: give --interval, --size-limit or --recovery-generations")]
+    NothingToChange,
+    /// `ramd dir sync` (all) where some directories failed.
+    #[error("{failed} of {total} directories failed to sync (see above)")]
+    DirsFailedToSync { failed: usize, total: usize },
+    /// Messages of `ramd dir` (src/cli/dirs.rs) until it uses the variants
+    /// above (and `Path` for a path that cannot be resolved).
     #[error("{0}")]
     Other(String),
 }
