@@ -77,7 +77,9 @@ impl From<RegistryError> for ApiError {
             R::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
             R::NotReady(_) => (StatusCode::CONFLICT, "drive_not_ready"),
             R::NotPersistent(_) => (StatusCode::CONFLICT, "not_persistent"),
-            R::Persist(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persist_error"),
+            R::NoStateDir | R::NothingToRestore { .. } | R::Disk(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "persist_error")
+            }
             R::SyncFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sync_failed"),
         };
         ApiError::new(status, code, e.to_string())

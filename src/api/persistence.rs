@@ -17,7 +17,9 @@ use super::types::{
 use super::{blocking, ApiError};
 use crate::daemon::persistent::{phase_name, report_text, RestoreRecord};
 use crate::daemon::registry::Drive;
-use crate::daemon::spec::{check_sync_interval_ms, parse_sync_interval_ms, SpecError};
+use crate::daemon::spec::{
+    check_sync_interval_ms, parse_sync_interval_ms, PersistError, SpecError,
+};
 use crate::daemon::Daemon;
 use crate::metrics::persist::{PersistLive, PersistSample};
 use crate::persist::{Durability, PersistStatus, RestoreOptions};
@@ -34,9 +36,7 @@ pub(crate) fn interval_ms(v: &DurationValue) -> Result<u64, SpecError> {
 pub(crate) fn key_path(text: &str) -> Result<PathBuf, SpecError> {
     let p = PathBuf::from(text);
     if !p.is_absolute() {
-        return Err(SpecError::Persist(format!(
-            "the key file must be an absolute path, not '{text}'"
-        )));
+        return Err(PersistError::RelativeKeyFile { path: p }.into());
     }
     Ok(p)
 }

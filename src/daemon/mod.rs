@@ -140,22 +140,43 @@ pub struct DaemonArgs {
 }
 
 /// `--mem-budget`: a size of at least one byte.
-fn parse_mem_budget_flag(text: &str) -> Result<u64, String> {
-    config::check_mem_budget(parse_size(text)?).map_err(|e| e.to_string())
+fn parse_mem_budget_flag(text: &str) -> Result<u64, FlagError> {
+    let bytes = parse_size(text).map_err(|reason| FlagError::Size { reason })?;
+    Ok(config::check_mem_budget(bytes)?)
 }
 
 /// `--max-connections`: at least 1.
-fn parse_max_connections_flag(text: &str) -> Result<usize, String> {
+fn parse_max_connections_flag(text: &str) -> Result<usize, FlagError> {
     let n = text
         .trim()
         .parse()
-        .map_err(|e| format!("'{text}' is not a number: {e}"))?;
-    config::check_max_connections(n).map_err(|e| e.to_string())
+        .map_err(|source| FlagError::NotANumber {
+            text: text.to_owned(),
+            source,
+        })?;
+    Ok(config::check_max_connections(n)?)
 }
 
 /// `--log`: a known level or directives.
-fn parse_log_flag(text: &str) -> Result<String, String> {
-    config::check_log_filter(text).map_err(|e| e.to_string())
+fn parse_log_flag(text: &str) -> Result<String, FlagError> {
+    Ok(config::check_log_filter(text)?)
+}
+
+/// Why a daemon flag's value was refused (clap prints it after the flag).
+#[derive(Debug, thiserror::Error)]
+pub enum FlagError {
+    /// Not a size (the size parser's reason).
+    #[error("{reason}")]
+    Size { reason: String },
+    /// Not a whole number.
+    #[error("'{text}' is not a number: {source}")]
+    NotANumber {
+        text: String,
+        source: std::num::ParseIntError,
+    },
+    /// A value out of range.
+    #[error(transparent)]
+    Value(#[from] config::DaemonValueError),
 }
 
 /// Why the daemon could not start (or stopped with an error).
@@ -205,9 +226,10 @@ pub enum DaemonError {
     /// A start-up cache could not be created.
     #[error("cannot create cache '{name}': {source}")]
     Cache { name: String, source: CachesError },
-    /// At shutdown, dirty data of a cache could not reach its backing.
-    #[error("{0}")]
-    CacheData(String),
+    /// At shutdown, dirty data of caches could not reach their backing;
+    /// one description per cache (rescued where, or lost).
+    #[error("stopped, but dirty cache data did not reach its backing: {}", failed.join("; "))]
+    CacheData { failed: Vec<String> },
     /// Directories in RAM could not be brought up.
     #[error(transparent)]
     Dirs(#[from] DirsError),
@@ -485,17 +507,15 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .with_state_dir(settings.state_dir.clone()),
     );
     for (spec, origin) in &settings.drives {
-        registry
-            .create(spec, origin.clone())
-            .map_err(|source| {
-                let message = format!("cannot create drive '{}': {source}", spec.name);
-                settings
-                    .declared(&spec.name, origin, &message)
-                    .unwrap_or(DaemonError::Drive {
-                        name: spec.name.clone(),
-                        source,
-                    })
-            })?;
+        registry.create(spec, origin.clone()).map_err(|source| {
+            let message = format!("cannot create drive '{}': {source}", spec.name);
+            settings
+                .declared(&spec.name, origin, &message)
+                .unwrap_or(DaemonError::Drive {
+                    name: spec.name.clone(),
+                    source,
+                })
+        })?;
     }
     // Persistent drives created through the API (or no longer declared)
     // come back too; restores run in the background, READY=1 waits.
@@ -675,10 +695,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             "stopped, but not every cache could write back: {}",
             failed.join("; ")
         );
-        return Err(DaemonError::CacheData(format!(
-            "stopped, but dirty cache data did not reach its backing: {}",
-            failed.join("; ")
-        )));
+        return Err(DaemonError::CacheData { failed });
     }
     tracing::info!("stopped");
     Ok(())

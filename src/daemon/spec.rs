@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::persist::Durability;
-use crate::size::parse_size;
+use crate::size::{format_size, parse_size};
 
 /// Shortest background sync interval of a persistent drive.
 pub const MIN_SYNC_INTERVAL_MS: u64 = 50;
@@ -22,15 +22,78 @@ pub enum SpecError {
     /// The name breaks the naming rule.
     #[error("invalid drive name '{0}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
     InvalidName(String),
-    /// A size could not be parsed.
-    #[error("{0}")]
-    InvalidSize(String),
+    /// A size could not be parsed or is out of range.
+    #[error(transparent)]
+    InvalidSize(#[from] SizeError),
     /// The spec is malformed.
-    #[error("{0}")]
-    Malformed(String),
-    /// Persistence options that do not fit together.
-    #[error("{0}")]
-    Persist(String),
+    #[error(transparent)]
+    Malformed(#[from] MalformedSpec),
+    /// Persistence options that are malformed or do not fit together.
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+}
+
+/// Why a drive size or memory limit was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// Not a size (the size parser's reason).
+    #[error("{reason}")]
+    Unparsable { reason: String },
+    /// A drive of 0 bytes.
+    #[error("a drive size must be at least 1 byte")]
+    ZeroDrive,
+    /// A memory limit of 0 bytes.
+    #[error("a memory limit of 0 bytes would refuse every write: give at least 1 byte, or \"none\" (leave it out) for no limit")]
+    ZeroMemLimit,
+    /// Larger than the largest drive.
+    #[error("{} is larger than the largest drive ({})", format_size(*size), format_size(*max))]
+    TooLarge { size: u64, max: u64 },
+}
+
+impl SizeError {
+    fn unparsable(reason: String) -> Self {
+        SizeError::Unparsable { reason }
+    }
+}
+
+/// Why a `--drive` spec does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedSpec {
+    /// No `NAME=SIZE` at its head.
+    #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
+    NoSize { spec: String },
+    /// An option this parser does not know.
+    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH)")]
+    UnknownOption { spec: String, option: String },
+}
+
+/// Why persistence options were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PersistError {
+    /// The sync interval is not a duration (humantime's reason).
+    #[error("invalid sync interval '{text}': {reason} (use a duration like 500ms, 30s, 10m)")]
+    SyncIntervalSyntax { text: String, reason: String },
+    /// The sync interval does not fit in milliseconds.
+    #[error("sync interval '{text}' is too long")]
+    SyncIntervalTooLong { text: String },
+    /// The sync interval is below the minimum.
+    #[error("a sync interval of {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms")]
+    SyncIntervalTooShort { ms: u64 },
+    /// Not a durability mode (the engine's reason).
+    #[error("{reason}")]
+    Durability { reason: String },
+    /// A persistence option on a RAM-only drive.
+    #[error("{what} needs a persistent drive: add --persist (config: persist = true)")]
+    NeedsPersist { what: &'static str },
+    /// Encryption without a key file.
+    #[error("encryption needs a key file: add --key-file F (a new file of 32 random bytes: (umask 077; set -C; head -c 32 /dev/urandom > F), where set -C refuses to overwrite an existing F)")]
+    NoKeyFile,
+    /// A key file without encryption.
+    #[error("a key file is only used with encryption: add --encrypt")]
+    KeyFileWithoutEncryption,
+    /// A key file given as a relative path.
+    #[error("the key file must be an absolute path, not '{}'", path.display())]
+    RelativeKeyFile { path: PathBuf },
 }
 
 /// Checks a drive name: `[a-z0-9][a-z0-9_-]{0,63}`.
@@ -50,11 +113,9 @@ pub fn check_name(name: &str) -> Result<(), SpecError> {
 
 /// Parses a drive size: a human size of at least one byte.
 pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
-    let size = parse_size(text).map_err(SpecError::InvalidSize)?;
+    let size = parse_size(text).map_err(SizeError::unparsable)?;
     if size == 0 {
-        return Err(SpecError::InvalidSize(
-            "a drive size must be at least 1 byte".into(),
-        ));
+        return Err(SizeError::ZeroDrive.into());
     }
     Ok(size)
 }
@@ -64,16 +125,14 @@ pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
 /// leaving it out.
 pub fn check_mem_limit(bytes: u64) -> Result<u64, SpecError> {
     if bytes == 0 {
-        return Err(SpecError::InvalidSize(
-            "a memory limit of 0 bytes would refuse every write: give at least 1 byte, or \"none\" (leave it out) for no limit".into(),
-        ));
+        return Err(SizeError::ZeroMemLimit.into());
     }
     Ok(bytes)
 }
 
 /// Parses a memory limit: a human size of at least one byte.
 pub fn parse_mem_limit(text: &str) -> Result<u64, SpecError> {
-    check_mem_limit(parse_size(text).map_err(SpecError::InvalidSize)?)
+    check_mem_limit(parse_size(text).map_err(SizeError::unparsable)?)
 }
 
 /// A drive to create, however it was described.
@@ -115,13 +174,14 @@ impl Default for PersistSpec {
 
 /// Parses a sync interval: `60s`, `10m`, `500ms`, `1h 30m`.
 pub fn parse_sync_interval_ms(text: &str) -> Result<u64, SpecError> {
-    let d = humantime::parse_duration(text.trim()).map_err(|e| {
-        SpecError::Persist(format!(
-            "invalid sync interval '{text}': {e} (use a duration like 500ms, 30s, 10m)"
-        ))
+    let d =
+        humantime::parse_duration(text.trim()).map_err(|e| PersistError::SyncIntervalSyntax {
+            text: text.to_owned(),
+            reason: e.to_string(),
+        })?;
+    let ms = u64::try_from(d.as_millis()).map_err(|_| PersistError::SyncIntervalTooLong {
+        text: text.to_owned(),
     })?;
-    let ms = u64::try_from(d.as_millis())
-        .map_err(|_| SpecError::Persist(format!("sync interval '{text}' is too long")))?;
     check_sync_interval_ms(ms)?;
     Ok(ms)
 }
@@ -129,9 +189,7 @@ pub fn parse_sync_interval_ms(text: &str) -> Result<u64, SpecError> {
 /// Checks a sync interval in milliseconds.
 pub fn check_sync_interval_ms(ms: u64) -> Result<(), SpecError> {
     if ms < MIN_SYNC_INTERVAL_MS {
-        return Err(SpecError::Persist(format!(
-            "a sync interval of {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms"
-        )));
+        return Err(PersistError::SyncIntervalTooShort { ms }.into());
     }
     Ok(())
 }
@@ -143,7 +201,9 @@ pub fn format_interval(ms: u64) -> String {
 
 /// Parses a durability mode.
 pub fn parse_durability(text: &str) -> Result<Durability, SpecError> {
-    text.trim().parse().map_err(SpecError::Persist)
+    text.trim()
+        .parse()
+        .map_err(|reason| PersistError::Durability { reason }.into())
 }
 
 /// Persistence options as a user gives them (flags, config keys, API
@@ -161,11 +221,7 @@ impl PersistOptions {
     /// The spec, None for a RAM-only drive; an error names what does not
     /// fit together (e.g. a durability without persistence).
     pub fn into_spec(self) -> Result<Option<PersistSpec>, SpecError> {
-        let needs_persist = |what: &str| {
-            SpecError::Persist(format!(
-                "{what} needs a persistent drive: add --persist (config: persist = true)"
-            ))
-        };
+        let needs_persist = |what| SpecError::from(PersistError::NeedsPersist { what });
         if !self.persist {
             if self.durability.is_some() {
                 return Err(needs_persist("a durability mode"));
@@ -179,24 +235,13 @@ impl PersistOptions {
             return Ok(None);
         }
         match (self.encrypt, &self.key_file) {
-            (true, None) => {
-                return Err(SpecError::Persist(
-                    "encryption needs a key file: add --key-file F (a new file of 32 random bytes: (umask 077; set -C; head -c 32 /dev/urandom > F), where set -C refuses to overwrite an existing F)".into(),
-                ))
-            }
-            (false, Some(_)) => {
-                return Err(SpecError::Persist(
-                    "a key file is only used with encryption: add --encrypt".into(),
-                ))
-            }
+            (true, None) => return Err(PersistError::NoKeyFile.into()),
+            (false, Some(_)) => return Err(PersistError::KeyFileWithoutEncryption.into()),
             _ => {}
         }
         if let Some(f) = &self.key_file {
             if !f.is_absolute() {
-                return Err(SpecError::Persist(format!(
-                    "the key file must be an absolute path, not '{}'",
-                    f.display()
-                )));
+                return Err(PersistError::RelativeKeyFile { path: f.clone() }.into());
             }
         }
         let sync_interval_ms = self.sync_interval_ms.unwrap_or(DEFAULT_SYNC_INTERVAL_MS);
@@ -216,9 +261,10 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
     let mut parts = spec.split(',');
     let head = parts.next().unwrap_or_default();
     let Some((name, size)) = head.split_once('=') else {
-        return Err(SpecError::Malformed(format!(
-            "'{spec}': expected NAME=SIZE, like ram0=1G"
-        )));
+        return Err(MalformedSpec::NoSize {
+            spec: spec.to_owned(),
+        }
+        .into());
     };
     check_name(name)?;
     let size_bytes = parse_drive_size(size)?;
@@ -233,9 +279,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
     let mut p = PersistOptions::default();
     for opt in parts {
         match opt.split_once('=') {
-            Some(("mem-limit", v)) => {
-                d.mem_limit_bytes = Some(parse_mem_limit(v)?)
-            }
+            Some(("mem-limit", v)) => d.mem_limit_bytes = Some(parse_mem_limit(v)?),
             Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
             Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
             Some(("key-file", v)) => {
@@ -246,9 +290,11 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
             None if opt == "overcommit" => d.overcommit = true,
             None if opt == "persist" => p.persist = true,
             _ => {
-                return Err(SpecError::Malformed(format!(
-                "'{spec}': unknown option '{opt}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH)"
-            )))
+                return Err(MalformedSpec::UnknownOption {
+                    spec: spec.to_owned(),
+                    option: opt.to_owned(),
+                }
+                .into())
             }
         }
     }

@@ -109,28 +109,58 @@ pub fn engine_config(spec: &PersistSpec) -> PersistConfig {
     }
 }
 
-fn read_key(spec: &PersistSpec) -> Result<Option<Key>, String> {
+/// Why a persistent drive's files could not be created or opened. The
+/// messages are for people: they name the file and what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The key file does not hold a key. Never suggests a command that
+    /// writes to the named file (it may be anything: `/etc/shadow`).
+    #[error("key file {} must hold 32 raw bytes or 64 hex digits, but it holds {len} bytes: is it the right file? To make a new key, write it to a new file (ramd never writes key files): (umask 077; set -C; head -c 32 /dev/urandom > NEW_KEY_FILE)", path.display())]
+    KeyFormat { path: PathBuf, len: usize },
+    /// The key file does not exist.
+    #[error("key file {} does not exist: give the file the drive was encrypted with, or for a new drive create one that does not exist yet with (umask 077; set -C; head -c 32 /dev/urandom > {})", path.display(), path.display())]
+    KeyMissing { path: PathBuf },
+    /// The key file could not be read otherwise.
+    #[error(transparent)]
+    Key(crate::persist::crypto::CryptoError),
+    /// The state directory could not be created.
+    #[error("cannot create the state directory {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The state directory could not be opened.
+    #[error(transparent)]
+    OpenDir(std::io::Error),
+    /// `drive.json` could not be written.
+    #[error(transparent)]
+    Settings(#[from] settings::SettingsError),
+    /// The engine refused (its precise message).
+    #[error(transparent)]
+    Engine(#[from] crate::persist::Error),
+}
+
+fn read_key(spec: &PersistSpec) -> Result<Option<Key>, DiskError> {
     spec.key_file
         .as_deref()
         .map(|f| Key::from_file(f).map_err(|e| key_error(f, e)))
         .transpose()
 }
 
-/// A key file error for people. Never suggests a command that writes to
-/// the named file when it exists (it may be anything: `/etc/shadow`).
-fn key_error(path: &Path, e: crate::persist::crypto::CryptoError) -> String {
+/// Which key file error `e` is, for people.
+fn key_error(path: &Path, e: crate::persist::crypto::CryptoError) -> DiskError {
     use crate::persist::crypto::CryptoError as E;
     match e {
-        E::KeyFormat { len, .. } => format!(
-            "key file {} must hold 32 raw bytes or 64 hex digits, but it holds {len} bytes: is it the right file? To make a new key, write it to a new file (ramd never writes key files): (umask 077; set -C; head -c 32 /dev/urandom > NEW_KEY_FILE)",
-            path.display()
-        ),
-        E::KeyFile { source, .. } if source.kind() == std::io::ErrorKind::NotFound => format!(
-            "key file {} does not exist: give the file the drive was encrypted with, or for a new drive create one that does not exist yet with (umask 077; set -C; head -c 32 /dev/urandom > {})",
-            path.display(),
-            path.display()
-        ),
-        other => other.to_string(),
+        E::KeyFormat { len, .. } => DiskError::KeyFormat {
+            path: path.to_owned(),
+            len,
+        },
+        E::KeyFile { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            DiskError::KeyMissing {
+                path: path.to_owned(),
+            }
+        }
+        other => DiskError::Key(other),
     }
 }
 
@@ -150,26 +180,26 @@ pub fn create_new(
     persist: &PersistSpec,
     origin: &str,
     budget: Arc<MemoryBudget>,
-) -> Result<DiskDrive, String> {
+) -> Result<DiskDrive, DiskError> {
     let key = read_key(persist)?;
     let existed = dir.exists();
     let result = (|| {
-        let storage = DirStorage::create_dir(dir)
-            .map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))?;
+        let storage = DirStorage::create_dir(dir).map_err(|source| DiskError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
         settings::write(
             dir,
             &settings::DriveSettings::from_spec(spec, persist, origin),
-        )
-        .map_err(|e| e.to_string())?;
-        PersistentDrive::create(
+        )?;
+        Ok(PersistentDrive::create(
             storage,
             spec.size_bytes,
             key.as_ref(),
             engine_config(persist),
             store_options(spec.mem_limit_bytes),
             budget,
-        )
-        .map_err(|e| e.to_string())
+        )?)
     })();
     if result.is_err() && !existed {
         let _ = std::fs::remove_dir_all(dir);
@@ -186,10 +216,10 @@ pub fn open(
     progress: &RestoreProgress,
     mem_limit_bytes: Option<u64>,
     budget: Arc<MemoryBudget>,
-) -> Result<(DiskDrive, RestoreReport), String> {
+) -> Result<(DiskDrive, RestoreReport), DiskError> {
     let key = read_key(persist)?;
-    let storage = DirStorage::open_dir(dir).map_err(|e| e.to_string())?;
-    PersistentDrive::open(
+    let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
+    Ok(PersistentDrive::open(
         storage,
         key.as_ref(),
         opts,
@@ -197,8 +227,7 @@ pub fn open(
         engine_config(persist),
         store_options(mem_limit_bytes),
         budget,
-    )
-    .map_err(|e| e.to_string())
+    )?)
 }
 
 /// Where the last restore of a drive stands.
@@ -631,7 +660,7 @@ mod tests {
             Err(e) => e,
             Ok(_) => panic!("created without a key"),
         };
-        assert!(e.contains("cannot read key file"), "{e}");
+        assert!(e.to_string().contains("cannot read key file"), "{e}");
         assert!(!dir.exists());
     }
 

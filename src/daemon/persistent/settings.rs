@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::spec::{check_sync_interval_ms, DriveSpec, PersistSpec};
+use crate::daemon::spec::{check_sync_interval_ms, DriveSpec, PersistSpec, SpecError};
 
 /// The file name inside a drive's state directory.
 pub const FILE: &str = "drive.json";
@@ -59,8 +59,36 @@ pub enum SettingsError {
         source: std::io::Error,
     },
     /// The file is not valid.
-    #[error("{path} is unusable: {detail}; fix it, or remove it to restore the drive with the settings it is declared (or created) with, or `ramd restore NAME --force` to rewrite it with them")]
-    Invalid { path: PathBuf, detail: String },
+    #[error("{path} is unusable: {problem}; fix it, or remove it to restore the drive with the settings it is declared (or created) with, or `ramd restore NAME --force` to rewrite it with them")]
+    Invalid { path: PathBuf, problem: Problem },
+}
+
+/// What is wrong with the contents of a `drive.json`.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    /// It is not valid JSON or not the expected shape.
+    #[error(transparent)]
+    Json(serde_json::Error),
+    /// It describes another drive.
+    #[error("it names drive '{found}', not '{expected}'")]
+    OtherDrive { found: String, expected: String },
+    /// A field is wrong.
+    #[error(transparent)]
+    Field(#[from] FieldError),
+}
+
+/// Which field of a `drive.json` is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum FieldError {
+    /// A version this daemon does not read.
+    #[error("version {found} is not the supported version {VERSION}")]
+    Version { found: u32 },
+    /// The durability is not a known mode (the engine's own reason).
+    #[error("{reason}")]
+    Durability { reason: String },
+    /// The sync interval is out of range.
+    #[error(transparent)]
+    SyncInterval(#[from] SpecError),
 }
 
 /// The contents of `drive.json`.
@@ -108,15 +136,17 @@ impl DriveSettings {
 
     /// The drive spec these settings describe; an error says which field
     /// is wrong.
-    pub fn to_spec(&self) -> Result<DriveSpec, String> {
+    pub fn to_spec(&self) -> Result<DriveSpec, FieldError> {
         if self.version != VERSION {
-            return Err(format!(
-                "version {} is not the supported version {VERSION}",
-                self.version
-            ));
+            return Err(FieldError::Version {
+                found: self.version,
+            });
         }
-        let durability = self.durability.parse().map_err(|e: String| e)?;
-        check_sync_interval_ms(self.sync_interval_ms).map_err(|e| e.to_string())?;
+        let durability = self
+            .durability
+            .parse()
+            .map_err(|reason| FieldError::Durability { reason })?;
+        check_sync_interval_ms(self.sync_interval_ms)?;
         Ok(DriveSpec {
             name: self.name.clone(),
             size_bytes: self.size_bytes.max(1),
@@ -193,25 +223,21 @@ impl DriveSettings {
 /// Reads `dir/drive.json` of drive `name` and checks it: Ok(None) when
 /// there is none, Err with the reason (naming the file) when it is
 /// unusable.
-pub fn read_checked(dir: &Path, name: &str) -> Result<Option<DriveSettings>, String> {
-    let path = dir.join(FILE);
-    let Some(s) = read(dir).map_err(|e| e.to_string())? else {
+pub fn read_checked(dir: &Path, name: &str) -> Result<Option<DriveSettings>, SettingsError> {
+    let Some(s) = read(dir)? else {
         return Ok(None);
     };
-    let invalid = |detail: String| {
-        SettingsError::Invalid {
-            path: path.clone(),
-            detail,
-        }
-        .to_string()
+    let invalid = |problem: Problem| SettingsError::Invalid {
+        path: dir.join(FILE),
+        problem,
     };
     if s.name != name {
-        return Err(invalid(format!(
-            "it names drive '{}', not '{name}'",
-            s.name
-        )));
+        return Err(invalid(Problem::OtherDrive {
+            found: s.name.clone(),
+            expected: name.to_owned(),
+        }));
     }
-    s.to_spec().map_err(invalid)?;
+    s.to_spec().map_err(|e| invalid(e.into()))?;
     Ok(Some(s))
 }
 
@@ -233,7 +259,7 @@ pub fn read(dir: &Path) -> Result<Option<DriveSettings>, SettingsError> {
         .map(Some)
         .map_err(|e| SettingsError::Invalid {
             path,
-            detail: e.to_string(),
+            problem: Problem::Json(e),
         })
 }
 
@@ -334,10 +360,12 @@ mod tests {
         assert!(fresh.read_only);
         assert!(read_checked(dir.path(), "other")
             .unwrap_err()
+            .to_string()
             .contains("names drive 'db'"));
         std::fs::write(dir.path().join(FILE), "{").unwrap();
         assert!(read_checked(dir.path(), "db")
             .unwrap_err()
+            .to_string()
             .contains("drive.json is unusable"));
     }
 
@@ -350,9 +378,13 @@ mod tests {
         let s = spec();
         let mut st = DriveSettings::from_spec(&s, s.persist.as_ref().unwrap(), "api");
         st.durability = "fast".into();
-        assert!(st.to_spec().unwrap_err().contains("unknown durability"));
+        assert!(st
+            .to_spec()
+            .unwrap_err()
+            .to_string()
+            .contains("unknown durability"));
         st.durability = "flush".into();
         st.version = 9;
-        assert!(st.to_spec().unwrap_err().contains("version 9"));
+        assert!(st.to_spec().unwrap_err().to_string().contains("version 9"));
     }
 }

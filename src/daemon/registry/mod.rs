@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 mod persistent_drives;
 
 use super::persistent::{DiskDrive, Offline, Persistence};
-use super::spec::{check_name, DriveSpec, SpecError};
+use super::spec::{check_name, DriveSpec, SizeError, SpecError};
 use crate::backend::Backend;
 use crate::metrics::DriveMetrics;
 use crate::nbd::{Export, ExportTable, ShutdownHandle};
@@ -301,9 +301,15 @@ pub enum RegistryError {
     /// The operation needs a persistent drive.
     #[error("drive '{0}' is not persistent (RAM only): it has no data on disk; create a drive with --persist to keep one")]
     NotPersistent(String),
+    /// Persistent drives need a state directory and this daemon has none.
+    #[error("this daemon has no state directory for persistent drives")]
+    NoStateDir,
+    /// A restore was asked of a drive whose state directory holds nothing.
+    #[error("there is nothing to restore in {}: delete the drive (`ramd delete {name}`) and create it again", dir.display())]
+    NothingToRestore { name: String, dir: PathBuf },
     /// A persistent drive's state directory could not be created or used.
-    #[error("{0}")]
-    Persist(String),
+    #[error(transparent)]
+    Disk(#[from] super::persistent::DiskError),
     /// A sync failed; the drive keeps serving from RAM.
     #[error("{0}")]
     SyncFailed(String),
@@ -401,11 +407,7 @@ impl Registry {
 
     /// The state directory of drive `name`.
     pub fn drive_dir(&self, name: &str) -> Result<PathBuf, RegistryError> {
-        let dir = self.state_dir.as_ref().ok_or_else(|| {
-            RegistryError::Persist(
-                "this daemon has no state directory for persistent drives".into(),
-            )
-        })?;
+        let dir = self.state_dir.as_ref().ok_or(RegistryError::NoStateDir)?;
         Ok(super::persistent::drives_dir(dir).join(name))
     }
 
@@ -664,16 +666,13 @@ impl Registry {
         let limit = change.mem_limit_bytes.unwrap_or(drive.mem_limit_bytes());
         if let Some(new_size) = change.size_bytes {
             if new_size == 0 {
-                return Err(
-                    SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into(),
-                );
+                return Err(SpecError::from(SizeError::ZeroDrive).into());
             }
             if new_size > MAX_DRIVE_BYTES {
-                return Err(SpecError::InvalidSize(format!(
-                    "{} is larger than the largest drive ({})",
-                    format_size(new_size),
-                    format_size(MAX_DRIVE_BYTES)
-                ))
+                return Err(SpecError::from(SizeError::TooLarge {
+                    size: new_size,
+                    max: MAX_DRIVE_BYTES,
+                })
                 .into());
             }
         }
@@ -808,14 +807,13 @@ fn now_unix_s() -> u64 {
 
 fn check_size(size: u64) -> Result<(), RegistryError> {
     if size == 0 {
-        return Err(SpecError::InvalidSize("a drive size must be at least 1 byte".into()).into());
+        return Err(SpecError::from(SizeError::ZeroDrive).into());
     }
     if size > MAX_DRIVE_BYTES {
-        return Err(SpecError::InvalidSize(format!(
-            "{} is larger than the largest drive ({})",
-            format_size(size),
-            format_size(MAX_DRIVE_BYTES)
-        ))
+        return Err(SpecError::from(SizeError::TooLarge {
+            size,
+            max: MAX_DRIVE_BYTES,
+        })
         .into());
     }
     Ok(())

@@ -25,7 +25,7 @@ use crate::size::format_size;
 fn probe_with_settings(dir: &std::path::Path, name: &str) -> Found {
     match persistent::probe(dir) {
         found @ Found::Existing { .. } => match settings::read_checked(dir, name) {
-            Err(e) => Found::Broken(e),
+            Err(e) => Found::Broken(e.to_string()),
             Ok(_) => found,
         },
         found => found,
@@ -55,9 +55,13 @@ impl Registry {
                     spec.mem_limit_bytes,
                     spec.overcommit,
                 )?;
-                let pd =
-                    persistent::create_new(&dir, spec, persist, origin.name(), self.budget.clone())
-                        .map_err(RegistryError::Persist)?;
+                let pd = persistent::create_new(
+                    &dir,
+                    spec,
+                    persist,
+                    origin.name(),
+                    self.budget.clone(),
+                )?;
                 let p = Arc::new(Persistence::new(
                     dir.clone(),
                     persist.clone(),
@@ -271,7 +275,7 @@ impl Registry {
                     "restore failed after {:.2}s: {e}",
                     started.elapsed().as_secs_f64()
                 );
-                self.finish_failed(&mut drives, placeholder, e);
+                self.finish_failed(&mut drives, placeholder, e.to_string());
                 return;
             }
         };
@@ -420,10 +424,10 @@ impl Registry {
             Found::Existing { size_bytes } => size_bytes,
             Found::Broken(_) => 0,
             Found::New => {
-                return Err(RegistryError::Persist(format!(
-                    "there is nothing to restore in {}: delete the drive (`ramd delete {name}`) and create it again",
-                    p.dir.display()
-                )))
+                return Err(RegistryError::NothingToRestore {
+                    name: name.to_owned(),
+                    dir: p.dir.clone(),
+                })
             }
         };
         // The settings file: still unusable, only --force goes ahead (and
