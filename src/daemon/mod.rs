@@ -201,7 +201,10 @@ pub enum DaemonError {
     StateDir(#[from] persistent::modes::StateModeError),
     /// A start-up drive could not be created.
     #[error("cannot create drive '{name}': {source}")]
-    Drive { name: String, source: RegistryError },
+    Drive {
+        name: String,
+        source: Box<RegistryError>,
+    },
     /// A drive or cache declared in the config file could not be created
     /// (the message names its declaration).
     #[error("{path}:{line}:{column}: {message}")]
@@ -513,7 +516,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 .declared(&spec.name, origin, &message)
                 .unwrap_or(DaemonError::Drive {
                     name: spec.name.clone(),
-                    source,
+                    source: Box::new(source),
                 })
         })?;
     }

@@ -71,8 +71,8 @@ pub enum CachesError {
     #[error("no cache named '{0}' (see `ramd cache list`)")]
     NotFound(String),
     /// The cache does not fit in the memory budget.
-    #[error("{0}")]
-    OverBudget(String),
+    #[error(transparent)]
+    OverBudget(crate::daemon::registry::error::OverBudget),
     /// The backing cannot be opened (see the kind).
     #[error("{message}")]
     Backing {

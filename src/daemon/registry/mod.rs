@@ -36,6 +36,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+pub mod error;
 mod persistent_drives;
 
 use super::persistent::{DiskDrive, Offline, Persistence};
@@ -284,20 +285,20 @@ pub enum RegistryError {
     #[error("no drive named '{0}' (see `ramd list`)")]
     NotFound(String),
     /// The drive would not fit in the memory budget.
-    #[error("{0}")]
-    OverBudget(String),
+    #[error(transparent)]
+    OverBudget(#[from] error::OverBudget),
     /// A shrink would discard data.
-    #[error("{0}")]
-    DataBeyondSize(String),
+    #[error(transparent)]
+    DataBeyondSize(#[from] error::DataBeyondSize),
     /// The drive is in use.
-    #[error("{0}")]
-    Busy(String),
+    #[error(transparent)]
+    Busy(#[from] error::Busy),
     /// The store refused.
     #[error("{0}")]
     Store(#[from] crate::backend::Error),
     /// The drive is restoring or failed.
-    #[error("{0}")]
-    NotReady(String),
+    #[error(transparent)]
+    NotReady(#[from] error::NotReady),
     /// The operation needs a persistent drive.
     #[error("drive '{0}' is not persistent (RAM only): it has no data on disk; create a drive with --persist to keep one")]
     NotPersistent(String),
@@ -311,8 +312,8 @@ pub enum RegistryError {
     #[error(transparent)]
     Disk(#[from] super::persistent::DiskError),
     /// A sync failed; the drive keeps serving from RAM.
-    #[error("{0}")]
-    SyncFailed(String),
+    #[error(transparent)]
+    SyncFailed(#[from] error::SyncFailed),
 }
 
 /// The daemon's drives.
@@ -380,13 +381,13 @@ impl Registry {
         let limit = self.budget.limit_bytes();
         let room = limit.saturating_sub(promised);
         if bytes > room {
-            return Err(RegistryError::OverBudget(format!(
-                "{what} needs {} but only {} of the {} memory budget is not promised to drives and caches; \
-                 use a smaller --size, delete a drive or cache, or start the daemon with a larger --mem-budget",
-                format_size(bytes),
-                format_size(room),
-                format_size(limit)
-            )));
+            return Err(error::OverBudget::Other {
+                what: what.to_owned(),
+                bytes,
+                room,
+                limit,
+            }
+            .into());
         }
         self.promised_elsewhere.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
@@ -473,21 +474,27 @@ impl Registry {
         let meta = metadata_estimate(size);
         if overcommit {
             if meta > room {
-                return Err(RegistryError::OverBudget(format!(
-                    "drive '{name}' of {} needs {} of metadata but only {} of the {} memory budget is free; choose a smaller size",
-                    format_size(size), format_size(meta), format_size(room), format_size(limit)
-                )));
+                return Err(error::OverBudget::Metadata {
+                    name: name.to_owned(),
+                    size,
+                    meta,
+                    room,
+                    limit,
+                }
+                .into());
             }
             return Ok(());
         }
         let need = commitment(size, mem_limit);
         if need > room {
-            return Err(RegistryError::OverBudget(format!(
-                "drive '{name}' could hold {} (plus {} of metadata) but only {} of the daemon's {} memory budget is unpromised; \
-                 choose a smaller size, cap its memory with mem-limit, allow overcommit (writes past the budget then fail with ENOSPC), \
-                 or start the daemon with a larger --mem-budget",
-                format_size(need - meta), format_size(meta), format_size(room), format_size(limit)
-            )));
+            return Err(error::OverBudget::Drive {
+                name: name.to_owned(),
+                data: need - meta,
+                meta,
+                room,
+                limit,
+            }
+            .into());
         }
         Ok(())
     }
@@ -683,11 +690,12 @@ impl Registry {
         let old_size = drive.size_bytes();
         if size < old_size && !change.force {
             if let Some(end) = data_end(store, size, old_size)? {
-                return Err(RegistryError::DataBeyondSize(format!(
-                    "shrinking '{name}' to {} would discard data stored up to {}; pass force (ramd resize --force) to discard it",
-                    format_size(size),
-                    format_size(end)
-                )));
+                return Err(error::DataBeyondSize {
+                    name: name.to_owned(),
+                    size,
+                    end,
+                }
+                .into());
             }
         }
         if let Some(l) = change.mem_limit_bytes {
@@ -739,26 +747,27 @@ impl Registry {
             return Err(RegistryError::NotPersistent(name.to_owned()));
         }
         if *drive.state.lock() == DriveState::Restoring {
-            return Err(RegistryError::NotReady(format!(
-                "drive '{name}' is restoring; wait until it is ready or failed (`ramd info {name}`), then delete it"
-            )));
+            return Err(error::NotReady::DeleteWhileRestoring {
+                name: name.to_owned(),
+            }
+            .into());
         }
         let conns = drive.connections();
         let attached = drive.attachments.lock().clone();
         if !attached.is_empty() {
-            let list: Vec<String> = attached.iter().map(|p| p.display().to_string()).collect();
-            return Err(RegistryError::Busy(format!(
-                "drive '{name}' is attached at {}; unmount what uses it and run `ramd detach MOUNTPOINT` first{}",
-                list.join(", "),
-                if force { "" } else { " (or delete with force)" }
-            )));
+            return Err(error::Busy::Attached {
+                name: name.to_owned(),
+                mountpoints: attached,
+                force,
+            }
+            .into());
         }
         if conns > 0 && !force {
-            return Err(RegistryError::Busy(format!(
-                "drive '{name}' has {conns} open NBD connection{}; disconnect the client{} or delete with force (ramd delete --force), which closes them",
-                if conns == 1 { "" } else { "s" },
-                if conns == 1 { "" } else { "s" },
-            )));
+            return Err(error::Busy::Connections {
+                name: name.to_owned(),
+                connections: conns,
+            }
+            .into());
         }
         drive.export.close();
         self.exports.remove(name);
@@ -823,13 +832,19 @@ fn check_size(size: u64) -> Result<(), RegistryError> {
 fn not_ready(drive: &Drive) -> RegistryError {
     let name = &drive.name;
     match &*drive.state.lock() {
-        DriveState::Failed(e) => RegistryError::NotReady(format!(
-            "drive '{name}' failed to restore: {e}. Decide with `ramd restore {name} --force` or `--discard-journal`, or `ramd delete {name}`"
-        )),
-        _ => RegistryError::NotReady(format!(
-            "drive '{name}' is restoring ({}); try again when it is ready (`ramd info {name}`)",
-            drive.persist.as_ref().map_or_else(String::new, |p| p.restore_text())
-        )),
+        DriveState::Failed(e) => error::NotReady::Failed {
+            name: name.clone(),
+            reason: e.clone(),
+        }
+        .into(),
+        _ => error::NotReady::Restoring {
+            name: name.clone(),
+            progress: drive
+                .persist
+                .as_ref()
+                .map_or_else(String::new, |p| p.restore_text()),
+        }
+        .into(),
     }
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    data_end, not_ready, now_unix_s, Drive, DriveData, DriveKind, DriveState, Origin, Registry,
-    RegistryError,
+    data_end, error, not_ready, now_unix_s, Drive, DriveData, DriveKind, DriveState, Origin,
+    Registry, RegistryError,
 };
 use crate::backend::Backend;
 use crate::daemon::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
@@ -409,15 +409,17 @@ impl Registry {
         match state {
             DriveState::Failed(_) => {}
             DriveState::Ready => {
-                return Err(RegistryError::NotReady(format!(
-                    "drive '{name}' is ready: `ramd restore` is for a drive that failed to restore (to reload from disk, `ramd delete {name} --keep-data` and create it again)"
-                )))
+                return Err(error::NotReady::AlreadyReady {
+                    name: name.to_owned(),
+                }
+                .into())
             }
             DriveState::Restoring => {
-                return Err(RegistryError::NotReady(format!(
-                    "drive '{name}' is already restoring ({})",
-                    p.restore_text()
-                )))
+                return Err(error::NotReady::AlreadyRestoring {
+                    name: name.to_owned(),
+                    progress: p.restore_text(),
+                }
+                .into())
             }
         }
         let size_bytes = match persistent::probe(&p.dir) {
@@ -434,10 +436,12 @@ impl Registry {
         // the restore rewrites it); fixed, a drive created through the API
         // takes its settings again.
         match settings::read_checked(&p.dir, name) {
-            Err(e) if !opts.force => {
-                return Err(RegistryError::NotReady(format!(
-                    "{e} (`ramd restore {name}` after fixing it)"
-                )))
+            Err(source) if !opts.force => {
+                return Err(error::NotReady::Settings {
+                    name: name.to_owned(),
+                    source,
+                }
+                .into())
             }
             Err(e) => tracing::warn!(drive = %name, "restoring with --force despite: {e}"),
             Ok(Some(stored)) if drive.origin == Origin::Api => {
@@ -497,10 +501,9 @@ impl Registry {
     pub fn sync(&self, name: &str) -> Result<(Arc<Drive>, SyncReport), RegistryError> {
         let drive = self.get(name)?;
         let pd = self.ready_persistent(&drive)?;
-        let r = pd.sync().map_err(|e| {
-            RegistryError::SyncFailed(format!(
-                "sync of '{name}' failed: {e}. The drive keeps serving from RAM; the disk holds its last completed sync"
-            ))
+        let r = pd.sync().map_err(|source| error::SyncFailed::Sync {
+            name: name.to_owned(),
+            source,
         })?;
         Ok((drive.clone(), r))
     }
@@ -590,11 +593,11 @@ impl Registry {
             std::thread::sleep(Duration::from_millis(10));
         }
         let saved = pd.sync().and_then(|_| pd.close());
-        let Err(e) = saved else { return Ok(()) };
-        let msg = format!(
-            "drive '{}' was not deleted: saving its data failed: {e}. It is still served from RAM; fix the disk and retry, or delete it without --keep-data",
-            drive.name
-        );
+        let Err(source) = saved else { return Ok(()) };
+        let failed = error::SyncFailed::KeepData {
+            name: drive.name.clone(),
+            source,
+        };
         let spec = drive.spec();
         let back = self.assemble(
             &spec,
@@ -608,11 +611,11 @@ impl Registry {
         );
         let mut drives = self.drives.lock();
         if drives.contains_key(&drive.name) || self.insert(&mut drives, &back).is_err() {
-            tracing::error!(drive = %drive.name, "{msg}; its name was taken meanwhile, so it cannot be served again: its unsaved writes are lost");
+            tracing::error!(drive = %drive.name, "{failed}; its name was taken meanwhile, so it cannot be served again: its unsaved writes are lost");
         } else {
             drop(drives);
             p.start_scheduler(pd, &drive.name);
         }
-        Err(RegistryError::SyncFailed(msg))
+        Err(failed.into())
     }
 }
