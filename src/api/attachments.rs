@@ -10,6 +10,7 @@ use axum::Json;
 use super::types::{AttachmentInfo, AttachmentList, CreateAttachment};
 use super::{blocking, ApiError};
 use crate::attach::{self, Attachable};
+use crate::daemon::caches::error::Unavailable;
 use crate::daemon::caches::CachesError;
 use crate::daemon::registry::RegistryError;
 use crate::daemon::Daemon;
@@ -23,10 +24,10 @@ fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
     }
     match d.caches.get(name) {
         Ok(c) if c.live().is_some() => Ok(c),
-        Ok(c) => Err(CachesError::Unavailable(format!(
-            "cache '{name}' is {}: it can be attached once it serves (ramd cache info {name})",
-            c.state().name()
-        ))
+        Ok(c) => Err(CachesError::from(Unavailable::NotAttachable {
+            name: name.to_owned(),
+            state: c.state().name(),
+        })
         .into()),
         Err(_) => Err(ApiError::new(
             StatusCode::NOT_FOUND,

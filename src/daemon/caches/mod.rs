@@ -32,6 +32,7 @@
 //!   short, non-blocking work (map before state); backing I/O, opening and
 //!   closing happen with neither held.
 
+pub mod error;
 mod reopen;
 pub mod shutdown;
 pub mod spec;
@@ -65,8 +66,8 @@ pub enum CachesError {
     #[error(transparent)]
     Spec(#[from] CacheSpecError),
     /// The name is taken by a cache or a drive.
-    #[error("{0}")]
-    Exists(String),
+    #[error(transparent)]
+    Exists(#[from] error::Exists),
     /// No such cache.
     #[error("no cache named '{0}' (see `ramd cache list`)")]
     NotFound(String),
@@ -81,27 +82,27 @@ pub enum CachesError {
     },
     /// The cache is in use (open connections) or busy being created or
     /// deleted.
-    #[error("{0}")]
-    Busy(String),
+    #[error(transparent)]
+    Busy(#[from] error::Busy),
     /// Dirty data could not be written back, so nothing was deleted.
     #[error("{message}")]
     DirtyData { dirty_bytes: u64, message: String },
     /// A sync could not write back or flush the backing.
-    #[error("{0}")]
-    BackingFailed(String),
+    #[error(transparent)]
+    BackingFailed(#[from] error::BackingFailed),
     /// The cache's backing is not open (yet).
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(#[from] error::Unavailable),
     /// The OS refused a resource (memory map, thread).
-    #[error("{0}")]
-    Setup(String),
+    #[error(transparent)]
+    Setup(#[from] error::Setup),
 }
 
 impl From<RegistryError> for CachesError {
     fn from(e: RegistryError) -> Self {
         match e {
             RegistryError::OverBudget(m) => CachesError::OverBudget(m),
-            other => CachesError::Setup(other.to_string()),
+            other => CachesError::Setup(Box::new(other).into()),
         }
     }
 }
@@ -317,7 +318,7 @@ fn backing_error(e: CacheError) -> CachesError {
             }
         }
         CacheError::Config(m) => CachesError::Spec(CacheSpecError::InvalidOption(m)),
-        other => CachesError::Setup(other.to_string()),
+        other => CachesError::Setup(other.into()),
     }
 }
 
@@ -433,16 +434,12 @@ impl Caches {
     fn reserve(&self, spec: CacheSpec, origin: Origin) -> Result<Arc<CacheEntry>, CachesError> {
         let name = spec.name.clone();
         if self.registry.get(&name).is_ok() {
-            return Err(CachesError::Exists(format!(
-                "a drive named '{name}' already exists (drives and caches share NBD export names); pick another name"
-            )));
+            return Err(error::Exists::Drive { name }.into());
         }
         let (backing_kind, backing_id) = identify(&spec.backing);
         let mut map = self.map.lock();
         if map.contains_key(&name) {
-            return Err(CachesError::Exists(format!(
-                "a cache named '{name}' already exists; pick another name or delete it first (ramd cache delete {name})"
-            )));
+            return Err(error::Exists::Cache { name }.into());
         }
         if let Some(other) = map.values().find(|e| e.backing_id == backing_id) {
             return Err(CachesError::Backing {
@@ -503,10 +500,10 @@ impl Caches {
         // with a reopen cannot leave a promise behind.
         let mut state = entry.state.lock();
         if !matches!(*state, CacheState::Opening | CacheState::Unavailable(_)) {
-            return Err(CachesError::Busy(format!(
-                "cache '{}' was deleted while its backing was being opened",
-                entry.name
-            )));
+            return Err(error::Busy::DeletedWhileOpening {
+                name: entry.name.clone(),
+            }
+            .into());
         }
         let had = entry.promised_bytes.load(Ordering::Relaxed);
         if need > had {
@@ -528,10 +525,10 @@ impl Caches {
         if !self.exports.insert(export.clone()) {
             drop(state);
             let _ = cache.close(false);
-            return Err(CachesError::Exists(format!(
-                "the name '{}' was taken by a drive meanwhile; pick another name",
-                entry.name
-            )));
+            return Err(error::Exists::TakenMeanwhile {
+                name: entry.name.clone(),
+            }
+            .into());
         }
         *state = CacheState::Ready(Live {
             cache: cache.clone(),
@@ -576,12 +573,11 @@ impl Caches {
         let live = entry.live().ok_or_else(|| not_serving(&entry))?;
         let before = live.cache.stats().writeback_bytes;
         let started = Instant::now();
-        live.cache.sync().map_err(|e| {
-            CachesError::BackingFailed(format!(
-                "cache '{name}': syncing to {} failed: {e}; the dirty data ({}) stays in RAM and is retried in the background (ramd cache info {name} shows the backing's state)",
-                entry.spec.backing,
-                format_size(live.cache.dirty_bytes())
-            ))
+        live.cache.sync().map_err(|source| error::BackingFailed {
+            name: name.to_owned(),
+            backing: entry.spec.backing.clone(),
+            dirty_bytes: live.cache.dirty_bytes(),
+            source,
         })?;
         let report = SyncReport {
             written_back_bytes: live.cache.stats().writeback_bytes.saturating_sub(before),
@@ -607,14 +603,16 @@ impl Caches {
             let mut st = entry.state.lock();
             match &*st {
                 CacheState::Opening => {
-                    return Err(CachesError::Busy(format!(
-                        "cache '{name}' is being created (its backing is being opened); try again in a moment"
-                    )))
+                    return Err(error::Busy::Creating {
+                        name: name.to_owned(),
+                    }
+                    .into())
                 }
                 CacheState::Closing => {
-                    return Err(CachesError::Busy(format!(
-                        "cache '{name}' is being deleted already"
-                    )))
+                    return Err(error::Busy::Deleting {
+                        name: name.to_owned(),
+                    }
+                    .into())
                 }
                 CacheState::Unavailable(_) => {
                     // Never opened: nothing to write back.
@@ -629,19 +627,20 @@ impl Caches {
         };
         let attached = entry.attachments.lock().clone();
         if !attached.is_empty() {
-            let list: Vec<String> = attached.iter().map(|p| p.display().to_string()).collect();
-            return Err(CachesError::Busy(format!(
-                "cache '{name}' is attached at {}; unmount what uses it and run `ramd detach MOUNTPOINT` first{}",
-                list.join(", "),
-                if force { "" } else { " (or delete with force)" }
-            )));
+            return Err(error::Busy::Attached {
+                name: name.to_owned(),
+                mountpoints: attached,
+                force,
+            }
+            .into());
         }
         let conns = live.export.connections();
         if conns > 0 && !force {
-            return Err(CachesError::Busy(format!(
-                "cache '{name}' has {conns} open NBD connection{s}; disconnect the client{s} or delete with force (ramd cache delete --force), which closes them",
-                s = if conns == 1 { "" } else { "s" },
-            )));
+            return Err(error::Busy::Connections {
+                name: name.to_owned(),
+                connections: conns,
+            }
+            .into());
         }
         let before = live.cache.stats().writeback_bytes;
         if !force {
@@ -662,9 +661,10 @@ impl Caches {
         {
             let mut st = entry.state.lock();
             if !matches!(&*st, CacheState::Ready(l) if Arc::ptr_eq(&l.export, &live.export)) {
-                return Err(CachesError::Busy(format!(
-                    "cache '{name}' changed while being deleted; try again"
-                )));
+                return Err(error::Busy::Changed {
+                    name: name.to_owned(),
+                }
+                .into());
             }
             *st = CacheState::Closing;
         }
@@ -722,7 +722,7 @@ impl Caches {
                             entry.spec.backing
                         ),
                     },
-                    other => CachesError::Setup(other.to_string()),
+                    other => CachesError::Setup(other.into()),
                 })
             }
         }
@@ -749,11 +749,17 @@ pub async fn sample_loop(caches: Arc<Caches>) {
 fn not_serving(entry: &CacheEntry) -> CachesError {
     let name = &entry.name;
     match entry.state() {
-        CacheState::Unavailable(o) => CachesError::Unavailable(format!(
-            "cache '{name}' is unavailable: its backing {} could not be opened ({}); it is retried in the background",
-            entry.spec.backing, o.error
-        )),
-        s => CachesError::Unavailable(format!("cache '{name}' is {}", s.name())),
+        CacheState::Unavailable(o) => error::Unavailable::NotOpened {
+            name: name.clone(),
+            backing: entry.spec.backing.clone(),
+            error: o.error.clone(),
+        }
+        .into(),
+        s => error::Unavailable::State {
+            name: name.clone(),
+            state: s.name(),
+        }
+        .into(),
     }
 }
 
