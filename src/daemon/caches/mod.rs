@@ -317,7 +317,9 @@ fn backing_error(e: CacheError) -> CachesError {
                 message: format!("backing {spec}: {message}; {hint}"),
             }
         }
-        CacheError::Config(m) => CachesError::Spec(CacheSpecError::InvalidOption(m)),
+        CacheError::Config(reason) => {
+            CachesError::Spec(spec::CacheOptionError::Engine { reason }.into())
+        }
         other => CachesError::Setup(other.into()),
     }
 }

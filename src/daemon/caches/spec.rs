@@ -24,7 +24,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::super::config::Size;
-use super::super::spec::{check_name, SpecError};
+use super::super::spec::check_name;
 use crate::cache::config::parse_duration_ms;
 use crate::cache::{BackingOptions, BackingSpec, CacheConfig, Mode};
 use crate::size::{format_size, parse_size};
@@ -58,17 +58,65 @@ pub const OPTION_NAMES: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CacheSpecError {
     /// The name breaks the naming rule (the same as for drives).
-    #[error("{0}")]
-    InvalidName(String),
+    #[error(transparent)]
+    InvalidName(#[from] CacheNameError),
     /// The size does not parse, is 0 or too large.
-    #[error("{0}")]
-    InvalidSize(String),
+    #[error(transparent)]
+    InvalidSize(#[from] CacheSizeError),
     /// The mode or another option is unknown or out of range.
-    #[error("{0}")]
-    InvalidOption(String),
+    #[error(transparent)]
+    InvalidOption(#[from] CacheOptionError),
     /// The backing spec is empty or not a valid NBD URI.
-    #[error("{0}")]
-    InvalidBacking(String),
+    #[error(transparent)]
+    InvalidBacking(#[from] CacheBackingError),
+}
+
+/// A cache name that breaks the naming rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cache name '{name}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
+pub struct CacheNameError {
+    pub name: String,
+}
+
+/// Why a cache size was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheSizeError {
+    /// Not a size (the size parser's reason).
+    #[error("{reason}")]
+    Unparsable { reason: String },
+    /// 0 bytes.
+    #[error("a cache size must be at least 1 byte")]
+    Zero,
+    /// Larger than the largest cache.
+    #[error("{} is larger than the largest cache ({})", format_size(*size), format_size(*max))]
+    TooLarge { size: u64, max: u64 },
+}
+
+/// Why a cache option was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheOptionError {
+    /// A value this layer checks is out of range or malformed.
+    #[error("{key}={value}: {problem}")]
+    BadValue {
+        key: String,
+        value: String,
+        problem: String,
+    },
+    /// An option nobody knows.
+    #[error("unknown cache option '{key}': use {}", OPTION_NAMES.join(", "))]
+    Unknown { key: String },
+    /// The cache engine refused the mode, an option or the combination
+    /// (its reason).
+    #[error("{reason}")]
+    Engine { reason: String },
+}
+
+/// Why a cache's backing spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct CacheBackingError {
+    /// The backing parser's reason.
+    pub reason: String,
 }
 
 /// A cache to create, however it was described.
@@ -88,22 +136,23 @@ pub struct CacheSpec {
     pub shutdown_timeout_ms: u64,
 }
 
-fn option(m: String) -> CacheSpecError {
-    CacheSpecError::InvalidOption(m)
+/// The cache engine's refusal of an option.
+fn engine(reason: String) -> CacheSpecError {
+    CacheOptionError::Engine { reason }.into()
 }
 
 impl CacheSpec {
     /// A spec with the required parts; every option at its default.
     pub fn new(name: &str, backing: &str, size: &str, mode: &str) -> Result<Self, CacheSpecError> {
-        check_name(name).map_err(|e| match e {
-            SpecError::InvalidName(n) => CacheSpecError::InvalidName(format!(
-                "invalid cache name '{n}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit"
-            )),
-            other => CacheSpecError::InvalidName(other.to_string()),
+        // check_name refuses only the name.
+        check_name(name).map_err(|_| CacheNameError {
+            name: name.to_owned(),
         })?;
         let backing = backing.trim();
-        BackingSpec::parse(backing).map_err(|e| CacheSpecError::InvalidBacking(e.to_string()))?;
-        let mode: Mode = mode.parse().map_err(option)?;
+        BackingSpec::parse(backing).map_err(|e| CacheBackingError {
+            reason: e.to_string(),
+        })?;
+        let mode: Mode = mode.parse().map_err(engine)?;
         let size = parse_cache_size(size)?;
         Ok(CacheSpec {
             name: name.to_owned(),
@@ -119,7 +168,14 @@ impl CacheSpec {
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), CacheSpecError> {
         let key = key.replace('_', "-");
         let value = value.trim();
-        let bad = |m: &str| option(format!("{key}={value}: {m}"));
+        let bad = |problem: &str| -> CacheSpecError {
+            CacheOptionError::BadValue {
+                key: key.clone(),
+                value: value.to_owned(),
+                problem: problem.to_owned(),
+            }
+            .into()
+        };
         let millis = || parse_duration_ms(value).map_err(|e| bad(&e));
         match key.as_str() {
             "direct" => {
@@ -152,13 +208,8 @@ impl CacheSpec {
             | "max-dirty-age" | "writeback-max-io" | "retry-initial" | "retry-max" => self
                 .config
                 .set(&key, value)
-                .map_err(|e| option(strip_prefix(&e.to_string())))?,
-            _ => {
-                return Err(option(format!(
-                    "unknown cache option '{key}': use {}",
-                    OPTION_NAMES.join(", ")
-                )))
-            }
+                .map_err(|e| engine(strip_prefix(&e.to_string())))?,
+            _ => return Err(CacheOptionError::Unknown { key }.into()),
         }
         Ok(())
     }
@@ -167,7 +218,7 @@ impl CacheSpec {
     pub fn validate(&self) -> Result<(), CacheSpecError> {
         self.config
             .validate()
-            .map_err(|e| option(strip_prefix(&e.to_string())))
+            .map_err(|e| engine(strip_prefix(&e.to_string())))
     }
 
     /// A one-line summary for logs.
@@ -190,18 +241,16 @@ fn strip_prefix(m: &str) -> String {
 
 /// Parses a cache size: at least one byte, at most the largest drive.
 pub fn parse_cache_size(text: &str) -> Result<u64, CacheSpecError> {
-    let size = parse_size(text).map_err(CacheSpecError::InvalidSize)?;
+    let size = parse_size(text).map_err(|reason| CacheSizeError::Unparsable { reason })?;
     if size == 0 {
-        return Err(CacheSpecError::InvalidSize(
-            "a cache size must be at least 1 byte".into(),
-        ));
+        return Err(CacheSizeError::Zero.into());
     }
     if size > MAX_DRIVE_BYTES {
-        return Err(CacheSpecError::InvalidSize(format!(
-            "{} is larger than the largest cache ({})",
-            format_size(size),
-            format_size(MAX_DRIVE_BYTES)
-        )));
+        return Err(CacheSizeError::TooLarge {
+            size,
+            max: MAX_DRIVE_BYTES,
+        }
+        .into());
     }
     Ok(size)
 }
@@ -349,11 +398,13 @@ mod tests {
     fn errors_say_what_is_wrong() {
         let e = CacheSpec::new("DB", "/x", "1G", "writeback").unwrap_err();
         assert!(
-            matches!(&e, CacheSpecError::InvalidName(m) if m.contains("invalid cache name 'DB'")),
+            matches!(&e, CacheSpecError::InvalidName(m) if m.to_string().contains("invalid cache name 'DB'")),
             "{e}"
         );
         let e = CacheSpec::new("db", "/x", "1G", "writeonce").unwrap_err();
-        assert!(matches!(&e, CacheSpecError::InvalidOption(m) if m.contains("writeback")));
+        assert!(
+            matches!(&e, CacheSpecError::InvalidOption(m) if m.to_string().contains("writeback"))
+        );
         let e = CacheSpec::new("db", "/x", "0", "wb").unwrap_err();
         assert!(matches!(e, CacheSpecError::InvalidSize(_)));
         let e = CacheSpec::new("db", "/x", "12Q", "wb").unwrap_err();
