@@ -19,6 +19,9 @@ use crate::daemon::spec::{DriveSpec, PersistSpec};
 use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
 use crate::size::format_size;
 
+/// The registry's drives, locked.
+type DrivesGuard<'a> = parking_lot::MutexGuard<'a, BTreeMap<String, Arc<Drive>>>;
+
 /// What `dir` holds, where a drive whose `drive.json` is unusable counts
 /// as broken: it fails with the reason instead of being restored (and
 /// the file rewritten) with whatever settings the caller has.
@@ -41,127 +44,157 @@ impl Registry {
         origin: Origin,
     ) -> Result<Arc<Drive>, RegistryError> {
         let dir = self.drive_dir(&spec.name)?;
-        let mut drives = self.drives.lock();
+        let drives = self.drives.lock();
         if drives.contains_key(&spec.name) {
             return Err(RegistryError::Exists(spec.name.clone()));
         }
         match probe_with_settings(&dir, &spec.name) {
-            Found::New => {
-                self.check_budget(
-                    &drives,
-                    None,
-                    &spec.name,
-                    spec.size_bytes,
-                    spec.mem_limit_bytes,
-                    spec.overcommit,
-                )?;
-                let pd = persistent::create_new(
-                    &dir,
-                    spec,
-                    persist,
-                    origin.name(),
-                    self.budget.clone(),
-                )?;
-                let p = Arc::new(Persistence::new(
-                    dir.clone(),
-                    persist.clone(),
-                    origin.name(),
-                    RestoreRecord::None,
-                ));
-                let pd = Arc::new(pd);
-                let drive = self.assemble(
-                    spec,
-                    origin,
-                    DriveKind::Persistent,
-                    DriveState::Ready,
-                    DriveData::Persistent(pd.clone()),
-                    Some(p.clone()),
-                    None,
-                    now_unix_s(),
-                );
-                self.insert(&mut drives, &drive)?;
-                p.start_scheduler(&pd, &spec.name);
-                tracing::info!(
-                    drive = %spec.name,
-                    size = %format_size(spec.size_bytes),
-                    durability = %persist.durability,
-                    interval = %crate::daemon::spec::format_interval(persist.sync_interval_ms),
-                    encrypted = persist.key_file.is_some(),
-                    dir = %dir.display(),
-                    "persistent drive created"
-                );
-                Ok(drive)
-            }
+            Found::New => self.create_fresh(drives, dir, spec, persist, origin),
             Found::Existing { size_bytes } => {
-                self.check_budget(
-                    &drives,
-                    None,
-                    &spec.name,
-                    size_bytes,
-                    spec.mem_limit_bytes,
-                    spec.overcommit,
-                )?;
-                let p = Arc::new(Persistence::new(
-                    dir.clone(),
-                    persist.clone(),
-                    origin.name(),
-                    RestoreRecord::Queued,
-                ));
-                let placeholder = self.assemble(
-                    spec,
-                    origin.clone(),
-                    DriveKind::Persistent,
-                    DriveState::Restoring,
-                    DriveData::Offline {
-                        size_bytes,
-                        mem_limit_bytes: spec.mem_limit_bytes,
-                    },
-                    Some(p),
-                    None,
-                    now_unix_s(),
-                );
-                self.insert(&mut drives, &placeholder)?;
-                drop(drives);
-                tracing::info!(
-                    drive = %spec.name,
-                    dir = %dir.display(),
-                    size = %format_size(size_bytes),
-                    "restoring persistent drive from its state directory"
-                );
-                // A declared size (config, flags, `ramd create --size`)
-                // is applied after the restore.
-                self.spawn_restore(
-                    &placeholder,
-                    Some(spec.size_bytes),
-                    RestoreOptions::default(),
-                );
-                Ok(placeholder)
+                self.queue_restore(drives, dir, spec, persist, origin, size_bytes)
             }
-            Found::Broken(error) => {
-                let p = Arc::new(Persistence::new(
-                    dir,
-                    persist.clone(),
-                    origin.name(),
-                    RestoreRecord::Failed(error.clone()),
-                ));
-                let drive = self.assemble(
-                    spec,
-                    origin,
-                    DriveKind::Persistent,
-                    DriveState::Failed(error.clone()),
-                    DriveData::Offline {
-                        size_bytes: 0,
-                        mem_limit_bytes: spec.mem_limit_bytes,
-                    },
-                    Some(p),
-                    None,
-                    now_unix_s(),
-                );
-                self.insert(&mut drives, &drive)?;
-                tracing::error!(drive = %spec.name, "persistent drive failed: {error}");
-                Ok(drive)
-            }
+            Found::Broken(error) => self.add_broken(drives, dir, spec, persist, origin, error),
         }
+    }
+
+    /// A new persistent drive in the empty `dir`: its files, then served.
+    fn create_fresh(
+        &self,
+        mut drives: DrivesGuard<'_>,
+        dir: PathBuf,
+        spec: &DriveSpec,
+        persist: &PersistSpec,
+        origin: Origin,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        self.check_budget(
+            &drives,
+            None,
+            &spec.name,
+            spec.size_bytes,
+            spec.mem_limit_bytes,
+            spec.overcommit,
+        )?;
+        let pd = persistent::create_new(&dir, spec, persist, origin.name(), self.budget.clone())?;
+        let p = Arc::new(Persistence::new(
+            dir.clone(),
+            persist.clone(),
+            origin.name(),
+            RestoreRecord::None,
+        ));
+        let pd = Arc::new(pd);
+        let drive = self.assemble(
+            spec,
+            origin,
+            DriveKind::Persistent,
+            DriveState::Ready,
+            DriveData::Persistent(pd.clone()),
+            Some(p.clone()),
+            None,
+            now_unix_s(),
+        );
+        self.insert(&mut drives, &drive)?;
+        p.start_scheduler(&pd, &spec.name);
+        tracing::info!(
+            drive = %spec.name,
+            size = %format_size(spec.size_bytes),
+            durability = %persist.durability,
+            interval = %crate::daemon::spec::format_interval(persist.sync_interval_ms),
+            encrypted = persist.key_file.is_some(),
+            dir = %dir.display(),
+            "persistent drive created"
+        );
+        Ok(drive)
+    }
+
+    /// The drive in `dir` listed as restoring; its restore runs in the
+    /// background.
+    fn queue_restore(
+        self: &Arc<Self>,
+        mut drives: DrivesGuard<'_>,
+        dir: PathBuf,
+        spec: &DriveSpec,
+        persist: &PersistSpec,
+        origin: Origin,
+        size_bytes: u64,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        self.check_budget(
+            &drives,
+            None,
+            &spec.name,
+            size_bytes,
+            spec.mem_limit_bytes,
+            spec.overcommit,
+        )?;
+        let p = Arc::new(Persistence::new(
+            dir.clone(),
+            persist.clone(),
+            origin.name(),
+            RestoreRecord::Queued,
+        ));
+        let placeholder = self.assemble(
+            spec,
+            origin.clone(),
+            DriveKind::Persistent,
+            DriveState::Restoring,
+            DriveData::Offline {
+                size_bytes,
+                mem_limit_bytes: spec.mem_limit_bytes,
+            },
+            Some(p),
+            None,
+            now_unix_s(),
+        );
+        self.insert(&mut drives, &placeholder)?;
+        drop(drives);
+        tracing::info!(
+            drive = %spec.name,
+            dir = %dir.display(),
+            size = %format_size(size_bytes),
+            "restoring persistent drive from its state directory"
+        );
+        // A declared size (config, flags, `ramd create --size`)
+        // is applied after the restore.
+        self.spawn_restore(
+            &placeholder,
+            Some(spec.size_bytes),
+            RestoreOptions::default(),
+        );
+        Ok(placeholder)
+    }
+
+    /// The drive in `dir`, which cannot be restored as it is, listed as
+    /// failed with `error`.
+    fn add_broken(
+        &self,
+        mut drives: DrivesGuard<'_>,
+        dir: PathBuf,
+        spec: &DriveSpec,
+        persist: &PersistSpec,
+        origin: Origin,
+        error: String,
+    ) -> Result<Arc<Drive>, RegistryError> {
+        let p = Arc::new(Persistence::new(
+            dir,
+            persist.clone(),
+            origin.name(),
+            RestoreRecord::Failed(error.clone()),
+        ));
+        let drive = self.assemble(
+            spec,
+            origin,
+            DriveKind::Persistent,
+            DriveState::Failed(error.clone()),
+            DriveData::Offline {
+                size_bytes: 0,
+                mem_limit_bytes: spec.mem_limit_bytes,
+            },
+            Some(p),
+            None,
+            now_unix_s(),
+        );
+        self.insert(&mut drives, &drive)?;
+        tracing::error!(drive = %spec.name, "persistent drive failed: {error}");
+        Ok(drive)
     }
 
     /// Registers a drive whose settings file is unusable, as failed.
