@@ -601,31 +601,8 @@ impl Caches {
     /// the backing cannot take the dirty data, drops it with a warning.
     pub fn delete(&self, name: &str, force: bool) -> Result<DeleteReport, CachesError> {
         let entry = self.get(name)?;
-        let live = {
-            let mut st = entry.state.lock();
-            match &*st {
-                CacheState::Opening => {
-                    return Err(error::Busy::Creating {
-                        name: name.to_owned(),
-                    }
-                    .into())
-                }
-                CacheState::Closing => {
-                    return Err(error::Busy::Deleting {
-                        name: name.to_owned(),
-                    }
-                    .into())
-                }
-                CacheState::Unavailable(_) => {
-                    // Never opened: nothing to write back.
-                    *st = CacheState::Closing;
-                    drop(st);
-                    self.forget(&entry);
-                    tracing::info!(cache = %name, "unavailable cache deleted");
-                    return Ok(DeleteReport::default());
-                }
-                CacheState::Ready(l) => l.clone(),
-            }
+        let Some(live) = self.claim_for_delete(&entry, name)? else {
+            return Ok(DeleteReport::default());
         };
         let attached = entry.attachments.lock().clone();
         if !attached.is_empty() {
@@ -706,27 +683,59 @@ impl Caches {
                 }
                 Ok(report)
             }
-            Err(e) => {
-                // The backing failed between the sync and the close: serve
-                // again, keep the data, say so.
-                let export = self.export_for(&entry, &live.cache, live.metrics.clone());
-                self.exports.insert(export.clone());
-                *entry.state.lock() = CacheState::Ready(Live {
-                    export,
-                    ..live.clone()
-                });
-                Err(match e {
-                    CacheError::DirtyData { dirty_bytes, error } => CachesError::DirtyData {
-                        dirty_bytes,
-                        message: format!(
-                            "cache '{name}' holds {} of dirty data that cannot be written back to {} ({error}); nothing was deleted and the cache serves again. Fix the backing and delete again, or delete with force to DROP that data",
-                            format_size(dirty_bytes),
-                            entry.spec.backing
-                        ),
-                    },
-                    other => CachesError::Setup(other.into()),
-                })
+            Err(e) => Err(self.serve_again(&entry, &live, e)),
+        }
+    }
+
+    /// The live cache `name` to delete; None when it never opened (then
+    /// it is deleted already: nothing to write back).
+    fn claim_for_delete(
+        &self,
+        entry: &Arc<CacheEntry>,
+        name: &str,
+    ) -> Result<Option<Live>, CachesError> {
+        let mut st = entry.state.lock();
+        match &*st {
+            CacheState::Opening => Err(error::Busy::Creating {
+                name: name.to_owned(),
             }
+            .into()),
+            CacheState::Closing => Err(error::Busy::Deleting {
+                name: name.to_owned(),
+            }
+            .into()),
+            CacheState::Unavailable(_) => {
+                // Never opened: nothing to write back.
+                *st = CacheState::Closing;
+                drop(st);
+                self.forget(entry);
+                tracing::info!(cache = %name, "unavailable cache deleted");
+                Ok(None)
+            }
+            CacheState::Ready(l) => Ok(Some(l.clone())),
+        }
+    }
+
+    /// The backing failed between a delete's sync and its close: serves
+    /// again, keeps the data, and says so.
+    fn serve_again(&self, entry: &Arc<CacheEntry>, live: &Live, e: CacheError) -> CachesError {
+        let name = &entry.name;
+        let export = self.export_for(entry, &live.cache, live.metrics.clone());
+        self.exports.insert(export.clone());
+        *entry.state.lock() = CacheState::Ready(Live {
+            export,
+            ..live.clone()
+        });
+        match e {
+            CacheError::DirtyData { dirty_bytes, error } => CachesError::DirtyData {
+                dirty_bytes,
+                message: format!(
+                    "cache '{name}' holds {} of dirty data that cannot be written back to {} ({error}); nothing was deleted and the cache serves again. Fix the backing and delete again, or delete with force to DROP that data",
+                    format_size(dirty_bytes),
+                    entry.spec.backing
+                ),
+            },
+            other => CachesError::Setup(other.into()),
         }
     }
 
