@@ -299,6 +299,66 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The drive a `[[drive]]` table declares; errors point at the key that
+/// is wrong (`invalid` makes them from an offset and a message).
+fn drive_spec(
+    d: &DriveEntry,
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<DriveSpec, ConfigError> {
+    let name = d.name.get_ref();
+    let size = d.size.get_ref().0;
+    parse_drive_size(&size.to_string()).map_err(|e| invalid(d.size.span().start, e.to_string()))?;
+    let mem_limit_bytes = match &d.mem_limit {
+        Some(v) => Some(
+            check_mem_limit(v.get_ref().0).map_err(|e| invalid(v.span().start, e.to_string()))?,
+        ),
+        None => None,
+    };
+    let mut p = PersistOptions {
+        persist: d.persist.as_ref().is_some_and(|v| *v.get_ref()),
+        encrypt: d.encrypt.as_ref().is_some_and(|v| *v.get_ref()),
+        key_file: d.key_file.as_ref().map(|v| v.get_ref().clone()),
+        ..PersistOptions::default()
+    };
+    if let Some(v) = &d.durability {
+        p.durability = Some(
+            parse_durability(v.get_ref()).map_err(|e| invalid(v.span().start, e.to_string()))?,
+        );
+    }
+    if let Some(v) = &d.sync_interval {
+        p.sync_interval_ms = Some(
+            parse_sync_interval_ms(v.get_ref())
+                .map_err(|e| invalid(v.span().start, e.to_string()))?,
+        );
+    }
+    // Point at the key that made the combination wrong.
+    let blame = d
+        .key_file
+        .as_ref()
+        .map(|v| v.span().start)
+        .or(d.encrypt.as_ref().map(|v| v.span().start))
+        .or(d.durability.as_ref().map(|v| v.span().start))
+        .or(d.sync_interval.as_ref().map(|v| v.span().start))
+        .unwrap_or(d.name.span().start);
+    let persist = p.into_spec().map_err(|e| {
+        invalid(
+            blame,
+            e.to_string()
+                .replace("--persist (config: persist = true)", "persist = true")
+                .replace("--key-file F", "key_file")
+                .replace("--encrypt", "encrypt = true"),
+        )
+    })?;
+    Ok(DriveSpec {
+        name: name.clone(),
+        size_bytes: size,
+        mem_limit_bytes,
+        read_only: d.read_only,
+        overcommit: d.overcommit,
+        persist,
+    })
+}
+
 /// Parses config text; `path` is used in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let invalid = |offset: usize, message: String| {
@@ -326,60 +386,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 format!("drive '{name}' is declared twice"),
             ));
         }
-        let size = d.size.get_ref().0;
-        parse_drive_size(&size.to_string())
-            .map_err(|e| invalid(d.size.span().start, e.to_string()))?;
-        let mem_limit_bytes = match &d.mem_limit {
-            Some(v) => Some(
-                check_mem_limit(v.get_ref().0)
-                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
-            ),
-            None => None,
-        };
-        let mut p = PersistOptions {
-            persist: d.persist.as_ref().is_some_and(|v| *v.get_ref()),
-            encrypt: d.encrypt.as_ref().is_some_and(|v| *v.get_ref()),
-            key_file: d.key_file.as_ref().map(|v| v.get_ref().clone()),
-            ..PersistOptions::default()
-        };
-        if let Some(v) = &d.durability {
-            p.durability = Some(
-                parse_durability(v.get_ref())
-                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
-            );
-        }
-        if let Some(v) = &d.sync_interval {
-            p.sync_interval_ms = Some(
-                parse_sync_interval_ms(v.get_ref())
-                    .map_err(|e| invalid(v.span().start, e.to_string()))?,
-            );
-        }
-        // Point at the key that made the combination wrong.
-        let blame = d
-            .key_file
-            .as_ref()
-            .map(|v| v.span().start)
-            .or(d.encrypt.as_ref().map(|v| v.span().start))
-            .or(d.durability.as_ref().map(|v| v.span().start))
-            .or(d.sync_interval.as_ref().map(|v| v.span().start))
-            .unwrap_or(d.name.span().start);
-        let persist = p.into_spec().map_err(|e| {
-            invalid(
-                blame,
-                e.to_string()
-                    .replace("--persist (config: persist = true)", "persist = true")
-                    .replace("--key-file F", "key_file")
-                    .replace("--encrypt", "encrypt = true"),
-            )
-        })?;
-        drives.push(DriveSpec {
-            name: name.clone(),
-            size_bytes: size,
-            mem_limit_bytes,
-            read_only: d.read_only,
-            overcommit: d.overcommit,
-            persist,
-        });
+        drives.push(drive_spec(d, &invalid)?);
     }
     let mut caches: Vec<CacheSpec> = Vec::new();
     for c in &file.caches {
