@@ -490,21 +490,14 @@ fn bind_api(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError
     Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
-    let signals = block_shutdown_signals();
-    let settings = Settings::resolve(&args)?;
-    logging::init(settings.log.as_deref(), settings.log_format);
-    secure_socket_dirs(&settings)?;
-    let _lock = PidLock::acquire(&settings.api_socket)?;
-    // Each narrowed mode is logged (WARN) where it is fixed.
-    persistent::modes::secure_state_dir(&settings.state_dir)?;
-
-    let budget = Arc::new(match settings.mem_budget_bytes {
-        Some(b) => MemoryBudget::new(b),
-        None => MemoryBudget::default_daemon(),
-    });
-    let exports = Arc::new(ExportTable::new());
+/// The registry with every drive the settings declare (and those stored
+/// in the state directory), then the cache registry with every declared
+/// cache (drives and caches share export names).
+fn create_declared(
+    settings: &Settings,
+    exports: &Arc<ExportTable>,
+    budget: &Arc<MemoryBudget>,
+) -> Result<(Arc<Registry>, Arc<Caches>), DaemonError> {
     let registry = Arc::new(
         Registry::new(exports.clone(), budget.clone(), settings.metrics)
             .with_state_dir(settings.state_dir.clone()),
@@ -522,7 +515,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     // Persistent drives created through the API (or no longer declared)
     // come back too; restores run in the background, READY=1 waits.
-    persistent::restore_stored(&registry, &settings);
+    persistent::restore_stored(&registry, settings);
     // Caches after every drive (drives and caches share export names).
     let caches = Arc::new(Caches::new(
         exports.clone(),
@@ -546,6 +539,54 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                     })
             })?;
     }
+    Ok((registry, caches))
+}
+
+/// An error naming every cache whose dirty data did not reach its
+/// backing at shutdown (rescued where, or lost).
+fn cache_shutdown_result(
+    outcomes: &[(String, caches::shutdown::Outcome)],
+) -> Result<(), DaemonError> {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, o)| o.failed())
+        .map(|(name, o)| match o {
+            caches::shutdown::Outcome::Rescued {
+                saved_bytes, dir, ..
+            } => format!(
+                "cache '{name}': {} of dirty data saved to {} (run its apply.sh once the backing works)",
+                format_size(*saved_bytes),
+                dir.display()
+            ),
+            _ => format!("cache '{name}': dirty data LOST (see the log)"),
+        })
+        .collect();
+    if !failed.is_empty() {
+        tracing::error!(
+            "stopped, but not every cache could write back: {}",
+            failed.join("; ")
+        );
+        return Err(DaemonError::CacheData { failed });
+    }
+    Ok(())
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    let signals = block_shutdown_signals();
+    let settings = Settings::resolve(&args)?;
+    logging::init(settings.log.as_deref(), settings.log_format);
+    secure_socket_dirs(&settings)?;
+    let _lock = PidLock::acquire(&settings.api_socket)?;
+    // Each narrowed mode is logged (WARN) where it is fixed.
+    persistent::modes::secure_state_dir(&settings.state_dir)?;
+
+    let budget = Arc::new(match settings.mem_budget_bytes {
+        Some(b) => MemoryBudget::new(b),
+        None => MemoryBudget::default_daemon(),
+    });
+    let exports = Arc::new(ExportTable::new());
+    let (registry, caches) = create_declared(&settings, &exports, &budget)?;
 
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
@@ -679,27 +720,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .shutdown(&settings.state_dir.join("cache-rescue"));
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     remove_if_socket(&settings.api_socket);
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter(|(_, o)| o.failed())
-        .map(|(name, o)| match o {
-            caches::shutdown::Outcome::Rescued {
-                saved_bytes, dir, ..
-            } => format!(
-                "cache '{name}': {} of dirty data saved to {} (run its apply.sh once the backing works)",
-                format_size(*saved_bytes),
-                dir.display()
-            ),
-            _ => format!("cache '{name}': dirty data LOST (see the log)"),
-        })
-        .collect();
-    if !failed.is_empty() {
-        tracing::error!(
-            "stopped, but not every cache could write back: {}",
-            failed.join("; ")
-        );
-        return Err(DaemonError::CacheData { failed });
-    }
+    cache_shutdown_result(&outcomes)?;
     tracing::info!("stopped");
     Ok(())
 }
