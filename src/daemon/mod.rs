@@ -571,6 +571,58 @@ fn cache_shutdown_result(
     Ok(())
 }
 
+/// The NBD server bound to the settings' sockets. A refused bind leaves
+/// no socket behind (one bound by a listener that failed after it, say a
+/// TCP port in use).
+fn bind_nbd(settings: &Settings, exports: Arc<ExportTable>) -> Result<Server, DaemonError> {
+    let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
+    nbd_config.tcp = settings.nbd_listen.clone();
+    nbd_config.max_connections = settings.max_connections;
+    nbd_config.poll_us = settings.poll_us;
+    nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
+    let nbd_before = file_id(&settings.nbd_socket);
+    Server::bind(nbd_config, exports).map_err(|e| {
+        if file_id(&settings.nbd_socket) != nbd_before {
+            remove_if_socket(&settings.nbd_socket);
+        }
+        DaemonError::Nbd(e)
+    })
+}
+
+/// A thread that waits for SIGTERM/SIGINT (`signals`, blocked in every
+/// thread) and then tells systemd and the API to stop.
+fn spawn_signal_waiter(
+    signals: libc::sigset_t,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+) -> Result<(), DaemonError> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `signals` is an initialised sigset and `sig` a valid
+            // out pointer; the signals are blocked in every thread.
+            unsafe { libc::sigwait(&signals, &mut sig) };
+            tracing::info!("signal {sig}: finishing open requests and shutting down");
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+            let _ = stop_tx.send(true);
+        })
+        .map_err(DaemonError::Start)?;
+    Ok(())
+}
+
+/// READY=1 to systemd once no drive is restoring (the API answers
+/// meanwhile).
+fn notify_ready_when_restored(registry: &Registry) {
+    persistent::wait_restores(registry);
+    let _ = sd_notify::notify(
+        false,
+        &[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&format!("serving {} drive(s)", registry.list().len())),
+        ],
+    );
+}
+
 /// Runs the daemon until SIGTERM/SIGINT.
 pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let signals = block_shutdown_signals();
@@ -588,21 +640,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let exports = Arc::new(ExportTable::new());
     let (registry, caches) = create_declared(&settings, &exports, &budget)?;
 
-    let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
-    nbd_config.tcp = settings.nbd_listen.clone();
-    nbd_config.max_connections = settings.max_connections;
-    nbd_config.poll_us = settings.poll_us;
-    nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
-    // A refused start leaves no socket behind: one bound by a listener
-    // that failed after it (say, a TCP port in use), and from here on the
-    // NBD and API sockets, until the daemon serves.
-    let nbd_before = file_id(&settings.nbd_socket);
-    let server = Server::bind(nbd_config, exports).map_err(|e| {
-        if file_id(&settings.nbd_socket) != nbd_before {
-            remove_if_socket(&settings.nbd_socket);
-        }
-        DaemonError::Nbd(e)
-    })?;
+    // A refused start leaves no socket behind: from here on the NBD and
+    // API sockets, until the daemon serves.
+    let server = bind_nbd(&settings, exports)?;
     let mut bound = BoundSockets {
         paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
         serving: false,
@@ -653,18 +693,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .build()
         .map_err(DaemonError::Start)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `signals` is an initialised sigset and `sig` a valid
-            // out pointer; the signals are blocked in every thread.
-            unsafe { libc::sigwait(&signals, &mut sig) };
-            tracing::info!("signal {sig}: finishing open requests and shutting down");
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-            let _ = stop_tx.send(true);
-        })
-        .map_err(DaemonError::Start)?;
+    spawn_signal_waiter(signals, stop_tx)?;
 
     bound.serving = true;
     announce(&daemon);
@@ -674,16 +703,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tokio::spawn(caches::sample_loop(daemon.caches.clone()));
         // READY=1 once no drive is restoring (the API answers meanwhile).
         let r = daemon.registry.clone();
-        tokio::task::spawn_blocking(move || {
-            persistent::wait_restores(&r);
-            let _ = sd_notify::notify(
-                false,
-                &[
-                    sd_notify::NotifyState::Ready,
-                    sd_notify::NotifyState::Status(&format!("serving {} drive(s)", r.list().len())),
-                ],
-            );
-        });
+        tokio::task::spawn_blocking(move || notify_ready_when_restored(&r));
         let mut stop = stop_rx;
         crate::api::serve(listener, daemon.clone(), async move {
             let _ = stop.wait_for(|s| *s).await;
