@@ -623,6 +623,19 @@ fn notify_ready_when_restored(registry: &Registry) {
     );
 }
 
+/// Syncs and releases the directories in RAM, telling systemd so.
+fn stop_dirs(dirs: &Dirs) {
+    if !dirs.manager.paths().is_empty() {
+        let _ = sd_notify::notify(
+            false,
+            &[sd_notify::NotifyState::Status(
+                "syncing directories to disk",
+            )],
+        );
+    }
+    dirs.stop();
+}
+
 /// Runs the daemon until SIGTERM/SIGINT.
 pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let signals = block_shutdown_signals();
@@ -715,15 +728,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     // No more API requests: sync and release the directories in RAM (the
     // systemd unit's stop ordering relies on this happening before exit).
-    if !daemon.dirs.manager.paths().is_empty() {
-        let _ = sd_notify::notify(
-            false,
-            &[sd_notify::NotifyState::Status(
-                "syncing directories to disk",
-            )],
-        );
-    }
-    daemon.dirs.stop();
+    stop_dirs(&daemon.dirs);
     // The API has stopped; now NBD: finish in-flight requests, close.
     nbd_handle.shutdown();
     match nbd_thread.join() {
