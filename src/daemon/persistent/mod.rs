@@ -660,7 +660,7 @@ mod tests {
             Err(e) => e,
             Ok(_) => panic!("created without a key"),
         };
-        assert!(e.to_string().contains("cannot read key file"), "{e}");
+        assert!(e.to_string().contains("does not exist"), "{e}");
         assert!(!dir.exists());
     }
 
