@@ -9,8 +9,8 @@ use std::process::Command;
 /// Ceilings: (what the script prints before the count, the most allowed).
 const CEILINGS: &[(&str, usize)] = &[
     ("import circles: ", 5),
-    ("functions over 120 lines: ", 4),
-    ("stringly-typed errors outside the HTTP edge: ", 35),
+    ("functions over 120 lines: ", 0),
+    ("stringly-typed errors outside the HTTP edge: ", 7),
 ];
 
 #[test]
