@@ -35,3 +35,47 @@ fn the_shape_of_src_does_not_get_worse() {
         );
     }
 }
+
+/// The benchmarks and scripts run from a clone of this repository alone:
+/// nothing in bench/, scripts/ or .ci/ reaches outside it.
+#[test]
+fn bench_scripts_and_ci_are_self_contained() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["bench", "scripts", ".ci"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.is_file() || path.extension().is_some_and(|e| e == "json") {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            assert!(
+                !text.contains("../shared"),
+                "{} refers to files outside the repository",
+                path.display()
+            );
+        }
+    }
+}
+
+/// README's quick start makes every file it uses, and takes socket paths
+/// from ramd instead of hard-coding /run/ramd (wrong when XDG_RUNTIME_DIR
+/// is set, root included).
+#[test]
+fn readme_quick_start_creates_what_it_uses() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    if let Some(used) = readme.find("disk.img") {
+        let made = readme
+            .find("truncate -s")
+            .or_else(|| readme.find("qemu-img create"))
+            .expect("README uses disk.img but never creates it");
+        assert!(made < used, "README creates disk.img only after using it");
+    }
+    let start = readme.find("## The first five minutes").expect("a quick start");
+    let end = readme[start + 3..].find("\n## ").map_or(readme.len(), |i| start + 3 + i);
+    assert!(
+        !readme[start..end].contains("socket=/run/ramd"),
+        "the quick start hard-codes /run/ramd socket paths"
+    );
+}

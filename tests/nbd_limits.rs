@@ -417,3 +417,19 @@ fn a_connection_flood_logs_one_line_per_interval() {
         "{lines} lines for 2000 refused connections:\n{log}"
     );
 }
+
+/// The NBD socket is 0600 whatever the umask: only the daemon's user may
+/// connect (a umask of 000 used to leave it 0777).
+#[test]
+fn the_nbd_socket_is_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let _serial = serial();
+    // SAFETY: umask only sets this process's file-creation mask; the tests
+    // of this binary that create files run one at a time (`SERIAL`).
+    let old = unsafe { libc::umask(0) };
+    let server = TestServer::start(|_| {});
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let mode = std::fs::metadata(&server.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "NBD socket mode {mode:o}");
+}

@@ -45,13 +45,21 @@ use std::thread::Thread;
 
 /// Connections in a QD1 stream right now.
 static HOLDERS: AtomicUsize = AtomicUsize::new(0);
+/// Holders polling on each CPU (by CPU number, the first 64): that CPU's
+/// spinner stands aside, since the polling thread keeps its CPU awake
+/// itself and a spinner there would only compete with it.
+static POLLING_ON: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
 /// The spinning threads, started on first use; empty if they cannot run.
 static SPINNERS: OnceLock<Vec<Thread>> = OnceLock::new();
 /// Most CPUs the daemon may use for keep-awake to run.
 pub const MAX_CPUS: usize = 4;
 
-/// While alive, the daemon keeps its idle CPUs awake.
-pub struct Hold(());
+/// While alive, the daemon keeps its idle CPUs awake, except the one the
+/// holder polls on.
+pub struct Hold {
+    /// The CPU the holder polls on (None: unknown, or past the first 64).
+    cpu: Option<usize>,
+}
 
 impl Hold {
     /// Starts keeping the idle CPUs awake (starting the threads on first
@@ -62,18 +70,28 @@ impl Hold {
         if spinners.is_empty() {
             return None;
         }
+        // SAFETY: sched_getcpu has no preconditions; -1 on failure.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() })
+            .ok()
+            .filter(|&c| c < POLLING_ON.len());
+        if let Some(c) = cpu {
+            POLLING_ON[c].fetch_add(1, Ordering::AcqRel);
+        }
         if HOLDERS.fetch_add(1, Ordering::AcqRel) == 0 {
             for t in spinners {
                 t.unpark();
             }
         }
-        Some(Hold(()))
+        Some(Hold { cpu })
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         HOLDERS.fetch_sub(1, Ordering::AcqRel);
+        if let Some(c) = self.cpu {
+            POLLING_ON[c].fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -97,7 +115,7 @@ fn start() -> Vec<Thread> {
                 let ready = pin_to(cpu) && set_idle_policy();
                 let _ = tx.send(ready);
                 if ready {
-                    spin();
+                    spin(cpu);
                 }
             });
         match spawned {
@@ -143,7 +161,12 @@ fn set_idle_policy() -> bool {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
 }
 
-fn spin() -> ! {
+/// The spinner of `cpu`: spins while anyone holds, except while a holder
+/// polls on this very CPU, when it sleeps in short steps instead (a
+/// runnable spinner beside the serving thread measurably delayed requests
+/// inside ramd by milliseconds; bench/qd1-steal.sh).
+fn spin(cpu: usize) -> ! {
+    let mine = POLLING_ON.get(cpu);
     loop {
         while HOLDERS.load(Ordering::Acquire) == 0 {
             // An unpark between the load and the park is remembered.
@@ -151,6 +174,9 @@ fn spin() -> ! {
         }
         // Plain loads until nobody holds (see the module docs: no `pause`).
         while HOLDERS.load(Ordering::Relaxed) != 0 {
+            if mine.is_some_and(|m| m.load(Ordering::Relaxed) != 0) {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
             std::sync::atomic::compiler_fence(Ordering::SeqCst);
         }
     }
