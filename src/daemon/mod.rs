@@ -120,8 +120,7 @@ pub struct DaemonArgs {
     /// While a client sends request after request at QD1, keep the other
     /// CPUs out of their halt with idle-priority spinners, so replies wake
     /// the client fast (on/off; 2-4 CPU machines only; costs the idle time
-    /// of those CPUs while such a client runs, and on a shared VM host a
-    /// far latency tail of milliseconds) [default: off].
+    /// of those CPUs while such a client runs) [default: off].
     #[arg(long, value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
     pub keep_cpu_awake: Option<bool>,
 

@@ -18,6 +18,14 @@
 //!   counts such a CPU as idle when it places a waking thread, so the
 //!   client lands on it at once. If the policy cannot be set, the thread
 //!   does not spin at all.
+//! - **It never competes with the thread that serves the request.** The
+//!   spinner of the CPU a holder polls on stands aside (sleeps in 50 us
+//!   steps) while that holder polls: the polling keeps that CPU awake
+//!   anyway, and a runnable spinner beside the serving thread delayed it:
+//!   with every spinner spinning, 1 request in 300 waited over 1 ms
+//!   *inside ramd* (between reading the request and writing its reply,
+//!   from ramd's own request-duration histogram), QD1 p99.9 3.2-4.2 ms;
+//!   with this rule 1 in 50,000, p99.9 113-122 us (`bench/qd1-steal.sh`).
 //! - It spins only between `Hold::new` and the hold's drop: a connection
 //!   holds while its polls keep catching the client's next request, and
 //!   lets go at the first poll that runs out, when polling goes quiet,
@@ -28,16 +36,14 @@
 //!   vCPU, which is what we are trying to avoid.
 //!
 //! Cost: while a QD1 client runs, the CPU time the client's CPU would have
-//! spent halted shows as ramd's (on 2 vCPUs, up to one more core), and a
-//! host that runs other guests takes that time back when it likes: a vCPU
-//! that spins is descheduled for whole host time slices, and the requests
-//! in flight then wait milliseconds (QD1 p99.9 of 2-5 ms on the VM here,
-//! against ~0.1-0.2 ms without it; bench/RESULTS.md). So it is opt-in
-//! (`keep_cpu_awake = true` in the config, `--keep-cpu-awake true`), for
-//! dedicated small VMs where the median matters more than the far tail,
-//! and needs polling (`poll_us` > 0). Only where the daemon may run on 2
-//! to `MAX_CPUS` CPUs: on a larger machine keeping every idle CPU awake
-//! would burn far more than the one the client runs on.
+//! spent halted shows as ramd's (on 2 vCPUs, up to one more core). How much
+//! it buys depends on how the host wakes halted vCPUs: on the VM where it
+//! was built it took QD1 p50 from 21 to 6 us; on today's host, where polling
+//! alone gives 12-17 us, it buys nothing measurable (bench/RESULTS.md). So
+//! it is opt-in (`keep_cpu_awake = true` in the config, `--keep-cpu-awake
+//! true`) and needs polling (`poll_us` > 0). Only where the daemon may run
+//! on 2 to `MAX_CPUS` CPUs: on a larger machine keeping every idle CPU
+//! awake would burn far more than the one the client runs on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
