@@ -5,12 +5,19 @@
 //! ```text
 //!  client (qemu, nbdinfo, fio, kernel) ── unix socket / TCP
 //!        │
-//!  nbd::server   accept, connection cap, one thread per connection, shutdown
+//!  nbd::server     accept, connection cap, handshake slots and deadline,
+//!        │         one thread per connection, shutdown
+//!  nbd::transport  the connection's byte stream (unix or TCP socket)
 //!  nbd::handshake  options: GO / INFO / LIST / EXPORT_NAME / meta contexts
-//!  nbd::conn     transmission loop: parse every buffered request, validate
-//!        │       once, run inline, batch the replies into one write
-//!  nbd::proto    pure wire format (no I/O): parsers and encoders
+//!  nbd::conn       transmission loop: parse every buffered request, run it
+//!        │         inline, batch the replies into one write; nbd::wait /
+//!        │         nbd::poller decide how to wait for the next bytes
+//!  nbd::proto      pure wire format (no I/O): parsers and encoders
 //!        │
+//!        │   attach::fs (FUSE file) is the other frontend: the same path
+//!        ▼
+//!  block::validate the one set of request rules for every frontend, and
+//!        │         block::Errno, the one errno table they report from
 //!  backend::Backend   the data-path trait (read/write/zero/trim/flush/extents)
 //!        │
 //!  store::RamStore    sparse pages in an mmap, per-64 KiB-chunk locks,
@@ -34,9 +41,11 @@
 //! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or
 //! overlay mounted over them) and syncs them back to disk crash-safely.
 //!
-//! A request flows: socket bytes → `proto::parse_request` → `conn` validate →
-//! `Backend` call → reply encoded into the connection's output buffer → one
-//! `write` per batch.
+//! A request flows: socket bytes → `proto::parse_request` → `conn` (NBD
+//! rules: flags, negotiated options) → `block::validate` (access, length,
+//! range) → `Backend` call → reply encoded into the connection's output
+//! buffer → one `write` per batch. `ratelog` limits what clients can make
+//! the daemon log.
 
 pub mod api;
 pub mod attach;

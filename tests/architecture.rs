@@ -8,7 +8,7 @@ use std::process::Command;
 
 /// Ceilings: (what the script prints before the count, the most allowed).
 const CEILINGS: &[(&str, usize)] = &[
-    ("import circles: ", 5),
+    ("import circles: ", 0),
     ("functions over 120 lines: ", 0),
     ("stringly-typed errors outside the HTTP edge: ", 7),
 ];
@@ -64,7 +64,8 @@ fn bench_scripts_and_ci_are_self_contained() {
 /// is set, root included).
 #[test]
 fn readme_quick_start_creates_what_it_uses() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     if let Some(used) = readme.find("disk.img") {
         let made = readme
             .find("truncate -s")
@@ -72,8 +73,12 @@ fn readme_quick_start_creates_what_it_uses() {
             .expect("README uses disk.img but never creates it");
         assert!(made < used, "README creates disk.img only after using it");
     }
-    let start = readme.find("## The first five minutes").expect("a quick start");
-    let end = readme[start + 3..].find("\n## ").map_or(readme.len(), |i| start + 3 + i);
+    let start = readme
+        .find("## The first five minutes")
+        .expect("a quick start");
+    let end = readme[start + 3..]
+        .find("\n## ")
+        .map_or(readme.len(), |i| start + 3 + i);
     assert!(
         !readme[start..end].contains("socket=/run/ramd"),
         "the quick start hard-codes /run/ramd socket paths"

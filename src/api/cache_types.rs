@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use super::types::DurationValue;
-use super::types::{SizeValue, StatsRates, StatsTotals};
+pub use super::values::DurationValue;
+use super::values::{SizeValue, StatsRates, StatsTotals};
 
 /// A percentage in a request: a number or text like `"50%"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -97,13 +97,13 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
                 totals: live
                     .metrics
                     .as_ref()
-                    .map(|m| super::stats::totals(&m.snapshot())),
+                    .map(|m| super::counters::totals(&m.snapshot())),
                 rates: d
                     .caches
                     .sampler
                     .window(&e.name)
                     .as_ref()
-                    .map(super::stats::rates),
+                    .map(super::counters::rates),
             });
         }
         CacheState::Unavailable(o) => {

@@ -13,7 +13,7 @@ use axum::Json;
 
 use super::persistence::{interval_ms, key_path, persist_info};
 use super::types::{
-    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, SizeValue,
+    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, RestoreRequest, SizeValue,
 };
 use super::{blocking, ApiError};
 use crate::daemon::persistent::settings::{self, Given};
@@ -24,6 +24,7 @@ use crate::daemon::spec::{
     SpecError,
 };
 use crate::daemon::Daemon;
+use crate::persist::RestoreOptions;
 
 /// The API view of a drive.
 pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveInfo {
@@ -271,4 +272,27 @@ pub async fn delete(
         }))
     })
     .await
+}
+
+/// `POST /v1/drives/{name}/restore`: restores a failed persistent drive
+/// again (answers at once; the restore runs in the background).
+pub async fn restore(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    body: Result<Json<RestoreRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<DriveInfo>), ApiError> {
+    let Json(req) = body?;
+    if req.force && req.discard_journal {
+        return Err(ApiError::invalid(
+            "give force or discard_journal, not both: force keeps the journal up to its damage, discard_journal drops it whole",
+        ));
+    }
+    let key_file = req.key_file.as_deref().map(key_path).transpose()?;
+    let opts = RestoreOptions {
+        force: req.force,
+        discard_journal: req.discard_journal,
+    };
+    let d2 = d.clone();
+    let drive = blocking(move || Ok(d2.registry.restore(&name, opts, key_file)?)).await?;
+    Ok((StatusCode::ACCEPTED, Json(info(&d, &drive, None))))
 }

@@ -15,6 +15,7 @@ pub mod cache_client;
 pub mod cache_types;
 pub mod caches;
 pub mod client;
+pub mod counters;
 pub mod dirs;
 pub mod drives;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod persistence;
 pub mod stats;
 pub mod types;
+pub mod values;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -57,7 +59,7 @@ routes! {
     patch "/v1/drives/{name}" => drives::patch,
     delete "/v1/drives/{name}" => drives::delete,
     post "/v1/drives/{name}/sync" => persistence::sync,
-    post "/v1/drives/{name}/restore" => persistence::restore,
+    post "/v1/drives/{name}/restore" => drives::restore,
     get "/v1/drives/{name}/stats" => stats::drive,
     get "/v1/stats" => stats::all,
     get "/v1/attachments" => attachments::list,

@@ -1,18 +1,15 @@
-//! `/v1/drives/{name}/sync` and `/v1/drives/{name}/restore`, and the
-//! persistence part of a drive's JSON (`DriveInfo.persist`,
-//! `DriveStats.persist`).
+//! `/v1/drives/{name}/sync`, and the persistence part of a drive's JSON
+//! (`DriveInfo.persist`, `DriveStats.persist`). The restore route lives
+//! with the drive routes (`drives.rs`), since it answers a `DriveInfo`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 
 use super::types::{
-    DriveInfo, DurationValue, PersistInfo, PersistStatusInfo, Progress, RestoreInfo,
-    RestoreRequest, SyncResult,
+    DurationValue, PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
 };
 use super::{blocking, ApiError};
 use crate::daemon::persistent::{phase_name, report_text, RestoreRecord};
@@ -22,7 +19,7 @@ use crate::daemon::spec::{
 };
 use crate::daemon::Daemon;
 use crate::metrics::persist::{PersistLive, PersistSample};
-use crate::persist::{Durability, PersistStatus, RestoreOptions};
+use crate::persist::{Durability, PersistStatus};
 
 /// A sync interval from a request.
 pub(crate) fn interval_ms(v: &DurationValue) -> Result<u64, SpecError> {
@@ -185,28 +182,4 @@ pub async fn sync(
         }))
     })
     .await
-}
-
-pub async fn restore(
-    State(d): State<Arc<Daemon>>,
-    Path(name): Path<String>,
-    body: Result<Json<RestoreRequest>, JsonRejection>,
-) -> Result<(StatusCode, Json<DriveInfo>), ApiError> {
-    let Json(req) = body?;
-    if req.force && req.discard_journal {
-        return Err(ApiError::invalid(
-            "give force or discard_journal, not both: force keeps the journal up to its damage, discard_journal drops it whole",
-        ));
-    }
-    let key_file = req.key_file.as_deref().map(key_path).transpose()?;
-    let opts = RestoreOptions {
-        force: req.force,
-        discard_journal: req.discard_journal,
-    };
-    let d2 = d.clone();
-    let drive = blocking(move || Ok(d2.registry.restore(&name, opts, key_file)?)).await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(super::drives::info(&d, &drive, None)),
-    ))
 }

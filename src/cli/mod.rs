@@ -482,7 +482,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             if args.api_socket.is_none() {
                 args.api_socket = cli.api_socket.clone();
             }
-            crate::daemon::run(args)?;
+            crate::daemon::run::run(args)?;
         }
         Command::Create {
             name,

@@ -54,12 +54,12 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::caches::{CacheConfigEntry, CacheSpec};
-use super::dirs::DirSpec;
+use super::dirs::{DirEntry, DirSpec};
 use super::spec::{
     check_mem_limit, check_name, parse_drive_size, parse_durability, parse_sync_interval_ms,
     DriveSpec, PersistOptions,
 };
-use crate::size::parse_size;
+use crate::size::Size;
 
 /// The default config file, read when present and no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ramd/ramd.toml";
@@ -81,34 +81,6 @@ pub enum ConfigError {
         column: usize,
         message: String,
     },
-}
-
-/// A size written as `"4G"` or as a number of bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Size(pub u64);
-
-impl<'de> Deserialize<'de> for Size {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Size;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a size like \"4G\", \"512M\", \"1.5GiB\" or a number of bytes")
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
-                u64::try_from(v)
-                    .map(Size)
-                    .map_err(|_| E::custom("a size cannot be negative"))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
-                Ok(Size(v))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
-                parse_size(v).map(Size).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 /// Log output format.
@@ -261,18 +233,6 @@ pub struct DriveEntry {
     pub encrypt: Option<Spanned<bool>>,
     /// The key: 32 raw bytes or 64 hex digits.
     pub key_file: Option<Spanned<PathBuf>>,
-}
-
-/// `[[dir]]`: see [`super::dirs::DirSpec`].
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DirEntry {
-    pub path: Spanned<PathBuf>,
-    pub interval: Option<Spanned<String>>,
-    #[serde(default)]
-    pub overlay: bool,
-    pub size_limit: Option<Spanned<Size>>,
-    pub recovery_generations: Option<Spanned<u32>>,
 }
 
 /// A parsed and checked config.

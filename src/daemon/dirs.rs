@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
+use serde::Deserialize;
+use toml::Spanned;
 
-use super::config::DirEntry;
 use crate::dirsync::manager::{
     AddRequest, DirChange, DirError, DirInfo, DirManager, DirOrigin, ManagerConfig, RecoverOutcome,
     StopOutcome, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS, MIN_SYNC_INTERVAL_MS,
@@ -31,7 +32,7 @@ use crate::dirsync::manager::{
 use crate::dirsync::mounts::MountMode;
 use crate::dirsync::schedule::SyncWorker;
 use crate::dirsync::sync::SyncReport;
-use crate::size::format_size;
+use crate::size::{format_size, Size};
 
 /// Why the directories could not be brought up at start.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,19 @@ pub fn clean_path(path: &Path) -> Result<PathBuf, String> {
         }
     }
     Ok(out)
+}
+
+/// `[[dir]]` as written in the config file (see [`DirSpec`], what it
+/// becomes once checked).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirEntry {
+    pub path: Spanned<PathBuf>,
+    pub interval: Option<Spanned<String>>,
+    #[serde(default)]
+    pub overlay: bool,
+    pub size_limit: Option<Spanned<Size>>,
+    pub recovery_generations: Option<Spanned<u32>>,
 }
 
 /// A directory declared in the config (`[[dir]]`).

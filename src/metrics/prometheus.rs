@@ -337,7 +337,10 @@ mod tests {
             connection_buffer_bytes: 3 << 20,
             drives: vec![d],
         });
-        assert!(text.contains("ramd_nbd_connection_buffers_bytes 3145728\n"), "{text}");
+        assert!(
+            text.contains("ramd_nbd_connection_buffers_bytes 3145728\n"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains("ramd_drive_requests_total{drive=\"ram0\",op=\"read\"} 3\n"));
         assert!(text.contains("ramd_drive_io_bytes_total{drive=\"ram0\",op=\"read\"} 12288\n"));

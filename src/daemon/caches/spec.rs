@@ -23,10 +23,10 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::super::config::Size;
 use super::super::spec::check_name;
 use crate::cache::config::parse_duration_ms;
 use crate::cache::{BackingOptions, BackingSpec, CacheConfig, Mode};
+use crate::size::Size;
 use crate::size::{format_size, parse_size};
 use crate::store::MAX_DRIVE_BYTES;
 

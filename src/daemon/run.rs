@@ -1,0 +1,538 @@
+//! Start-up and shutdown: the one place that wires the daemon together
+//! (pid lock, sockets, drives, restores, the NBD server, the API server,
+//! signals) and takes it apart again. See `mod.rs` for the order of events.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::caches::{self, Caches};
+use super::dirs::Dirs;
+use super::lock::PidLock;
+use super::logging;
+use super::persistent::{self, drives_dir, probe, scan, Found, Stored};
+use super::registry::{Origin, Registry};
+use super::sampler::Sampler;
+use super::{Daemon, DaemonArgs, DaemonError, Settings};
+use crate::attach::Attachments;
+use crate::nbd::{ExportTable, Server, ServerConfig};
+use crate::size::format_size;
+use crate::store::MemoryBudget;
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread spawned after
+/// (call first), returning the set for `sigwait`.
+fn block_shutdown_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset before use;
+    // pthread_sigmask only changes this thread's mask (inherited by threads
+    // spawned later).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Makes sure the directories the lock and sockets go into are the
+/// daemon's own (`paths::ensure_runtime_dir`; a socket directory named
+/// on the command line: `paths::ensure_socket_dir`).
+fn secure_socket_dirs(s: &Settings) -> Result<(), DaemonError> {
+    crate::paths::ensure_runtime_dir(&s.runtime_dir)?;
+    for sock in [&s.api_socket, &s.nbd_socket] {
+        if let Some(dir) = sock.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if dir != s.runtime_dir {
+                crate::paths::ensure_socket_dir(dir)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Binds the API socket with mode 0600, whatever the umask: the socket's
+/// inode gets 0600 before `bind` (Linux creates the file with the
+/// socket's mode minus the umask), and the file exactly 0600 right after.
+/// The process umask is never touched (other threads run by now).
+fn bind_api(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let err = |source| DaemonError::Api {
+        path: path.to_owned(),
+        source,
+    };
+    let last = || std::io::Error::last_os_error();
+    // The pid lock is held: a socket file here is a dead daemon's.
+    if std::fs::symlink_metadata(path).is_ok() {
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    // SAFETY: socket(2) takes no pointers; the fd is owned right away.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(err(last()));
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fchmod on a descriptor we own; no memory is passed.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+        return Err(err(last()));
+    }
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("the path is longer than {} bytes", addr.sun_path.len() - 1),
+        )));
+    }
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: `addr` is an initialised sockaddr_un, NUL-terminated within
+    // `len` bytes, and outlives the call.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(err(last()));
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    // SAFETY: listen on a bound socket we own.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+        return Err(err(last()));
+    }
+    Ok(std::os::unix::net::UnixListener::from(fd))
+}
+
+/// The registry with every drive the settings declare (and those stored
+/// in the state directory), then the cache registry with every declared
+/// cache (drives and caches share export names).
+fn create_declared(
+    settings: &Settings,
+    exports: &Arc<ExportTable>,
+    budget: &Arc<MemoryBudget>,
+) -> Result<(Arc<Registry>, Arc<Caches>), DaemonError> {
+    let registry = Arc::new(
+        Registry::new(exports.clone(), budget.clone(), settings.metrics)
+            .with_state_dir(settings.state_dir.clone()),
+    );
+    for (spec, origin) in &settings.drives {
+        registry.create(spec, origin.clone()).map_err(|source| {
+            let message = format!("cannot create drive '{}': {source}", spec.name);
+            settings
+                .declared(&spec.name, origin, &message)
+                .unwrap_or(DaemonError::Drive {
+                    name: spec.name.clone(),
+                    source: Box::new(source),
+                })
+        })?;
+    }
+    // Persistent drives created through the API (or no longer declared)
+    // come back too; restores run in the background, READY=1 waits.
+    restore_stored(&registry, settings);
+    // Caches after every drive (drives and caches share export names).
+    let caches = Arc::new(Caches::new(
+        exports.clone(),
+        registry.clone(),
+        settings.metrics,
+    ));
+    let cache_origin = settings
+        .config_path
+        .clone()
+        .map_or(Origin::CommandLine, Origin::Config);
+    for spec in &settings.caches {
+        caches
+            .create_at_start(spec.clone(), cache_origin.clone())
+            .map_err(|source| {
+                let message = format!("cannot create cache '{}': {source}", spec.name);
+                settings
+                    .declared(&spec.name, &cache_origin, &message)
+                    .unwrap_or(DaemonError::Cache {
+                        name: spec.name.clone(),
+                        source,
+                    })
+            })?;
+    }
+    Ok((registry, caches))
+}
+
+/// An error naming every cache whose dirty data did not reach its
+/// backing at shutdown (rescued where, or lost).
+fn cache_shutdown_result(
+    outcomes: &[(String, caches::shutdown::Outcome)],
+) -> Result<(), DaemonError> {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, o)| o.failed())
+        .map(|(name, o)| match o {
+            caches::shutdown::Outcome::Rescued {
+                saved_bytes, dir, ..
+            } => format!(
+                "cache '{name}': {} of dirty data saved to {} (run its apply.sh once the backing works)",
+                format_size(*saved_bytes),
+                dir.display()
+            ),
+            _ => format!("cache '{name}': dirty data LOST (see the log)"),
+        })
+        .collect();
+    if !failed.is_empty() {
+        tracing::error!(
+            "stopped, but not every cache could write back: {}",
+            failed.join("; ")
+        );
+        return Err(DaemonError::CacheData { failed });
+    }
+    Ok(())
+}
+
+/// The NBD server bound to the settings' sockets. A refused bind leaves
+/// no socket behind (one bound by a listener that failed after it, say a
+/// TCP port in use).
+fn bind_nbd(settings: &Settings, exports: Arc<ExportTable>) -> Result<Server, DaemonError> {
+    let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
+    nbd_config.tcp = settings.nbd_listen.clone();
+    nbd_config.max_connections = settings.max_connections;
+    nbd_config.poll_us = settings.poll_us;
+    nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
+    let nbd_before = file_id(&settings.nbd_socket);
+    Server::bind(nbd_config, exports).map_err(|e| {
+        if file_id(&settings.nbd_socket) != nbd_before {
+            remove_if_socket(&settings.nbd_socket);
+        }
+        DaemonError::Nbd(e)
+    })
+}
+
+/// A thread that waits for SIGTERM/SIGINT (`signals`, blocked in every
+/// thread) and then tells systemd and the API to stop.
+fn spawn_signal_waiter(
+    signals: libc::sigset_t,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+) -> Result<(), DaemonError> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `signals` is an initialised sigset and `sig` a valid
+            // out pointer; the signals are blocked in every thread.
+            unsafe { libc::sigwait(&signals, &mut sig) };
+            tracing::info!("signal {sig}: finishing open requests and shutting down");
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+            let _ = stop_tx.send(true);
+        })
+        .map_err(DaemonError::Start)?;
+    Ok(())
+}
+
+/// READY=1 to systemd once no drive is restoring (the API answers
+/// meanwhile).
+fn notify_ready_when_restored(registry: &Registry) {
+    wait_restores(registry);
+    let _ = sd_notify::notify(
+        false,
+        &[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&format!("serving {} drive(s)", registry.list().len())),
+        ],
+    );
+}
+
+/// Syncs and releases the directories in RAM, telling systemd so.
+fn stop_dirs(dirs: &Dirs) {
+    if !dirs.manager.paths().is_empty() {
+        let _ = sd_notify::notify(
+            false,
+            &[sd_notify::NotifyState::Status(
+                "syncing directories to disk",
+            )],
+        );
+    }
+    dirs.stop();
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    let signals = block_shutdown_signals();
+    let settings = Settings::resolve(&args)?;
+    logging::init(settings.log.as_deref(), settings.log_format);
+    secure_socket_dirs(&settings)?;
+    let _lock = PidLock::acquire(&settings.api_socket)?;
+    // Each narrowed mode is logged (WARN) where it is fixed.
+    persistent::modes::secure_state_dir(&settings.state_dir)?;
+
+    let budget = Arc::new(match settings.mem_budget_bytes {
+        Some(b) => MemoryBudget::new(b),
+        None => MemoryBudget::default_daemon(),
+    });
+    let exports = Arc::new(ExportTable::new());
+    let (registry, caches) = create_declared(&settings, &exports, &budget)?;
+
+    // A refused start leaves no socket behind: from here on the NBD and
+    // API sockets, until the daemon serves.
+    let server = bind_nbd(&settings, exports)?;
+    let mut bound = BoundSockets {
+        paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
+        serving: false,
+    };
+    let nbd_handle = server.shutdown_handle();
+    registry.set_nbd(nbd_handle.clone());
+    caches.set_nbd(nbd_handle.clone());
+    let tcp_addrs = server.tcp_addrs().to_vec();
+
+    let api_listener = bind_api(&settings.api_socket)?;
+    api_listener
+        .set_nonblocking(true)
+        .map_err(DaemonError::Start)?;
+    // Before the API serves and before READY=1: every directory is in RAM
+    // (or listed as failed) before anything may use it. API requests made
+    // meanwhile wait in the listen queue.
+    let dirs = Dirs::start(
+        settings.runtime_dir.join("dirs"),
+        settings.state_dir.join("dirs"),
+        settings.config_path.as_deref(),
+        &settings.dirs,
+    )
+    .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
+
+    let daemon = Arc::new(Daemon {
+        registry: registry.clone(),
+        attachments: Attachments::new(),
+        settings: settings.clone(),
+        tcp_addrs,
+        started: Instant::now(),
+        started_unix_s: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        sampler: Arc::new(Sampler::new()),
+        caches: caches.clone(),
+        dirs: Arc::new(dirs),
+    });
+
+    let nbd_thread = std::thread::Builder::new()
+        .name("nbd-accept".into())
+        .spawn(move || server.run())
+        .map_err(DaemonError::Start)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ramd-api")
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Start)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    spawn_signal_waiter(signals, stop_tx)?;
+
+    bound.serving = true;
+    announce(&daemon);
+    let served = runtime.block_on(async {
+        let listener = tokio::net::UnixListener::from_std(api_listener)?;
+        tokio::spawn(daemon.sampler.clone().run(daemon.registry.clone()));
+        tokio::spawn(caches::sample_loop(daemon.caches.clone()));
+        // READY=1 once no drive is restoring (the API answers meanwhile).
+        let r = daemon.registry.clone();
+        tokio::task::spawn_blocking(move || notify_ready_when_restored(&r));
+        let mut stop = stop_rx;
+        crate::api::serve(listener, daemon.clone(), async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+    });
+    if let Err(e) = &served {
+        tracing::error!("API server failed: {e}");
+    }
+    // No more API requests: sync and release the directories in RAM (the
+    // systemd unit's stop ordering relies on this happening before exit).
+    stop_dirs(&daemon.dirs);
+    // The API has stopped; now NBD: finish in-flight requests, close.
+    nbd_handle.shutdown();
+    match nbd_thread.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("NBD server: {e}"),
+        Err(_) => tracing::error!("NBD server thread panicked"),
+    }
+    daemon.attachments.shutdown();
+    // No client can write any more: save every persistent drive, and
+    // write every cache back (bounded, loud).
+    registry.shutdown_persistent();
+    let outcomes = daemon
+        .caches
+        .shutdown(&settings.state_dir.join("cache-rescue"));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    remove_if_socket(&settings.api_socket);
+    cache_shutdown_result(&outcomes)?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The sockets a start has bound, removed again when the start is
+/// refused (dropped before `serving` is set).
+struct BoundSockets<'a> {
+    paths: [&'a Path; 2],
+    serving: bool,
+}
+
+impl Drop for BoundSockets<'_> {
+    fn drop(&mut self) {
+        if !self.serving {
+            for p in self.paths {
+                remove_if_socket(p);
+            }
+        }
+    }
+}
+
+/// Device and inode of a file (None: no file), to tell a socket this
+/// process bound from one that was there before.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+fn remove_if_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Tells the user where everything is and what to try.
+fn announce(d: &Daemon) {
+    let s = &d.settings;
+    let drives = d.registry.list();
+    tracing::info!(
+        "ramd {} ready: {} drive(s), memory budget {}, API {}",
+        env!("CARGO_PKG_VERSION"),
+        drives.len(),
+        format_size(d.registry.budget().limit_bytes()),
+        s.api_socket.display()
+    );
+    if let Some(p) = &s.config_path {
+        tracing::info!("config: {}", p.display());
+    }
+    for c in d.caches.list() {
+        tracing::info!(
+            "cache {} ({}, {}) at {}",
+            c.name,
+            c.spec.summary(),
+            c.state().name(),
+            d.unix_uri(&c.name)
+        );
+    }
+    let dirs = d.dirs.manager.paths();
+    if !dirs.is_empty() {
+        tracing::info!(
+            "{} director{} in RAM (ramd dir list)",
+            dirs.len(),
+            if dirs.len() == 1 { "y" } else { "ies" }
+        );
+    }
+    for drive in &drives {
+        tracing::info!(
+            "drive {} ({}{}) at {}",
+            drive.name,
+            format_size(drive.size_bytes()),
+            if drive.export.is_read_only() {
+                ", read-only"
+            } else {
+                ""
+            },
+            d.unix_uri(&drive.name)
+        );
+        for uri in d.tcp_uris(&drive.name) {
+            tracing::info!("drive {} also at {uri}", drive.name);
+        }
+    }
+    let client_env = if s.api_socket == crate::paths::api_socket() {
+        String::new()
+    } else {
+        format!("RAMD_API_SOCKET={} ", s.api_socket.display())
+    };
+    if let Some(first) = drives.first() {
+        tracing::info!("try: nbdinfo '{}'", d.unix_uri(&first.name));
+        tracing::info!(
+            "attach as a file: mkdir -p /mnt/{n} && {client_env}ramd attach {n} /mnt/{n} && losetup -f --show /mnt/{n}/{n}",
+            n = first.name
+        );
+    }
+    tracing::info!("manage: {client_env}ramd list | ramd create NAME --size 4G | ramd stats --watch   (stop with Ctrl-C)");
+}
+
+/// Registers the persistent drives in the state directory that nothing
+/// declares (created through the API, or removed from the config): each
+/// restores in the background. Logged, never fatal: the daemon serves the
+/// others.
+pub fn restore_stored(registry: &Arc<Registry>, settings: &Settings) {
+    let declared: Vec<String> = settings
+        .drives
+        .iter()
+        .map(|(d, _)| d.name.clone())
+        .collect();
+    for (spec, _) in &settings.drives {
+        if spec.persist.is_none()
+            && probe(&drives_dir(&settings.state_dir).join(&spec.name)) != Found::New
+        {
+            tracing::warn!(
+                drive = %spec.name,
+                "is declared as a RAM drive, so its state directory {} is not used (and left as it is)",
+                drives_dir(&settings.state_dir).join(&spec.name).display()
+            );
+        }
+    }
+    for found in scan(&drives_dir(&settings.state_dir), &declared) {
+        let r = match found {
+            Stored::Drive(spec) => registry.create(&spec, Origin::Api),
+            Stored::Unusable { name, error } => registry.add_unusable(&name, error, Origin::Api),
+        };
+        if let Err(e) = r {
+            tracing::error!("a drive in the state directory could not be registered: {e}");
+        }
+    }
+}
+
+/// Blocks until no drive is restoring, telling systemd how far it is
+/// (STATUS=, and EXTEND_TIMEOUT_USEC so a long restore is not killed as a
+/// failed start).
+pub fn wait_restores(registry: &Registry) {
+    let mut last_status = std::time::Instant::now() - std::time::Duration::from_secs(10);
+    loop {
+        let restoring = registry.restoring();
+        if restoring.is_empty() {
+            return;
+        }
+        if last_status.elapsed() >= std::time::Duration::from_secs(5) {
+            last_status = std::time::Instant::now();
+            let text: Vec<String> = restoring
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{} ({})",
+                        d.name,
+                        d.persist
+                            .as_ref()
+                            .map_or_else(String::new, |p| p.restore_text())
+                    )
+                })
+                .collect();
+            let status = format!("restoring {}", text.join(", "));
+            tracing::info!("{status}");
+            let _ = sd_notify::notify(
+                false,
+                &[
+                    sd_notify::NotifyState::Status(&status),
+                    sd_notify::NotifyState::ExtendTimeoutUsec(30_000_000),
+                ],
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
