@@ -430,6 +430,10 @@ fn the_nbd_socket_is_private_whatever_the_umask() {
     let server = TestServer::start(|_| {});
     // SAFETY: as above.
     unsafe { libc::umask(old) };
-    let mode = std::fs::metadata(&server.socket).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&server.socket)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600, "NBD socket mode {mode:o}");
 }
