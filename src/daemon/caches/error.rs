@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use crate::cache::CacheError;
+use crate::daemon::registry::error::{join_paths, plural};
 use crate::daemon::registry::RegistryError;
 use crate::size::format_size;
 
@@ -91,17 +92,4 @@ pub enum Setup {
     /// The drive registry refused (other than over the budget).
     #[error(transparent)]
     Registry(#[from] Box<RegistryError>),
-}
-
-fn join_paths(paths: &[PathBuf]) -> String {
-    let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-    shown.join(", ")
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
-    }
 }

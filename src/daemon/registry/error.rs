@@ -106,12 +106,14 @@ pub enum SyncFailed {
     },
 }
 
-fn join_paths(paths: &[PathBuf]) -> String {
+/// Paths as one comma-separated list, for messages.
+pub(crate) fn join_paths(paths: &[PathBuf]) -> String {
     let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     shown.join(", ")
 }
 
-fn plural(n: usize) -> &'static str {
+/// The plural ending for `n` things.
+pub(crate) fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""
     } else {
