@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use ramd::backend::Backend;
 use ramd::persist::{DirStorage, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress};
-use ramd::size::parse_size;
+use ramd::size::parse as parse_size;
 use ramd::store::{MemoryBudget, StoreOptions};
 
 const PAGE: u64 = 4096;

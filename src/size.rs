@@ -77,13 +77,6 @@ fn unit_shift(unit: &str) -> Option<u32> {
     })
 }
 
-/// [`parse`] with the error as its message, for the callers (daemon specs
-/// and flags) that still carry errors as text; goes once they take
-/// [`SizeError`].
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    parse(text).map_err(|e| e.to_string())
-}
-
 /// Formats bytes with a binary unit: `0 B`, `512 B`, `4 KiB`, `1.5 GiB`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -123,7 +116,7 @@ impl<'de> serde::Deserialize<'de> for Size {
                 Ok(Size(v))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
-                parse_size(v).map(Size).map_err(E::custom)
+                parse(v).map(Size).map_err(E::custom)
             }
         }
         d.deserialize_any(V)

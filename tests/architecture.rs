@@ -10,7 +10,7 @@ use std::process::Command;
 const CEILINGS: &[(&str, usize)] = &[
     ("import circles: ", 0),
     ("functions over 120 lines: ", 0),
-    ("stringly-typed errors outside the HTTP edge: ", 7),
+    ("stringly-typed errors outside the HTTP edge: ", 0),
 ];
 
 #[test]

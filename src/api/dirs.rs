@@ -29,7 +29,7 @@ use crate::dirsync::manager::{
     DEFAULT_SYNC_INTERVAL_MS, MIN_SYNC_INTERVAL_MS,
 };
 use crate::dirsync::mounts::MountMode;
-use crate::size::parse_size;
+use crate::size::parse as parse_size;
 
 /// Who is calling, from the API socket (`SO_PEERCRED`).
 #[derive(Debug, Clone, Copy)]
@@ -68,14 +68,21 @@ fn interval_ms(v: &IntervalValue) -> Result<u64, ApiError> {
             "interval {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms"
         ))),
         IntervalValue::Millis(ms) => Ok(*ms),
-        IntervalValue::Text(t) => parse_interval_ms(t).map_err(ApiError::invalid),
+        IntervalValue::Text(t) => {
+            parse_interval_ms(t).map_err(|e| ApiError::invalid(e.to_string()))
+        }
     }
 }
 
 /// A size limit in a request: a size of at least one byte.
 fn size_limit(v: &SizeValue) -> Result<u64, ApiError> {
-    let b = parse_size(&v.as_text())
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_size", e))?;
+    let b = parse_size(&v.as_text()).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_size",
+            e.to_string(),
+        )
+    })?;
     if b == 0 {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -112,7 +119,7 @@ pub async fn add(
     body: Result<Json<AddDir>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
-    let path = clean_path(Path::new(&req.path)).map_err(ApiError::invalid)?;
+    let path = clean_path(Path::new(&req.path)).map_err(|e| ApiError::invalid(e.to_string()))?;
     let sync_interval_ms = match &req.interval {
         Some(v) => interval_ms(v)?,
         None => DEFAULT_SYNC_INTERVAL_MS,

@@ -48,12 +48,11 @@ impl fmt::Display for Mode {
     }
 }
 
-/// [`Mode::parse`] with the error as its message, for the callers (daemon
-/// cache specs) that still carry errors as text.
+/// [`Mode::parse`], for `str::parse`.
 impl FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Mode::parse(s).map_err(|e| e.to_string())
+    type Err = SettingError;
+    fn from_str(s: &str) -> Result<Self, SettingError> {
+        Mode::parse(s)
     }
 }
 
@@ -241,12 +240,6 @@ pub fn parse_duration(text: &str) -> Result<u64, SettingError> {
         .ok_or_else(|| SettingError::DurationTooLong(text.to_owned()))
 }
 
-/// [`parse_duration`] with the error as its message, for the callers
-/// (daemon cache specs) that still carry errors as text.
-pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    parse_duration(text).map_err(|e| e.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +252,7 @@ mod tests {
         assert!("writeonce"
             .parse::<Mode>()
             .unwrap_err()
+            .to_string()
             .contains("writeback"));
     }
 
@@ -291,7 +285,7 @@ mod tests {
             e.contains("unknown cache option 'turbo'") && e.contains("block-size"),
             "{e}"
         );
-        assert_eq!(parse_duration_ms("250"), Ok(250));
+        assert_eq!(parse_duration("250"), Ok(250));
     }
 
     #[test]

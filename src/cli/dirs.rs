@@ -159,7 +159,10 @@ fn key(arg: &str) -> Result<String, CliError> {
     }
     let abs = std::fs::canonicalize(p)
         .or_else(|_| std::path::absolute(p))
-        .map_err(|e| CliError::Other(format!("{arg}: {e}")))?;
+        .map_err(|source| CliError::Path {
+            path: PathBuf::from(arg),
+            source,
+        })?;
     Ok(abs.display().to_string())
 }
 
@@ -233,11 +236,9 @@ pub fn run(client: &Client, cmd: DirCommand) -> Result<(), CliError> {
 /// `ramd dir add`: resolves PATH (saying so when it differs) and asks
 /// the daemon to keep it in RAM.
 fn add(client: &Client, path: &std::path::Path, req: AddDir, json: bool) -> Result<(), CliError> {
-    let abs = std::fs::canonicalize(path).map_err(|e| {
-        CliError::Other(format!(
-            "{}: {e} (ramd keeps an existing directory in RAM)",
-            path.display()
-        ))
+    let abs = std::fs::canonicalize(path).map_err(|source| CliError::NoDir {
+        path: path.to_path_buf(),
+        source,
     })?;
     let given = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     if abs != given && !json {
@@ -281,9 +282,7 @@ fn set(
     json: bool,
 ) -> Result<(), CliError> {
     if interval.is_none() && size_limit.is_none() && recovery_generations.is_none() {
-        return Err(CliError::Other(
-            "nothing to change: give --interval, --size-limit or --recovery-generations".into(),
-        ));
+        return Err(CliError::NothingToChange);
     }
     let r = client.patch_dir(
         &key(dir)?,
@@ -334,10 +333,10 @@ fn sync_all(client: &Client, json: bool) -> Result<(), CliError> {
         println!("no directories in RAM");
     }
     if failed > 0 {
-        return Err(CliError::Other(format!(
-            "{failed} of {} directories failed to sync (see above)",
-            r.results.len()
-        )));
+        return Err(CliError::DirsFailedToSync {
+            failed,
+            total: r.results.len(),
+        });
     }
     Ok(())
 }

@@ -357,10 +357,6 @@ pub enum CliError {
     /// `ramd dir sync` (all) where some directories failed.
     #[error("{failed} of {total} directories failed to sync (see above)")]
     DirsFailedToSync { failed: usize, total: usize },
-    /// Messages of `ramd dir` (src/cli/dirs.rs) until it uses the variants
-    /// above (and `Path` for a path that cannot be resolved).
-    #[error("{0}")]
-    Other(String),
 }
 
 /// A value the command line refuses before any request (exit code 2).

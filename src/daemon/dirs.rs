@@ -51,18 +51,47 @@ pub enum DirsError {
     },
 }
 
+/// Why a sync interval was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum IntervalError {
+    /// Not a duration (humantime's reason).
+    #[error("invalid interval '{text}': {source} (use a duration like 30s, 10m, 1h)")]
+    Syntax {
+        text: String,
+        #[source]
+        source: humantime::DurationError,
+    },
+    /// Does not fit in milliseconds.
+    #[error("interval '{text}' is too long")]
+    TooLong { text: String },
+    /// Below the minimum.
+    #[error("interval '{text}' is shorter than the minimum of {} s (a sync walks the whole tree)", MIN_SYNC_INTERVAL_MS / 1000)]
+    TooShort { text: String },
+}
+
+/// Why a directory path was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DirPathError {
+    #[error("the directory must be an absolute path, not '{}'", .0.display())]
+    NotAbsolute(PathBuf),
+    #[error("'{}' contains '..': write the directory's real path", .0.display())]
+    ParentDir(PathBuf),
+}
+
 /// Parses an interval: `"10m"`, `"1h 30m"`, `"90s"`, `"500ms"` (at least
 /// one second) into milliseconds.
-pub fn parse_interval_ms(text: &str) -> Result<u64, String> {
-    let d = humantime::parse_duration(text.trim()).map_err(|e| {
-        format!("invalid interval '{text}': {e} (use a duration like 30s, 10m, 1h)")
+pub fn parse_interval_ms(text: &str) -> Result<u64, IntervalError> {
+    let d = humantime::parse_duration(text.trim()).map_err(|source| IntervalError::Syntax {
+        text: text.to_owned(),
+        source,
     })?;
-    let ms = u64::try_from(d.as_millis()).map_err(|_| format!("interval '{text}' is too long"))?;
+    let ms = u64::try_from(d.as_millis()).map_err(|_| IntervalError::TooLong {
+        text: text.to_owned(),
+    })?;
     if ms < MIN_SYNC_INTERVAL_MS {
-        return Err(format!(
-            "interval '{text}' is shorter than the minimum of {} s (a sync walks the whole tree)",
-            MIN_SYNC_INTERVAL_MS / 1000
-        ));
+        return Err(IntervalError::TooShort {
+            text: text.to_owned(),
+        });
     }
     Ok(ms)
 }
@@ -74,12 +103,9 @@ pub fn format_interval(ms: u64) -> String {
 
 /// A path as written, made absolute-and-clean: no `.`/`..` components, no
 /// trailing slash. Symlinks are checked later (the path must be canonical).
-pub fn clean_path(path: &Path) -> Result<PathBuf, String> {
+pub fn clean_path(path: &Path) -> Result<PathBuf, DirPathError> {
     if !path.is_absolute() {
-        return Err(format!(
-            "the directory must be an absolute path, not '{}'",
-            path.display()
-        ));
+        return Err(DirPathError::NotAbsolute(path.to_owned()));
     }
     let mut out = PathBuf::from("/");
     for c in path.components() {
@@ -87,10 +113,7 @@ pub fn clean_path(path: &Path) -> Result<PathBuf, String> {
             Component::RootDir | Component::CurDir => {}
             Component::Normal(n) => out.push(n),
             Component::ParentDir | Component::Prefix(_) => {
-                return Err(format!(
-                    "'{}' contains '..': write the directory's real path",
-                    path.display()
-                ))
+                return Err(DirPathError::ParentDir(path.to_owned()))
             }
         }
     }
@@ -130,9 +153,12 @@ impl DirSpec {
         e: &DirEntry,
         at: (PathBuf, usize, usize),
     ) -> Result<DirSpec, (usize, String)> {
-        let path = clean_path(e.path.get_ref()).map_err(|m| (e.path.span().start, m))?;
+        let path =
+            clean_path(e.path.get_ref()).map_err(|m| (e.path.span().start, m.to_string()))?;
         let sync_interval_ms = match &e.interval {
-            Some(i) => parse_interval_ms(i.get_ref()).map_err(|m| (i.span().start, m))?,
+            Some(i) => {
+                parse_interval_ms(i.get_ref()).map_err(|m| (i.span().start, m.to_string()))?
+            }
             None => DEFAULT_SYNC_INTERVAL_MS,
         };
         let size_limit_bytes = match &e.size_limit {
@@ -438,9 +464,13 @@ mod tests {
         assert_eq!(parse_interval_ms("10m"), Ok(600_000));
         assert_eq!(parse_interval_ms(" 1h 30m "), Ok(5_400_000));
         assert_eq!(parse_interval_ms("1s"), Ok(1000));
-        assert!(parse_interval_ms("500ms").unwrap_err().contains("minimum"));
+        assert!(parse_interval_ms("500ms")
+            .unwrap_err()
+            .to_string()
+            .contains("minimum"));
         assert!(parse_interval_ms("soon")
             .unwrap_err()
+            .to_string()
             .contains("invalid interval"));
         assert!(parse_interval_ms("").is_err());
         assert_eq!(format_interval(600_000), "10m");
@@ -456,7 +486,11 @@ mod tests {
         assert_eq!(clean_path(Path::new("/a/./b")), Ok(PathBuf::from("/a/b")));
         assert!(clean_path(Path::new("a/b"))
             .unwrap_err()
+            .to_string()
             .contains("absolute"));
-        assert!(clean_path(Path::new("/a/../b")).unwrap_err().contains(".."));
+        assert!(clean_path(Path::new("/a/../b"))
+            .unwrap_err()
+            .to_string()
+            .contains(".."));
     }
 }

@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::attach::Attachments;
-use crate::size::parse_size;
+use crate::size::parse as parse_size;
 use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;
 use config::{Config, ConfigError};
@@ -143,7 +143,7 @@ pub struct DaemonArgs {
 
 /// `--mem-budget`: a size of at least one byte.
 fn parse_mem_budget_flag(text: &str) -> Result<u64, FlagError> {
-    let bytes = parse_size(text).map_err(|reason| FlagError::Size { reason })?;
+    let bytes = parse_size(text)?;
     Ok(config::check_mem_budget(bytes)?)
 }
 
@@ -168,8 +168,8 @@ fn parse_log_flag(text: &str) -> Result<String, FlagError> {
 #[derive(Debug, thiserror::Error)]
 pub enum FlagError {
     /// Not a size (the size parser's reason).
-    #[error("{reason}")]
-    Size { reason: String },
+    #[error(transparent)]
+    Size(#[from] crate::size::SizeError),
     /// Not a whole number.
     #[error("'{text}' is not a number: {source}")]
     NotANumber {

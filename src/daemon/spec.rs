@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::persist::Durability;
-use crate::size::{format_size, parse_size};
+use crate::size::{format_size, parse as parse_size};
 
 /// Shortest background sync interval of a persistent drive.
 pub const MIN_SYNC_INTERVAL_MS: u64 = 50;
@@ -37,8 +37,8 @@ pub enum SpecError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
     /// Not a size (the size parser's reason).
-    #[error("{reason}")]
-    Unparsable { reason: String },
+    #[error(transparent)]
+    Unparsable(#[from] crate::size::SizeError),
     /// A drive of 0 bytes.
     #[error("a drive size must be at least 1 byte")]
     ZeroDrive,
@@ -48,12 +48,6 @@ pub enum SizeError {
     /// Larger than the largest drive.
     #[error("{} is larger than the largest drive ({})", format_size(*size), format_size(*max))]
     TooLarge { size: u64, max: u64 },
-}
-
-impl SizeError {
-    fn unparsable(reason: String) -> Self {
-        SizeError::Unparsable { reason }
-    }
 }
 
 /// Why a `--drive` spec does not parse.
@@ -80,8 +74,8 @@ pub enum PersistError {
     #[error("a sync interval of {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms")]
     SyncIntervalTooShort { ms: u64 },
     /// Not a durability mode (the engine's reason).
-    #[error("{reason}")]
-    Durability { reason: String },
+    #[error(transparent)]
+    Durability(#[from] crate::persist::durability::UnknownDurability),
     /// A persistence option on a RAM-only drive.
     #[error("{what} needs a persistent drive: add --persist (config: persist = true)")]
     NeedsPersist { what: &'static str },
@@ -113,7 +107,7 @@ pub fn check_name(name: &str) -> Result<(), SpecError> {
 
 /// Parses a drive size: a human size of at least one byte.
 pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
-    let size = parse_size(text).map_err(SizeError::unparsable)?;
+    let size = parse_size(text).map_err(SizeError::Unparsable)?;
     if size == 0 {
         return Err(SizeError::ZeroDrive.into());
     }
@@ -132,7 +126,7 @@ pub fn check_mem_limit(bytes: u64) -> Result<u64, SpecError> {
 
 /// Parses a memory limit: a human size of at least one byte.
 pub fn parse_mem_limit(text: &str) -> Result<u64, SpecError> {
-    check_mem_limit(parse_size(text).map_err(SizeError::unparsable)?)
+    check_mem_limit(parse_size(text).map_err(SizeError::Unparsable)?)
 }
 
 /// A drive to create, however it was described.
@@ -203,7 +197,7 @@ pub fn format_interval(ms: u64) -> String {
 pub fn parse_durability(text: &str) -> Result<Durability, SpecError> {
     text.trim()
         .parse()
-        .map_err(|reason| PersistError::Durability { reason }.into())
+        .map_err(|e| PersistError::Durability(e).into())
 }
 
 /// Persistence options as a user gives them (flags, config keys, API

@@ -49,16 +49,19 @@ impl std::fmt::Display for Durability {
     }
 }
 
+/// A durability name that is none of `none`, `periodic`, `flush`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown durability '{0}': use none, periodic or flush")]
+pub struct UnknownDurability(pub String);
+
 impl FromStr for Durability {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Durability, String> {
+    type Err = UnknownDurability;
+    fn from_str(s: &str) -> std::result::Result<Durability, UnknownDurability> {
         match s {
             "none" => Ok(Durability::None),
             "periodic" => Ok(Durability::Periodic),
             "flush" => Ok(Durability::Flush),
-            other => Err(format!(
-                "unknown durability '{other}': use none, periodic or flush"
-            )),
+            other => Err(UnknownDurability(other.to_owned())),
         }
     }
 }

@@ -24,10 +24,10 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::super::spec::check_name;
-use crate::cache::config::parse_duration_ms;
+use crate::cache::config::parse_duration;
 use crate::cache::{BackingOptions, BackingSpec, CacheConfig, Mode};
 use crate::size::Size;
-use crate::size::{format_size, parse_size};
+use crate::size::{format_size, parse as parse_size};
 use crate::store::MAX_DRIVE_BYTES;
 
 /// How long a clean shutdown keeps retrying a failing backing before it
@@ -82,8 +82,8 @@ pub struct CacheNameError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CacheSizeError {
     /// Not a size (the size parser's reason).
-    #[error("{reason}")]
-    Unparsable { reason: String },
+    #[error(transparent)]
+    Unparsable(#[from] crate::size::SizeError),
     /// 0 bytes.
     #[error("a cache size must be at least 1 byte")]
     Zero,
@@ -152,7 +152,7 @@ impl CacheSpec {
         BackingSpec::parse(backing).map_err(|e| CacheBackingError {
             reason: e.to_string(),
         })?;
-        let mode: Mode = mode.parse().map_err(engine)?;
+        let mode = Mode::parse(mode).map_err(|e| engine(e.to_string()))?;
         let size = parse_cache_size(size)?;
         Ok(CacheSpec {
             name: name.to_owned(),
@@ -176,7 +176,7 @@ impl CacheSpec {
             }
             .into()
         };
-        let millis = || parse_duration_ms(value).map_err(|e| bad(&e));
+        let millis = || parse_duration(value).map_err(|e| bad(&e.to_string()));
         match key.as_str() {
             "direct" => {
                 self.options.direct_io = match value {
@@ -241,7 +241,7 @@ fn strip_prefix(m: &str) -> String {
 
 /// Parses a cache size: at least one byte, at most the largest drive.
 pub fn parse_cache_size(text: &str) -> Result<u64, CacheSpecError> {
-    let size = parse_size(text).map_err(|reason| CacheSizeError::Unparsable { reason })?;
+    let size = parse_size(text).map_err(CacheSizeError::Unparsable)?;
     if size == 0 {
         return Err(CacheSizeError::Zero.into());
     }

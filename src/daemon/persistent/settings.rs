@@ -84,8 +84,8 @@ pub enum FieldError {
     #[error("version {found} is not the supported version {VERSION}")]
     Version { found: u32 },
     /// The durability is not a known mode (the engine's own reason).
-    #[error("{reason}")]
-    Durability { reason: String },
+    #[error(transparent)]
+    Durability(#[from] crate::persist::durability::UnknownDurability),
     /// The sync interval is out of range.
     #[error(transparent)]
     SyncInterval(#[from] SpecError),
@@ -142,10 +142,7 @@ impl DriveSettings {
                 found: self.version,
             });
         }
-        let durability = self
-            .durability
-            .parse()
-            .map_err(|reason| FieldError::Durability { reason })?;
+        let durability = self.durability.parse::<crate::persist::Durability>()?;
         check_sync_interval_ms(self.sync_interval_ms)?;
         Ok(DriveSpec {
             name: self.name.clone(),
