@@ -5,7 +5,7 @@
 //!
 //!     cargo run --release --example cache-policies [SLOTS] [SEED]
 
-use ramd::cache::sim::standard_comparison;
+use ramd::sim::policy::standard_comparison;
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -46,6 +46,12 @@
 //! range) → `Backend` call → reply encoded into the connection's output
 //! buffer → one `write` per batch. `ratelog` limits what clients can make
 //! the daemon log.
+//!
+//! Test support: `sim` (the simulated disk, the in-memory cache backing,
+//! the policy simulator and `sim::Rng`, the one seeded generator) is
+//! compiled only for tests and with the `sim` cargo feature, which the
+//! integration tests and examples turn on through the package's
+//! dev-dependency on itself; the shipped library and binary leave it out.
 
 pub mod api;
 pub mod attach;
@@ -60,5 +66,7 @@ pub mod nbd;
 pub mod paths;
 pub mod persist;
 pub mod ratelog;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 pub mod size;
 pub mod store;

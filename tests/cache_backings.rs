@@ -32,13 +32,8 @@ const MIB: u64 = 1 << 20;
 /// against `oracle` (which is updated), ending with a FLUSH.
 fn exercise(cache: &Cache, oracle: &mut [u8], seed: u64, ops: usize) {
     let size = oracle.len() as u64;
-    let mut x = seed | 1;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = ramd::sim::Rng::seed(seed);
+    let mut next = || rng.next_u64();
     for i in 0..ops {
         let r = next();
         let len = match r % 4 {
@@ -393,7 +388,7 @@ fn failing_nbd_backing_keeps_dirty_data_and_recovers() {
 
 #[test]
 fn forced_close_drops_dirty_data_of_a_dead_backing() {
-    let backing = Arc::new(ramd::cache::backing::MemBacking::new(4 * MIB));
+    let backing = Arc::new(ramd::sim::MemBacking::new(4 * MIB));
     let cache = Cache::new(backing.clone(), small_cache(Mode::WriteBack, MIB), None).unwrap();
     cache.write(0, &[1; 100_000], false).unwrap();
     backing.faults.set_all(true);
@@ -727,12 +722,10 @@ fn nbd_client_pipelined_writes() {
     let mut datas: Vec<(u64, Vec<u8>)> = Vec::new();
     // 300 scattered 4 KiB blocks (several windows of 64), in random order,
     // none overlapping another (writes in flight together have no order).
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = ramd::sim::Rng::seed(0x9e37_79b9_7f4a_7c15);
     let mut seen = std::collections::HashSet::new();
     for i in 0..300u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let at = (x % (40 * MIB / 4096)) * 4096;
         if seen.insert(at) {
             datas.push((at, random_bytes(4096, i)));

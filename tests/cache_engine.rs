@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ramd::backend::Backend;
-use ramd::cache::backing::MemBacking;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
+use ramd::sim::MemBacking;
 use ramd::store::MemoryBudget;
 
 const BS: u64 = 4096;

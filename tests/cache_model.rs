@@ -23,8 +23,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use ramd::backend::Backend;
-use ramd::cache::backing::MemBacking;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
+use ramd::sim::MemBacking;
 
 fn config(cases: u32) -> Config {
     let base = Config::default();
@@ -306,11 +306,9 @@ fn concurrent_writers_and_readers_on_disjoint_regions() {
                 std::thread::spawn(move || {
                     let base = t << 20;
                     let mut expect = vec![0u8; 1 << 20];
-                    let mut x = t + 1;
+                    let mut rng = ramd::sim::Rng::seed(t + 1);
                     for i in 0..3000u64 {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
+                        let x = rng.next_u64();
                         let off = x % ((1 << 20) - 9000);
                         let len = 1 + (x >> 40) % 9000;
                         if i % 3 == 0 {
@@ -367,11 +365,9 @@ fn concurrent_partial_writes_to_shared_blocks_lose_nothing() {
                     std::thread::spawn(move || {
                         let sectors = SIZE / 512;
                         let mut mine = vec![0u8; sectors as usize];
-                        let mut x = 0x1234_5678 ^ ((t + 1) * 0x9e37_79b9);
+                        let mut rng = ramd::sim::Rng::seed(0x1234_5678 ^ ((t + 1) * 0x9e37_79b9));
                         for i in 0..4000u32 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
+                            let x = rng.next_u64();
                             // A sector this thread owns.
                             let s = (x % (sectors / THREADS)) * THREADS + t;
                             if i % 4 == 0 {

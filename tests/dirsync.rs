@@ -596,13 +596,6 @@ fn differing(a: &BTreeMap<PathBuf, Want>, b: &BTreeMap<PathBuf, Want>) -> Vec<Pa
     v
 }
 
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 #[test]
 fn kill_9_during_syncs_leaves_every_file_old_or_new() {
     if !require_root() {
@@ -630,7 +623,7 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
                 | 1
         });
     eprintln!("crash test seed {seed} (replay with RAMD_CRASH_SEED={seed})");
-    let mut rng = seed;
+    let mut rng = ramd::sim::Rng::seed(seed);
     let mut base = 0u64;
     let (mut mid_sync, mut rounds) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -651,7 +644,7 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let delay_ms = 30 + xorshift(&mut rng) % 400;
+        let delay_ms = 30 + rng.below(400);
         std::thread::sleep(Duration::from_millis(delay_ms));
         // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
         unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };

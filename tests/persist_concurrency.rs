@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ramd::backend::Backend;
-use ramd::persist::sim::{Faults, SimDisk, SimFileHandle};
 use ramd::persist::{
     Durability, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress, Storage,
     StorageFile, SyncScheduler, SyncState,
 };
+use ramd::sim::{Faults, SimDisk, SimFileHandle};
 use ramd::store::{MemoryBudget, RamStore, StoreOptions, PAGES_PER_CHUNK};
 
 const PAGE: u64 = 4096;

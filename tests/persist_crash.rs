@@ -21,10 +21,10 @@
 use std::sync::Arc;
 
 use ramd::backend::Backend;
-use ramd::persist::sim::{Faults, SimDisk, SimRng};
 use ramd::persist::{
     Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
 };
+use ramd::sim::{Faults, Rng, SimDisk};
 use ramd::store::{MemoryBudget, StoreOptions};
 
 const PAGE: u64 = 4096;
@@ -82,7 +82,7 @@ fn open(
 }
 
 /// One random change to both the drive and the oracle.
-fn random_change(rng: &mut SimRng, d: &PersistentDrive<SimDisk>, mem: &mut [u8]) {
+fn random_change(rng: &mut Rng, d: &PersistentDrive<SimDisk>, mem: &mut [u8]) {
     let size = mem.len() as u64;
     if size == 0 {
         return;
@@ -116,7 +116,7 @@ fn random_change(rng: &mut SimRng, d: &PersistentDrive<SimDisk>, mem: &mut [u8])
 
 /// Runs case `seed`; Err describes the failure.
 fn case(seed: u64) -> Result<(), String> {
-    let mut rng = SimRng::new(seed);
+    let mut rng = Rng::seed(seed);
     let flush_mode = rng.below(2) == 0;
     let encrypted = rng.below(4) == 0;
     let key = encrypted.then(|| Key::from_bytes([seed as u8; 32]));

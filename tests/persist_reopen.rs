@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use ramd::backend::Backend;
-use ramd::persist::sim::{Faults, SimDisk, SimRng};
 use ramd::persist::{
     DirStorage, Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
     Storage,
 };
+use ramd::sim::{Faults, Rng, SimDisk};
 use ramd::store::{MemoryBudget, StoreOptions};
 
 const PAGE: u64 = 4096;
@@ -112,7 +112,7 @@ fn reopen_many<S: Storage>(
     rounds: u32,
     seed: u64,
 ) {
-    let mut rng = SimRng::new(seed);
+    let mut rng = Rng::seed(seed);
     let mut mem = vec![0u8; (64 * PAGE + 123) as usize];
     let mut d = create(storage, mem.len() as u64, key);
     for round in 0..rounds {

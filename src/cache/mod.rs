@@ -16,8 +16,7 @@
 //!                                ├ seq        sequential-stream bypass
 //!                                ├ health     backing failures and backoff
 //!                                ├ stats      counters and the snapshot
-//!                                ├ prometheus /metrics families (pure)
-//!                                └ sim        trace-driven policy comparison (pure)
+//!                                └ prometheus /metrics families (pure)
 //! ```
 //!
 //! # Modes
@@ -62,7 +61,6 @@ pub mod policy;
 pub mod prometheus;
 mod read;
 pub mod seq;
-pub mod sim;
 pub mod stats;
 mod write;
 mod writeback;

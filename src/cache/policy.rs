@@ -3,7 +3,7 @@
 //! A policy orders the cache's slots (numbered `0..slots`) and, when every
 //! slot is in use, names the one to reuse. It knows nothing of data, locks
 //! or I/O, so the live cache (`cache::engine`) and the trace simulator
-//! (`cache::sim`) run the very same code.
+//! (`sim::policy`, test support) run the very same code.
 //!
 //! # Why S3-FIFO
 //!
@@ -25,7 +25,7 @@
 //!   cache's hit path takes no policy lock at all. LRU must move the entry
 //!   to the head of a list on every hit, which needs a lock.
 //! - The measured comparison (zipf working set twice the cache, with scans
-//!   mixed in) is in `cache::sim` and bench/cache-policies.md.
+//!   mixed in) is in `sim::policy` and bench/cache-policies.md.
 //!
 //! # Invariants
 //!

@@ -558,7 +558,7 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::persist::journal::scan;
-    use crate::persist::sim::SimDisk;
+    use crate::sim::SimDisk;
     use crate::store::{MemoryBudget, RamStore, StoreOptions};
     use std::sync::Arc;
 

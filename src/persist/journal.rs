@@ -641,8 +641,8 @@ impl<F: StorageFile> JournalWriter<F> {
 mod tests {
     use super::*;
     use crate::persist::format::{plain_entry, PLAIN_ENTRY_BYTES};
-    use crate::persist::sim::SimDisk;
     use crate::persist::storage::Storage;
+    use crate::sim::SimDisk;
 
     const ID: u64 = 0xD1;
 

@@ -37,7 +37,8 @@
 //! # Modules (one job each)
 //!
 //! - [`storage`]: the `Storage` trait and real directories.
-//! - [`sim`]: the simulated disk for crash tests.
+//! - The simulated disk for crash tests is `crate::sim::SimDisk` (test
+//!   support, compiled for tests and the `sim` feature only).
 //! - [`format`]: on-disk layouts (pure; drawn there and in docs/formats.md).
 //! - [`crypto`]: AES-256-GCM per page, key files.
 //! - [`journal`]: appending generations, scanning them back (torn tails,
@@ -59,7 +60,6 @@ pub mod journal;
 pub mod priority;
 pub mod restore;
 pub mod scheduler;
-pub mod sim;
 pub mod status;
 pub mod storage;
 

@@ -336,19 +336,10 @@ pub fn signal(pid: u32, sig: libc::c_int) {
     unsafe { libc::kill(pid, sig) };
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*): incompressible test data
-/// without a `rand` dependency, reproducible from the seed.
+/// Deterministic pseudo-random bytes from `ramd::sim::Rng`: incompressible
+/// test data without a `rand` dependency, reproducible from the seed.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    ramd::sim::Rng::seed(seed).bytes(len)
 }
 
 /// A running `ramd daemon` in its own temporary directory (which also holds

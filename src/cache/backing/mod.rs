@@ -8,11 +8,10 @@
 //! ```
 //!
 //! Every backing is a [`Backend`], so the cache also runs over any other
-//! backend (a RAM store, or the test double in `mem.rs` that can fail on
-//! demand and simulate a crash that loses unflushed writes).
+//! backend (a RAM store, or the test double `sim::MemBacking` that can
+//! fail on demand and simulate a crash that loses unflushed writes).
 
 pub mod file;
-pub mod mem;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +21,6 @@ use super::{BackingErrorKind, CacheError};
 use crate::backend::{check_range, Backend, Caps, Extent};
 use crate::nbd::client::{ClientError, ClientOptions, NbdClient, NbdUri};
 pub use file::FileBacking;
-pub use mem::MemBacking;
 
 /// What a plain backing (a file, a block device, the test memory) can do:
 /// everything but extents (it reports all data) and CACHE.

@@ -12,36 +12,8 @@
 
 use std::collections::HashMap;
 
-use super::policy::{HitMarks, Policy, PolicyKind};
-
-/// A xorshift64* generator: small, fast, reproducible from its seed.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `[0, n)`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-}
+use super::Rng;
+use crate::cache::policy::{HitMarks, Policy, PolicyKind};
 
 /// Samples item ranks `0..n` with probability proportional to `1/(rank+1)^theta`.
 pub struct Zipf {
@@ -98,7 +70,7 @@ pub struct Access {
 /// space by a fixed permutation so hot blocks are not neighbours; scans read
 /// fresh blocks beyond the working set, never the same ones twice.
 pub fn trace(spec: &TraceSpec) -> Vec<Access> {
-    let mut rng = Rng::new(spec.seed);
+    let mut rng = Rng::seed(spec.seed);
     let zipf = Zipf::new(spec.working_set_blocks as usize, spec.theta);
     let mut perm: Vec<u64> = (0..spec.working_set_blocks).collect();
     for i in (1..perm.len()).rev() {
@@ -251,7 +223,7 @@ mod tests {
     #[test]
     fn zipf_is_skewed_and_in_range() {
         let z = Zipf::new(1000, 1.0);
-        let mut rng = Rng::new(1);
+        let mut rng = Rng::seed(1);
         let mut counts = vec![0u32; 1000];
         for _ in 0..100_000 {
             counts[z.sample(&mut rng) as usize] += 1;

@@ -30,35 +30,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::storage::{Storage, StorageFile};
-
-/// A small, fast, seedable PRNG (splitmix64): tests need reproducibility,
-/// not cryptographic quality.
-#[derive(Debug, Clone)]
-pub struct SimRng(u64);
-
-impl SimRng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> SimRng {
-        SimRng(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, n)` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
+use super::Rng;
+use crate::persist::storage::{Storage, StorageFile};
 
 /// Faults injected into operations that do not crash.
 #[derive(Debug, Clone, Copy, Default)]
@@ -133,7 +106,7 @@ struct Inner {
     /// Set once the crash happened: every operation fails.
     crashed: bool,
     faults: Faults,
-    rng: SimRng,
+    rng: Rng,
 }
 
 /// The simulated disk: one state directory. Cloning shares the disk.
@@ -188,7 +161,7 @@ impl SimDisk {
                 crash_at: None,
                 crashed: false,
                 faults: Faults::default(),
-                rng: SimRng::new(seed),
+                rng: Rng::seed(seed),
             })),
         }
     }
@@ -224,7 +197,7 @@ impl SimDisk {
     /// each pending op survives.
     pub fn after_crash(&self, seed: u64, keep: f64) -> SimDisk {
         let inner = self.inner.lock();
-        let mut rng = SimRng::new(seed);
+        let mut rng = Rng::seed(seed);
         let mut files = HashMap::new();
         for (&id, f) in &inner.files {
             let mut bytes = f.durable.clone();
@@ -265,7 +238,7 @@ impl SimDisk {
                 crash_at: None,
                 crashed: false,
                 faults: Faults::default(),
-                rng: SimRng::new(seed ^ 0xA5A5),
+                rng: Rng::seed(seed ^ 0xA5A5),
             })),
         }
     }

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{all_data, PLAIN_CAPS};
 use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
-use crate::cache::sim::Rng;
+use crate::cache::backing::{all_data, PLAIN_CAPS};
+use crate::sim::Rng;
 
 /// Which calls fail with EIO while set.
 #[derive(Debug, Default)]
@@ -106,7 +106,7 @@ impl MemBacking {
     /// Simulates a power loss (see the module docs) and returns the image
     /// that survived; the backing then holds that image, durably.
     pub fn crash(&self, seed: u64) -> Vec<u8> {
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::seed(seed);
         let mut s = self.state.lock();
         let mut image = s.durable.clone();
         for (off, data) in std::mem::take(&mut s.pending) {
