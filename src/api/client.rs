@@ -301,12 +301,12 @@ impl Client {
     }
 
     /// One directory by id or path.
-    pub fn dir(&self, key: &str) -> Result<crate::dirsync::manager::DirInfo, ClientError> {
+    pub fn dir(&self, key: &str) -> Result<super::dir_types::DirInfo, ClientError> {
         self.call(Method::GET, &format!("/v1/dirs/{}", enc(key)), None::<&()>)
     }
 
     /// Returns once PATH shows the RAM copy.
-    pub fn add_dir(&self, req: &AddDir) -> Result<crate::dirsync::manager::DirInfo, ClientError> {
+    pub fn add_dir(&self, req: &AddDir) -> Result<super::dir_types::DirInfo, ClientError> {
         self.call_within(Method::POST, "/v1/dirs", Some(req), DIR_TIMEOUT)
     }
 

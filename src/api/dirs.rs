@@ -17,6 +17,7 @@ use axum::response::IntoResponse;
 use axum::serve::IncomingStream;
 use axum::Json;
 
+use super::dir_types::DirInfo as WireDirInfo;
 use super::types::{
     AddDir, DeleteQuery, DirList, DirPatched, DirRemoved, DirSyncAll, DirSyncResult, DirSynced,
     ErrorDetail, IntervalValue, PatchDir, SizeValue,
@@ -25,8 +26,8 @@ use super::{blocking, ApiError};
 use crate::daemon::dirs::{clean_path, parse_interval_ms};
 use crate::daemon::Daemon;
 use crate::dirsync::manager::{
-    AddRequest, DirChange, DirInfo, DirOrigin, DEFAULT_RECOVERY_GENERATIONS,
-    DEFAULT_SYNC_INTERVAL_MS, MIN_SYNC_INTERVAL_MS,
+    AddRequest, DirChange, DirOrigin, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS,
+    MIN_SYNC_INTERVAL_MS,
 };
 use crate::dirsync::mounts::MountMode;
 use crate::size::parse as parse_size;
@@ -107,7 +108,7 @@ fn notice(info_origin: &DirOrigin, path: &Path) -> Option<String> {
 pub async fn list(State(d): State<Arc<Daemon>>) -> Result<Json<DirList>, ApiError> {
     blocking(move || {
         Ok(Json(DirList {
-            dirs: d.dirs.manager.list(),
+            dirs: d.dirs.manager.list().into_iter().map(Into::into).collect(),
         }))
     })
     .await
@@ -143,7 +144,7 @@ pub async fn add(
         origin: DirOrigin::Api,
         force: req.force,
     };
-    let info: DirInfo = blocking(move || Ok(d.dirs.add(add)?)).await?;
+    let info: WireDirInfo = blocking(move || Ok(d.dirs.add(add)?.into())).await?;
     let location = format!("/v1/dirs/{}", info.id);
     Ok((
         StatusCode::CREATED,
@@ -155,10 +156,10 @@ pub async fn add(
 pub async fn get(
     State(d): State<Arc<Daemon>>,
     UrlPath(key): UrlPath<String>,
-) -> Result<Json<DirInfo>, ApiError> {
+) -> Result<Json<WireDirInfo>, ApiError> {
     blocking(move || {
         let path = d.dirs.resolve(&key)?;
-        Ok(Json(d.dirs.manager.info(&path)?))
+        Ok(Json(d.dirs.manager.info(&path)?.into()))
     })
     .await
 }
@@ -194,7 +195,10 @@ pub async fn patch(
             )),
             DirOrigin::Api => None,
         };
-        Ok(Json(DirPatched { info, notice }))
+        Ok(Json(DirPatched {
+            info: info.into(),
+            notice,
+        }))
     })
     .await
 }
@@ -212,7 +216,7 @@ pub async fn delete(
         Ok(Json(DirRemoved {
             path: path.display().to_string(),
             id: info.id,
-            result,
+            result: result.into(),
             notice: notice(&info.origin, &path),
         }))
     })
@@ -230,7 +234,7 @@ pub async fn sync(
         Ok(Json(DirSynced {
             path: path.display().to_string(),
             id,
-            report,
+            report: report.into(),
         }))
     })
     .await
@@ -244,7 +248,7 @@ pub async fn sync_all(State(d): State<Arc<Daemon>>) -> Result<Json<DirSyncAll>, 
             .into_iter()
             .map(|(path, r)| {
                 let (report, error) = match r {
-                    Ok(report) => (Some(report), None),
+                    Ok(report) => (Some(report.into()), None),
                     Err(e) => (
                         None,
                         Some(ErrorDetail {

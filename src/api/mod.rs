@@ -16,6 +16,7 @@ pub mod cache_types;
 pub mod caches;
 pub mod client;
 pub mod counters;
+pub mod dir_types;
 pub mod dirs;
 pub mod drives;
 pub mod error;

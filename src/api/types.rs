@@ -396,7 +396,7 @@ pub struct PatchDir {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirPatched {
     #[serde(flatten)]
-    pub info: crate::dirsync::manager::DirInfo,
+    pub info: super::dir_types::DirInfo,
     /// Set for a directory declared in the config (its settings are
     /// applied again at the next start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -406,7 +406,7 @@ pub struct DirPatched {
 /// `GET /v1/dirs`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirList {
-    pub dirs: Vec<crate::dirsync::manager::DirInfo>,
+    pub dirs: Vec<super::dir_types::DirInfo>,
 }
 
 /// `POST /v1/dirs/{id}/sync`: what one sync did (durable on return).
@@ -414,7 +414,7 @@ pub struct DirList {
 pub struct DirSynced {
     pub path: String,
     pub id: String,
-    pub report: crate::dirsync::sync::SyncReport,
+    pub report: super::dir_types::SyncReport,
 }
 
 /// One directory's result in `POST /v1/dirs/sync`.
@@ -423,7 +423,7 @@ pub struct DirSyncResult {
     pub path: String,
     /// Set when the sync succeeded.
     #[serde(default)]
-    pub report: Option<crate::dirsync::sync::SyncReport>,
+    pub report: Option<super::dir_types::SyncReport>,
     /// Set when it failed.
     #[serde(default)]
     pub error: Option<ErrorDetail>,
@@ -441,7 +441,7 @@ pub struct DirRemoved {
     pub path: String,
     pub id: String,
     /// What the final sync and unmount did.
-    pub result: crate::dirsync::manager::StopOutcome,
+    pub result: super::dir_types::StopOutcome,
     /// Set when the directory is declared in the config (it comes back at
     /// the next start).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,12 +8,11 @@ use clap::Subcommand;
 
 use super::{output, print_json, CliError, JsonFlag};
 use crate::api::client::Client;
+use crate::api::dir_types::{
+    DirInfo, DirOrigin, DirStatus, MountMode, StopOutcome, SyncReport, UsageLevel,
+};
 use crate::api::types::{AddDir, IntervalValue, PatchDir, SizeValue};
 use crate::daemon::dirs::format_interval;
-use crate::dirsync::guard::UsageLevel;
-use crate::dirsync::manager::{DirInfo, DirStatus, StopOutcome};
-use crate::dirsync::mounts::MountMode;
-use crate::dirsync::sync::SyncReport;
 use crate::size::format_size;
 
 /// Where `ramd install-units` puts the ordering drop-in.
@@ -693,8 +692,8 @@ pub fn info_table(d: &DirInfo) -> String {
     row(
         "origin",
         match &d.origin {
-            crate::dirsync::manager::DirOrigin::Api => "api (ramd dir add)".into(),
-            crate::dirsync::manager::DirOrigin::Config { file } => {
+            DirOrigin::Api => "api (ramd dir add)".into(),
+            DirOrigin::Config { file } => {
                 format!("config {}", file.display())
             }
         },
