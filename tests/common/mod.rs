@@ -436,11 +436,16 @@ impl Daemon {
             .stderr(log);
         self.child = Some(cmd.spawn().expect("spawn ramd"));
         let (nbd, api) = (self.socket.clone(), self.api_socket.clone());
-        wait_until("ramd to create its sockets", DAEMON_TIMEOUT, || {
+        // The API listening, not just its file there: after a kill -9 the
+        // dead daemon's socket files stay until the new one has taken the
+        // lock over and bound its own (a stale one refuses connections).
+        // The API is bound after the NBD socket, so both are ready then;
+        // the NBD socket is not probed, so no test sees an extra client.
+        wait_until("ramd to listen on its sockets", DAEMON_TIMEOUT, || {
             if let Some(status) = self.child_mut().try_wait().expect("try_wait ramd") {
                 panic!("ramd exited early with {status}; log:\n{}", self.log());
             }
-            nbd.exists() && api.exists()
+            nbd.exists() && std::os::unix::net::UnixStream::connect(&api).is_ok()
         });
     }
 
