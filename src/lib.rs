@@ -29,7 +29,8 @@
 //!                     generic over persist::Storage (real or simulated disk)
 //!        │
 //!  cache::Cache       (or) RAM blocks in front of a slower backing: a file,
-//!                     a block device, or an NBD export via nbd::client
+//!                     a block device, or an NBD export via
+//!                     cache::backing::nbd_client
 //! ```
 //!
 //! Around it: `daemon` (start-up, config, the drive registry that keeps

@@ -21,9 +21,9 @@ use common::{
     random_bytes, require, require_root_block_devices, run, tool, wait_until, KillOnDrop,
 };
 use ramd::backend::{Backend, Error};
+use ramd::cache::backing::nbd_client::{ClientOptions, NbdClient, NbdUri};
 use ramd::cache::backing::FileBacking;
 use ramd::cache::{BackingOptions, Cache, CacheConfig, CacheError, Mode};
-use ramd::nbd::client::{ClientOptions, NbdClient, NbdUri};
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig};
 
 const MIB: u64 = 1 << 20;

@@ -1,11 +1,11 @@
-//! The NBD server: `proto` (pure wire format), `handshake` (option phase),
-//! `conn` (transmission loop), `poller` (how a connection waits for its
-//! client), `export` (what is served), `server`
-//! (listeners, connection threads, shutdown), and `client` (a blocking
-//! client, for caches whose backing is an NBD export).
+//! The NBD server: `proto` (pure wire format, also used by the client in
+//! `cache::backing::nbd_client`), `handshake` (option phase, with its
+//! `deadline`), `conn` (transmission loop), `transport` (the socket
+//! stream), `wait` and `poller` (how a connection waits for its client),
+//! `awake` (opt-in keep-awake), `export` (what is served) and `server`
+//! (listeners, caps, connection threads, shutdown).
 
 pub mod awake;
-pub mod client;
 pub mod conn;
 mod deadline;
 pub mod export;

@@ -589,7 +589,7 @@ pub fn encode_block_status(
 
 // ------------------------------------------------------------ client side
 //
-// What an NBD client (nbd::client) sends and parses: the mirror images of
+// What an NBD client (cache::backing::nbd_client) sends and parses: the mirror images of
 // the server-side functions above, equally pure.
 
 pub const GREETING_BYTES: usize = 18;

@@ -1,8 +1,8 @@
 //! What a cache can sit in front of, chosen by a backing spec string:
 //!
 //! ```text
-//!   nbd://HOST[:PORT]/EXPORT                 remote NBD export   (nbd::client)
-//!   nbd+unix:///EXPORT?socket=PATH           local NBD export    (nbd::client)
+//!   nbd://HOST[:PORT]/EXPORT                 remote NBD export   (nbd_client)
+//!   nbd+unix:///EXPORT?socket=PATH           local NBD export    (nbd_client)
 //!   /dev/sdb, /dev/loop3, ...                block device        (file.rs, O_DIRECT optional)
 //!   /var/lib/big.img                         regular file        (file.rs)
 //! ```
@@ -12,6 +12,7 @@
 //! fail on demand and simulate a crash that loses unflushed writes).
 
 pub mod file;
+pub mod nbd_client;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,8 +20,8 @@ use std::time::Duration;
 
 use super::{BackingErrorKind, CacheError};
 use crate::backend::{check_range, Backend, Caps, Extent};
-use crate::nbd::client::{ClientError, ClientOptions, NbdClient, NbdUri};
 pub use file::FileBacking;
+use nbd_client::{ClientError, ClientOptions, NbdClient, NbdUri};
 
 /// What a plain backing (a file, a block device, the test memory) can do:
 /// everything but extents (it reports all data) and CACHE.

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::proto::*;
 use crate::backend::{self, check_range, Backend, Caps, Extent};
+use crate::nbd::proto::*;
 
 /// Errors of connecting and of the handshake.
 #[derive(Debug, thiserror::Error)]
