@@ -260,15 +260,6 @@ enum Step {
     Incomplete,
 }
 
-fn oversized(req: &Request) -> Refusal {
-    let r = block::Refusal::TooLong {
-        command: block::Command::Write,
-        len: req.len as u64,
-        max: MAX_PAYLOAD_BYTES as u64,
-    };
-    refuse(r.errno().nbd(), r.to_string())
-}
-
 /// The frontend-neutral command of an NBD command (None: unknown).
 #[inline]
 fn block_command(command: u16) -> Option<block::Command> {
@@ -560,13 +551,9 @@ impl Conn<'_> {
     /// through the input buffer instead of being gathered there whole, so
     /// a header alone cannot make the connection hold 32 MiB.
     fn refuse_unread_write(&self, req: &Request, unread: bool) -> Option<Refusal> {
-        if req.command != CMD_WRITE {
-            return None;
-        }
-        if req.len > MAX_PAYLOAD_BYTES {
-            return Some(oversized(req));
-        }
-        if unread {
+        // An oversized WRITE never fits the buffer: `validate` refuses it
+        // (block::Refusal::TooLong) like any other invalid one.
+        if req.command == CMD_WRITE && (unread || req.len > MAX_PAYLOAD_BYTES) {
             return self.validate(req).err();
         }
         None
