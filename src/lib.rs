@@ -14,7 +14,7 @@
 //!        │         nbd::poller decide how to wait for the next bytes
 //!  nbd::proto      pure wire format (no I/O): parsers and encoders
 //!        │
-//!        │   attach::fs (FUSE file) is the other frontend: the same path
+//!        │   fuse::fs (FUSE file) is the other frontend: the same path
 //!        ▼
 //!  block::validate the one set of request rules for every frontend, and
 //!        │         block::Errno, the one errno table they report from
@@ -55,13 +55,13 @@
 //! dev-dependency on itself; the shipped library and binary leave it out.
 
 pub mod api;
-pub mod attach;
 pub mod backend;
 pub mod block;
 pub mod cache;
 pub mod cli;
-pub mod daemon;
+pub mod control;
 pub mod dirsync;
+pub mod fuse;
 pub mod metrics;
 pub mod nbd;
 pub mod paths;

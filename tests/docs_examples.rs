@@ -11,8 +11,8 @@ use ramd::api::cache_types::CreateCache;
 use ramd::api::types::{
     AddDir, CreateAttachment, CreateDrive, PatchDir, PatchDrive, RestoreRequest,
 };
-use ramd::daemon::config;
-use ramd::daemon::persistent::settings::DriveSettings;
+use ramd::control::config;
+use ramd::control::persistent::settings::DriveSettings;
 
 /// README.md and every docs/*.md, sorted.
 fn doc_files() -> Vec<PathBuf> {

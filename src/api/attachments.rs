@@ -9,11 +9,11 @@ use axum::Json;
 
 use super::types::{AttachmentInfo, AttachmentList, CreateAttachment};
 use super::{blocking, ApiError};
-use crate::attach::{self, Attachable};
-use crate::daemon::caches::error::Unavailable;
-use crate::daemon::caches::CachesError;
-use crate::daemon::registry::RegistryError;
-use crate::daemon::Daemon;
+use crate::control::caches::error::Unavailable;
+use crate::control::caches::CachesError;
+use crate::control::registry::RegistryError;
+use crate::control::Daemon;
+use crate::fuse::{self, Attachable};
 
 /// The drive, or else the serving cache, of that name.
 fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
@@ -37,7 +37,7 @@ fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
     }
 }
 
-fn view(a: attach::AttachmentInfo) -> AttachmentInfo {
+fn view(a: fuse::AttachmentInfo) -> AttachmentInfo {
     AttachmentInfo {
         id: a.id,
         drive: a.drive,

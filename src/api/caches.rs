@@ -13,9 +13,9 @@ use super::cache_types::{
     CacheSynced, CreateCache, DeleteCacheQuery,
 };
 use super::{blocking, ApiError};
-use crate::daemon::caches::{CacheEntry, CacheSpec, CacheState};
-use crate::daemon::registry::Origin;
-use crate::daemon::Daemon;
+use crate::control::caches::{CacheEntry, CacheSpec, CacheState};
+use crate::control::registry::Origin;
+use crate::control::Daemon;
 
 /// The settings part of a cache's view.
 fn settings(spec: &CacheSpec) -> CacheSettings {

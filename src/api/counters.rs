@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::values::{Latency, StatsRates, StatsTotals};
-use crate::daemon::sampler::Window;
+use crate::control::sampler::Window;
 use crate::metrics::{Histogram, Op, Timed, Totals, ERRNOS};
 
 fn latency(h: &Histogram) -> Latency {

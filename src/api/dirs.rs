@@ -23,8 +23,8 @@ use super::types::{
     ErrorDetail, IntervalValue, PatchDir, SizeValue,
 };
 use super::{blocking, ApiError};
-use crate::daemon::dirs::{clean_path, parse_interval_ms};
-use crate::daemon::Daemon;
+use crate::control::dirs::{clean_path, parse_interval_ms};
+use crate::control::Daemon;
 use crate::dirsync::manager::{
     AddRequest, DirChange, DirOrigin, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS,
     MIN_SYNC_INTERVAL_MS,

@@ -16,14 +16,14 @@ use super::types::{
     CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, RestoreRequest, SizeValue,
 };
 use super::{blocking, ApiError};
-use crate::daemon::persistent::settings::{self, Given};
-use crate::daemon::persistent::{probe, Found};
-use crate::daemon::registry::{Drive, DriveChange, DriveState, Origin};
-use crate::daemon::spec::{
+use crate::control::persistent::settings::{self, Given};
+use crate::control::persistent::{probe, Found};
+use crate::control::registry::{Drive, DriveChange, DriveState, Origin};
+use crate::control::spec::{
     check_name, parse_drive_size, parse_durability, parse_mem_limit, DriveSpec, PersistOptions,
     SpecError,
 };
-use crate::daemon::Daemon;
+use crate::control::Daemon;
 use crate::persist::RestoreOptions;
 
 /// The API view of a drive.
@@ -234,7 +234,7 @@ pub async fn patch(
 /// What clients already connected see after a resize: NBD has no way to
 /// tell them, so they keep the old size until they reconnect, and their
 /// requests past the new end fail (EINVAL for reads, ENOSPC for writes).
-fn resize_notice(drive: &crate::daemon::registry::Drive) -> Option<String> {
+fn resize_notice(drive: &crate::control::registry::Drive) -> Option<String> {
     match drive.connections() {
         0 => None,
         n => Some(format!(

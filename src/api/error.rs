@@ -6,12 +6,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::types::{ErrorBody, ErrorDetail};
-use crate::attach::AttachError;
 use crate::cache::BackingErrorKind;
-use crate::daemon::caches::{CacheSpecError, CachesError};
-use crate::daemon::registry::RegistryError;
-use crate::daemon::spec::SpecError;
+use crate::control::caches::{CacheSpecError, CachesError};
+use crate::control::registry::RegistryError;
+use crate::control::spec::SpecError;
 use crate::dirsync::manager::DirError;
+use crate::fuse::AttachError;
 
 /// An error response.
 #[derive(Debug)]

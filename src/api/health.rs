@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::Json;
 
 use super::types::{Budget, Health};
-use crate::daemon::Daemon;
+use crate::control::Daemon;
 
 pub(crate) fn budget(d: &Daemon) -> Budget {
     let b = d.registry.budget();

@@ -7,7 +7,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::cache::prometheus::{CacheCollector, CacheSample};
-use crate::daemon::Daemon;
+use crate::control::Daemon;
 use crate::dirsync::metrics::DirsCollector;
 use crate::metrics::persist::PersistCollector;
 use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};

@@ -35,7 +35,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::Router;
 
-use crate::daemon::Daemon;
+use crate::control::Daemon;
 pub use error::ApiError;
 
 /// Builds the router and the list of routes from one table.

@@ -12,12 +12,12 @@ use super::types::{
     DurationValue, PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
 };
 use super::{blocking, ApiError};
-use crate::daemon::persistent::{phase_name, report_text, RestoreRecord};
-use crate::daemon::registry::Drive;
-use crate::daemon::spec::{
+use crate::control::persistent::{phase_name, report_text, RestoreRecord};
+use crate::control::registry::Drive;
+use crate::control::spec::{
     check_sync_interval_ms, parse_sync_interval_ms, PersistError, SpecError,
 };
-use crate::daemon::Daemon;
+use crate::control::Daemon;
 use crate::metrics::persist::{PersistLive, PersistSample};
 use crate::persist::{Durability, PersistStatus};
 

@@ -10,8 +10,8 @@ use super::counters::{rates, totals};
 use super::health::budget;
 use super::types::{DriveStats, StatsReport};
 use super::ApiError;
-use crate::daemon::registry::Drive;
-use crate::daemon::Daemon;
+use crate::control::registry::Drive;
+use crate::control::Daemon;
 
 pub(crate) fn drive_stats(d: &Daemon, drive: &Drive) -> DriveStats {
     DriveStats {

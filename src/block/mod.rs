@@ -2,7 +2,7 @@
 //! engines behind it.
 //!
 //! ```text
-//!  frontend (nbd::conn, attach::fs)   decodes its wire format into a
+//!  frontend (nbd::conn, fuse::fs)   decodes its wire format into a
 //!        │                            block::Request
 //!  block::validate                    the one set of rules: access, length,
 //!        │                            range; a Valid request or a Refusal

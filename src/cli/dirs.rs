@@ -12,7 +12,7 @@ use crate::api::dir_types::{
     DirInfo, DirOrigin, DirStatus, MountMode, StopOutcome, SyncReport, UsageLevel,
 };
 use crate::api::types::{AddDir, IntervalValue, PatchDir, SizeValue};
-use crate::daemon::dirs::format_interval;
+use crate::control::dirs::format_interval;
 use crate::size::format_size;
 
 /// Where `ramd install-units` puts the ordering drop-in.

@@ -29,7 +29,7 @@ use crate::api::client::{Client, ClientError};
 use crate::api::types::{
     CreateAttachment, CreateDrive, DriveInfo, DurationValue, PatchDrive, RestoreRequest, SizeValue,
 };
-use crate::daemon::DaemonArgs;
+use crate::control::DaemonArgs;
 use crate::size::format_size;
 
 /// RAM drives served over NBD: create, resize, lock and delete them at run
@@ -318,7 +318,7 @@ pub enum CliError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
-    Daemon(#[from] crate::daemon::DaemonError),
+    Daemon(#[from] crate::control::DaemonError),
     /// A path given on the command line could not be made absolute.
     #[error("{}: {source}", path.display())]
     Path {
@@ -364,7 +364,7 @@ pub enum CliError {
 pub enum ArgError {
     /// A drive name, size or memory limit the daemon's rules refuse.
     #[error(transparent)]
-    Spec(#[from] crate::daemon::spec::SpecError),
+    Spec(#[from] crate::control::spec::SpecError),
     /// A cache name outside the naming rule (the same as for drives).
     #[error("invalid cache name '{0}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
     CacheName(String),
@@ -406,7 +406,7 @@ fn default_sigpipe() {
 /// A drive or cache name argument: the naming rule, checked before any
 /// request (a bad name is a usage error, exit 2).
 pub(crate) fn arg_name(text: &str) -> Result<String, ArgError> {
-    crate::daemon::spec::check_name(text)?;
+    crate::control::spec::check_name(text)?;
     Ok(text.to_owned())
 }
 
@@ -424,14 +424,14 @@ pub(crate) fn arg_size(text: &str) -> Result<String, ArgError> {
 
 /// A drive size argument: a size of at least 1 byte.
 pub(crate) fn arg_drive_size(text: &str) -> Result<String, ArgError> {
-    crate::daemon::spec::parse_drive_size(text)?;
+    crate::control::spec::parse_drive_size(text)?;
     Ok(text.to_owned())
 }
 
 /// A memory limit argument: a size of at least 1 byte, or `none`.
 pub(crate) fn arg_mem_limit(text: &str) -> Result<String, ArgError> {
     if !matches!(text.trim(), "none" | "unlimited") {
-        crate::daemon::spec::parse_mem_limit(text)?;
+        crate::control::spec::parse_mem_limit(text)?;
     }
     Ok(text.to_owned())
 }
@@ -478,7 +478,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             if args.api_socket.is_none() {
                 args.api_socket = cli.api_socket.clone();
             }
-            crate::daemon::run::run(args)?;
+            crate::control::run::run(args)?;
         }
         Command::Create {
             name,

@@ -141,10 +141,10 @@ fn persist_rows(p: &PersistInfo, rows: &mut Vec<(String, String)>) {
         if p.durability == "none" {
             format!(
                 "{} (no background syncs in mode none)",
-                crate::daemon::spec::format_interval(p.sync_interval_ms)
+                crate::control::spec::format_interval(p.sync_interval_ms)
             )
         } else {
-            crate::daemon::spec::format_interval(p.sync_interval_ms)
+            crate::control::spec::format_interval(p.sync_interval_ms)
         },
     );
     row("state dir", p.state_dir.clone());

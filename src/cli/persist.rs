@@ -134,7 +134,7 @@ pub fn after_create(
                 format_size(d.size_bytes),
                 p.durability,
                 if p.encrypted { ", encrypted" } else { "" },
-                crate::daemon::spec::format_interval(p.sync_interval_ms),
+                crate::control::spec::format_interval(p.sync_interval_ms),
                 d.uri
             );
             println!("state directory: {}", p.state_dir);

@@ -108,10 +108,10 @@ fn managed_dirs(client: &Client, config: Option<&Path>) -> Result<Vec<PathBuf>, 
         }
         Err(e) => return Err(e.into()),
     }
-    let default = Path::new(crate::daemon::config::DEFAULT_CONFIG_PATH);
+    let default = Path::new(crate::control::config::DEFAULT_CONFIG_PATH);
     let config = config.or(default.exists().then_some(default));
     if let Some(file) = config {
-        let c = crate::daemon::config::load(file).map_err(|e| CliError::Daemon(e.into()))?;
+        let c = crate::control::config::load(file).map_err(|e| CliError::Daemon(e.into()))?;
         dirs.extend(c.dirs.into_iter().map(|d| d.path));
     }
     dirs.sort();

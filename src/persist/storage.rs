@@ -18,7 +18,7 @@
 //!
 //! On real disks a state directory [`DirStorage`] creates is mode 0700 and
 //! every file it creates 0600, set at creation whatever the umask: drive
-//! data is private to the daemon's user (`daemon::persistent::modes` checks
+//! data is private to the daemon's user (`control::persistent::modes` checks
 //! existing ones at start).
 
 use std::fs::{File, OpenOptions};

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use crate::cache::CacheError;
-use crate::daemon::registry::error::{join_paths, plural};
-use crate::daemon::registry::RegistryError;
+use crate::control::registry::error::{join_paths, plural};
+use crate::control::registry::RegistryError;
 use crate::size::format_size;
 
 /// The name is taken.

@@ -15,7 +15,7 @@ use super::persistent::{self, drives_dir, probe, scan, Found, Stored};
 use super::registry::{Origin, Registry};
 use super::sampler::Sampler;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
-use crate::attach::Attachments;
+use crate::fuse::Attachments;
 use crate::nbd::{ExportTable, Server, ServerConfig};
 use crate::size::format_size;
 use crate::store::MemoryBudget;

@@ -46,7 +46,7 @@ use std::thread::JoinHandle;
 use fuser::MountOption;
 use parking_lot::Mutex;
 
-use crate::daemon::registry::Drive;
+use crate::control::registry::Drive;
 use crate::dirsync::mountinfo::{self, Mount};
 use crate::nbd::Export;
 pub use fs::DriveFs;

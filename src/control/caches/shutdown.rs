@@ -276,7 +276,7 @@ fn write_rescue(entry: &CacheEntry, live: &Live, dir: &Path) -> std::io::Result<
 
 /// Creates (or truncates) `path` with mode 0600 whatever the umask: the
 /// rescued data is as private as the drive's (see
-/// `daemon::persistent::modes`).
+/// `control::persistent::modes`).
 fn create_private(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()

@@ -24,7 +24,7 @@
 //! # Kinds and states
 //!
 //! [`DriveKind`]: RAM only or persistent (caches have their own registry,
-//! `daemon::caches`, and share the export table and budget). [`DriveState`]:
+//! `control::caches`, and share the export table and budget). [`DriveState`]:
 //! ready, restoring (NBD clients refused with the progress), failed (NBD
 //! clients refused with the precise error; `ramd restore` decides).
 
@@ -159,7 +159,7 @@ pub struct Drive {
     /// Seconds since the epoch at creation, for listings.
     pub created_unix_s: u64,
     /// Mountpoints where the drive is attached through FUSE (kept by
-    /// `attach::Attachments`, read by delete and listings).
+    /// `fuse::Attachments`, read by delete and listings).
     pub attachments: Mutex<Vec<PathBuf>>,
     /// The size a resize in progress is taking the drive to: the resize
     /// runs without the registry lock (a persistent drive's resize waits for
@@ -871,8 +871,8 @@ fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, Registr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::persistent::RestoreRecord;
-    use crate::daemon::spec::PersistSpec;
+    use crate::control::persistent::RestoreRecord;
+    use crate::control::spec::PersistSpec;
     use crate::persist::{Durability, RestoreOptions};
     use std::time::{Duration, Instant};
 

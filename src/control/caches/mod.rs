@@ -48,11 +48,11 @@ use parking_lot::Mutex;
 
 use super::registry::{Origin, Registry, RegistryError};
 use super::sampler::Sampler;
-use crate::attach::Attachable;
 use crate::backend::Backend;
 use crate::cache::{
     self, open_backing, BackingErrorKind, BackingSpec, Cache, CacheError, CloseReport,
 };
+use crate::fuse::Attachable;
 use crate::metrics::DriveMetrics;
 use crate::nbd::{Export, ExportTable, ShutdownHandle};
 use crate::size::format_size;
@@ -73,7 +73,7 @@ pub enum CachesError {
     NotFound(String),
     /// The cache does not fit in the memory budget.
     #[error(transparent)]
-    OverBudget(crate::daemon::registry::error::OverBudget),
+    OverBudget(crate::control::registry::error::OverBudget),
     /// The backing cannot be opened (see the kind).
     #[error("{message}")]
     Backing {
@@ -186,7 +186,7 @@ pub struct CacheEntry {
     /// Budget promised for this cache (see the module invariants).
     promised_bytes: AtomicU64,
     /// Mountpoints where it is attached through FUSE (kept by
-    /// `attach::Attachments`; a delete is refused while attached).
+    /// `fuse::Attachments`; a delete is refused while attached).
     pub attachments: Mutex<Vec<PathBuf>>,
 }
 
@@ -777,7 +777,7 @@ fn not_serving(entry: &CacheEntry) -> CachesError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::spec::DriveSpec;
+    use crate::control::spec::DriveSpec;
     use crate::store::MemoryBudget;
     use std::time::Duration;
 

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::daemon::persistent::settings::SettingsError;
+use crate::control::persistent::settings::SettingsError;
 use crate::size::format_size;
 
 /// Something would not fit in the memory budget.

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::spec::{check_sync_interval_ms, DriveSpec, PersistSpec, SpecError};
+use crate::control::spec::{check_sync_interval_ms, DriveSpec, PersistSpec, SpecError};
 
 /// The file name inside a drive's state directory.
 pub const FILE: &str = "drive.json";
@@ -190,7 +190,7 @@ impl DriveSettings {
             p.sync_interval_ms = sp.sync_interval_ms;
             taken.push(format!(
                 "sync interval {}",
-                crate::daemon::spec::format_interval(sp.sync_interval_ms)
+                crate::control::spec::format_interval(sp.sync_interval_ms)
             ));
         }
         if !given.key_file {

@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::attach::Attachments;
+use crate::fuse::Attachments;
 use crate::size::parse as parse_size;
 use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;

@@ -1,7 +1,7 @@
 //! The registry's persistent-drive operations: create or restore, the
 //! restore threads, `ramd restore`, sync, durability changes, the final
 //! save of `delete --keep-data`, and clean shutdown. The invariants are the
-//! registry's (see `mod.rs`); the disk side is `daemon::persistent`.
+//! registry's (see `mod.rs`); the disk side is `control::persistent`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,8 +14,8 @@ use super::{
     Registry, RegistryError,
 };
 use crate::backend::Backend;
-use crate::daemon::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
-use crate::daemon::spec::{DriveSpec, PersistSpec};
+use crate::control::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
+use crate::control::spec::{DriveSpec, PersistSpec};
 use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
 use crate::size::format_size;
 
@@ -98,7 +98,7 @@ impl Registry {
             drive = %spec.name,
             size = %format_size(spec.size_bytes),
             durability = %persist.durability,
-            interval = %crate::daemon::spec::format_interval(persist.sync_interval_ms),
+            interval = %crate::control::spec::format_interval(persist.sync_interval_ms),
             encrypted = persist.key_file.is_some(),
             dir = %dir.display(),
             "persistent drive created"
