@@ -64,7 +64,7 @@ impl Api {
 fn openapi_documents_exactly_the_routes_the_router_serves() {
     let spec = Spec::load();
     let documented: BTreeSet<(String, String)> = spec.routes().into_iter().collect();
-    let served: BTreeSet<(String, String)> = ramd::api::ROUTES
+    let served: BTreeSet<(String, String)> = ramd::api::server::ROUTES
         .iter()
         .map(|(m, p)| (m.to_ascii_uppercase(), p.to_string()))
         .collect();

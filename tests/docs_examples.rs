@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ramd::api::cache_types::CreateCache;
-use ramd::api::types::{
+use ramd::api::wire::caches::CreateCache;
+use ramd::api::wire::types::{
     AddDir, CreateAttachment, CreateDrive, PatchDir, PatchDrive, RestoreRequest,
 };
 use ramd::control::config;

@@ -10,11 +10,11 @@ use super::output::{
     count_rate, errors_cell, export_rows, mib_s, micros, rate_cells, render, table,
 };
 use super::{arg_cache_name, arg_size, print_json, CliError, JsonFlag};
-use crate::api::cache_types::{
+use crate::api::client::{Client, ClientError};
+use crate::api::wire::caches::{
     BackingInfo, CacheCounters, CacheInfo, CacheSettings, CreateCache, DurationValue, PercentValue,
 };
-use crate::api::client::{Client, ClientError};
-use crate::api::types::SizeValue;
+use crate::api::wire::types::SizeValue;
 use crate::size::format_size;
 
 /// `ramd cache ...`

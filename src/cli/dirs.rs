@@ -8,10 +8,10 @@ use clap::Subcommand;
 
 use super::{output, print_json, CliError, JsonFlag};
 use crate::api::client::Client;
-use crate::api::dir_types::{
+use crate::api::wire::dirs::{
     DirInfo, DirOrigin, DirStatus, MountMode, StopOutcome, SyncReport, UsageLevel,
 };
-use crate::api::types::{AddDir, IntervalValue, PatchDir, SizeValue};
+use crate::api::wire::types::{AddDir, IntervalValue, PatchDir, SizeValue};
 use crate::control::dirs::format_interval;
 use crate::size::format_size;
 

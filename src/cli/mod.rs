@@ -26,7 +26,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::api::client::{Client, ClientError};
-use crate::api::types::{
+use crate::api::wire::types::{
     CreateAttachment, CreateDrive, DriveInfo, DurationValue, PatchDrive, RestoreRequest, SizeValue,
 };
 use crate::control::DaemonArgs;

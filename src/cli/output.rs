@@ -3,7 +3,7 @@
 
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 
-use crate::api::types::{
+use crate::api::wire::types::{
     DriveInfo, DriveStats, Health, Latency, PersistInfo, StatsRates, StatsReport, StatsTotals,
 };
 use crate::size::format_size;

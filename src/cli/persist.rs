@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{print_json, CliError};
 use crate::api::client::Client;
-use crate::api::types::{Deleted, DriveInfo};
+use crate::api::wire::types::{Deleted, DriveInfo};
 use crate::size::format_size;
 
 /// `ramd create` flags for persistent drives.

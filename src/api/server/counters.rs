@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::values::{Latency, StatsRates, StatsTotals};
+use crate::api::wire::values::{Latency, StatsRates, StatsTotals};
 use crate::control::sampler::Window;
 use crate::metrics::{Histogram, Op, Timed, Totals, ERRNOS};
 

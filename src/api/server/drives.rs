@@ -12,10 +12,10 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::persistence::{interval_ms, key_path, persist_info};
-use super::types::{
+use super::{blocking, ApiError};
+use crate::api::wire::types::{
     CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, RestoreRequest, SizeValue,
 };
-use super::{blocking, ApiError};
 use crate::control::persistent::settings::{self, Given};
 use crate::control::persistent::{probe, Found};
 use crate::control::registry::{Drive, DriveChange, DriveState, Origin};

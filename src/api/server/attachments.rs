@@ -7,8 +7,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::types::{AttachmentInfo, AttachmentList, CreateAttachment};
 use super::{blocking, ApiError};
+use crate::api::wire::types::{AttachmentInfo, AttachmentList, CreateAttachment};
 use crate::control::caches::error::Unavailable;
 use crate::control::caches::CachesError;
 use crate::control::registry::RegistryError;

@@ -11,7 +11,9 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::types::*;
+use crate::api::wire::types::*;
+
+pub mod caches;
 
 /// Longest wait for one API call (drive creation of a huge drive, a mount).
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -301,12 +303,12 @@ impl Client {
     }
 
     /// One directory by id or path.
-    pub fn dir(&self, key: &str) -> Result<super::dir_types::DirInfo, ClientError> {
+    pub fn dir(&self, key: &str) -> Result<crate::api::wire::dirs::DirInfo, ClientError> {
         self.call(Method::GET, &format!("/v1/dirs/{}", enc(key)), None::<&()>)
     }
 
     /// Returns once PATH shows the RAM copy.
-    pub fn add_dir(&self, req: &AddDir) -> Result<super::dir_types::DirInfo, ClientError> {
+    pub fn add_dir(&self, req: &AddDir) -> Result<crate::api::wire::dirs::DirInfo, ClientError> {
         self.call_within(Method::POST, "/v1/dirs", Some(req), DIR_TIMEOUT)
     }
 

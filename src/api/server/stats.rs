@@ -8,8 +8,8 @@ use axum::Json;
 
 use super::counters::{rates, totals};
 use super::health::budget;
-use super::types::{DriveStats, StatsReport};
 use super::ApiError;
+use crate::api::wire::types::{DriveStats, StatsReport};
 use crate::control::registry::Drive;
 use crate::control::Daemon;
 

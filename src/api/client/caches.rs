@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use hyper::Method;
 
-use super::cache_types::{CacheDeleted, CacheInfo, CacheList, CacheSynced, CreateCache};
-use super::client::{enc, Client, ClientError};
+use super::{enc, Client, ClientError};
+use crate::api::wire::caches::{CacheDeleted, CacheInfo, CacheList, CacheSynced, CreateCache};
 
 /// Longest wait for a sync or delete: writing a big cache back to a slow
 /// disk takes as long as the disk needs (the daemon finishes it either

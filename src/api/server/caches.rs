@@ -8,11 +8,11 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::cache_types::{
+use super::{blocking, ApiError};
+use crate::api::wire::caches::{
     BackingInfo, CacheCounters, CacheDeleted, CacheInfo, CacheIo, CacheList, CacheSettings,
     CacheSynced, CreateCache, DeleteCacheQuery,
 };
-use super::{blocking, ApiError};
 use crate::control::caches::{CacheEntry, CacheSpec, CacheState};
 use crate::control::registry::Origin;
 use crate::control::Daemon;

@@ -302,7 +302,7 @@ pub struct StatsReport {
     pub drives: Vec<DriveStats>,
     /// RAM caches with their counters and request rates.
     #[serde(default)]
-    pub caches: Vec<super::cache_types::CacheInfo>,
+    pub caches: Vec<super::caches::CacheInfo>,
 }
 
 /// `POST /v1/attachments`.
@@ -396,7 +396,7 @@ pub struct PatchDir {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirPatched {
     #[serde(flatten)]
-    pub info: super::dir_types::DirInfo,
+    pub info: super::dirs::DirInfo,
     /// Set for a directory declared in the config (its settings are
     /// applied again at the next start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -406,7 +406,7 @@ pub struct DirPatched {
 /// `GET /v1/dirs`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirList {
-    pub dirs: Vec<super::dir_types::DirInfo>,
+    pub dirs: Vec<super::dirs::DirInfo>,
 }
 
 /// `POST /v1/dirs/{id}/sync`: what one sync did (durable on return).
@@ -414,7 +414,7 @@ pub struct DirList {
 pub struct DirSynced {
     pub path: String,
     pub id: String,
-    pub report: super::dir_types::SyncReport,
+    pub report: super::dirs::SyncReport,
 }
 
 /// One directory's result in `POST /v1/dirs/sync`.
@@ -423,7 +423,7 @@ pub struct DirSyncResult {
     pub path: String,
     /// Set when the sync succeeded.
     #[serde(default)]
-    pub report: Option<super::dir_types::SyncReport>,
+    pub report: Option<super::dirs::SyncReport>,
     /// Set when it failed.
     #[serde(default)]
     pub error: Option<ErrorDetail>,
@@ -441,7 +441,7 @@ pub struct DirRemoved {
     pub path: String,
     pub id: String,
     /// What the final sync and unmount did.
-    pub result: super::dir_types::StopOutcome,
+    pub result: super::dirs::StopOutcome,
     /// Set when the directory is declared in the config (it comes back at
     /// the next start).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,12 +17,12 @@ use axum::response::IntoResponse;
 use axum::serve::IncomingStream;
 use axum::Json;
 
-use super::dir_types::DirInfo as WireDirInfo;
-use super::types::{
+use super::{blocking, ApiError};
+use crate::api::wire::dirs::DirInfo as WireDirInfo;
+use crate::api::wire::types::{
     AddDir, DeleteQuery, DirList, DirPatched, DirRemoved, DirSyncAll, DirSyncResult, DirSynced,
     ErrorDetail, IntervalValue, PatchDir, SizeValue,
 };
-use super::{blocking, ApiError};
 use crate::control::dirs::{clean_path, parse_interval_ms};
 use crate::control::Daemon;
 use crate::dirsync::manager::{

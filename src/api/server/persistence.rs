@@ -8,10 +8,10 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::Json;
 
-use super::types::{
+use super::{blocking, ApiError};
+use crate::api::wire::types::{
     DurationValue, PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
 };
-use super::{blocking, ApiError};
 use crate::control::persistent::{phase_name, report_text, RestoreRecord};
 use crate::control::registry::Drive;
 use crate::control::spec::{

@@ -1,0 +1,172 @@
+//! The server side of REST API v1 over the daemon's unix socket (axum on
+//! tokio): handlers, the route table and the mapping of errors to HTTP.
+//!
+//! One file per resource: `drives`, `persistence`, `stats`, `health`,
+//! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
+//! `metrics` (Prometheus); `error` the one error shape, `counters` the
+//! conversion of metrics into wire counters. The JSON bodies are
+//! `api::wire`'s. The route table below is the single source of both the
+//! router and [`ROUTES`], which a test compares with docs/openapi.yaml.
+//!
+//! Handlers never hold a lock across `.await`: registry and mount work runs
+//! in `spawn_blocking`.
+
+pub mod attachments;
+pub mod caches;
+pub mod counters;
+pub mod dirs;
+pub mod drives;
+pub mod error;
+pub mod health;
+pub mod metrics;
+pub mod persistence;
+pub mod stats;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, OriginalUri, Request};
+use axum::http::{Method, StatusCode};
+use axum::response::IntoResponse;
+use axum::Router;
+
+use crate::control::Daemon;
+pub use error::ApiError;
+
+/// Builds the router and the list of routes from one table.
+macro_rules! routes {
+    ($( $method:ident $path:literal => $handler:path ),* $(,)?) => {
+        /// Every route as (METHOD, path), exactly as the router serves them.
+        pub const ROUTES: &[(&str, &str)] = &[$( (stringify!($method), $path) ),*];
+
+        fn routes() -> Router<Arc<Daemon>> {
+            let r = Router::new();
+            $( let r = r.route($path, axum::routing::$method($handler)); )*
+            r
+        }
+    };
+}
+
+routes! {
+    get "/v1/health" => health::get,
+    get "/v1/drives" => drives::list,
+    post "/v1/drives" => drives::create,
+    get "/v1/drives/{name}" => drives::get,
+    patch "/v1/drives/{name}" => drives::patch,
+    delete "/v1/drives/{name}" => drives::delete,
+    post "/v1/drives/{name}/sync" => persistence::sync,
+    post "/v1/drives/{name}/restore" => drives::restore,
+    get "/v1/drives/{name}/stats" => stats::drive,
+    get "/v1/stats" => stats::all,
+    get "/v1/attachments" => attachments::list,
+    post "/v1/attachments" => attachments::create,
+    delete "/v1/attachments/{id}" => attachments::delete,
+    get "/v1/caches" => caches::list,
+    post "/v1/caches" => caches::create,
+    get "/v1/caches/{name}" => caches::get,
+    delete "/v1/caches/{name}" => caches::delete,
+    post "/v1/caches/{name}/sync" => caches::sync,
+    get "/v1/dirs" => dirs::list,
+    post "/v1/dirs" => dirs::add,
+    post "/v1/dirs/sync" => dirs::sync_all,
+    get "/v1/dirs/{id}" => dirs::get,
+    patch "/v1/dirs/{id}" => dirs::patch,
+    delete "/v1/dirs/{id}" => dirs::delete,
+    post "/v1/dirs/{id}/sync" => dirs::sync,
+    get "/metrics" => metrics::get,
+}
+
+async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        format!(
+            "no route {method} {}; the routes are listed in docs/api.md",
+            uri.path()
+        ),
+    )
+}
+
+async fn wrong_method(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not support {method}; see docs/api.md", uri.path()),
+    )
+}
+
+/// The routes that take query parameters; their `Query` extractors refuse
+/// unknown or malformed ones (400 `unknown_field` / `bad_query`).
+pub const QUERY_ROUTES: &[(&str, &str)] = &[
+    ("DELETE", "/v1/drives/{name}"),
+    ("DELETE", "/v1/caches/{name}"),
+    ("DELETE", "/v1/dirs/{id}"),
+];
+
+/// Refuses a query string on a route that takes none (400
+/// `unknown_field`), so a mistyped `?force=true` is never silently
+/// ignored.
+async fn refuse_unknown_query(
+    matched: Option<MatchedPath>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let query = req.uri().query().filter(|q| !q.is_empty());
+    if let (Some(query), Some(route)) = (query, &matched) {
+        if !QUERY_ROUTES.contains(&(req.method().as_str(), route.as_str())) {
+            let message = format!(
+                "{} {} takes no query parameters (got '{query}'); see docs/api.md",
+                req.method(),
+                req.uri().path()
+            );
+            return ApiError::new(StatusCode::BAD_REQUEST, "unknown_field", message)
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The API router with its state.
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    routes()
+        .route_layer(axum::middleware::from_fn(refuse_unknown_query))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(log_request))
+        .with_state(daemon)
+}
+
+/// Logs each request at debug level, errors at info.
+async fn log_request(req: Request, next: axum::middleware::Next) -> axum::response::Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let res = next.run(req).await;
+    if res.status().is_client_error() || res.status().is_server_error() {
+        tracing::info!(%method, %path, status = res.status().as_u16(), "API request failed");
+    } else {
+        tracing::debug!(%method, %path, status = res.status().as_u16(), "API request");
+    }
+    res
+}
+
+/// Serves the API on `listener` until `stop` completes, then finishes the
+/// requests in flight.
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    daemon: Arc<Daemon>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    // With the caller's credentials (SO_PEERCRED) for handlers that need them.
+    let app = router(daemon).into_make_service_with_connect_info::<dirs::Peer>();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+}
+
+/// Runs blocking work (registry, mounts) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+}
