@@ -8,9 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use ramd::api::wire::caches::CreateCache;
-use ramd::api::wire::types::{
-    AddDir, CreateAttachment, CreateDrive, PatchDir, PatchDrive, RestoreRequest,
-};
+use ramd::api::wire::dirs::{AddDir, PatchDir};
+use ramd::api::wire::types::{CreateAttachment, CreateDrive, PatchDrive, RestoreRequest};
 use ramd::control::config;
 use ramd::control::persistent::settings::DriveSettings;
 

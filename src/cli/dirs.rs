@@ -8,10 +8,11 @@ use clap::Subcommand;
 
 use super::{output, print_json, CliError, JsonFlag};
 use crate::api::client::Client;
+use crate::api::wire::dirs::{AddDir, IntervalValue, PatchDir};
 use crate::api::wire::dirs::{
     DirInfo, DirOrigin, DirStatus, MountMode, StopOutcome, SyncReport, UsageLevel,
 };
-use crate::api::wire::types::{AddDir, IntervalValue, PatchDir, SizeValue};
+use crate::api::wire::types::SizeValue;
 use crate::control::dirs::format_interval;
 use crate::size::format_size;
 

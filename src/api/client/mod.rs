@@ -11,6 +11,9 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::api::wire::dirs::{
+    AddDir, DirInfo, DirList, DirPatched, DirRemoved, DirSyncAll, DirSynced, PatchDir,
+};
 use crate::api::wire::types::*;
 
 pub mod caches;
@@ -303,12 +306,12 @@ impl Client {
     }
 
     /// One directory by id or path.
-    pub fn dir(&self, key: &str) -> Result<crate::api::wire::dirs::DirInfo, ClientError> {
+    pub fn dir(&self, key: &str) -> Result<DirInfo, ClientError> {
         self.call(Method::GET, &format!("/v1/dirs/{}", enc(key)), None::<&()>)
     }
 
     /// Returns once PATH shows the RAM copy.
-    pub fn add_dir(&self, req: &AddDir) -> Result<crate::api::wire::dirs::DirInfo, ClientError> {
+    pub fn add_dir(&self, req: &AddDir) -> Result<DirInfo, ClientError> {
         self.call_within(Method::POST, "/v1/dirs", Some(req), DIR_TIMEOUT)
     }
 

@@ -19,10 +19,11 @@ use axum::Json;
 
 use super::{blocking, ApiError};
 use crate::api::wire::dirs::DirInfo as WireDirInfo;
-use crate::api::wire::types::{
-    AddDir, DeleteQuery, DirList, DirPatched, DirRemoved, DirSyncAll, DirSyncResult, DirSynced,
-    ErrorDetail, IntervalValue, PatchDir, SizeValue,
+use crate::api::wire::dirs::{
+    AddDir, DirList, DirPatched, DirRemoved, DirSyncAll, DirSyncResult, DirSynced, IntervalValue,
+    PatchDir,
 };
+use crate::api::wire::types::{DeleteQuery, ErrorDetail, SizeValue};
 use crate::control::dirs::{clean_path, parse_interval_ms};
 use crate::control::Daemon;
 use crate::dirsync::manager::{

@@ -14,6 +14,7 @@
 pub mod attachments;
 pub mod caches;
 pub mod counters;
+pub mod dir_wire;
 pub mod dirs;
 pub mod drives;
 pub mod error;
