@@ -22,11 +22,21 @@
 //!   file; a read past the end is EINVAL over NBD, and the FUSE file reads
 //!   short at its end as files do (it never asks for bytes past it).
 //!
+//! The shared pieces: [`Export`] (what a frontend serves, by name),
+//! [`Layer`] (a backend wrapping a backend, forwarding what it does not
+//! change) and the [`ReadOnly`] layer every export sits behind.
+//!
 //! What stays in a frontend: its own protocol rules (NBD flags, structured
 //! replies, negotiated metadata contexts).
 
 mod errno;
+pub mod export;
+pub mod layer;
+pub mod read_only;
 mod request;
 
 pub use errno::Errno;
+pub use export::{Export, ExportTable};
+pub use layer::Layer;
+pub use read_only::ReadOnly;
 pub use request::{validate, Command, Limits, Refusal, Request, Valid};

@@ -42,13 +42,13 @@
 use std::io::{self, IoSlice, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::export::Export;
 use super::handshake::Negotiated;
 use super::proto::*;
 use super::transport::Transport;
 use super::wait::Wait;
 use crate::backend::Backend;
 use crate::block;
+use crate::block::Export;
 use crate::metrics::{ConnRecorder, Op};
 
 /// Input buffer size while idle.
@@ -878,7 +878,7 @@ mod streamed_write_tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::backend::{Caps, Extent, Result};
+    use crate::backend::Result;
     use crate::store::{MemoryBudget, RamStore};
 
     /// A RAM drive that records each write's (offset, len, fua) and says
@@ -889,31 +889,13 @@ mod streamed_write_tests {
         writes: Mutex<Vec<(u64, usize, bool)>>,
     }
 
-    impl Backend for Recording {
-        fn size(&self) -> u64 {
-            self.store.size()
-        }
-        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-            self.store.read(offset, buf)
+    impl crate::block::Layer for Recording {
+        fn inner(&self) -> &dyn Backend {
+            &self.store
         }
         fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
             self.writes.lock().unwrap().push((offset, data.len(), fua));
             self.store.write(offset, data, fua)
-        }
-        fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
-            self.store.write_zeroes(offset, len, may_trim)
-        }
-        fn trim(&self, offset: u64, len: u64) -> Result<()> {
-            self.store.trim(offset, len)
-        }
-        fn flush(&self) -> Result<()> {
-            self.store.flush()
-        }
-        fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-            self.store.extents(offset, len)
-        }
-        fn capabilities(&self) -> Caps {
-            self.store.capabilities()
         }
         fn direct_io(&self) -> bool {
             self.direct
@@ -1076,5 +1058,38 @@ mod streamed_write_tests {
                 );
             }
         }
+    }
+
+    /// A backend error answers that request with its errno and the
+    /// connection goes on serving the next one.
+    #[test]
+    fn a_failing_backend_gets_eio_and_the_connection_goes_on() {
+        let store = RamStore::new(1 << 20, None, Arc::new(MemoryBudget::new(u64::MAX))).unwrap();
+        let faulty = Arc::new(crate::sim::Faulty::new(Arc::new(store)));
+        faulty.set_bad(Some(4096..8192));
+        let neg = Negotiated {
+            export: Arc::new(Export::new("d", "", faulty.clone(), false)),
+            structured: false,
+            base_allocation: false,
+        };
+        let mut wire = Vec::new();
+        let request = |command, cookie, offset| Request {
+            flags: 0,
+            command,
+            cookie,
+            offset,
+            len: if command == CMD_DISC { 0 } else { 4096 },
+        };
+        encode_request(&mut wire, &request(CMD_READ, 1, 4096));
+        encode_request(&mut wire, &request(CMD_READ, 2, 0));
+        encode_request(&mut wire, &request(CMD_DISC, 3, 0));
+        let mut stream = Bursts::new(&wire, &[1 << 20]);
+        transmission(&mut stream, &neg, crate::nbd::wait::Blocking).unwrap();
+        let r = &stream.replies;
+        assert_eq!(r.len(), 16 + 16 + 4096, "an error reply, then a read's");
+        assert_eq!(&r[4..8], &(libc::EIO as u32).to_be_bytes(), "EIO");
+        assert_eq!(&r[8..16], &1u64.to_be_bytes());
+        assert_eq!(&r[20..24], &[0; 4], "the next read succeeds");
+        assert_eq!(faulty.failed(), 1);
     }
 }

@@ -10,7 +10,7 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use super::export::{Export, ExportTable};
+use crate::block::{Export, ExportTable};
 use super::proto::*;
 
 /// The block sizes advertised: any alignment works, 4 KiB is best.

@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::conn;
 use super::deadline::Deadline;
-use super::export::{Export, ExportTable};
+use crate::block::{Export, ExportTable};
 use super::handshake::{self, HandshakeError};
 use super::poller::Poller;
 use super::transport::{SocketTimeouts, Stream};

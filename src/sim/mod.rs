@@ -7,6 +7,8 @@
 //!  sim::disk       SimDisk: a persist::Storage in memory that enforces the
 //!                  durability contract adversarially (crashes, torn and
 //!                  lost writes, ENOSPC/EIO, doomed writes after a failed sync)
+//!  sim::fault      Faulty: a layer that fails requests touching a chosen
+//!                  range with EIO, over any backend
 //!  sim::mem        MemBacking: a cache backing in memory that fails on
 //!                  demand and can lose unflushed writes at a "crash"
 //!  sim::policy     a trace-driven comparison of the cache eviction policies
@@ -29,10 +31,12 @@
 //!   test exercises production code paths, not copies of them.
 
 pub mod disk;
+pub mod fault;
 pub mod mem;
 pub mod policy;
 mod rng;
 
 pub use disk::{Faults, SimDisk, SimFileHandle};
+pub use fault::Faulty;
 pub use mem::MemBacking;
 pub use rng::Rng;
