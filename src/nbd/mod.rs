@@ -14,7 +14,6 @@ pub mod handshake;
 mod poller;
 pub mod proto;
 pub mod server;
-pub mod tls;
 pub mod transport;
 mod wait;
 
