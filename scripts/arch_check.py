@@ -11,6 +11,12 @@ Rules (issue 16):
   2. No function longer than MAX_FN_LINES lines outside tests.
   3. No `Result<_, String>` and no `#[error("{0}")] X(String)` outside the
      HTTP edge (EDGE_FILES).
+  4. Layers (LAYERS): each listed directory imports only from the places
+     its entry allows, plus PURE_HELPERS, which must themselves import no
+     other file of the crate. api/wire (the JSON) links nothing of the
+     server side; api/client links only wire; cli links only the client
+     and wire, except the one seam (SEAMS) that starts the daemon. api/wire
+     names no external crate but serde (WIRE_CRATES).
 
 --report prints the counts and every finding even when the rules hold.
 """
@@ -23,7 +29,29 @@ SRC = os.path.join(ROOT, "src")
 MAX_FN_LINES = 120
 # Where strings are the interface: the HTTP error mapping and the CLI's
 # top-level message printing.
-EDGE_FILES = {"src/api/error.rs", "src/api/server/error.rs", "src/main.rs"}
+EDGE_FILES = {"src/api/server/error.rs", "src/main.rs"}
+# Pure helpers any layer may use: formatting and parsing of sizes, the
+# default socket paths. They import no other file of the crate (checked).
+PURE_HELPERS = {"src/size.rs", "src/paths.rs"}
+# Rule 4: a file under the key may import files under these prefixes (its
+# own directory included) and PURE_HELPERS, nothing else of the crate.
+# Why: the client and the command line are a thin layer over the JSON, so a
+# change inside the daemon cannot break them except through the API, and
+# wire types cannot silently change shape because an internal type did.
+LAYERS = {
+    "src/api/wire/": ("src/api/wire/",),
+    "src/api/client/": ("src/api/client/", "src/api/wire/"),
+    "src/cli/": ("src/cli/", "src/api/client/", "src/api/wire/"),
+}
+# Single files allowed more than their layer, and why.
+SEAMS = {
+    # `ramd daemon` runs the server in this process; the daemon's own rules
+    # for names and sizes are checked before any request (exit 2), and
+    # `ramd install-units` reads the config's [[dir]]s with its parser.
+    "src/cli/daemon.rs": ("src/control/",),
+}
+# The external crates api/wire may name: serde types only.
+WIRE_CRATES = {"std", "core", "alloc", "serde", "serde_json", "crate", "super", "self"}
 
 
 def rel(path):
@@ -244,6 +272,32 @@ def string_errors(path, text):
     return out
 
 
+EXTERNAL_USE_RE = re.compile(r"\buse\s+:*(\w+)")
+
+
+def layer_breaks(graph, texts):
+    """Imports that leave a file's layer (rule 4)."""
+    out = []
+    for f in sorted(graph):
+        r = rel(f)
+        if r in PURE_HELPERS:
+            out += [(r, rel(g), "a pure helper imports another file") for g in sorted(graph[f])]
+            continue
+        layer = next((k for k in LAYERS if r.startswith(k)), None)
+        if layer is None:
+            continue
+        allowed = LAYERS[layer] + SEAMS.get(r, ())
+        for g in sorted(graph[f]):
+            rg = rel(g)
+            if rg not in PURE_HELPERS and not rg.startswith(allowed):
+                out.append((r, rg, f"{layer} may import only {', '.join(allowed)} and {', '.join(sorted(PURE_HELPERS))}"))
+        if layer == "src/api/wire/":
+            for m in EXTERNAL_USE_RE.finditer(texts[f]):
+                if m.group(1) not in WIRE_CRATES:
+                    out.append((r, m.group(1), "api/wire uses serde only"))
+    return out
+
+
 def main():
     report = "--report" in sys.argv
     files = list(rust_files())
@@ -254,9 +308,10 @@ def main():
     longs = [x for f in files for x in long_functions(f, texts[f])]
     raw = {f: strip_tests_and_comments(open(f).read(), keep_strings=True) for f in files}
     strings = [x for f in files for x in string_errors(f, raw[f])]
-    ok = not loops and not longs and not strings
+    breaks = layer_breaks(graph, texts)
+    ok = not loops and not longs and not strings and not breaks
     print(f"import circles: {len(loops)}; functions over {MAX_FN_LINES} lines: {len(longs)}; "
-          f"stringly-typed errors outside the HTTP edge: {len(strings)}")
+          f"stringly-typed errors outside the HTTP edge: {len(strings)}; layer breaks: {len(breaks)}")
     if report or not ok:
         for c in loops:
             print("circle:", " <-> ".join(rel(f) for f in c))
@@ -267,6 +322,8 @@ def main():
             print(f"long function: {f}:{line} {name} ({n} lines)")
         for f, line, what in strings:
             print(f"string error: {f}:{line} {what}")
+        for f, target, why in breaks:
+            print(f"layer break: {f} -> {target} ({why})")
     return 0 if ok else 1
 
 

@@ -35,8 +35,9 @@
 //!
 //! Around it: `daemon` (start-up, config, the drive registry that keeps
 //! drives and exports in step, persistent drives' state directories and
-//! restores, shutdown), `api` (REST over a unix socket,
-//! and the client `cli` uses), `attach` (drives as FUSE files), `metrics`
+//! restores, shutdown), `api` (REST over a unix socket: `api::wire` the
+//! JSON, `api::server` the handlers, `api::client` the client `cli` uses;
+//! the client and `cli` see only `wire`), `attach` (drives as FUSE files), `metrics`
 //! (per-connection counters that `nbd::conn` records into).
 //!
 //! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or

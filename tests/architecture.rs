@@ -1,6 +1,9 @@
 //! The shape of src/ never gets worse: import circles between files,
-//! functions over 120 lines and stringly-typed errors outside the HTTP edge
-//! are counted by scripts/arch_check.py, and each count may only go down.
+//! functions over 120 lines, stringly-typed errors outside the HTTP edge and
+//! layer breaks (api/wire importing the server side, api/client importing
+//! more than wire, cli importing more than the client, wire and the pure
+//! helpers; see LAYERS in the script) are counted by scripts/arch_check.py,
+//! and each count may only go down.
 //! When a count drops, lower its ceiling here in the same commit, so the
 //! gain is kept; the goal for each is 0.
 
@@ -11,6 +14,7 @@ const CEILINGS: &[(&str, usize)] = &[
     ("import circles: ", 0),
     ("functions over 120 lines: ", 0),
     ("stringly-typed errors outside the HTTP edge: ", 0),
+    ("layer breaks: ", 0),
 ];
 
 #[test]

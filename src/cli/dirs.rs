@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
+use super::output::interval as format_interval;
 use super::{output, print_json, CliError, JsonFlag};
 use crate::api::client::Client;
 use crate::api::wire::dirs::{AddDir, IntervalValue, PatchDir};
@@ -13,7 +14,6 @@ use crate::api::wire::dirs::{
     DirInfo, DirOrigin, DirStatus, MountMode, StopOutcome, SyncReport, UsageLevel,
 };
 use crate::api::wire::types::SizeValue;
-use crate::control::dirs::format_interval;
 use crate::size::format_size;
 
 /// Where `ramd install-units` puts the ordering drop-in.

@@ -1,6 +1,18 @@
 //! The `ramd` command line (clap): `daemon` runs the server; every other
 //! command is a thin client of its REST API over the unix socket.
 //!
+//! Invariant: the client commands import only `api::client`, `api::wire`
+//! and the pure helpers `crate::size` (sizes as people write them) and
+//! `crate::paths` (the default socket path); `daemon.rs` is the one file
+//! that names the server side (scripts/arch_check.py, rule 4). So what a
+//! command can show or send is exactly what the API offers.
+//!
+//! One file per command family: `drives` (create, list, resize, lock,
+//! unlock, delete), `persist` (sync, restore, persistent drives' flags),
+//! `attach` (attach, detach), `stats` (stats, info), `caches`, `dirs`,
+//! `units` (install-units), `docs` (man, completions), `daemon`; `output`
+//! renders tables.
+//!
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
 //! running"), 2 usage error: clap's own, and values the command line can
 //! check itself (a size that does not parse, a name outside the naming
@@ -11,26 +23,26 @@
 //! panicking on a closed stdout. The daemon keeps SIGPIPE ignored (its
 //! sockets and stderr must never kill it).
 
-pub mod cache;
+pub mod attach;
+pub mod caches;
+pub mod daemon;
 pub mod dirs;
+pub mod docs;
+pub mod drives;
 pub mod output;
 pub mod persist;
+pub mod stats;
 pub mod units;
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use crate::api::client::{Client, ClientError};
-use crate::api::wire::types::{
-    CreateAttachment, CreateDrive, DriveInfo, DurationValue, PatchDrive, RestoreRequest, SizeValue,
-};
-use crate::control::DaemonArgs;
-use crate::size::format_size;
+use crate::api::wire::types::RestoreRequest;
+use daemon::DaemonArgs;
 
 /// RAM drives served over NBD: create, resize, lock and delete them at run
 /// time, attach them as files, and watch them.
@@ -247,7 +259,7 @@ pub enum Command {
     /// RAM caches in front of slower disks (files, block devices, NBD
     /// exports): create, list, info, sync, delete.
     #[command(subcommand)]
-    Cache(cache::CacheCommand),
+    Cache(caches::CacheCommand),
 
     /// Expose a drive (or a cache) as a file MOUNTPOINT/NAME through FUSE.
     ///
@@ -318,7 +330,7 @@ pub enum CliError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
-    Daemon(#[from] crate::control::DaemonError),
+    Daemon(#[from] daemon::DaemonError),
     /// A path given on the command line could not be made absolute.
     #[error("{}: {source}", path.display())]
     Path {
@@ -364,7 +376,7 @@ pub enum CliError {
 pub enum ArgError {
     /// A drive name, size or memory limit the daemon's rules refuse.
     #[error(transparent)]
-    Spec(#[from] crate::control::spec::SpecError),
+    Spec(#[from] daemon::SpecError),
     /// A cache name outside the naming rule (the same as for drives).
     #[error("invalid cache name '{0}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
     CacheName(String),
@@ -406,7 +418,7 @@ fn default_sigpipe() {
 /// A drive or cache name argument: the naming rule, checked before any
 /// request (a bad name is a usage error, exit 2).
 pub(crate) fn arg_name(text: &str) -> Result<String, ArgError> {
-    crate::control::spec::check_name(text)?;
+    daemon::check_name(text)?;
     Ok(text.to_owned())
 }
 
@@ -424,16 +436,22 @@ pub(crate) fn arg_size(text: &str) -> Result<String, ArgError> {
 
 /// A drive size argument: a size of at least 1 byte.
 pub(crate) fn arg_drive_size(text: &str) -> Result<String, ArgError> {
-    crate::control::spec::parse_drive_size(text)?;
+    daemon::check_drive_size(text)?;
     Ok(text.to_owned())
 }
 
 /// A memory limit argument: a size of at least 1 byte, or `none`.
 pub(crate) fn arg_mem_limit(text: &str) -> Result<String, ArgError> {
     if !matches!(text.trim(), "none" | "unlimited") {
-        crate::control::spec::parse_mem_limit(text)?;
+        daemon::check_mem_limit(text)?;
     }
     Ok(text.to_owned())
+}
+
+pub(crate) fn notice(n: &Option<String>) {
+    if let Some(n) = n {
+        eprintln!("note: {n}");
+    }
 }
 
 pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
@@ -442,18 +460,8 @@ pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
     Ok(())
 }
 
-fn notice(n: &Option<String>) {
-    if let Some(n) = n {
-        eprintln!("note: {n}");
-    }
-}
-
-fn size_value(text: &str) -> SizeValue {
-    SizeValue::Text(text.to_owned())
-}
-
 /// An absolute path for the daemon (which has its own working directory).
-fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
+pub(crate) fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
     std::path::absolute(path).map_err(|source| CliError::Path {
         path: path.to_owned(),
         source,
@@ -461,7 +469,7 @@ fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
 }
 
 /// [`absolute`] as the text a request carries.
-fn absolute_text(path: Option<&std::path::Path>) -> Result<Option<String>, CliError> {
+pub(crate) fn absolute_text(path: Option<&std::path::Path>) -> Result<Option<String>, CliError> {
     path.map(|p| absolute(p).map(|a| a.display().to_string()))
         .transpose()
 }
@@ -478,7 +486,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             if args.api_socket.is_none() {
                 args.api_socket = cli.api_socket.clone();
             }
-            crate::control::run::run(args)?;
+            daemon::run(args)?;
         }
         Command::Create {
             name,
@@ -489,42 +497,39 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             persist,
             out,
         } => {
-            let req = CreateDrive {
+            let args = drives::CreateArgs {
                 name,
-                size: size.as_deref().map(size_value),
-                mem_limit: mem_limit.as_deref().map(size_value),
+                size,
+                mem_limit,
                 read_only,
                 overcommit,
-                persist: persist.persist,
-                durability: persist.durability.clone(),
-                sync_interval: persist.sync_interval.clone().map(DurationValue::Text),
-                encrypt: persist.encrypt,
-                key_file: absolute_text(persist.key_file.as_deref())?,
+                persist,
+                json: out.json,
             };
-            create(&client(), &req, out.json, persist.no_wait)?
+            drives::create_from(&client(), args)?
         }
-        Command::List { out } => list(&client(), out.json)?,
-        Command::Info { name, out } => info(&client(), name.as_deref(), out.json)?,
+        Command::List { out } => drives::list(&client(), out.json)?,
+        Command::Info { name, out } => stats::info(&client(), name.as_deref(), out.json)?,
         Command::Stats {
             name,
             watch,
             count,
             out,
-        } => stats(&client(), name.as_deref(), watch, count, out.json)?,
+        } => stats::stats(&client(), name.as_deref(), watch, count, out.json)?,
         Command::Resize {
             name,
             size,
             force,
             out,
-        } => resize(&client(), &name, &size, force, out.json)?,
-        Command::Lock { name, out } => set_read_only(&client(), &name, true, out.json)?,
-        Command::Unlock { name, out } => set_read_only(&client(), &name, false, out.json)?,
+        } => drives::resize(&client(), &name, &size, force, out.json)?,
+        Command::Lock { name, out } => drives::set_read_only(&client(), &name, true, out.json)?,
+        Command::Unlock { name, out } => drives::set_read_only(&client(), &name, false, out.json)?,
         Command::Delete {
             name,
             force,
             keep_data,
             out,
-        } => delete(&client(), &name, force, keep_data, out.json)?,
+        } => drives::delete(&client(), &name, force, keep_data, out.json)?,
         Command::Attach {
             name,
             mountpoint,
@@ -532,14 +537,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             list,
             out,
         } => match (name, mountpoint) {
-            (Some(name), Some(mp)) if !list => attach(&client(), name, &mp, force, out.json)?,
-            _ => attach_list(&client(), out.json)?,
+            (Some(name), Some(mp)) if !list => {
+                attach::attach(&client(), name, &mp, force, out.json)?
+            }
+            _ => attach::attach_list(&client(), out.json)?,
         },
-        Command::Detach { mountpoint, out } => detach(&client(), &mountpoint, out.json)?,
-        Command::Cache(cmd) => cache::run(&client(), cmd)?,
+        Command::Detach { mountpoint, out } => attach::detach(&client(), &mountpoint, out.json)?,
+        Command::Cache(cmd) => caches::run(&client(), cmd)?,
         Command::Sync { name, out } => {
             // A cache's name syncs the cache; else the drive's.
-            if !cache::sync_if_cache(&client(), &name, out.json)? {
+            if !caches::sync_if_cache(&client(), &name, out.json)? {
                 persist::sync(&socket, &name, out.json)?
             }
         }
@@ -556,307 +563,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 discard_journal,
                 key_file: absolute_text(key_file.as_deref())?,
             };
-            let c = client();
-            let d = c.restore_drive(&name, &req)?;
-            persist::wait_restore(&c, d, out.json, no_wait)?;
+            persist::restore(&client(), &name, &req, out.json, no_wait)?;
         }
         Command::Dir(cmd) => dirs::run(&client(), cmd)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
-        Command::Completions { shell } => {
-            let mut cmd = Cli::command();
-            clap_complete::generate(shell, &mut cmd, "ramd", &mut std::io::stdout());
-        }
-        Command::Man { into, dir } => man(into.or(dir))?,
+        Command::Completions { shell } => docs::completions(shell),
+        Command::Man { into, dir } => docs::man(into.or(dir))?,
     }
     Ok(())
-}
-
-/// `ramd create`.
-fn create(c: &Client, req: &CreateDrive, json: bool, no_wait: bool) -> Result<(), CliError> {
-    let d = c.create_drive(req)?;
-    if d.persist.is_some() {
-        return persist::after_create(c, d, json, no_wait);
-    }
-    if json {
-        return print_json(&d);
-    }
-    println!(
-        "created {} ({}{}) at {}",
-        d.name,
-        format_size(d.size_bytes),
-        if d.read_only { ", read-only" } else { "" },
-        d.uri
-    );
-    println!(
-        "attach as a file: mkdir -p /mnt/{n} && ramd attach {n} /mnt/{n}",
-        n = d.name
-    );
-    Ok(())
-}
-
-/// `ramd list`.
-fn list(c: &Client, json: bool) -> Result<(), CliError> {
-    let list = c.list_drives()?;
-    if json {
-        return print_json(&list);
-    }
-    print!("{}", output::drive_list(&list.drives));
-    // Caches have their own columns: point to them.
-    let caches = c.list_caches().map_or(0, |l| l.caches.len());
-    if caches > 0 {
-        println!(
-            "and {caches} cache{} (ramd cache list)",
-            if caches == 1 { "" } else { "s" }
-        );
-    }
-    Ok(())
-}
-
-/// `ramd info [NAME]`: a drive, else a cache of that name; the daemon
-/// without a name.
-fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), CliError> {
-    let Some(name) = name else {
-        let h = c.health()?;
-        if json {
-            return print_json(&h);
-        }
-        print!("{}", output::daemon_info(&h));
-        return Ok(());
-    };
-    let d = match c.drive(name) {
-        Ok(d) => d,
-        // A cache's name shows the cache.
-        Err(e) if e.code() == Some("drive_not_found") => match c.cache(name) {
-            Ok(cache) if json => return print_json(&cache),
-            Ok(cache) => {
-                print!("{}", cache::info(&cache));
-                return Ok(());
-            }
-            Err(_) => return Err(e.into()),
-        },
-        Err(e) => return Err(e.into()),
-    };
-    if json {
-        return print_json(&d);
-    }
-    print!("{}", output::drive_info(&d));
-    Ok(())
-}
-
-/// `ramd resize`.
-fn resize(c: &Client, name: &str, size: &str, force: bool, json: bool) -> Result<(), CliError> {
-    let req = PatchDrive {
-        size: Some(size_value(size)),
-        force,
-        ..Default::default()
-    };
-    patch(c, name, &req, json, |d| {
-        format!(
-            "{} is now {} (NBD clients see it when they reconnect)",
-            d.name,
-            format_size(d.size_bytes)
-        )
-    })
-}
-
-/// `ramd lock` / `ramd unlock`.
-fn set_read_only(c: &Client, name: &str, lock: bool, json: bool) -> Result<(), CliError> {
-    let req = PatchDrive {
-        read_only: Some(lock),
-        ..Default::default()
-    };
-    patch(c, name, &req, json, |d| {
-        let mode = if d.read_only { "read-only" } else { "writable" };
-        format!("{} is {mode}", d.name)
-    })
-}
-
-/// Patches a drive and prints the result: JSON, or the daemon's notice and
-/// what `line` says about the drive.
-fn patch(
-    c: &Client,
-    name: &str,
-    req: &PatchDrive,
-    json: bool,
-    line: impl FnOnce(&DriveInfo) -> String,
-) -> Result<(), CliError> {
-    let d = c.patch_drive(name, req)?;
-    if json {
-        return print_json(&d);
-    }
-    notice(&d.notice);
-    println!("{}", line(&d));
-    Ok(())
-}
-
-/// `ramd delete`.
-fn delete(
-    c: &Client,
-    name: &str,
-    force: bool,
-    keep_data: bool,
-    json: bool,
-) -> Result<(), CliError> {
-    let r = c.delete_drive_with(name, force, keep_data)?;
-    if json {
-        return print_json(&r);
-    }
-    notice(&r.notice);
-    persist::after_delete(&r);
-    if r.closed_connections > 0 {
-        println!(
-            "deleted {} (closed {} connection{})",
-            r.name,
-            r.closed_connections,
-            if r.closed_connections == 1 { "" } else { "s" }
-        );
-    } else {
-        println!("deleted {}", r.name);
-    }
-    Ok(())
-}
-
-/// `ramd attach --list`.
-fn attach_list(c: &Client, json: bool) -> Result<(), CliError> {
-    let l = c.attachments()?;
-    if json {
-        return print_json(&l);
-    }
-    if l.attachments.is_empty() {
-        println!("no attachments");
-        return Ok(());
-    }
-    let mut t = output::table(&["ID", "DRIVE", "MOUNTPOINT", "FILE"], &[0]);
-    for a in &l.attachments {
-        t.add_row(vec![
-            a.id.to_string(),
-            a.drive.clone(),
-            a.mountpoint.clone(),
-            a.file.clone(),
-        ]);
-    }
-    print!("{}", output::render(&t));
-    Ok(())
-}
-
-/// `ramd attach NAME MOUNTPOINT`.
-fn attach(
-    c: &Client,
-    drive: String,
-    mountpoint: &std::path::Path,
-    force: bool,
-    json: bool,
-) -> Result<(), CliError> {
-    let mp = absolute(mountpoint)?;
-    let a = c.attach(&CreateAttachment {
-        drive,
-        mountpoint: mp.display().to_string(),
-        force,
-    })?;
-    if json {
-        return print_json(&a);
-    }
-    println!("attached {} as {}", a.drive, a.file);
-    println!("next: dev=$(losetup -f --show {})", a.file);
-    println!("      mkfs.ext4 \"$dev\" && mkdir -p /mnt/data && mount \"$dev\" /mnt/data");
-    println!(
-        "undo: umount /mnt/data; losetup -d \"$dev\"; ramd detach {}",
-        a.mountpoint
-    );
-    Ok(())
-}
-
-/// `ramd detach MOUNTPOINT`.
-fn detach(c: &Client, mountpoint: &std::path::Path, json: bool) -> Result<(), CliError> {
-    let want = match std::fs::canonicalize(mountpoint) {
-        Ok(p) => p,
-        Err(_) => absolute(mountpoint)?,
-    };
-    let list = c.attachments()?;
-    let Some(a) = list
-        .attachments
-        .iter()
-        .find(|a| std::path::Path::new(&a.mountpoint) == want)
-    else {
-        return Err(CliError::NotAttached(want));
-    };
-    let a = c.detach(a.id)?;
-    if json {
-        return print_json(&a);
-    }
-    println!("detached {} from {}", a.drive, a.mountpoint);
-    Ok(())
-}
-
-fn stats(
-    client: &Client,
-    name: Option<&str>,
-    watch: bool,
-    count: Option<u64>,
-    json: bool,
-) -> Result<(), CliError> {
-    let tty = std::io::stdout().is_terminal();
-    let mut shown = 0u64;
-    loop {
-        let mut report = client.stats()?;
-        if let Some(n) = name {
-            report.drives.retain(|d| d.name == n);
-            report.caches.retain(|c| c.name == n);
-            if report.drives.is_empty() && report.caches.is_empty() {
-                return Err(ClientError::Api {
-                    status: 404,
-                    code: "drive_not_found".into(),
-                    message: format!(
-                        "no drive named '{n}', nor a cache (see `ramd list` and `ramd cache list`)"
-                    ),
-                }
-                .into());
-            }
-        }
-        let mut out = std::io::stdout().lock();
-        if json {
-            // One JSON document per refresh (one line each with --watch).
-            let text = if watch {
-                serde_json::to_string(&report)
-            } else {
-                serde_json::to_string_pretty(&report)
-            }?;
-            let _ = writeln!(out, "{text}");
-        } else {
-            if watch && tty {
-                let _ = write!(out, "\x1b[H\x1b[2J");
-            }
-            let caches = cache::stats_section(&report.caches);
-            let _ = write!(out, "{}", output::stats(&report, &caches));
-            let _ = write!(out, "{}", output::persist_stats(&report));
-            if name.is_none() {
-                let _ = write!(out, "{}", dirs::stats_section(client));
-            }
-            if watch && !tty {
-                let _ = writeln!(out);
-            }
-        }
-        let _ = out.flush();
-        shown += 1;
-        if !watch || count.is_some_and(|c| shown >= c) {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-}
-
-fn man(dir: Option<PathBuf>) -> Result<(), CliError> {
-    let cmd = Cli::command();
-    let io = CliError::ManPage;
-    match dir {
-        None => clap_mangen::Man::new(cmd)
-            .render(&mut std::io::stdout())
-            .map_err(io),
-        Some(dir) => {
-            std::fs::create_dir_all(&dir).map_err(io)?;
-            clap_mangen::generate_to(cmd, &dir).map_err(io)?;
-            println!("wrote man pages to {}", dir.display());
-            Ok(())
-        }
-    }
 }

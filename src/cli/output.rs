@@ -8,6 +8,12 @@ use crate::api::wire::types::{
 };
 use crate::size::format_size;
 
+/// A sync interval as people write it (`10m`, `1h 30m`): the same
+/// humantime spelling the daemon uses in its messages.
+pub fn interval(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+}
+
 /// A borderless table, columns aligned, numbers right-aligned.
 pub fn table(header: &[&str], right: &[usize]) -> Table {
     let mut t = Table::new();
@@ -141,10 +147,10 @@ fn persist_rows(p: &PersistInfo, rows: &mut Vec<(String, String)>) {
         if p.durability == "none" {
             format!(
                 "{} (no background syncs in mode none)",
-                crate::control::spec::format_interval(p.sync_interval_ms)
+                interval(p.sync_interval_ms)
             )
         } else {
-            crate::control::spec::format_interval(p.sync_interval_ms)
+            interval(p.sync_interval_ms)
         },
     );
     row("state dir", p.state_dir.clone());

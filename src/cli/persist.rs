@@ -1,6 +1,6 @@
 //! The persistent-drive side of the command line: `create --persist`
 //! flags, waiting for a restore with a progress bar, `ramd sync` with a
-//! progress bar, and what `delete` says about the data.
+//! progress bar, `ramd restore`, and what `delete` says about the data.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{print_json, CliError};
 use crate::api::client::Client;
-use crate::api::wire::types::{Deleted, DriveInfo};
+use crate::api::wire::types::{Deleted, DriveInfo, RestoreRequest};
 use crate::size::format_size;
 
 /// `ramd create` flags for persistent drives.
@@ -134,7 +134,7 @@ pub fn after_create(
                 format_size(d.size_bytes),
                 p.durability,
                 if p.encrypted { ", encrypted" } else { "" },
-                crate::control::spec::format_interval(p.sync_interval_ms),
+                super::output::interval(p.sync_interval_ms),
                 d.uri
             );
             println!("state directory: {}", p.state_dir);
@@ -143,7 +143,19 @@ pub fn after_create(
     }
 }
 
-/// `ramd restore`: waits for the restore it started.
+/// `ramd restore`: asks for the restore, then waits for it.
+pub fn restore(
+    client: &Client,
+    name: &str,
+    req: &RestoreRequest,
+    json: bool,
+    no_wait: bool,
+) -> Result<(), CliError> {
+    let d = client.restore_drive(name, req)?;
+    wait_restore(client, d, json, no_wait)
+}
+
+/// Waits for the restore `d` reports (started by `ramd restore`).
 pub fn wait_restore(
     client: &Client,
     d: DriveInfo,

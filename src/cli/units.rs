@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::CliError;
+use super::{daemon, CliError};
 use crate::api::client::{Client, ClientError};
 
 const SERVICE: &str = include_str!("../../contrib/systemd/ramd.service");
@@ -108,11 +108,10 @@ fn managed_dirs(client: &Client, config: Option<&Path>) -> Result<Vec<PathBuf>, 
         }
         Err(e) => return Err(e.into()),
     }
-    let default = Path::new(crate::control::config::DEFAULT_CONFIG_PATH);
+    let default = Path::new(daemon::DEFAULT_CONFIG_PATH);
     let config = config.or(default.exists().then_some(default));
     if let Some(file) = config {
-        let c = crate::control::config::load(file).map_err(|e| CliError::Daemon(e.into()))?;
-        dirs.extend(c.dirs.into_iter().map(|d| d.path));
+        dirs.extend(daemon::config_dirs(file)?);
     }
     dirs.sort();
     dirs.dedup();

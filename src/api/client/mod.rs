@@ -1,5 +1,10 @@
 //! The blocking API client the CLI uses: one HTTP/1.1 request per call over
 //! the daemon's unix socket (hyper on a small current-thread runtime).
+//!
+//! Invariant: it imports only `api::wire` (and std, serde, hyper, tokio):
+//! it knows the daemon only by its API, so it answers with wire types and
+//! [`ClientError`], whose `Api` variant carries the daemon's error code and
+//! message as the server sent them. `caches` holds the `/v1/caches` calls.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,4 +1,16 @@
-//! The JSON of API v1: serde types only, shared by the server and the client.
+//! The JSON of API v1: serde types shared by the server and the client.
+//!
+//! Invariant: serde types only. No file here imports another module of the
+//! crate (nor axum, hyper or tokio), so the client and the command line
+//! that build on these types link nothing of the daemon, and a shape
+//! changes only by an edit here, checked against docs/openapi.yaml by the
+//! API tests. The server converts its internal types into these (see
+//! `api::server::dir_wire`, `api::server::counters`).
+//!
+//! One file per resource family: `types` (drives, persistence, health,
+//! stats, attachments, the error body), `caches`, `dirs`, and `values`
+//! (sizes, durations and counters as several resources spell them).
+//! Request bodies reject unknown fields, so a typo is an error.
 
 pub mod caches;
 pub mod dirs;

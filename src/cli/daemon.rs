@@ -1,0 +1,50 @@
+//! `ramd daemon`: the one file of the command line that names the server
+//! side (`crate::control`).
+//!
+//! Invariant: every other file of `cli` talks to the daemon only through
+//! `api::client` and `api::wire` (scripts/arch_check.py enforces it), so
+//! the client commands are a thin layer over the REST API and a change in
+//! the daemon's internals cannot reach them except through here. What
+//! passes through, and why it is the daemon's own and not a copy:
+//! - [`DaemonArgs`] and [`run`]: `ramd daemon` runs the server in this
+//!   process (the binary is both daemon and client).
+//! - [`check_name`], [`check_drive_size`], [`check_mem_limit`]: the rules
+//!   the daemon applies to names, sizes and limits, checked on the command
+//!   line before any request so a bad value is a usage error (exit 2) with
+//!   the daemon's own message.
+//! - [`config_dirs`]: `ramd install-units` orders after the directories
+//!   the config file declares, read with the daemon's config parser.
+
+use std::path::{Path, PathBuf};
+
+pub use crate::control::drives::spec::SpecError;
+pub use crate::control::{DaemonArgs, DaemonError};
+
+/// The config file the daemon reads when none is given and it exists.
+pub const DEFAULT_CONFIG_PATH: &str = crate::control::config::DEFAULT_CONFIG_PATH;
+
+/// Runs the daemon in the foreground until SIGTERM/SIGINT.
+pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    crate::control::run::run(args)
+}
+
+/// The naming rule of drives and caches.
+pub fn check_name(text: &str) -> Result<(), SpecError> {
+    crate::control::drives::spec::check_name(text)
+}
+
+/// A drive size: a size of at least 1 byte.
+pub fn check_drive_size(text: &str) -> Result<(), SpecError> {
+    crate::control::drives::spec::parse_drive_size(text).map(drop)
+}
+
+/// A memory limit: a size of at least 1 byte.
+pub fn check_mem_limit(text: &str) -> Result<(), SpecError> {
+    crate::control::drives::spec::parse_mem_limit(text).map(drop)
+}
+
+/// The directories (`[[dir]]`) the config file `file` declares.
+pub fn config_dirs(file: &Path) -> Result<Vec<PathBuf>, DaemonError> {
+    let config = crate::control::config::load(file).map_err(DaemonError::from)?;
+    Ok(config.dirs.into_iter().map(|d| d.path).collect())
+}

@@ -1,0 +1,167 @@
+//! Drive commands: `ramd create`, `list`, `resize`, `lock`, `unlock`,
+//! `delete` (a persistent drive's extra steps are in `persist`).
+//!
+//! Like every client command, they speak only `api::client` and
+//! `api::wire`: the daemon decides, the command prints its answer.
+
+use super::{absolute_text, notice, output, persist, print_json, CliError};
+use crate::api::client::Client;
+use crate::api::wire::types::{CreateDrive, DriveInfo, DurationValue, PatchDrive, SizeValue};
+use crate::size::format_size;
+
+/// `ramd create`'s flags, as parsed.
+pub(crate) struct CreateArgs {
+    pub name: String,
+    pub size: Option<String>,
+    pub mem_limit: Option<String>,
+    pub read_only: bool,
+    pub overcommit: bool,
+    pub persist: persist::PersistArgs,
+    pub json: bool,
+}
+
+/// `ramd create`: the request from the flags, then [`create`].
+pub(crate) fn create_from(c: &Client, a: CreateArgs) -> Result<(), CliError> {
+    let req = CreateDrive {
+        name: a.name,
+        size: a.size.as_deref().map(size_value),
+        mem_limit: a.mem_limit.as_deref().map(size_value),
+        read_only: a.read_only,
+        overcommit: a.overcommit,
+        persist: a.persist.persist,
+        durability: a.persist.durability.clone(),
+        sync_interval: a.persist.sync_interval.clone().map(DurationValue::Text),
+        encrypt: a.persist.encrypt,
+        key_file: absolute_text(a.persist.key_file.as_deref())?,
+    };
+    create(c, &req, a.json, a.persist.no_wait)
+}
+
+/// `ramd create`.
+fn create(c: &Client, req: &CreateDrive, json: bool, no_wait: bool) -> Result<(), CliError> {
+    let d = c.create_drive(req)?;
+    if d.persist.is_some() {
+        return persist::after_create(c, d, json, no_wait);
+    }
+    if json {
+        return print_json(&d);
+    }
+    println!(
+        "created {} ({}{}) at {}",
+        d.name,
+        format_size(d.size_bytes),
+        if d.read_only { ", read-only" } else { "" },
+        d.uri
+    );
+    println!(
+        "attach as a file: mkdir -p /mnt/{n} && ramd attach {n} /mnt/{n}",
+        n = d.name
+    );
+    Ok(())
+}
+
+/// `ramd list`.
+pub(crate) fn list(c: &Client, json: bool) -> Result<(), CliError> {
+    let list = c.list_drives()?;
+    if json {
+        return print_json(&list);
+    }
+    print!("{}", output::drive_list(&list.drives));
+    // Caches have their own columns: point to them.
+    let caches = c.list_caches().map_or(0, |l| l.caches.len());
+    if caches > 0 {
+        println!(
+            "and {caches} cache{} (ramd cache list)",
+            if caches == 1 { "" } else { "s" }
+        );
+    }
+    Ok(())
+}
+
+/// `ramd resize`.
+pub(crate) fn resize(
+    c: &Client,
+    name: &str,
+    size: &str,
+    force: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let req = PatchDrive {
+        size: Some(size_value(size)),
+        force,
+        ..Default::default()
+    };
+    patch(c, name, &req, json, |d| {
+        format!(
+            "{} is now {} (NBD clients see it when they reconnect)",
+            d.name,
+            format_size(d.size_bytes)
+        )
+    })
+}
+
+/// `ramd lock` / `ramd unlock`.
+pub(crate) fn set_read_only(
+    c: &Client,
+    name: &str,
+    lock: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let req = PatchDrive {
+        read_only: Some(lock),
+        ..Default::default()
+    };
+    patch(c, name, &req, json, |d| {
+        let mode = if d.read_only { "read-only" } else { "writable" };
+        format!("{} is {mode}", d.name)
+    })
+}
+
+/// Patches a drive and prints the result: JSON, or the daemon's notice and
+/// what `line` says about the drive.
+fn patch(
+    c: &Client,
+    name: &str,
+    req: &PatchDrive,
+    json: bool,
+    line: impl FnOnce(&DriveInfo) -> String,
+) -> Result<(), CliError> {
+    let d = c.patch_drive(name, req)?;
+    if json {
+        return print_json(&d);
+    }
+    notice(&d.notice);
+    println!("{}", line(&d));
+    Ok(())
+}
+
+/// `ramd delete`.
+pub(crate) fn delete(
+    c: &Client,
+    name: &str,
+    force: bool,
+    keep_data: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let r = c.delete_drive_with(name, force, keep_data)?;
+    if json {
+        return print_json(&r);
+    }
+    notice(&r.notice);
+    persist::after_delete(&r);
+    if r.closed_connections > 0 {
+        println!(
+            "deleted {} (closed {} connection{})",
+            r.name,
+            r.closed_connections,
+            if r.closed_connections == 1 { "" } else { "s" }
+        );
+    } else {
+        println!("deleted {}", r.name);
+    }
+    Ok(())
+}
+
+fn size_value(text: &str) -> SizeValue {
+    SizeValue::Text(text.to_owned())
+}

@@ -1,0 +1,97 @@
+//! What the daemon reports: `ramd stats [NAME] [--watch]` and `ramd info
+//! [NAME]` (a drive, a cache of that name, or the daemon itself).
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use super::{caches, dirs, output, print_json, CliError};
+use crate::api::client::{Client, ClientError};
+
+/// `ramd info [NAME]`: a drive, else a cache of that name; the daemon
+/// without a name.
+pub(crate) fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), CliError> {
+    let Some(name) = name else {
+        let h = c.health()?;
+        if json {
+            return print_json(&h);
+        }
+        print!("{}", output::daemon_info(&h));
+        return Ok(());
+    };
+    let d = match c.drive(name) {
+        Ok(d) => d,
+        // A cache's name shows the cache.
+        Err(e) if e.code() == Some("drive_not_found") => match c.cache(name) {
+            Ok(cache) if json => return print_json(&cache),
+            Ok(cache) => {
+                print!("{}", caches::info(&cache));
+                return Ok(());
+            }
+            Err(_) => return Err(e.into()),
+        },
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        return print_json(&d);
+    }
+    print!("{}", output::drive_info(&d));
+    Ok(())
+}
+
+/// `ramd stats`: one report, or one a second with `--watch`.
+pub(crate) fn stats(
+    client: &Client,
+    name: Option<&str>,
+    watch: bool,
+    count: Option<u64>,
+    json: bool,
+) -> Result<(), CliError> {
+    let tty = std::io::stdout().is_terminal();
+    let mut shown = 0u64;
+    loop {
+        let mut report = client.stats()?;
+        if let Some(n) = name {
+            report.drives.retain(|d| d.name == n);
+            report.caches.retain(|c| c.name == n);
+            if report.drives.is_empty() && report.caches.is_empty() {
+                return Err(ClientError::Api {
+                    status: 404,
+                    code: "drive_not_found".into(),
+                    message: format!(
+                        "no drive named '{n}', nor a cache (see `ramd list` and `ramd cache list`)"
+                    ),
+                }
+                .into());
+            }
+        }
+        let mut out = std::io::stdout().lock();
+        if json {
+            // One JSON document per refresh (one line each with --watch).
+            let text = if watch {
+                serde_json::to_string(&report)
+            } else {
+                serde_json::to_string_pretty(&report)
+            }?;
+            let _ = writeln!(out, "{text}");
+        } else {
+            if watch && tty {
+                let _ = write!(out, "\x1b[H\x1b[2J");
+            }
+            let caches = caches::stats_section(&report.caches);
+            let _ = write!(out, "{}", output::stats(&report, &caches));
+            let _ = write!(out, "{}", output::persist_stats(&report));
+            if name.is_none() {
+                let _ = write!(out, "{}", dirs::stats_section(client));
+            }
+            if watch && !tty {
+                let _ = writeln!(out);
+            }
+        }
+        let _ = out.flush();
+        shown += 1;
+        if !watch || count.is_some_and(|c| shown >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
