@@ -47,8 +47,39 @@ pub enum ClientError {
         message: String,
     },
     /// The exchange itself failed.
-    #[error("talking to the daemon at {}: {message}", socket.display())]
-    Transport { socket: PathBuf, message: String },
+    #[error("talking to the daemon at {}: {source}", socket.display())]
+    Transport {
+        socket: PathBuf,
+        #[source]
+        source: TransportError,
+    },
+}
+
+/// How an exchange with the daemon failed, below the API.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// Connecting to the socket (other than "nothing listens" and
+    /// "permission denied", which have their own [`ClientError`]s).
+    #[error(transparent)]
+    Connect(std::io::Error),
+    /// HTTP/1.1 on the connection.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    /// A request hyper refuses to build.
+    #[error(transparent)]
+    Request(#[from] hyper::http::Error),
+    /// No whole answer within the call's time limit.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// A request body that does not encode.
+    #[error(transparent)]
+    Encode(serde_json::Error),
+    /// A success whose body is not the JSON the call expects.
+    #[error("unexpected answer: {0}")]
+    Decode(serde_json::Error),
+    /// A text answer (`/metrics`) that is not UTF-8.
+    #[error(transparent)]
+    Text(#[from] std::string::FromUtf8Error),
 }
 
 impl ClientError {
@@ -84,10 +115,10 @@ impl Client {
         &self.socket
     }
 
-    fn transport(&self, message: impl std::fmt::Display) -> ClientError {
+    fn transport(&self, source: impl Into<TransportError>) -> ClientError {
         ClientError::Transport {
             socket: self.socket.clone(),
-            message: message.to_string(),
+            source: source.into(),
         }
     }
 
@@ -122,7 +153,7 @@ impl Client {
                         K::PermissionDenied => ClientError::PermissionDenied {
                             socket: socket.clone(),
                         },
-                        _ => self.transport(e),
+                        _ => self.transport(TransportError::Connect(e)),
                     }
                 })?;
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -155,7 +186,7 @@ impl Client {
         let (status, bytes) = self
             .rt
             .block_on(async { tokio::time::timeout(timeout, fut).await })
-            .map_err(|_| self.transport(format!("no answer within {timeout:?}")))??;
+            .map_err(|_| self.transport(TransportError::Timeout(timeout)))??;
         if status.is_success() {
             return Ok(bytes.to_vec());
         }
@@ -192,10 +223,9 @@ impl Client {
         let body = body
             .map(serde_json::to_vec)
             .transpose()
-            .map_err(|e| self.transport(e))?;
+            .map_err(|e| self.transport(TransportError::Encode(e)))?;
         let bytes = self.send_within(method, path, body, timeout)?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| self.transport(format!("unexpected answer: {e}")))
+        serde_json::from_slice(&bytes).map_err(|e| self.transport(TransportError::Decode(e)))
     }
 
     pub fn health(&self) -> Result<Health, ClientError> {
