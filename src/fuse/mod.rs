@@ -6,14 +6,15 @@
 //!  ramd attach ram0 /mnt/x ──API──► Attachments::attach
 //!                                     ├ mount FUSE at /mnt/x (mount(2) as root,
 //!                                     │ fusermount3 otherwise; no libfuse)
-//!                                     └ thread "fuse-ram0": DriveFs serves /mnt/x/ram0
+//!                                     └ threads "fuse-ram0-N", one per CPU, each on
+//!                                       its own /dev/fuse clone: DriveFs serves /mnt/x/ram0
 //!  losetup -f --show /mnt/x/ram0 ──► /dev/loopN ──► mkfs.ext4, mount
 //! ```
 //!
 //! Detach unmounts first and only then forgets the attachment: an unmount
 //! refused because a loop device (or a process) still uses the file is
 //! reported as busy and changes nothing. Once unmounted, the kernel ends
-//! the FUSE session and its thread returns.
+//! the FUSE session and its threads return.
 //!
 //! # Invariants
 //!
@@ -33,6 +34,9 @@
 //!   anything but our own mount/unmount calls (which cannot depend on it).
 
 mod fs;
+mod mount;
+pub mod proto;
+pub mod session;
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -43,10 +47,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use fuser::MountOption;
 use parking_lot::Mutex;
 
-use crate::control::registry::Drive;
+use crate::control::drives::Drive;
 use crate::dirsync::mountinfo::{self, Mount};
 use crate::nbd::Export;
 pub use fs::DriveFs;
@@ -163,6 +166,8 @@ pub struct AttachmentInfo {
     pub mountpoint: PathBuf,
     /// The file to hand to losetup: `mountpoint/drive`.
     pub file: PathBuf,
+    /// How the kernel's requests reach the drive.
+    pub path: session::Path,
 }
 
 struct Attachment {
@@ -173,8 +178,9 @@ struct Attachment {
     mount_id: Option<u64>,
     /// `st_dev` of the mounted root, seen through the mountpoint.
     dev: Option<u64>,
-    /// Runs the FUSE session; returns once the filesystem is unmounted.
-    thread: Option<JoinHandle<io::Result<()>>>,
+    /// The session's queue threads; each returns once the filesystem is
+    /// unmounted.
+    threads: Vec<JoinHandle<io::Result<()>>>,
 }
 
 /// Every attachment of the daemon.
@@ -238,12 +244,7 @@ impl Attachments {
         let export = drive
             .export()
             .ok_or_else(|| Failure::NotServing(drive.name().to_owned()))?;
-        let fs = DriveFs::new(export);
-        let mut session =
-            mount(fs, &mountpoint, drive.name()).map_err(|source| Failure::Mount {
-                mountpoint: mountpoint.clone(),
-                source,
-            })?;
+        let (threads, path) = mount_and_serve(DriveFs::new(export), &mountpoint, drive.name())?;
         let name = drive.name().to_owned();
         let source = source_of(&name);
         let mount_id = mountinfo::read().ok().and_then(|mounts| {
@@ -251,11 +252,7 @@ impl Attachments {
                 .filter(|m| is_ours(m, &source))
                 .map(|m| m.mount_id)
         });
-        let thread = std::thread::Builder::new()
-            .name(format!("fuse-{name}"))
-            .spawn(move || session.run())
-            .map_err(Failure::Thread)?;
-        // Served by the thread just started (which needs no lock of ours).
+        // Served by the threads just started (which need no lock of ours).
         let dev = std::fs::metadata(&mountpoint).ok().map(|m| m.dev());
         inner.next_id += 1;
         let info = AttachmentInfo {
@@ -263,6 +260,7 @@ impl Attachments {
             drive: name.clone(),
             file: mountpoint.join(&name),
             mountpoint: mountpoint.clone(),
+            path,
         };
         drive.attached_at().lock().push(mountpoint.clone());
         inner.by_id.insert(
@@ -272,7 +270,7 @@ impl Attachments {
                 drive,
                 mount_id,
                 dev,
-                thread: Some(thread),
+                threads,
             },
         );
         tracing::info!(drive = %name, mountpoint = %mountpoint.display(), "attached");
@@ -369,53 +367,32 @@ impl Attachments {
     }
 }
 
-/// Mounts `fs` at `mp`. As root the mount is made here and the session
-/// built on its /dev/fuse descriptor: a session fuser mounted itself would,
-/// when it ends, unmount the path once more (its check whether its mount
-/// is still there reads an ended connection as mounted), taking down
-/// whatever is mounted there then, such as the mount the attachment was
-/// forced over. Other users go through fusermount3 (fuser does that).
-fn mount(fs: DriveFs, mp: &Path, name: &str) -> io::Result<fuser::Session<DriveFs>> {
-    if !is_root() {
-        let mut options = vec![
-            MountOption::FSName(source_of(name)),
-            MountOption::Subtype("ramd".into()),
-            MountOption::NoDev,
-            MountOption::NoSuid,
-            MountOption::NoExec,
-        ];
-        if user_allow_other() {
-            // Let root's losetup open a file mounted by another user.
-            options.push(MountOption::AllowRoot);
+/// Mounts at `mp` and starts the session's queue threads. Mounting
+/// ourselves (mount(2) as root, fusermount3's descriptor otherwise) means
+/// nothing but `unmount` here ever unmounts the path: a session that ends
+/// cannot take down whatever is mounted there then (such as the mount an
+/// attachment was forced over).
+fn mount_and_serve(
+    fs: DriveFs,
+    mp: &Path,
+    name: &str,
+) -> Result<(Vec<JoinHandle<io::Result<()>>>, session::Path), AttachError> {
+    let failed = |source| Failure::Mount {
+        mountpoint: mp.to_owned(),
+        source,
+    };
+    let dev = mount::mount(mp, &source_of(name), is_root(), user_allow_other()).map_err(failed)?;
+    let path = session::Path {
+        queues: session::default_queues(),
+    };
+    match session::start(Arc::new(fs), dev, path.queues, name) {
+        Ok(threads) => Ok((threads, path)),
+        Err(e) => {
+            // The threads that started end with the mount.
+            let _ = unmount(mp, true);
+            Err(Failure::Thread(e).into())
         }
-        return fuser::Session::new(fs, mp, &options);
     }
-    use std::os::fd::AsRawFd;
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")?;
-    let data = format!(
-        "fd={},rootmode={:o},user_id={},group_id={}",
-        dev.as_raw_fd(),
-        std::fs::metadata(mp)?.mode() & libc::S_IFMT,
-        rustix::process::getuid().as_raw(),
-        rustix::process::getgid().as_raw()
-    );
-    let data = CString::new(data).map_err(io::Error::other)?;
-    use rustix::mount::MountFlags;
-    rustix::mount::mount(
-        source_of(name).as_str(),
-        mp,
-        "fuse.ramd",
-        MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC,
-        data.as_c_str(),
-    )?;
-    Ok(fuser::Session::from_fd(
-        fs,
-        dev.into(),
-        fuser::SessionACL::Owner,
-    ))
 }
 
 /// The FUSE source (`fsname`) of `name`'s attachments.
@@ -551,7 +528,7 @@ fn covered(a: &Attachment, what: &str) -> AttachError {
 
 /// After a successful unmount: the session ends; join it and unlist.
 fn finish(a: &mut Attachment) {
-    if let Some(t) = a.thread.take() {
+    for t in a.threads.drain(..) {
         match t.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(drive = %a.info.drive, "FUSE session ended with: {e}"),

@@ -1,0 +1,251 @@
+//! A mount's FUSE session: several queue threads, each reading requests
+//! from its own clone of the `/dev/fuse` descriptor and answering them
+//! inline from the drive, as an NBD connection thread does.
+//!
+//! ```text
+//!  kernel ── one request queue per mount ──┬─► fd 0 ─ thread fuse-NAME-0 ─┐
+//!                                          ├─► fd 1 ─ thread fuse-NAME-1 ─┼─► DriveFs::handle ─► drive
+//!                                          └─► ...  (FUSE_DEV_IOC_CLONE)  ┘
+//! ```
+//!
+//! Invariants:
+//! - A reply goes to the descriptor its request was read from (the kernel
+//!   keeps the request on that descriptor's processing list), in one
+//!   `writev`: header and body together.
+//! - Every thread returns once the mount is gone: reads then fail with
+//!   ENODEV. Nothing here waits for the daemon's locks, so unmounting (or
+//!   the daemon's death, which closes every descriptor and aborts the
+//!   connection) never hangs the host.
+//! - No allocation per request: each thread owns its read buffer (the
+//!   largest request: 1 MiB of WRITE data plus headers) and reply buffer.
+//!
+//! Why cloned descriptors and not one thread: with one reader, a loop
+//! device's queue of direct I/O waits behind every single request's
+//! round trip; with a reader per CPU the kernel hands the next request to
+//! an idle thread while another copies a megabyte.
+
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::fs::{DriveFs, Reply, Scratch, Sink};
+use super::proto::{self, Op};
+
+/// `FUSE_DEV_IOC_CLONE` = `_IOR(229, 0, uint32_t)` (linux/fuse.h).
+const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+/// Read buffer: the largest WRITE plus its headers, and at least what the
+/// kernel demands of any reader.
+const READ_BUFFER_BYTES: usize = super::fs::MAX_IO_BYTES as usize + 4096;
+
+/// How a mount is served, as `ramd attach` and listings report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    /// Queue threads, each with its own `/dev/fuse` descriptor.
+    pub queues: usize,
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fuse-classic ({} queues)", self.queues)
+    }
+}
+
+/// The queue count: `RAMD_FUSE_QUEUES` when set (1-64, for measuring),
+/// else one per CPU and at least two (one thread can copy a large request
+/// while another takes the next).
+pub fn default_queues() -> usize {
+    let env = std::env::var("RAMD_FUSE_QUEUES").ok();
+    if let Some(n) = env.and_then(|v| v.parse::<usize>().ok()) {
+        return n.clamp(1, 64);
+    }
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16))
+}
+
+/// Starts `queues` threads serving the session on `dev` (the descriptor
+/// the mount was made with). Returns their handles; each returns when the
+/// mount goes away.
+pub fn start(
+    fs: Arc<DriveFs>,
+    dev: OwnedFd,
+    queues: usize,
+    name: &str,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    let mut fds = Vec::with_capacity(queues);
+    for _ in 1..queues.max(1) {
+        fds.push(clone_fd(dev.as_fd())?);
+    }
+    fds.insert(0, dev);
+    let mut threads = Vec::with_capacity(fds.len());
+    for (i, fd) in fds.into_iter().enumerate() {
+        let fs = fs.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("fuse-{name}-{i}"))
+            .spawn(move || Queue::new(fd, &fs).run(&fs))?;
+        threads.push(t);
+    }
+    Ok(threads)
+}
+
+/// Opens a new `/dev/fuse` descriptor attached to `dev`'s session.
+fn clone_fd(dev: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::open(
+        "/dev/fuse",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let session: u32 = dev.as_raw_fd() as u32;
+    // SAFETY: FUSE_DEV_IOC_CLONE reads one u32 (the session's descriptor)
+    // through the pointer, which points at a live u32 for the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), FUSE_DEV_IOC_CLONE, &session as *const u32) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// One queue thread's state.
+struct Queue {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    scratch: Scratch,
+}
+
+impl Queue {
+    fn new(fd: OwnedFd, fs: &DriveFs) -> Queue {
+        Queue {
+            fd,
+            buf: vec![0u8; READ_BUFFER_BYTES.max(proto::MIN_READ_BUFFER_BYTES)],
+            scratch: Scratch {
+                body: Vec::with_capacity(4096),
+                rec: fs.export().metrics.as_ref().map(|m| m.connection()),
+            },
+        }
+    }
+
+    /// Serves requests until the mount is gone (Ok) or the device fails.
+    fn run(mut self, fs: &DriveFs) -> io::Result<()> {
+        loop {
+            let n = match rustix::io::read(&self.fd, &mut self.buf) {
+                Ok(n) => n,
+                // Interrupted before we read it, or a signal: try again.
+                Err(
+                    rustix::io::Errno::NOENT | rustix::io::Errno::INTR | rustix::io::Errno::AGAIN,
+                ) => continue,
+                // Unmounted (or the connection was aborted).
+                Err(rustix::io::Errno::NODEV) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            if !self.serve(fs, n)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Answers the request in `buf[..n]`; false after DESTROY.
+    fn serve(&mut self, fs: &DriveFs, n: usize) -> io::Result<bool> {
+        let (header, op) = match proto::decode(&self.buf[..n]) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("malformed FUSE request: {e}");
+                // Answer it if the header is readable, so nothing waits.
+                if n >= proto::IN_HEADER_BYTES {
+                    let unique = u64::from_ne_bytes(self.buf[8..16].try_into().expect("8"));
+                    send(&self.fd, unique, libc::EINVAL, &[])?;
+                }
+                return Ok(true);
+            }
+        };
+        let unique = header.unique;
+        let reply = match op {
+            Op::Init {
+                major,
+                max_readahead,
+                flags,
+                ..
+            } => init(&mut self.scratch.body, major, max_readahead, flags),
+            Op::Destroy => {
+                send(&self.fd, unique, 0, &[])?;
+                return Ok(false);
+            }
+            op => {
+                let mut sink = FdSink(self.fd.as_fd());
+                fs.handle(&header, op, &mut self.scratch, &mut sink)
+            }
+        };
+        match reply {
+            Reply::None => {}
+            Reply::Error(errno) => send(&self.fd, unique, errno, &[])?,
+            Reply::Body => send(&self.fd, unique, 0, &[IoSlice::new(&self.scratch.body)])?,
+        }
+        Ok(true)
+    }
+}
+
+/// The INIT reply. A kernel speaking another major version gets only our
+/// version (it then retries or gives up, as the protocol says).
+fn init(body: &mut Vec<u8>, major: u32, max_readahead: u32, offered: u64) -> Reply {
+    body.clear();
+    if major != proto::VERSION.0 {
+        proto::init_out(
+            body,
+            &proto::InitReply {
+                flags: 0,
+                max_readahead: 0,
+                max_write: 4096,
+                max_pages: 1,
+                max_background: 1,
+            },
+        );
+        body.truncate(8);
+        return Reply::Body;
+    }
+    proto::init_out(body, &DriveFs::init_terms(offered, max_readahead));
+    Reply::Body
+}
+
+/// Writes a reply (header + `parts`) to the device in one `writev`.
+/// ENOENT means the request was interrupted and forgotten by the kernel:
+/// not an error of ours.
+fn send(fd: &OwnedFd, unique: u64, errno: i32, parts: &[IoSlice<'_>]) -> io::Result<()> {
+    send_fd(fd.as_fd(), unique, errno, parts)
+}
+
+fn send_fd(fd: BorrowedFd<'_>, unique: u64, errno: i32, parts: &[IoSlice<'_>]) -> io::Result<()> {
+    let body_len: usize = if errno == 0 {
+        parts.iter().map(|p| p.len()).sum()
+    } else {
+        0
+    };
+    let header = proto::out_header(unique, errno, body_len);
+    let parts = if errno == 0 { parts } else { &[] };
+    // The header and up to STACK_SLICES parts go out from the stack; only
+    // a READ whose bytes lie in many pieces of the drive needs a Vec.
+    let mut stack = [IoSlice::new(&[]); STACK_SLICES + 1];
+    let mut heap = Vec::new();
+    let iov: &[IoSlice<'_>] = if parts.len() <= STACK_SLICES {
+        stack[0] = IoSlice::new(&header);
+        stack[1..=parts.len()].copy_from_slice(parts);
+        &stack[..=parts.len()]
+    } else {
+        heap.push(IoSlice::new(&header));
+        heap.extend_from_slice(parts);
+        &heap
+    };
+    match rustix::io::writev(fd, iov) {
+        Ok(_) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reply parts sent without allocating.
+const STACK_SLICES: usize = 8;
+
+/// Sends READ data straight from the drive's memory.
+struct FdSink<'a>(BorrowedFd<'a>);
+
+impl Sink for FdSink<'_> {
+    fn send_data(&mut self, unique: u64, data: &[IoSlice<'_>]) -> io::Result<()> {
+        send_fd(self.0, unique, 0, data)
+    }
+}
