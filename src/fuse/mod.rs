@@ -382,11 +382,8 @@ fn mount_and_serve(
         source,
     };
     let dev = mount::mount(mp, &source_of(name), is_root(), user_allow_other()).map_err(failed)?;
-    let path = session::Path {
-        queues: session::default_queues(),
-    };
-    match session::start(Arc::new(fs), dev, path.queues, name) {
-        Ok(threads) => Ok((threads, path)),
+    match session::start(Arc::new(fs), dev, name) {
+        Ok(started) => Ok(started),
         Err(e) => {
             // The threads that started end with the mount.
             let _ = unmount(mp, true);

@@ -38,16 +38,35 @@ const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 /// kernel demands of any reader.
 const READ_BUFFER_BYTES: usize = super::fs::MAX_IO_BYTES as usize + 4096;
 
-/// How a mount is served, as `ramd attach` and listings report it.
+/// How a mount is served, as `ramd attach`, listings and /metrics report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Path {
-    /// Queue threads, each with its own `/dev/fuse` descriptor.
-    pub queues: usize,
+pub enum Path {
+    /// Queue threads reading and writing `/dev/fuse`, each on its own
+    /// descriptor.
+    Classic { queues: usize },
+    /// FUSE over io_uring: one ring per CPU (kernel 6.14+ with the fuse
+    /// module's `enable_uring` on).
+    Uring { queues: usize },
+}
+
+impl Path {
+    /// The short name: "fuse-classic" or "fuse-uring".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Path::Classic { .. } => "fuse-classic",
+            Path::Uring { .. } => "fuse-uring",
+        }
+    }
+    pub fn queues(&self) -> usize {
+        match *self {
+            Path::Classic { queues } | Path::Uring { queues } => queues,
+        }
+    }
 }
 
 impl std::fmt::Display for Path {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "fuse-classic ({} queues)", self.queues)
+        write!(f, "{} ({} queues)", self.kind(), self.queues())
     }
 }
 
@@ -62,10 +81,21 @@ pub fn default_queues() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16))
 }
 
-/// Starts `queues` threads serving the session on `dev` (the descriptor
-/// the mount was made with). Returns their handles; each returns when the
-/// mount goes away.
+/// Starts the threads serving the session on `dev` (the descriptor the
+/// mount was made with). Returns their handles (each returns when the
+/// mount goes away) and the path the mount uses.
 pub fn start(
+    fs: Arc<DriveFs>,
+    dev: OwnedFd,
+    name: &str,
+) -> io::Result<(Vec<JoinHandle<io::Result<()>>>, Path)> {
+    let queues = default_queues();
+    let threads = start_classic(fs, dev, queues, name)?;
+    Ok((threads, Path::Classic { queues }))
+}
+
+/// Starts `queues` classic queue threads.
+fn start_classic(
     fs: Arc<DriveFs>,
     dev: OwnedFd,
     queues: usize,
