@@ -11,7 +11,7 @@ use ramd::api::wire::caches::CreateCache;
 use ramd::api::wire::dirs::{AddDir, PatchDir};
 use ramd::api::wire::types::{CreateAttachment, CreateDrive, PatchDrive, RestoreRequest};
 use ramd::control::config;
-use ramd::control::persistent::settings::DriveSettings;
+use ramd::control::drives::persistent::settings::DriveSettings;
 
 /// README.md and every docs/*.md, sorted.
 fn doc_files() -> Vec<PathBuf> {

@@ -55,7 +55,7 @@ use toml::Spanned;
 
 use super::caches::{CacheConfigEntry, CacheSpec};
 use super::dirs::{DirEntry, DirSpec};
-use super::spec::{
+use super::drives::spec::{
     check_mem_limit, check_name, parse_drive_size, parse_durability, parse_sync_interval_ms,
     DriveSpec, PersistOptions,
 };
@@ -587,7 +587,7 @@ read_only = true
         assert_eq!(c.dirs[1].recovery_generations, 1);
         assert_eq!(
             c.dirs[1].sync_interval_ms,
-            crate::dirsync::manager::DEFAULT_SYNC_INTERVAL_MS
+            crate::dirsync::manager::DEFAULT_DIR_SYNC_INTERVAL_MS
         );
         for (text, want) in [
             (

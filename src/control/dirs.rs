@@ -25,9 +25,10 @@ use parking_lot::RwLock;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::spec::{self, format_interval, IntervalError, IntervalUse};
 use crate::dirsync::manager::{
     AddRequest, DirChange, DirError, DirInfo, DirManager, DirOrigin, ManagerConfig, RecoverOutcome,
-    StopOutcome, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS, MIN_SYNC_INTERVAL_MS,
+    StopOutcome, DEFAULT_DIR_SYNC_INTERVAL_MS, DEFAULT_RECOVERY_GENERATIONS,
 };
 use crate::dirsync::mounts::MountMode;
 use crate::dirsync::schedule::SyncWorker;
@@ -51,24 +52,6 @@ pub enum DirsError {
     },
 }
 
-/// Why a sync interval was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum IntervalError {
-    /// Not a duration (humantime's reason).
-    #[error("invalid interval '{text}': {source} (use a duration like 30s, 10m, 1h)")]
-    Syntax {
-        text: String,
-        #[source]
-        source: humantime::DurationError,
-    },
-    /// Does not fit in milliseconds.
-    #[error("interval '{text}' is too long")]
-    TooLong { text: String },
-    /// Below the minimum.
-    #[error("interval '{text}' is shorter than the minimum of {} s (a sync walks the whole tree)", MIN_SYNC_INTERVAL_MS / 1000)]
-    TooShort { text: String },
-}
-
 /// Why a directory path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DirPathError {
@@ -78,27 +61,10 @@ pub enum DirPathError {
     ParentDir(PathBuf),
 }
 
-/// Parses an interval: `"10m"`, `"1h 30m"`, `"90s"`, `"500ms"` (at least
-/// one second) into milliseconds.
+/// Parses a directory's sync interval: `"10m"`, `"1h 30m"`, `"90s"` (at
+/// least one second) into milliseconds.
 pub fn parse_interval_ms(text: &str) -> Result<u64, IntervalError> {
-    let d = humantime::parse_duration(text.trim()).map_err(|source| IntervalError::Syntax {
-        text: text.to_owned(),
-        source,
-    })?;
-    let ms = u64::try_from(d.as_millis()).map_err(|_| IntervalError::TooLong {
-        text: text.to_owned(),
-    })?;
-    if ms < MIN_SYNC_INTERVAL_MS {
-        return Err(IntervalError::TooShort {
-            text: text.to_owned(),
-        });
-    }
-    Ok(ms)
-}
-
-/// An interval for people: `10m`, `1h 30m`, `90s` becomes `1m 30s`.
-pub fn format_interval(ms: u64) -> String {
-    humantime::format_duration(Duration::from_millis(ms)).to_string()
+    spec::parse_interval_ms(IntervalUse::DirSync, text)
 }
 
 /// A path as written, made absolute-and-clean: no `.`/`..` components, no
@@ -159,7 +125,7 @@ impl DirSpec {
             Some(i) => {
                 parse_interval_ms(i.get_ref()).map_err(|m| (i.span().start, m.to_string()))?
             }
-            None => DEFAULT_SYNC_INTERVAL_MS,
+            None => DEFAULT_DIR_SYNC_INTERVAL_MS,
         };
         let size_limit_bytes = match &e.size_limit {
             Some(s) if s.get_ref().0 == 0 => {
@@ -460,21 +426,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn intervals() {
-        assert_eq!(parse_interval_ms("10m"), Ok(600_000));
-        assert_eq!(parse_interval_ms(" 1h 30m "), Ok(5_400_000));
+    fn intervals_are_at_least_a_second() {
         assert_eq!(parse_interval_ms("1s"), Ok(1000));
-        assert!(parse_interval_ms("500ms")
-            .unwrap_err()
-            .to_string()
-            .contains("minimum"));
-        assert!(parse_interval_ms("soon")
-            .unwrap_err()
-            .to_string()
-            .contains("invalid interval"));
-        assert!(parse_interval_ms("").is_err());
-        assert_eq!(format_interval(600_000), "10m");
-        assert_eq!(format_interval(90_000), "1m 30s");
+        assert!(matches!(
+            parse_interval_ms("500ms"),
+            Err(IntervalError::TooShort { .. })
+        ));
     }
 
     #[test]

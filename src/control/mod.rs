@@ -29,14 +29,26 @@
 //! [`Daemon`] state the API handlers take); `run.rs` is the one place that
 //! wires it up (locks, drives, listeners, the API server, shutdown), so
 //! the API can depend on the daemon without the daemon depending on it.
+//!
+//! ```text
+//!  ledger.rs   names (one namespace for every kind), origins, budget
+//!              promises, the export table, the delete rule, shared errors
+//!     ▲  ▲
+//!  drives/   caches/     one module per kind of named object: its objects,
+//!                        states and I/O; each claims its names in the ledger
+//!  dirs.rs               directories in RAM (paths, not named objects:
+//!                        their manager keeps its own rules)
+//!  spec.rs               values every kind parses alike (intervals)
+//!  config.rs             the config file, parsed into the kinds' specs
+//! ```
 
 pub mod caches;
 pub mod config;
 pub mod dirs;
+pub mod drives;
+pub mod ledger;
 pub mod lock;
 mod logging;
-pub mod persistent;
-pub mod registry;
 pub mod run;
 pub mod sampler;
 pub mod spec;
@@ -52,10 +64,11 @@ use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;
 use config::{Config, ConfigError};
 use dirs::{DirSpec, Dirs, DirsError};
+use drives::spec::{parse_drive_spec, DriveSpec};
+use drives::{DriveError, Drives};
+use ledger::{Ledger, Origin};
 use lock::LockError;
-use registry::{Origin, Registry, RegistryError};
 use sampler::Sampler;
-use spec::{parse_drive_spec, DriveSpec};
 
 /// `ramd daemon` (alias `serve`) flags. Each wins over its config key.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -200,12 +213,12 @@ pub enum DaemonError {
     RuntimeDir(#[from] crate::paths::DirError),
     /// The state directory is not private to the daemon's user.
     #[error(transparent)]
-    StateDir(#[from] persistent::modes::StateModeError),
+    StateDir(#[from] drives::persistent::modes::StateModeError),
     /// A start-up drive could not be created.
     #[error("cannot create drive '{name}': {source}")]
     Drive {
         name: String,
-        source: Box<RegistryError>,
+        source: Box<DriveError>,
     },
     /// A drive or cache declared in the config file could not be created
     /// (the message names its declaration).
@@ -368,7 +381,10 @@ impl Settings {
 
 /// What the API handlers share: the running daemon.
 pub struct Daemon {
-    pub registry: Arc<Registry>,
+    /// Every named object's name, origin and budget promise.
+    pub ledger: Arc<Ledger>,
+    /// The drives (the field keeps the name the API handlers use).
+    pub registry: Arc<Drives>,
     pub attachments: Attachments,
     pub settings: Settings,
     /// TCP addresses actually bound (ports resolved).

@@ -5,14 +5,15 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use super::caches::{self, Caches};
 use super::dirs::Dirs;
+use super::drives::persistent::{self, drives_dir, probe, scan, Found, Stored};
+use super::drives::Drives;
+use super::ledger::{now_unix_s, Ledger, Origin};
 use super::lock::PidLock;
 use super::logging;
-use super::persistent::{self, drives_dir, probe, scan, Found, Stored};
-use super::registry::{Origin, Registry};
 use super::sampler::Sampler;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
 use crate::fuse::Attachments;
@@ -112,17 +113,15 @@ fn bind_api(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError
     Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
-/// The registry with every drive the settings declare (and those stored
-/// in the state directory), then the cache registry with every declared
-/// cache (drives and caches share export names).
+/// The drives the settings declare (and those stored in the state
+/// directory), then every declared cache, all claiming their names and
+/// memory in `ledger`.
 fn create_declared(
     settings: &Settings,
-    exports: &Arc<ExportTable>,
-    budget: &Arc<MemoryBudget>,
-) -> Result<(Arc<Registry>, Arc<Caches>), DaemonError> {
+    ledger: &Arc<Ledger>,
+) -> Result<(Arc<Drives>, Arc<Caches>), DaemonError> {
     let registry = Arc::new(
-        Registry::new(exports.clone(), budget.clone(), settings.metrics)
-            .with_state_dir(settings.state_dir.clone()),
+        Drives::new(ledger.clone(), settings.metrics).with_state_dir(settings.state_dir.clone()),
     );
     for (spec, origin) in &settings.drives {
         registry.create(spec, origin.clone()).map_err(|source| {
@@ -138,12 +137,8 @@ fn create_declared(
     // Persistent drives created through the API (or no longer declared)
     // come back too; restores run in the background, READY=1 waits.
     restore_stored(&registry, settings);
-    // Caches after every drive (drives and caches share export names).
-    let caches = Arc::new(Caches::new(
-        exports.clone(),
-        registry.clone(),
-        settings.metrics,
-    ));
+    // Caches after every drive: a name both declare goes to the drive.
+    let caches = Arc::new(Caches::new(ledger.clone(), settings.metrics));
     let cache_origin = settings
         .config_path
         .clone()
@@ -234,7 +229,7 @@ fn spawn_signal_waiter(
 
 /// READY=1 to systemd once no drive is restoring (the API answers
 /// meanwhile).
-fn notify_ready_when_restored(registry: &Registry) {
+fn notify_ready_when_restored(registry: &Drives) {
     wait_restores(registry);
     let _ = sd_notify::notify(
         false,
@@ -273,7 +268,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => MemoryBudget::default_daemon(),
     });
     let exports = Arc::new(ExportTable::new());
-    let (registry, caches) = create_declared(&settings, &exports, &budget)?;
+    let ledger = Arc::new(Ledger::new(exports.clone(), budget));
+    let (registry, caches) = create_declared(&settings, &ledger)?;
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
@@ -303,14 +299,13 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
 
     let daemon = Arc::new(Daemon {
+        ledger,
         registry: registry.clone(),
         attachments: Attachments::new(),
         settings: settings.clone(),
         tcp_addrs,
         started: Instant::now(),
-        started_unix_s: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        started_unix_s: now_unix_s(),
         sampler: Arc::new(Sampler::new()),
         caches: caches.clone(),
         dirs: Arc::new(dirs),
@@ -471,7 +466,7 @@ fn announce(d: &Daemon) {
 /// declares (created through the API, or removed from the config): each
 /// restores in the background. Logged, never fatal: the daemon serves the
 /// others.
-pub fn restore_stored(registry: &Arc<Registry>, settings: &Settings) {
+pub fn restore_stored(registry: &Arc<Drives>, settings: &Settings) {
     let declared: Vec<String> = settings
         .drives
         .iter()
@@ -502,7 +497,7 @@ pub fn restore_stored(registry: &Arc<Registry>, settings: &Settings) {
 /// Blocks until no drive is restoring, telling systemd how far it is
 /// (STATUS=, and EXTEND_TIMEOUT_USEC so a long restore is not killed as a
 /// failed start).
-pub fn wait_restores(registry: &Registry) {
+pub fn wait_restores(registry: &Drives) {
     let mut last_status = std::time::Instant::now() - std::time::Duration::from_secs(10);
     loop {
         let restoring = registry.restoring();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::registry::Registry;
+use super::drives::Drives;
 use crate::metrics::Totals;
 
 /// How often drives are sampled.
@@ -42,7 +42,7 @@ impl Sampler {
     }
 
     /// Takes one sample of every drive with metrics.
-    pub fn tick(&self, registry: &Registry) {
+    pub fn tick(&self, registry: &Drives) {
         let drives = registry.list();
         self.tick_totals(
             drives
@@ -88,7 +88,7 @@ impl Sampler {
     }
 
     /// Samples every [`INTERVAL`] until the runtime shuts down.
-    pub async fn run(self: Arc<Self>, registry: Arc<Registry>) {
+    pub async fn run(self: Arc<Self>, registry: Arc<Drives>) {
         let mut tick = tokio::time::interval(INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

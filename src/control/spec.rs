@@ -1,353 +1,181 @@
-//! Drive names and `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
-//! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]` specs
-//! (pure parsing, shared by the command line, the config file and the API).
+//! Values every kind's spec shares, parsed once (pure: no I/O). Sizes are
+//! `crate::size::parse` (each kind adds its bounds); intervals are here.
+//!
+//! # Invariants
+//!
+//! - Every interval the daemon accepts, from the command line, the config
+//!   file or the API, goes through [`parse_interval_ms`] (humantime
+//!   syntax: `500ms`, `30s`, `1h 30m`) or [`check_interval_ms`] (a number
+//!   of milliseconds), with the floor of what it paces ([`IntervalUse`]).
+//! - There are two floors, because the work they pace differs by orders of
+//!   magnitude: a persistent drive's sync writes only the pages it knows
+//!   are dirty ([`MIN_DRIVE_SYNC_INTERVAL_MS`], 50 ms), a directory's sync
+//!   walks its whole tree ([`MIN_DIR_SYNC_INTERVAL_MS`], 1 s, enforced by
+//!   the directory manager itself).
 
-use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::persist::Durability;
-use crate::size::{format_size, parse as parse_size};
+pub use crate::dirsync::manager::MIN_DIR_SYNC_INTERVAL_MS;
 
 /// Shortest background sync interval of a persistent drive.
-pub const MIN_SYNC_INTERVAL_MS: u64 = 50;
+pub const MIN_DRIVE_SYNC_INTERVAL_MS: u64 = 50;
 
-/// Default background sync interval of a persistent drive.
-pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 60_000;
-
-/// Longest drive name.
-pub const NAME_MAX_BYTES: usize = 64;
-
-/// Why a name or spec was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SpecError {
-    /// The name breaks the naming rule.
-    #[error("invalid drive name '{0}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
-    InvalidName(String),
-    /// A size could not be parsed or is out of range.
-    #[error(transparent)]
-    InvalidSize(#[from] SizeError),
-    /// The spec is malformed.
-    #[error(transparent)]
-    Malformed(#[from] MalformedSpec),
-    /// Persistence options that are malformed or do not fit together.
-    #[error(transparent)]
-    Persist(#[from] PersistError),
+/// What an interval paces: each has its floor and its wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntervalUse {
+    /// A persistent drive's background syncs.
+    DriveSync,
+    /// A directory in RAM's syncs to disk.
+    DirSync,
 }
 
-/// Why a drive size or memory limit was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SizeError {
-    /// Not a size (the size parser's reason).
-    #[error(transparent)]
-    Unparsable(#[from] crate::size::SizeError),
-    /// A drive of 0 bytes.
-    #[error("a drive size must be at least 1 byte")]
-    ZeroDrive,
-    /// A memory limit of 0 bytes.
-    #[error("a memory limit of 0 bytes would refuse every write: give at least 1 byte, or \"none\" (leave it out) for no limit")]
-    ZeroMemLimit,
-    /// Larger than the largest drive.
-    #[error("{} is larger than the largest drive ({})", format_size(*size), format_size(*max))]
-    TooLarge { size: u64, max: u64 },
-}
-
-/// Why a `--drive` spec does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MalformedSpec {
-    /// No `NAME=SIZE` at its head.
-    #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
-    NoSize { spec: String },
-    /// An option this parser does not know.
-    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH)")]
-    UnknownOption { spec: String, option: String },
-}
-
-/// Why persistence options were refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PersistError {
-    /// The sync interval is not a duration (humantime's reason).
-    #[error("invalid sync interval '{text}': {reason} (use a duration like 500ms, 30s, 10m)")]
-    SyncIntervalSyntax { text: String, reason: String },
-    /// The sync interval does not fit in milliseconds.
-    #[error("sync interval '{text}' is too long")]
-    SyncIntervalTooLong { text: String },
-    /// The sync interval is below the minimum.
-    #[error("a sync interval of {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms")]
-    SyncIntervalTooShort { ms: u64 },
-    /// Not a durability mode (the engine's reason).
-    #[error(transparent)]
-    Durability(#[from] crate::persist::durability::UnknownDurability),
-    /// A persistence option on a RAM-only drive.
-    #[error("{what} needs a persistent drive: add --persist (config: persist = true)")]
-    NeedsPersist { what: &'static str },
-    /// Encryption without a key file.
-    #[error("encryption needs a key file: add --key-file F (a new file of 32 random bytes: (umask 077; set -C; head -c 32 /dev/urandom > F), where set -C refuses to overwrite an existing F)")]
-    NoKeyFile,
-    /// A key file without encryption.
-    #[error("a key file is only used with encryption: add --encrypt")]
-    KeyFileWithoutEncryption,
-    /// A key file given as a relative path.
-    #[error("the key file must be an absolute path, not '{}'", path.display())]
-    RelativeKeyFile { path: PathBuf },
-}
-
-/// Checks a drive name: `[a-z0-9][a-z0-9_-]{0,63}`.
-pub fn check_name(name: &str) -> Result<(), SpecError> {
-    let b = name.as_bytes();
-    let ok = !b.is_empty()
-        && b.len() <= NAME_MAX_BYTES
-        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(SpecError::InvalidName(name.to_owned()))
+impl IntervalUse {
+    /// The shortest interval accepted.
+    pub fn min_ms(self) -> u64 {
+        match self {
+            IntervalUse::DriveSync => MIN_DRIVE_SYNC_INTERVAL_MS,
+            IntervalUse::DirSync => MIN_DIR_SYNC_INTERVAL_MS,
+        }
     }
-}
 
-/// Parses a drive size: a human size of at least one byte.
-pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
-    let size = parse_size(text).map_err(SizeError::Unparsable)?;
-    if size == 0 {
-        return Err(SizeError::ZeroDrive.into());
+    /// What the value is called in messages.
+    fn noun(self) -> &'static str {
+        match self {
+            IntervalUse::DriveSync => "sync interval",
+            IntervalUse::DirSync => "interval",
+        }
     }
-    Ok(size)
-}
 
-/// Checks a drive's memory limit: at least one byte. A limit of 0 would
-/// refuse every write; removing a limit is spelled `none` (API) or by
-/// leaving it out.
-pub fn check_mem_limit(bytes: u64) -> Result<u64, SpecError> {
-    if bytes == 0 {
-        return Err(SizeError::ZeroMemLimit.into());
-    }
-    Ok(bytes)
-}
-
-/// Parses a memory limit: a human size of at least one byte.
-pub fn parse_mem_limit(text: &str) -> Result<u64, SpecError> {
-    check_mem_limit(parse_size(text).map_err(SizeError::Unparsable)?)
-}
-
-/// A drive to create, however it was described.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriveSpec {
-    pub name: String,
-    pub size_bytes: u64,
-    /// The drive's own memory limit (None: only the daemon budget bounds it).
-    pub mem_limit_bytes: Option<u64>,
-    pub read_only: bool,
-    /// Allow the drive's size (or limit) to exceed what the daemon budget
-    /// has left: writes past the budget then fail with ENOSPC.
-    pub overcommit: bool,
-    /// Keep the drive in a state directory (None: RAM only).
-    pub persist: Option<PersistSpec>,
-}
-
-/// How a persistent drive keeps its data on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PersistSpec {
-    /// The promise (see `persist::Durability`).
-    pub durability: Durability,
-    /// Time between background syncs (periodic and flush modes).
-    pub sync_interval_ms: u64,
-    /// The key file when the drive is encrypted at rest (None: plain). An
-    /// absolute path: the daemon reads it again at every start.
-    pub key_file: Option<PathBuf>,
-}
-
-impl Default for PersistSpec {
-    fn default() -> Self {
-        PersistSpec {
-            durability: Durability::default(),
-            sync_interval_ms: DEFAULT_SYNC_INTERVAL_MS,
-            key_file: None,
+    /// Examples of valid values, for messages.
+    fn examples(self) -> &'static str {
+        match self {
+            IntervalUse::DriveSync => "500ms, 30s, 10m",
+            IntervalUse::DirSync => "30s, 10m, 1h",
         }
     }
 }
 
-/// Parses a sync interval: `60s`, `10m`, `500ms`, `1h 30m`.
-pub fn parse_sync_interval_ms(text: &str) -> Result<u64, SpecError> {
-    let d =
-        humantime::parse_duration(text.trim()).map_err(|e| PersistError::SyncIntervalSyntax {
-            text: text.to_owned(),
-            reason: e.to_string(),
-        })?;
-    let ms = u64::try_from(d.as_millis()).map_err(|_| PersistError::SyncIntervalTooLong {
+/// Why an interval was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum IntervalError {
+    /// Not a duration (humantime's reason).
+    #[error("invalid {} '{text}': {source} (use a duration like {})", what.noun(), what.examples())]
+    Syntax {
+        what: IntervalUse,
+        text: String,
+        /// Boxed: keeps every error that carries an interval error small.
+        #[source]
+        source: Box<humantime::DurationError>,
+    },
+    /// Does not fit in milliseconds.
+    #[error("{} '{text}' is too long", what.noun())]
+    TooLong { what: IntervalUse, text: String },
+    /// Below the floor of what it paces (`text`: as written).
+    #[error("{}", too_short_text(*what, text, *ms))]
+    TooShort {
+        what: IntervalUse,
+        text: String,
+        ms: u64,
+    },
+}
+
+fn too_short_text(what: IntervalUse, text: &str, ms: u64) -> String {
+    let min = what.min_ms();
+    match what {
+        IntervalUse::DriveSync => {
+            format!("a sync interval of {ms} ms is shorter than the minimum of {min} ms")
+        }
+        IntervalUse::DirSync => format!(
+            "interval '{text}' is shorter than the minimum of {} s (a sync walks the whole tree)",
+            min / 1000
+        ),
+    }
+}
+
+/// Parses an interval (`"10m"`, `" 1h 30m "`, `"500ms"`) into
+/// milliseconds, at least the floor of `what`.
+pub fn parse_interval_ms(what: IntervalUse, text: &str) -> Result<u64, IntervalError> {
+    let d = humantime::parse_duration(text.trim()).map_err(|source| IntervalError::Syntax {
+        what,
+        text: text.to_owned(),
+        source: Box::new(source),
+    })?;
+    let ms = u64::try_from(d.as_millis()).map_err(|_| IntervalError::TooLong {
+        what,
         text: text.to_owned(),
     })?;
-    check_sync_interval_ms(ms)?;
+    check_floor(what, text, ms)
+}
+
+/// Checks an interval given in milliseconds against the floor of `what`.
+pub fn check_interval_ms(what: IntervalUse, ms: u64) -> Result<u64, IntervalError> {
+    check_floor(what, &format!("{ms}ms"), ms)
+}
+
+fn check_floor(what: IntervalUse, text: &str, ms: u64) -> Result<u64, IntervalError> {
+    if ms < what.min_ms() {
+        return Err(IntervalError::TooShort {
+            what,
+            text: text.to_owned(),
+            ms,
+        });
+    }
     Ok(ms)
 }
 
-/// Checks a sync interval in milliseconds.
-pub fn check_sync_interval_ms(ms: u64) -> Result<(), SpecError> {
-    if ms < MIN_SYNC_INTERVAL_MS {
-        return Err(PersistError::SyncIntervalTooShort { ms }.into());
-    }
-    Ok(())
-}
-
-/// An interval for people: `1m 30s`, `500ms`.
+/// An interval for people: `10m`, `1m 30s`, `500ms`.
 pub fn format_interval(ms: u64) -> String {
-    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
-}
-
-/// Parses a durability mode.
-pub fn parse_durability(text: &str) -> Result<Durability, SpecError> {
-    text.trim()
-        .parse()
-        .map_err(|e| PersistError::Durability(e).into())
-}
-
-/// Persistence options as a user gives them (flags, config keys, API
-/// fields), checked together into a [`PersistSpec`].
-#[derive(Debug, Clone, Default)]
-pub struct PersistOptions {
-    pub persist: bool,
-    pub durability: Option<Durability>,
-    pub sync_interval_ms: Option<u64>,
-    pub encrypt: bool,
-    pub key_file: Option<PathBuf>,
-}
-
-impl PersistOptions {
-    /// The spec, None for a RAM-only drive; an error names what does not
-    /// fit together (e.g. a durability without persistence).
-    pub fn into_spec(self) -> Result<Option<PersistSpec>, SpecError> {
-        let needs_persist = |what| SpecError::from(PersistError::NeedsPersist { what });
-        if !self.persist {
-            if self.durability.is_some() {
-                return Err(needs_persist("a durability mode"));
-            }
-            if self.sync_interval_ms.is_some() {
-                return Err(needs_persist("a sync interval"));
-            }
-            if self.encrypt || self.key_file.is_some() {
-                return Err(needs_persist("encryption"));
-            }
-            return Ok(None);
-        }
-        match (self.encrypt, &self.key_file) {
-            (true, None) => return Err(PersistError::NoKeyFile.into()),
-            (false, Some(_)) => return Err(PersistError::KeyFileWithoutEncryption.into()),
-            _ => {}
-        }
-        if let Some(f) = &self.key_file {
-            if !f.is_absolute() {
-                return Err(PersistError::RelativeKeyFile { path: f.clone() }.into());
-            }
-        }
-        let sync_interval_ms = self.sync_interval_ms.unwrap_or(DEFAULT_SYNC_INTERVAL_MS);
-        check_sync_interval_ms(sync_interval_ms)?;
-        Ok(Some(PersistSpec {
-            durability: self.durability.unwrap_or_default(),
-            sync_interval_ms,
-            key_file: self.key_file,
-        }))
-    }
-}
-
-/// Parses `NAME=SIZE[,mem-limit=SIZE][,read-only][,overcommit][,persist]
-/// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]` (a key
-/// file turns encryption on).
-pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
-    let mut parts = spec.split(',');
-    let head = parts.next().unwrap_or_default();
-    let Some((name, size)) = head.split_once('=') else {
-        return Err(MalformedSpec::NoSize {
-            spec: spec.to_owned(),
-        }
-        .into());
-    };
-    check_name(name)?;
-    let size_bytes = parse_drive_size(size)?;
-    let mut d = DriveSpec {
-        name: name.to_owned(),
-        size_bytes,
-        mem_limit_bytes: None,
-        read_only: false,
-        overcommit: false,
-        persist: None,
-    };
-    let mut p = PersistOptions::default();
-    for opt in parts {
-        match opt.split_once('=') {
-            Some(("mem-limit", v)) => d.mem_limit_bytes = Some(parse_mem_limit(v)?),
-            Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
-            Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
-            Some(("key-file", v)) => {
-                p.encrypt = true;
-                p.key_file = Some(PathBuf::from(v));
-            }
-            None if opt == "read-only" || opt == "ro" => d.read_only = true,
-            None if opt == "overcommit" => d.overcommit = true,
-            None if opt == "persist" => p.persist = true,
-            _ => {
-                return Err(MalformedSpec::UnknownOption {
-                    spec: spec.to_owned(),
-                    option: opt.to_owned(),
-                }
-                .into())
-            }
-        }
-    }
-    d.persist = p.into_spec()?;
-    Ok(d)
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use IntervalUse::{DirSync, DriveSync};
 
     #[test]
-    fn names() {
-        for good in ["ram0", "0", "a_b-c", &"x".repeat(64)] {
-            assert!(check_name(good).is_ok(), "{good}");
-        }
-        for bad in ["", "Ram", "-a", "_a", "a.b", "a b", &"x".repeat(65), "é"] {
-            assert!(check_name(bad).is_err(), "{bad}");
-        }
+    fn intervals_for_directories() {
+        assert_eq!(parse_interval_ms(DirSync, "10m"), Ok(600_000));
+        assert_eq!(parse_interval_ms(DirSync, " 1h 30m "), Ok(5_400_000));
+        assert_eq!(parse_interval_ms(DirSync, "1s"), Ok(1000));
+        assert_eq!(
+            parse_interval_ms(DirSync, "500ms").unwrap_err().to_string(),
+            "interval '500ms' is shorter than the minimum of 1 s (a sync walks the whole tree)"
+        );
+        let e = parse_interval_ms(DirSync, "soon").unwrap_err().to_string();
+        assert!(e.starts_with("invalid interval 'soon'"), "{e}");
+        assert!(e.ends_with("(use a duration like 30s, 10m, 1h)"), "{e}");
+        assert!(parse_interval_ms(DirSync, "").is_err());
     }
 
     #[test]
-    fn drive_specs() {
-        let d = parse_drive_spec("db=4G,mem-limit=1G,ro").unwrap();
+    fn intervals_for_drives() {
+        assert_eq!(parse_interval_ms(DriveSync, "50ms"), Ok(50));
+        assert_eq!(parse_interval_ms(DriveSync, "10s"), Ok(10_000));
         assert_eq!(
-            (
-                d.name.as_str(),
-                d.size_bytes,
-                d.mem_limit_bytes,
-                d.read_only
-            ),
-            ("db", 4 << 30, Some(1 << 30), true)
+            parse_interval_ms(DriveSync, "1ms").unwrap_err().to_string(),
+            "a sync interval of 1 ms is shorter than the minimum of 50 ms"
         );
-        assert!(parse_drive_spec("x=1G,overcommit").unwrap().overcommit);
-        let p = parse_drive_spec("x=1G,persist,durability=flush,sync-interval=10s,key-file=/k")
-            .unwrap()
-            .persist
-            .unwrap();
-        assert_eq!(p.durability, Durability::Flush);
-        assert_eq!(p.sync_interval_ms, 10_000);
-        assert_eq!(p.key_file.as_deref(), Some(std::path::Path::new("/k")));
-        let p = parse_drive_spec("x=1G,persist").unwrap().persist.unwrap();
-        assert_eq!(p, PersistSpec::default());
-        for bad in [
-            "Bad=1G",
-            "x=12Q",
-            "x",
-            "x=0",
-            "x=1G,turbo",
-            "x=1G,mem-limit=z",
-            "x=1G,mem-limit=0",
-            "x=1G,durability=flush",
-            "x=1G,persist,durability=fast",
-            "x=1G,persist,sync-interval=1ms",
-            "x=1G,persist,sync-interval=soon",
-            "x=1G,persist,key-file=relative",
-            "x=1G,key-file=/k",
-        ] {
-            assert!(parse_drive_spec(bad).is_err(), "{bad}");
-        }
+        assert_eq!(
+            check_interval_ms(DriveSync, 1).unwrap_err().to_string(),
+            "a sync interval of 1 ms is shorter than the minimum of 50 ms"
+        );
+        let e = parse_interval_ms(DriveSync, "soon")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("invalid sync interval 'soon'"), "{e}");
+        assert!(e.ends_with("(use a duration like 500ms, 30s, 10m)"), "{e}");
+        let e = parse_interval_ms(DriveSync, "9999999999999999y").unwrap_err();
+        assert!(matches!(
+            e,
+            IntervalError::TooLong { .. } | IntervalError::Syntax { .. }
+        ));
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(format_interval(600_000), "10m");
+        assert_eq!(format_interval(90_000), "1m 30s");
+        assert_eq!(format_interval(500), "500ms");
     }
 }

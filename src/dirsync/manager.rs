@@ -39,12 +39,13 @@ use super::state::{DirConfig, DirRecord, DirsState, StateError, StateFile};
 use super::sync::{self, Known, SyncError, SyncOptions, SyncReport};
 use crate::size::format_size;
 
-/// Default time between periodic syncs (10 minutes).
-pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 600_000;
+/// Default time between a directory's periodic syncs (10 minutes).
+pub const DEFAULT_DIR_SYNC_INTERVAL_MS: u64 = 600_000;
 /// Default number of dated recovery copies kept per directory.
 pub const DEFAULT_RECOVERY_GENERATIONS: u32 = 3;
-/// Shortest interval accepted (a sync walks the whole tree).
-pub const MIN_SYNC_INTERVAL_MS: u64 = 1_000;
+/// Shortest sync interval of a directory (a sync walks the whole tree, so
+/// it is 20 times a persistent drive's, see `control::spec`).
+pub const MIN_DIR_SYNC_INTERVAL_MS: u64 = 1_000;
 
 /// Errors of directory operations. `code()` gives a stable string for the API.
 #[derive(Debug, thiserror::Error)]
@@ -185,7 +186,7 @@ impl AddRequest {
             path: path.into(),
             mode: MountMode::Tmpfs,
             size_limit_bytes: None,
-            sync_interval_ms: DEFAULT_SYNC_INTERVAL_MS,
+            sync_interval_ms: DEFAULT_DIR_SYNC_INTERVAL_MS,
             recovery_generations: DEFAULT_RECOVERY_GENERATIONS,
             expected_uid: None,
             origin: DirOrigin::Api,
@@ -589,9 +590,9 @@ impl DirManager {
 
     /// Keeps a directory in RAM. Returns when PATH shows the RAM copy.
     pub fn add(&self, req: AddRequest) -> Result<DirInfo, DirError> {
-        if req.sync_interval_ms < MIN_SYNC_INTERVAL_MS {
+        if req.sync_interval_ms < MIN_DIR_SYNC_INTERVAL_MS {
             return Err(DirError::Invalid(format!(
-                "sync interval {} ms is below the minimum of {MIN_SYNC_INTERVAL_MS} ms",
+                "sync interval {} ms is below the minimum of {MIN_DIR_SYNC_INTERVAL_MS} ms",
                 req.sync_interval_ms
             )));
         }
@@ -1302,10 +1303,10 @@ impl DirManager {
     pub fn reconfigure(&self, path: &Path, change: &DirChange) -> Result<DirInfo, DirError> {
         if change
             .sync_interval_ms
-            .is_some_and(|ms| ms < MIN_SYNC_INTERVAL_MS)
+            .is_some_and(|ms| ms < MIN_DIR_SYNC_INTERVAL_MS)
         {
             return Err(DirError::Invalid(format!(
-                "sync interval below the minimum of {MIN_SYNC_INTERVAL_MS} ms"
+                "sync interval below the minimum of {MIN_DIR_SYNC_INTERVAL_MS} ms"
             )));
         }
         if change.recovery_generations == Some(0) {

@@ -11,7 +11,8 @@ use super::{blocking, ApiError};
 use crate::api::wire::types::{AttachmentInfo, AttachmentList, CreateAttachment};
 use crate::control::caches::error::Unavailable;
 use crate::control::caches::CachesError;
-use crate::control::registry::RegistryError;
+use crate::control::drives::DriveError;
+use crate::control::ledger::LedgerError;
 use crate::control::Daemon;
 use crate::fuse::{self, Attachable};
 
@@ -19,7 +20,7 @@ use crate::fuse::{self, Attachable};
 fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
     match d.registry.get_ready(name) {
         Ok(drive) => return Ok(drive),
-        Err(RegistryError::NotFound(_)) => {}
+        Err(DriveError::Ledger(LedgerError::NotFound(_))) => {}
         Err(e) => return Err(e.into()),
     }
     match d.caches.get(name) {

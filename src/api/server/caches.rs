@@ -14,7 +14,7 @@ use crate::api::wire::caches::{
     CacheSynced, CreateCache, DeleteCacheQuery,
 };
 use crate::control::caches::{CacheEntry, CacheSpec, CacheState};
-use crate::control::registry::Origin;
+use crate::control::ledger::Origin;
 use crate::control::Daemon;
 
 /// The settings part of a cache's view.
@@ -121,7 +121,7 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
         name: e.name.clone(),
         kind: "cache".into(),
         state: state.name().into(),
-        origin: e.origin.name().into(),
+        origin: e.origin().name().into(),
         created_unix_s: e.created_unix_s,
         size_bytes,
         promised_bytes: e.promised_bytes(),
@@ -194,7 +194,7 @@ fn spec_of(req: &CreateCache) -> Result<CacheSpec, ApiError> {
 
 /// The notice for run-time changes to a cache declared in the config.
 fn ephemeral(e: &CacheEntry, what: &str) -> Option<String> {
-    match &e.origin {
+    match e.origin() {
         Origin::Config(file) => Some(format!(
             "cache '{}' is declared in {}: {what} lasts until the daemon restarts; edit the file to keep it",
             e.name,

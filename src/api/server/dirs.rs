@@ -27,8 +27,8 @@ use crate::api::wire::types::{DeleteQuery, ErrorDetail, SizeValue};
 use crate::control::dirs::{clean_path, parse_interval_ms};
 use crate::control::Daemon;
 use crate::dirsync::manager::{
-    AddRequest, DirChange, DirOrigin, DEFAULT_RECOVERY_GENERATIONS, DEFAULT_SYNC_INTERVAL_MS,
-    MIN_SYNC_INTERVAL_MS,
+    AddRequest, DirChange, DirOrigin, DEFAULT_DIR_SYNC_INTERVAL_MS, DEFAULT_RECOVERY_GENERATIONS,
+    MIN_DIR_SYNC_INTERVAL_MS,
 };
 use crate::dirsync::mounts::MountMode;
 use crate::size::parse as parse_size;
@@ -66,9 +66,11 @@ fn require_root() -> Result<(), ApiError> {
 
 fn interval_ms(v: &IntervalValue) -> Result<u64, ApiError> {
     match v {
-        IntervalValue::Millis(ms) if *ms < MIN_SYNC_INTERVAL_MS => Err(ApiError::invalid(format!(
-            "interval {ms} ms is shorter than the minimum of {MIN_SYNC_INTERVAL_MS} ms"
-        ))),
+        IntervalValue::Millis(ms) if *ms < MIN_DIR_SYNC_INTERVAL_MS => {
+            Err(ApiError::invalid(format!(
+                "interval {ms} ms is shorter than the minimum of {MIN_DIR_SYNC_INTERVAL_MS} ms"
+            )))
+        }
         IntervalValue::Millis(ms) => Ok(*ms),
         IntervalValue::Text(t) => {
             parse_interval_ms(t).map_err(|e| ApiError::invalid(e.to_string()))
@@ -124,7 +126,7 @@ pub async fn add(
     let path = clean_path(Path::new(&req.path)).map_err(|e| ApiError::invalid(e.to_string()))?;
     let sync_interval_ms = match &req.interval {
         Some(v) => interval_ms(v)?,
-        None => DEFAULT_SYNC_INTERVAL_MS,
+        None => DEFAULT_DIR_SYNC_INTERVAL_MS,
     };
     let size_limit_bytes = req.size_limit.as_ref().map(size_limit).transpose()?;
     require_root()?;

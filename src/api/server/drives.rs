@@ -16,13 +16,14 @@ use super::{blocking, ApiError};
 use crate::api::wire::types::{
     CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, RestoreRequest, SizeValue,
 };
-use crate::control::persistent::settings::{self, Given};
-use crate::control::persistent::{probe, Found};
-use crate::control::registry::{Drive, DriveChange, DriveState, Origin};
-use crate::control::spec::{
+use crate::control::drives::persistent::settings::{self, Given};
+use crate::control::drives::persistent::{probe, Found};
+use crate::control::drives::spec::{
     check_name, parse_drive_size, parse_durability, parse_mem_limit, DriveSpec, PersistOptions,
     SpecError,
 };
+use crate::control::drives::{Drive, DriveChange, DriveState};
+use crate::control::ledger::Origin;
 use crate::control::Daemon;
 use crate::persist::RestoreOptions;
 
@@ -46,7 +47,7 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
-        origin: drive.origin.name().into(),
+        origin: drive.origin().name().into(),
         created_unix_s: drive.created_unix_s,
         uri: d.unix_uri(&drive.name),
         tcp_uris: d.tcp_uris(&drive.name),
@@ -221,7 +222,7 @@ pub async fn patch(
     .await?;
     let resized = resizing.then(|| resize_notice(&drive));
     let notices: Vec<String> = [
-        drive.origin.ephemeral_notice(&drive.name),
+        drive.origin().ephemeral_notice(&drive.name),
         resized.flatten(),
     ]
     .into_iter()
@@ -234,7 +235,7 @@ pub async fn patch(
 /// What clients already connected see after a resize: NBD has no way to
 /// tell them, so they keep the old size until they reconnect, and their
 /// requests past the new end fail (EINVAL for reads, ENOSPC for writes).
-fn resize_notice(drive: &crate::control::registry::Drive) -> Option<String> {
+fn resize_notice(drive: &Drive) -> Option<String> {
     match drive.connections() {
         0 => None,
         n => Some(format!(
@@ -263,7 +264,7 @@ pub async fn delete(
             closed_connections: closed as u64,
             state_dir: drive.persist.as_ref().map(|p| p.dir.display().to_string()),
             data_kept: drive.persist.as_ref().map(|_| q.keep_data),
-            notice: match &drive.origin {
+            notice: match drive.origin() {
                 Origin::Api => None,
                 o => o
                     .ephemeral_notice(&drive.name)

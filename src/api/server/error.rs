@@ -8,8 +8,9 @@ use axum::Json;
 use crate::api::wire::types::{ErrorBody, ErrorDetail};
 use crate::cache::BackingErrorKind;
 use crate::control::caches::{CacheSpecError, CachesError};
-use crate::control::registry::RegistryError;
-use crate::control::spec::SpecError;
+use crate::control::drives::spec::SpecError;
+use crate::control::drives::DriveError;
+use crate::control::ledger::{Kind, LedgerError};
 use crate::dirsync::manager::DirError;
 use crate::fuse::AttachError;
 
@@ -64,16 +65,13 @@ impl From<SpecError> for ApiError {
     }
 }
 
-impl From<RegistryError> for ApiError {
-    fn from(e: RegistryError) -> Self {
-        use RegistryError as R;
+impl From<DriveError> for ApiError {
+    fn from(e: DriveError) -> Self {
+        use DriveError as R;
         let (status, code) = match &e {
             R::Spec(s) => return s.clone().into(),
-            R::Exists(_) => (StatusCode::CONFLICT, "drive_exists"),
-            R::NotFound(_) => (StatusCode::NOT_FOUND, "drive_not_found"),
-            R::OverBudget(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
+            R::Ledger(l) => return l.into(),
             R::DataBeyondSize(_) => (StatusCode::CONFLICT, "data_beyond_size"),
-            R::Busy(_) => (StatusCode::CONFLICT, "drive_busy"),
             R::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
             R::NotReady(_) => (StatusCode::CONFLICT, "drive_not_ready"),
             R::NotPersistent(_) => (StatusCode::CONFLICT, "not_persistent"),
@@ -81,6 +79,25 @@ impl From<RegistryError> for ApiError {
                 (StatusCode::INTERNAL_SERVER_ERROR, "persist_error")
             }
             R::SyncFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sync_failed"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// The refusals every kind shares; the code names the kind asked about.
+impl From<&LedgerError> for ApiError {
+    fn from(e: &LedgerError) -> Self {
+        use LedgerError as L;
+        let cache = e.kind() == Some(Kind::Cache);
+        let (status, code) = match e {
+            L::BadName(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_name"),
+            L::Taken(_) if cache => (StatusCode::CONFLICT, "cache_exists"),
+            L::Taken(_) => (StatusCode::CONFLICT, "drive_exists"),
+            L::NotFound(_) if cache => (StatusCode::NOT_FOUND, "cache_not_found"),
+            L::NotFound(_) => (StatusCode::NOT_FOUND, "drive_not_found"),
+            L::OverBudget(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
+            L::Busy(_) if cache => (StatusCode::CONFLICT, "cache_busy"),
+            L::Busy(_) => (StatusCode::CONFLICT, "drive_busy"),
         };
         ApiError::new(status, code, e.to_string())
     }
@@ -116,9 +133,7 @@ impl From<CachesError> for ApiError {
         use CachesError as C;
         let (status, code) = match &e {
             C::Spec(s) => return s.clone().into(),
-            C::Exists(_) => (StatusCode::CONFLICT, "cache_exists"),
-            C::NotFound(_) => (StatusCode::NOT_FOUND, "cache_not_found"),
-            C::OverBudget(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
+            C::Ledger(l) => return l.into(),
             C::Backing { kind, .. } => match kind {
                 BackingErrorKind::Invalid => (StatusCode::UNPROCESSABLE_ENTITY, "bad_backing"),
                 BackingErrorKind::Busy => (StatusCode::CONFLICT, "backing_busy"),

@@ -12,11 +12,11 @@ use super::{blocking, ApiError};
 use crate::api::wire::types::{
     DurationValue, PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
 };
-use crate::control::persistent::{phase_name, report_text, RestoreRecord};
-use crate::control::registry::Drive;
-use crate::control::spec::{
+use crate::control::drives::persistent::{phase_name, report_text, RestoreRecord};
+use crate::control::drives::spec::{
     check_sync_interval_ms, parse_sync_interval_ms, PersistError, SpecError,
 };
+use crate::control::drives::Drive;
 use crate::control::Daemon;
 use crate::metrics::persist::{PersistLive, PersistSample};
 use crate::persist::{Durability, PersistStatus};

@@ -10,7 +10,7 @@ use super::counters::{rates, totals};
 use super::health::budget;
 use super::ApiError;
 use crate::api::wire::types::{DriveStats, StatsReport};
-use crate::control::registry::Drive;
+use crate::control::drives::Drive;
 use crate::control::Daemon;
 
 pub(crate) fn drive_stats(d: &Daemon, drive: &Drive) -> DriveStats {

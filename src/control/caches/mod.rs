@@ -2,10 +2,10 @@
 //! deleted, at start-up (`[[cache]]` in the config) and at run time (API).
 //!
 //! ```text
-//!  POST /v1/caches ─► Caches::create ─► reserve the name (state Opening)
+//!  POST /v1/caches ─► Caches::create ─► claim the name (ledger; state Opening)
 //!                                       open the backing (no lock held)
-//!                                       promise its memory (Registry::promise)
-//!                                       Cache::new, Export ─► ExportTable (Ready)
+//!                                       promise its memory (ledger)
+//!                                       Cache::new, Export ─► published (Ready)
 //!  [[cache]] at start ─► create_at_start: same, but a backing that cannot be
 //!                        opened leaves the cache Unavailable, retried by the
 //!                        reopener thread (reopen.rs) until it comes up
@@ -15,22 +15,22 @@
 //!
 //! # Invariants
 //!
-//! - Drives and caches share one NBD export namespace: a name is taken by
-//!   at most one of them (checked against the drive registry, and the
-//!   export table refuses a second insert).
+//! - A name is in the cache map iff the ledger holds a cache claim for it:
+//!   names are unique across drives and caches (they share the NBD export
+//!   namespace), which the ledger (`control::ledger`) keeps.
 //! - A `Ready` cache's export is in the export table; no other state's is.
 //! - Two caches never share a backing (same canonical path or NBD URI):
 //!   their write-backs would overwrite each other.
 //! - The memory a cache may use (its capacity plus metadata, see
-//!   `cache::metadata_bytes`) is promised from the daemon budget through
-//!   the drive registry, so drives and caches never promise the same memory
-//!   twice; `promised_bytes` is given back when the cache goes.
+//!   `cache::metadata_bytes`) is its ledger promise, so drives and caches
+//!   never promise the same memory twice; it goes with the claim when the
+//!   cache goes.
 //! - Dirty data is never dropped except by `delete --force`: a delete
 //!   first writes back while the cache still serves, and refuses (leaving
 //!   everything as it was) when the backing cannot take the data.
 //! - Locks: the map mutex and each entry's state mutex are held only for
-//!   short, non-blocking work (map before state); backing I/O, opening and
-//!   closing happen with neither held.
+//!   short, non-blocking work (map before state, both before the ledger's);
+//!   backing I/O, opening and closing happen with neither held.
 
 pub mod error;
 mod reopen;
@@ -40,13 +40,14 @@ pub mod spec;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::registry::{Origin, Registry, RegistryError};
+use super::ledger::{
+    self, now_unix_s, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise,
+};
 use super::sampler::Sampler;
 use crate::backend::Backend;
 use crate::cache::{
@@ -54,7 +55,7 @@ use crate::cache::{
 };
 use crate::fuse::Attachable;
 use crate::metrics::DriveMetrics;
-use crate::nbd::{Export, ExportTable, ShutdownHandle};
+use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 pub use spec::{CacheEntry as CacheConfigEntry, CacheSpec, CacheSpecError};
 
@@ -65,23 +66,18 @@ pub enum CachesError {
     /// The name, size, mode or an option is malformed.
     #[error(transparent)]
     Spec(#[from] CacheSpecError),
-    /// The name is taken by a cache or a drive.
+    /// Refused by the rules every kind shares: the name is taken (by a
+    /// cache or a drive), no such cache, over the budget, or in use
+    /// (connections, attachments).
     #[error(transparent)]
-    Exists(#[from] error::Exists),
-    /// No such cache.
-    #[error("no cache named '{0}' (see `ramd cache list`)")]
-    NotFound(String),
-    /// The cache does not fit in the memory budget.
-    #[error(transparent)]
-    OverBudget(crate::control::registry::error::OverBudget),
+    Ledger(#[from] LedgerError),
     /// The backing cannot be opened (see the kind).
     #[error("{message}")]
     Backing {
         kind: BackingErrorKind,
         message: String,
     },
-    /// The cache is in use (open connections) or busy being created or
-    /// deleted.
+    /// The cache is busy being created or deleted.
     #[error(transparent)]
     Busy(#[from] error::Busy),
     /// Dirty data could not be written back, so nothing was deleted.
@@ -96,15 +92,6 @@ pub enum CachesError {
     /// The OS refused a resource (memory map, thread).
     #[error(transparent)]
     Setup(#[from] error::Setup),
-}
-
-impl From<RegistryError> for CachesError {
-    fn from(e: RegistryError) -> Self {
-        match e {
-            RegistryError::OverBudget(m) => CachesError::OverBudget(m),
-            other => CachesError::Setup(Box::new(other).into()),
-        }
-    }
 }
 
 /// What a cache's backing is.
@@ -175,7 +162,9 @@ impl CacheState {
 pub struct CacheEntry {
     pub name: String,
     pub spec: CacheSpec,
-    pub origin: Origin,
+    /// Its name in the ledger: origin and budget promise (see the module
+    /// invariants).
+    pub claim: Arc<Claim>,
     pub backing_kind: BackingKind,
     /// Identifies the backing (canonical path or normalised URI), so a
     /// second cache over the same disk is refused.
@@ -183,8 +172,6 @@ pub struct CacheEntry {
     /// Seconds since the epoch at creation, for listings.
     pub created_unix_s: u64,
     state: Mutex<CacheState>,
-    /// Budget promised for this cache (see the module invariants).
-    promised_bytes: AtomicU64,
     /// Mountpoints where it is attached through FUSE (kept by
     /// `fuse::Attachments`; a delete is refused while attached).
     pub attachments: Mutex<Vec<PathBuf>>,
@@ -228,7 +215,12 @@ impl CacheEntry {
 
     /// Budget promised for this cache.
     pub fn promised_bytes(&self) -> u64 {
-        self.promised_bytes.load(Ordering::Relaxed)
+        self.claim.promised_bytes()
+    }
+
+    /// Who asked for the cache.
+    pub fn origin(&self) -> &Origin {
+        &self.claim.origin
     }
 }
 
@@ -258,10 +250,9 @@ pub struct SyncReport {
 pub struct Caches {
     /// Caches by name. Held only for short, non-blocking work.
     map: Mutex<BTreeMap<String, Arc<CacheEntry>>>,
-    /// What the NBD server serves (shared with the drives).
-    exports: Arc<ExportTable>,
-    /// The drives: their names, and the budget both promise from.
-    registry: Arc<Registry>,
+    /// Names, budget promises and the export table, shared with the other
+    /// kinds.
+    ledger: Arc<Ledger>,
     /// Record per-request metrics for new caches' exports.
     metrics_enabled: bool,
     /// Closes NBD connections on a forced delete (set once the server binds).
@@ -270,12 +261,6 @@ pub struct Caches {
     pub sampler: Sampler,
     /// Retries caches whose backing could not be opened at start.
     reopener: reopen::Reopener,
-}
-
-fn now_unix_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The kind and identity of a backing spec (the spec was validated).
@@ -325,11 +310,10 @@ fn backing_error(e: CacheError) -> CachesError {
 }
 
 impl Caches {
-    pub fn new(exports: Arc<ExportTable>, registry: Arc<Registry>, metrics_enabled: bool) -> Self {
+    pub fn new(ledger: Arc<Ledger>, metrics_enabled: bool) -> Self {
         Caches {
             map: Mutex::new(BTreeMap::new()),
-            exports,
-            registry,
+            ledger,
             metrics_enabled,
             nbd: OnceLock::new(),
             sampler: Sampler::new(),
@@ -348,11 +332,13 @@ impl Caches {
     }
 
     pub fn get(&self, name: &str) -> Result<Arc<CacheEntry>, CachesError> {
-        self.map
-            .lock()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| CachesError::NotFound(name.to_owned()))
+        self.map.lock().get(name).cloned().ok_or_else(|| {
+            LedgerError::from(NotFound {
+                kind: Kind::Cache,
+                name: name.to_owned(),
+            })
+            .into()
+        })
     }
 
     /// Names in order, for messages.
@@ -403,14 +389,10 @@ impl Caches {
             Err(CachesError::Backing { message, .. }) => {
                 let max =
                     cache::metadata_bytes_max(&entry.spec.config) + entry.spec.config.cache_bytes;
-                if let Err(e) = self
-                    .registry
-                    .promise(&format!("cache '{}'", entry.name), max)
-                {
+                if let Err(e) = self.ledger.repromise(&entry.claim, &Promise::Bytes(max)) {
                     self.forget(&entry);
                     return Err(e.into());
                 }
-                entry.promised_bytes.store(max, Ordering::Relaxed);
                 tracing::error!(
                     cache = %entry.name,
                     "cache '{}' is UNAVAILABLE: {message}. The daemon serves everything else and retries this backing in the background (ramd cache info {} shows the state)",
@@ -435,15 +417,14 @@ impl Caches {
     /// Takes the name (state Opening) after the checks that need no I/O.
     fn reserve(&self, spec: CacheSpec, origin: Origin) -> Result<Arc<CacheEntry>, CachesError> {
         let name = spec.name.clone();
-        if self.registry.get(&name).is_ok() {
-            return Err(error::Exists::Drive { name }.into());
-        }
         let (backing_kind, backing_id) = identify(&spec.backing);
         let mut map = self.map.lock();
-        if map.contains_key(&name) {
-            return Err(error::Exists::Cache { name }.into());
-        }
+        // Nothing promised until the backing's size is known.
+        let claim = self
+            .ledger
+            .claim(Kind::Cache, &name, origin, &Promise::Bytes(0))?;
         if let Some(other) = map.values().find(|e| e.backing_id == backing_id) {
+            self.ledger.release(&claim);
             return Err(CachesError::Backing {
                 kind: BackingErrorKind::Busy,
                 message: format!(
@@ -455,29 +436,25 @@ impl Caches {
         let entry = Arc::new(CacheEntry {
             name: name.clone(),
             spec,
-            origin,
+            claim,
             backing_kind,
             backing_id,
             created_unix_s: now_unix_s(),
             state: Mutex::new(CacheState::Opening),
-            promised_bytes: AtomicU64::new(0),
             attachments: Mutex::new(Vec::new()),
         });
         map.insert(name, entry.clone());
         Ok(entry)
     }
 
-    /// Removes an entry and gives back its budget.
+    /// Removes an entry and gives its name back to the ledger, with its
+    /// budget and export.
     fn forget(&self, entry: &Arc<CacheEntry>) {
         let mut map = self.map.lock();
         if map.get(&entry.name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
             map.remove(&entry.name);
         }
-        drop(map);
-        let promised = entry.promised_bytes.swap(0, Ordering::Relaxed);
-        if promised > 0 {
-            self.registry.unpromise(promised);
-        }
+        self.ledger.release(&entry.claim);
     }
 
     /// Opens the backing and brings an Opening or Unavailable entry to
@@ -497,7 +474,6 @@ impl Caches {
         }
         let need =
             cache::capacity_bytes(&spec.config, size) + cache::metadata_bytes(&spec.config, size);
-        let what = format!("cache '{}'", entry.name);
         // The budget and the state change together, so a delete racing
         // with a reopen cannot leave a promise behind.
         let mut state = entry.state.lock();
@@ -507,30 +483,21 @@ impl Caches {
             }
             .into());
         }
-        let had = entry.promised_bytes.load(Ordering::Relaxed);
-        if need > had {
-            self.registry.promise(&what, need - had)?;
-        } else if had > need {
-            self.registry.unpromise(had - need);
-        }
-        entry.promised_bytes.store(need, Ordering::Relaxed);
+        self.ledger.repromise(&entry.claim, &Promise::Bytes(need))?;
         let cache = Arc::new(
             Cache::new(
                 backing,
                 spec.config.clone(),
-                Some(self.registry.budget().clone()),
+                Some(self.ledger.budget().clone()),
             )
             .map_err(backing_error)?,
         );
         let metrics = self.metrics_enabled.then(|| Arc::new(DriveMetrics::new()));
         let export = self.export_for(entry, &cache, metrics.clone());
-        if !self.exports.insert(export.clone()) {
+        if let Err(e) = self.ledger.publish(&entry.claim, export.clone()) {
             drop(state);
             let _ = cache.close(false);
-            return Err(error::Exists::TakenMeanwhile {
-                name: entry.name.clone(),
-            }
-            .into());
+            return Err(e.into());
         }
         *state = CacheState::Ready(Live {
             cache: cache.clone(),
@@ -605,22 +572,13 @@ impl Caches {
             return Ok(DeleteReport::default());
         };
         let attached = entry.attachments.lock().clone();
-        if !attached.is_empty() {
-            return Err(error::Busy::Attached {
-                name: name.to_owned(),
-                mountpoints: attached,
-                force,
-            }
-            .into());
-        }
-        let conns = live.export.connections();
-        if conns > 0 && !force {
-            return Err(error::Busy::Connections {
-                name: name.to_owned(),
-                connections: conns,
-            }
-            .into());
-        }
+        ledger::check_delete(
+            Kind::Cache,
+            name,
+            &attached,
+            live.export.connections(),
+            force,
+        )?;
         let before = live.cache.stats().writeback_bytes;
         if !force {
             if let Err(e) = live.cache.sync() {
@@ -648,7 +606,7 @@ impl Caches {
             *st = CacheState::Closing;
         }
         live.export.close();
-        self.exports.remove(name);
+        self.ledger.withdraw(&entry.claim);
         let closed = match self.nbd.get() {
             Some(h) => h.close_export(&live.export),
             None => 0,
@@ -721,7 +679,8 @@ impl Caches {
     fn serve_again(&self, entry: &Arc<CacheEntry>, live: &Live, e: CacheError) -> CachesError {
         let name = &entry.name;
         let export = self.export_for(entry, &live.cache, live.metrics.clone());
-        self.exports.insert(export.clone());
+        // Only a table changed behind the ledger's back refuses (logged).
+        let _ = self.ledger.publish(&entry.claim, export.clone());
         *entry.state.lock() = CacheState::Ready(Live {
             export,
             ..live.clone()
@@ -777,20 +736,20 @@ fn not_serving(entry: &CacheEntry) -> CachesError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::spec::DriveSpec;
+    use crate::block::ExportTable;
+    use crate::control::drives::spec::DriveSpec;
+    use crate::control::drives::Drives;
     use crate::store::MemoryBudget;
     use std::time::Duration;
 
-    fn caches(budget: u64) -> (Arc<Caches>, Arc<Registry>) {
-        let exports = Arc::new(ExportTable::new());
-        let registry = Arc::new(Registry::new(
-            exports.clone(),
+    fn caches(budget: u64) -> (Arc<Caches>, Arc<Drives>) {
+        let ledger = Arc::new(Ledger::new(
+            Arc::new(ExportTable::new()),
             Arc::new(MemoryBudget::new(budget)),
-            true,
         ));
         (
-            Arc::new(Caches::new(exports, registry.clone(), true)),
-            registry,
+            Arc::new(Caches::new(ledger.clone(), true)),
+            Arc::new(Drives::new(ledger, true)),
         )
     }
 
@@ -811,7 +770,7 @@ mod tests {
         let b = file(dir.path(), "a.img", 32 << 20);
         let e = c.create(spec("a", &b, "4M"), Origin::Api).unwrap();
         let live = e.live().unwrap();
-        assert!(c.exports.get("a").is_some());
+        assert!(c.ledger.export("a").is_some());
         // Capacity plus metadata is promised.
         let promised = e.promised_bytes();
         assert!(promised > 4 << 20 && promised < 5 << 20, "{promised}");
@@ -825,8 +784,11 @@ mod tests {
         let d = c.delete("a", false).unwrap();
         assert_eq!(d.written_back_bytes, 4096);
         assert_eq!(std::fs::read(&b).unwrap()[..4096], [9u8; 4096]);
-        assert!(c.exports.get("a").is_none());
-        assert!(matches!(c.get("a"), Err(CachesError::NotFound(_))));
+        assert!(c.ledger.export("a").is_none());
+        assert!(matches!(
+            c.get("a"),
+            Err(CachesError::Ledger(LedgerError::NotFound(_)))
+        ));
         assert_eq!(r.committed_bytes(), 0);
         // Over the budget, promised to drives and caches alike.
         r.create(
@@ -842,7 +804,10 @@ mod tests {
         )
         .unwrap();
         let e = c.create(spec("b", &b, "30M"), Origin::Api).unwrap_err();
-        assert!(matches!(e, CachesError::OverBudget(_)), "{e}");
+        assert!(
+            matches!(e, CachesError::Ledger(LedgerError::OverBudget(_))),
+            "{e}"
+        );
         assert!(c.list().is_empty());
     }
 
@@ -866,12 +831,12 @@ mod tests {
         .unwrap();
         assert!(matches!(
             c.create(spec("ram0", &a, "1M"), Origin::Api),
-            Err(CachesError::Exists(_))
+            Err(CachesError::Ledger(LedgerError::Taken(_)))
         ));
         c.create(spec("x", &a, "1M"), Origin::Api).unwrap();
         assert!(matches!(
             c.create(spec("x", &b, "1M"), Origin::Api),
-            Err(CachesError::Exists(_))
+            Err(CachesError::Ledger(LedgerError::Taken(_)))
         ));
         // The same file under another spelling is the same backing.
         let again = format!("{}/./a.img", dir.path().display());
@@ -913,14 +878,14 @@ mod tests {
         // Its memory is kept for it (the most it could need).
         assert!(r.committed_bytes() >= 1 << 20);
         assert!(matches!(c.sync("later"), Err(CachesError::Unavailable(_))));
-        assert!(c.exports.get("later").is_none());
+        assert!(c.ledger.export("later").is_none());
         file(dir.path(), "later.img", 4 << 20);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while e.live().is_none() {
             assert!(std::time::Instant::now() < deadline, "never came up");
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(c.exports.get("later").is_some());
+        assert!(c.ledger.export("later").is_some());
         // Once open, the promise is the exact need.
         assert_eq!(r.committed_bytes(), e.promised_bytes());
         c.sync("later").unwrap();

@@ -95,7 +95,7 @@ impl Caches {
             match live {
                 Some(l) => {
                     l.export.close();
-                    self.exports.remove(&e.name);
+                    self.ledger.withdraw(&e.claim);
                     work.push((e, l));
                 }
                 None => out.push((e.name.clone(), Outcome::NeverOpened)),

@@ -23,9 +23,9 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::super::spec::check_name;
 use crate::cache::config::parse_duration;
 use crate::cache::{BackingOptions, BackingSpec, CacheConfig, Mode};
+use crate::control::ledger::{check_name, Kind, NameError};
 use crate::size::Size;
 use crate::size::{format_size, parse as parse_size};
 use crate::store::MAX_DRIVE_BYTES;
@@ -57,9 +57,10 @@ pub const OPTION_NAMES: &[&str] = &[
 /// Why a cache spec was refused. The API maps each to its own code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CacheSpecError {
-    /// The name breaks the naming rule (the same as for drives).
+    /// The name breaks the naming rule (the ledger's, the same for every
+    /// kind).
     #[error(transparent)]
-    InvalidName(#[from] CacheNameError),
+    InvalidName(#[from] NameError),
     /// The size does not parse, is 0 or too large.
     #[error(transparent)]
     InvalidSize(#[from] CacheSizeError),
@@ -69,13 +70,6 @@ pub enum CacheSpecError {
     /// The backing spec is empty or not a valid NBD URI.
     #[error(transparent)]
     InvalidBacking(#[from] CacheBackingError),
-}
-
-/// A cache name that breaks the naming rule.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid cache name '{name}': use 1-64 of a-z 0-9 _ -, starting with a letter or digit")]
-pub struct CacheNameError {
-    pub name: String,
 }
 
 /// Why a cache size was refused.
@@ -144,10 +138,7 @@ fn engine(reason: String) -> CacheSpecError {
 impl CacheSpec {
     /// A spec with the required parts; every option at its default.
     pub fn new(name: &str, backing: &str, size: &str, mode: &str) -> Result<Self, CacheSpecError> {
-        // check_name refuses only the name.
-        check_name(name).map_err(|_| CacheNameError {
-            name: name.to_owned(),
-        })?;
+        check_name(Kind::Cache, name)?;
         let backing = backing.trim();
         BackingSpec::parse(backing).map_err(|e| CacheBackingError {
             reason: e.to_string(),

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::spec::{check_sync_interval_ms, DriveSpec, PersistSpec, SpecError};
+use crate::control::drives::spec::{check_sync_interval_ms, DriveSpec, PersistSpec, SpecError};
 
 /// The file name inside a drive's state directory.
 pub const FILE: &str = "drive.json";

@@ -1,7 +1,7 @@
-//! The registry's persistent-drive operations: create or restore, the
-//! restore threads, `ramd restore`, sync, durability changes, the final
-//! save of `delete --keep-data`, and clean shutdown. The invariants are the
-//! registry's (see `mod.rs`); the disk side is `control::persistent`.
+//! The operations on persistent drives: create or restore, the restore
+//! threads, `ramd restore`, sync, durability changes, the final save of
+//! `delete --keep-data`, and clean shutdown. The invariants are the drive
+//! map's (see `mod.rs`); the disk side is `persistent/`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,17 +9,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
+use super::spec::{DriveSpec, PersistSpec};
 use super::{
-    data_end, error, not_ready, now_unix_s, Drive, DriveData, DriveKind, DriveState, Origin,
-    Registry, RegistryError,
+    data_end, error, not_found, not_ready, promise_for, Drive, DriveData, DriveError, DriveKind,
+    DriveState, Drives,
 };
 use crate::backend::Backend;
-use crate::control::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
-use crate::control::spec::{DriveSpec, PersistSpec};
+use crate::control::ledger::{now_unix_s, Claim, Kind, Origin, Promise};
 use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
 use crate::size::format_size;
 
-/// The registry's drives, locked.
+/// The drive map, locked.
 type DrivesGuard<'a> = parking_lot::MutexGuard<'a, BTreeMap<String, Arc<Drive>>>;
 
 /// What `dir` holds, where a drive whose `drive.json` is unusable counts
@@ -35,26 +36,31 @@ fn probe_with_settings(dir: &std::path::Path, name: &str) -> Found {
     }
 }
 
-impl Registry {
+impl Drives {
     /// `create` for a persistent drive: a new one, or a restore.
     pub(super) fn create_persistent(
         self: &Arc<Self>,
         spec: &DriveSpec,
         persist: &PersistSpec,
         origin: Origin,
-    ) -> Result<Arc<Drive>, RegistryError> {
+    ) -> Result<Arc<Drive>, DriveError> {
         let dir = self.drive_dir(&spec.name)?;
         let drives = self.drives.lock();
-        if drives.contains_key(&spec.name) {
-            return Err(RegistryError::Exists(spec.name.clone()));
-        }
-        match probe_with_settings(&dir, &spec.name) {
-            Found::New => self.create_fresh(drives, dir, spec, persist, origin),
+        // The name first (nothing promised yet), then the disk.
+        let claim = self
+            .ledger
+            .claim(Kind::Drive, &spec.name, origin, &Promise::Bytes(0))?;
+        let made = match probe_with_settings(&dir, &spec.name) {
+            Found::New => self.create_fresh(drives, dir, spec, persist, &claim),
             Found::Existing { size_bytes } => {
-                self.queue_restore(drives, dir, spec, persist, origin, size_bytes)
+                self.queue_restore(drives, dir, spec, persist, &claim, size_bytes)
             }
-            Found::Broken(error) => self.add_broken(drives, dir, spec, persist, origin, error),
+            Found::Broken(error) => self.add_broken(drives, dir, spec, persist, &claim, error),
+        };
+        if made.is_err() {
+            self.ledger.release(&claim);
         }
+        made
     }
 
     /// A new persistent drive in the empty `dir`: its files, then served.
@@ -64,27 +70,22 @@ impl Registry {
         dir: PathBuf,
         spec: &DriveSpec,
         persist: &PersistSpec,
-        origin: Origin,
-    ) -> Result<Arc<Drive>, RegistryError> {
-        self.check_budget(
-            &drives,
-            None,
-            &spec.name,
-            spec.size_bytes,
-            spec.mem_limit_bytes,
-            spec.overcommit,
-        )?;
-        let pd = persistent::create_new(&dir, spec, persist, origin.name(), self.budget.clone())?;
+        claim: &Arc<Claim>,
+    ) -> Result<Arc<Drive>, DriveError> {
+        let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
+        self.ledger.repromise(claim, &promise)?;
+        let origin = claim.origin.name();
+        let pd = persistent::create_new(&dir, spec, persist, origin, self.budget().clone())?;
         let p = Arc::new(Persistence::new(
             dir.clone(),
             persist.clone(),
-            origin.name(),
+            origin,
             RestoreRecord::None,
         ));
         let pd = Arc::new(pd);
         let drive = self.assemble(
             spec,
-            origin,
+            claim.clone(),
             DriveKind::Persistent,
             DriveState::Ready,
             DriveData::Persistent(pd.clone()),
@@ -114,26 +115,20 @@ impl Registry {
         dir: PathBuf,
         spec: &DriveSpec,
         persist: &PersistSpec,
-        origin: Origin,
+        claim: &Arc<Claim>,
         size_bytes: u64,
-    ) -> Result<Arc<Drive>, RegistryError> {
-        self.check_budget(
-            &drives,
-            None,
-            &spec.name,
-            size_bytes,
-            spec.mem_limit_bytes,
-            spec.overcommit,
-        )?;
+    ) -> Result<Arc<Drive>, DriveError> {
+        let promise = promise_for(size_bytes, spec.mem_limit_bytes, spec.overcommit);
+        self.ledger.repromise(claim, &promise)?;
         let p = Arc::new(Persistence::new(
             dir.clone(),
             persist.clone(),
-            origin.name(),
+            claim.origin.name(),
             RestoreRecord::Queued,
         ));
         let placeholder = self.assemble(
             spec,
-            origin.clone(),
+            claim.clone(),
             DriveKind::Persistent,
             DriveState::Restoring,
             DriveData::Offline {
@@ -170,18 +165,18 @@ impl Registry {
         dir: PathBuf,
         spec: &DriveSpec,
         persist: &PersistSpec,
-        origin: Origin,
+        claim: &Arc<Claim>,
         error: String,
-    ) -> Result<Arc<Drive>, RegistryError> {
+    ) -> Result<Arc<Drive>, DriveError> {
         let p = Arc::new(Persistence::new(
             dir,
             persist.clone(),
-            origin.name(),
+            claim.origin.name(),
             RestoreRecord::Failed(error.clone()),
         ));
         let drive = self.assemble(
             spec,
-            origin,
+            claim.clone(),
             DriveKind::Persistent,
             DriveState::Failed(error.clone()),
             DriveData::Offline {
@@ -203,7 +198,7 @@ impl Registry {
         name: &str,
         error: String,
         origin: Origin,
-    ) -> Result<Arc<Drive>, RegistryError> {
+    ) -> Result<Arc<Drive>, DriveError> {
         let dir = self.drive_dir(name)?;
         let spec = DriveSpec {
             name: name.to_owned(),
@@ -219,9 +214,14 @@ impl Registry {
             origin.name(),
             RestoreRecord::Failed(error.clone()),
         ));
+        let mut drives = self.drives.lock();
+        // Holds no memory: nothing to promise.
+        let claim = self
+            .ledger
+            .claim(Kind::Drive, name, origin, &Promise::Bytes(0))?;
         let drive = self.assemble(
             &spec,
-            origin,
+            claim,
             DriveKind::Persistent,
             DriveState::Failed(error.clone()),
             DriveData::Offline {
@@ -232,10 +232,6 @@ impl Registry {
             None,
             now_unix_s(),
         );
-        let mut drives = self.drives.lock();
-        if drives.contains_key(name) {
-            return Err(RegistryError::Exists(name.to_owned()));
-        }
         self.insert(&mut drives, &drive)?;
         tracing::error!(drive = %name, "persistent drive failed: {error}");
         Ok(drive)
@@ -286,7 +282,7 @@ impl Registry {
             opts,
             &progress,
             placeholder.mem_limit_bytes(),
-            self.budget.clone(),
+            self.budget().clone(),
         );
         drop(turn);
         let mut drives = self.drives.lock();
@@ -317,7 +313,7 @@ impl Registry {
         spec.size_bytes = pd.size();
         let drive = self.assemble(
             &spec,
-            placeholder.origin.clone(),
+            placeholder.claim.clone(),
             DriveKind::Persistent,
             DriveState::Ready,
             DriveData::Persistent(pd.clone()),
@@ -330,7 +326,7 @@ impl Registry {
         self.replace(&mut drives, placeholder, &drive);
         tracing::info!(drive = %drive.name, "{text}");
         if let Some(want) = want_size.filter(|&w| w != pd.size()) {
-            self.apply_declared_size(&drives, &drive, want);
+            self.apply_declared_size(&drive, want);
         }
         drop(drives);
         p.save_settings(&drive.spec());
@@ -339,23 +335,13 @@ impl Registry {
 
     /// Grows (or, when no data would be lost, shrinks) a restored drive to
     /// the size its declaration asks for; otherwise keeps it and says why.
-    fn apply_declared_size(
-        &self,
-        drives: &BTreeMap<String, Arc<Drive>>,
-        drive: &Arc<Drive>,
-        want: u64,
-    ) {
+    /// Called with the drive map locked (the drive was just registered).
+    fn apply_declared_size(&self, drive: &Arc<Drive>, want: u64) {
         let Some(store) = drive.store() else { return };
         let have = store.size();
         let name = &drive.name;
-        if let Err(e) = self.check_budget(
-            drives,
-            Some(name),
-            name,
-            want,
-            drive.mem_limit_bytes(),
-            *drive.overcommit.lock(),
-        ) {
+        let promise = promise_for(want, drive.mem_limit_bytes(), *drive.overcommit.lock());
+        if let Err(e) = self.promise_change(drive, &promise) {
             tracing::warn!(drive = %name, "keeping the restored size {}: {e}", format_size(have));
             return;
         }
@@ -376,7 +362,9 @@ impl Registry {
                 }
             }
         }
-        match store.resize(want) {
+        let resized = store.resize(want);
+        self.recommit(drive);
+        match resized {
             Ok(()) => tracing::info!(
                 drive = %name,
                 from = %format_size(have),
@@ -400,7 +388,7 @@ impl Registry {
         let spec = placeholder.spec();
         let drive = self.assemble(
             &spec,
-            placeholder.origin.clone(),
+            placeholder.claim.clone(),
             DriveKind::Persistent,
             DriveState::Failed(error),
             DriveData::Offline {
@@ -429,14 +417,11 @@ impl Registry {
         name: &str,
         opts: RestoreOptions,
         key_file: Option<PathBuf>,
-    ) -> Result<Arc<Drive>, RegistryError> {
+    ) -> Result<Arc<Drive>, DriveError> {
         let mut drives = self.drives.lock();
-        let drive = drives
-            .get(name)
-            .cloned()
-            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
         let Some(p) = drive.persist.clone() else {
-            return Err(RegistryError::NotPersistent(name.to_owned()));
+            return Err(DriveError::NotPersistent(name.to_owned()));
         };
         let state = drive.state.lock().clone();
         match state {
@@ -459,7 +444,7 @@ impl Registry {
             Found::Existing { size_bytes } => size_bytes,
             Found::Broken(_) => 0,
             Found::New => {
-                return Err(RegistryError::NothingToRestore {
+                return Err(DriveError::NothingToRestore {
                     name: name.to_owned(),
                     dir: p.dir.clone(),
                 })
@@ -477,7 +462,7 @@ impl Registry {
                 .into())
             }
             Err(e) => tracing::warn!(drive = %name, "restoring with --force despite: {e}"),
-            Ok(Some(stored)) if drive.origin == Origin::Api => {
+            Ok(Some(stored)) if *drive.origin() == Origin::Api => {
                 if let Ok(DriveSpec {
                     persist: Some(stored),
                     ..
@@ -491,19 +476,17 @@ impl Registry {
         if let Some(k) = key_file {
             p.spec.lock().key_file = Some(k);
         }
-        self.check_budget(
-            &drives,
-            Some(name),
-            name,
+        let promise = promise_for(
             size_bytes,
             drive.mem_limit_bytes(),
             *drive.overcommit.lock(),
-        )?;
+        );
+        self.promise_change(&drive, &promise)?;
         *p.restore.lock() = RestoreRecord::Queued;
         let spec = drive.spec();
         let placeholder = self.assemble(
             &spec,
-            drive.origin.clone(),
+            drive.claim.clone(),
             DriveKind::Persistent,
             DriveState::Restoring,
             DriveData::Offline {
@@ -531,7 +514,7 @@ impl Registry {
 
     /// Syncs a persistent drive now; returns once everything written
     /// before the call is durable.
-    pub fn sync(&self, name: &str) -> Result<(Arc<Drive>, SyncReport), RegistryError> {
+    pub fn sync(&self, name: &str) -> Result<(Arc<Drive>, SyncReport), DriveError> {
         let drive = self.get(name)?;
         let pd = self.ready_persistent(&drive)?;
         let r = pd.sync().map_err(|source| error::SyncFailed::Sync {
@@ -541,9 +524,9 @@ impl Registry {
         Ok((drive.clone(), r))
     }
 
-    fn ready_persistent<'a>(&self, drive: &'a Drive) -> Result<&'a Arc<DiskDrive>, RegistryError> {
+    fn ready_persistent<'a>(&self, drive: &'a Drive) -> Result<&'a Arc<DiskDrive>, DriveError> {
         if drive.persist.is_none() {
-            return Err(RegistryError::NotPersistent(drive.name.clone()));
+            return Err(DriveError::NotPersistent(drive.name.clone()));
         }
         drive.persistent().ok_or_else(|| not_ready(drive))
     }
@@ -554,7 +537,7 @@ impl Registry {
         name: &str,
         durability: Option<Durability>,
         sync_interval_ms: Option<u64>,
-    ) -> Result<Arc<Drive>, RegistryError> {
+    ) -> Result<Arc<Drive>, DriveError> {
         let drive = self.get(name)?;
         let pd = self.ready_persistent(&drive)?.clone();
         let p = drive.persist.clone().expect("checked persistent");
@@ -620,7 +603,7 @@ impl Registry {
         drive: &Arc<Drive>,
         pd: &Arc<DiskDrive>,
         p: &Arc<Persistence>,
-    ) -> Result<(), RegistryError> {
+    ) -> Result<(), DriveError> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while drive.connections() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
@@ -632,18 +615,31 @@ impl Registry {
             source,
         };
         let spec = drive.spec();
-        let back = self.assemble(
-            &spec,
-            drive.origin.clone(),
-            DriveKind::Persistent,
-            DriveState::Ready,
-            DriveData::Persistent(pd.clone()),
-            Some(p.clone()),
-            Some(drive.metrics.clone()),
-            drive.created_unix_s,
-        );
         let mut drives = self.drives.lock();
-        if drives.contains_key(&drive.name) || self.insert(&mut drives, &back).is_err() {
+        // It held its promise until the delete: it gets it back unchecked.
+        let back = self
+            .ledger
+            .claim_unchecked(
+                Kind::Drive,
+                &drive.name,
+                drive.origin().clone(),
+                drive.commitment(),
+            )
+            .map_err(DriveError::from)
+            .and_then(|claim| {
+                let back = self.assemble(
+                    &spec,
+                    claim,
+                    DriveKind::Persistent,
+                    DriveState::Ready,
+                    DriveData::Persistent(pd.clone()),
+                    Some(p.clone()),
+                    Some(drive.metrics.clone()),
+                    drive.created_unix_s,
+                );
+                self.insert(&mut drives, &back)
+            });
+        if back.is_err() {
             tracing::error!(drive = %drive.name, "{failed}; its name was taken meanwhile, so it cannot be served again: its unsaved writes are lost");
         } else {
             drop(drives);

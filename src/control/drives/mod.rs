@@ -1,51 +1,61 @@
-//! The registry of drives: the one place drives are created, changed and
-//! deleted, at start-up (command line, config) and at run time (API).
+//! The drives: the one place drives are created, changed and deleted, at
+//! start-up (command line, config, state directory) and at run time (API).
+//! Names, budget promises, the export table and the delete rule are the
+//! ledger's (`control::ledger`); this module keeps the drives themselves.
 //!
 //! # Invariants
 //!
-//! - A name is in the registry iff its export is in the NBD export table
-//!   (both change under the registry mutex, table after registry on
-//!   create, table first on delete).
-//! - The daemon budget is never promised twice: the sum of every drive's
-//!   commitment (`min(size, mem_limit)` plus its metadata; only metadata for
-//!   a drive created with `overcommit`), plus what caches were promised
-//!   ([`Registry::promise`]), stays within the budget. An
-//!   overcommitted drive relies on the budget's hard limit at write time
-//!   (ENOSPC), never on the host's memory.
-//! - The registry mutex is a plain (parking_lot) one, never held across an
+//! - A name is in the drive map iff the ledger holds a drive claim for it
+//!   (claimed before the drive is built, released when it leaves the map;
+//!   both under the drive map mutex, which is taken before the ledger's).
+//!   A drive's export is served iff it is in the map.
+//! - A drive's ledger promise is its commitment: `min(size, mem_limit)`
+//!   plus its metadata, only the metadata for a drive created with
+//!   `overcommit` (which then relies on the budget's hard limit at write
+//!   time, ENOSPC, never on the host's memory), nothing for a drive that
+//!   holds no memory (failed before its size was known). A change that
+//!   grows it raises the promise first (refused when it does not fit); one
+//!   that shrinks it lowers the promise once done, so a resize in progress
+//!   (which runs without the map lock: a persistent drive's resize waits
+//!   for a running sync) counts the larger size.
+//! - The map mutex is a plain (parking_lot) one, never held across an
 //!   `.await`: API handlers call in from `spawn_blocking`.
-//!
 //! - A [`Drive`] value never changes kind or data: a persistent drive that
-//!   goes from restoring (or failed) to ready is *replaced* in the registry
-//!   and the export table by a new `Drive` (same name, origin, metrics and
+//!   goes from restoring (or failed) to ready is *replaced* in the map and
+//!   the export table by a new `Drive` (same name, claim, metrics and
 //!   [`Persistence`]). Holders of the old `Arc<Drive>` see the old state.
 //! - At most one restore reads the disk at a time (`restore_turn`).
 //!
 //! # Kinds and states
 //!
-//! [`DriveKind`]: RAM only or persistent (caches have their own registry,
-//! `control::caches`, and share the export table and budget). [`DriveState`]:
-//! ready, restoring (NBD clients refused with the progress), failed (NBD
-//! clients refused with the precise error; `ramd restore` decides).
+//! [`DriveKind`]: RAM only or persistent (the disk side is `persistent/`,
+//! the operations on it `persistent_ops.rs`). [`DriveState`]: ready,
+//! restoring (NBD clients refused with the progress), failed (NBD clients
+//! refused with the precise error; `ramd restore` decides).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
 pub mod error;
-mod persistent_drives;
+pub mod persistent;
+mod persistent_ops;
+pub mod spec;
 
-use super::persistent::{DiskDrive, Offline, Persistence};
-use super::spec::{check_name, DriveSpec, SizeError, SpecError};
+use super::ledger::{
+    self, now_unix_s, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise,
+};
 use crate::backend::Backend;
 use crate::metrics::DriveMetrics;
-use crate::nbd::{Export, ExportTable, ShutdownHandle};
+use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
+pub use error::DriveError;
+use persistent::{DiskDrive, Offline, Persistence};
+use spec::{check_name, DriveSpec, SizeError, SpecError};
 
 /// What kind of storage a drive is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,49 +112,13 @@ pub enum DriveData {
     },
 }
 
-/// Who asked for a drive: config-declared drives come back at every start,
-/// so run-time changes to them are reported as lasting until a restart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
-    /// A `[[drive]]` in this config file.
-    Config(PathBuf),
-    /// `--drive` on the daemon's command line (or the built-in default).
-    CommandLine,
-    /// Created through the API (`ramd create`).
-    Api,
-}
-
-impl Origin {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Origin::Config(_) => "config",
-            Origin::CommandLine => "command-line",
-            Origin::Api => "api",
-        }
-    }
-
-    /// A notice for run-time changes to a drive the daemon re-creates at
-    /// start, or None.
-    pub fn ephemeral_notice(&self, name: &str) -> Option<String> {
-        match self {
-            Origin::Config(file) => Some(format!(
-                "drive '{name}' is declared in {}: this change lasts until the daemon restarts; edit the file to keep it",
-                file.display()
-            )),
-            Origin::CommandLine => Some(format!(
-                "drive '{name}' comes from the daemon's command line: this change lasts until the daemon restarts"
-            )),
-            Origin::Api => None,
-        }
-    }
-}
-
 /// One drive.
 pub struct Drive {
     pub name: String,
     pub kind: DriveKind,
     pub state: Mutex<DriveState>,
-    pub origin: Origin,
+    /// Its name in the ledger: origin and budget promise.
+    pub claim: Arc<Claim>,
     /// The bytes behind the drive.
     pub data: DriveData,
     /// The state directory side of a persistent drive (None: RAM only).
@@ -161,10 +135,6 @@ pub struct Drive {
     /// Mountpoints where the drive is attached through FUSE (kept by
     /// `fuse::Attachments`, read by delete and listings).
     pub attachments: Mutex<Vec<PathBuf>>,
-    /// The size a resize in progress is taking the drive to: the resize
-    /// runs without the registry lock (a persistent drive's resize waits for
-    /// a running sync), so budget checks meanwhile count the larger size.
-    pending_size_bytes: Mutex<Option<u64>>,
 }
 
 impl std::fmt::Debug for Drive {
@@ -178,6 +148,11 @@ impl std::fmt::Debug for Drive {
 }
 
 impl Drive {
+    /// Who asked for the drive.
+    pub fn origin(&self) -> &Origin {
+        &self.claim.origin
+    }
+
     /// The RAM store, when the drive has its data in memory.
     pub fn store(&self) -> Option<&RamStore> {
         match &self.data {
@@ -245,18 +220,17 @@ impl Drive {
         self.export.connections()
     }
 
-    /// Budget promised to this drive: its reachable memory plus metadata,
-    /// or only its metadata when it was created with overcommit.
+    /// Budget this drive takes as it is now (see the module invariants).
     fn commitment(&self) -> u64 {
-        let size = self
-            .size_bytes()
-            .max(self.pending_size_bytes.lock().unwrap_or(0));
         if matches!(self.data, DriveData::Offline { size_bytes: 0, .. }) {
             0
-        } else if *self.overcommit.lock() {
-            metadata_estimate(size)
         } else {
-            commitment(size, self.mem_limit_bytes())
+            promise_for(
+                self.size_bytes(),
+                self.mem_limit_bytes(),
+                *self.overcommit.lock(),
+            )
+            .bytes()
         }
     }
 }
@@ -267,63 +241,28 @@ pub fn metadata_estimate(size: u64) -> u64 {
     size.div_ceil(SEGMENT_BYTES) * 12_600
 }
 
-fn commitment(size: u64, mem_limit: Option<u64>) -> u64 {
-    size.min(mem_limit.unwrap_or(u64::MAX)) + metadata_estimate(size)
-}
-
-/// Why a registry operation was refused. The API maps each to a code and an
-/// HTTP status; messages say what to do next.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    /// A name or size was malformed.
-    #[error(transparent)]
-    Spec(#[from] SpecError),
-    /// The name is taken.
-    #[error("a drive named '{0}' already exists; pick another name or delete it first")]
-    Exists(String),
-    /// No such drive.
-    #[error("no drive named '{0}' (see `ramd list`)")]
-    NotFound(String),
-    /// The drive would not fit in the memory budget.
-    #[error(transparent)]
-    OverBudget(#[from] error::OverBudget),
-    /// A shrink would discard data.
-    #[error(transparent)]
-    DataBeyondSize(#[from] error::DataBeyondSize),
-    /// The drive is in use.
-    #[error(transparent)]
-    Busy(#[from] error::Busy),
-    /// The store refused.
-    #[error("{0}")]
-    Store(#[from] crate::backend::Error),
-    /// The drive is restoring or failed.
-    #[error(transparent)]
-    NotReady(#[from] error::NotReady),
-    /// The operation needs a persistent drive.
-    #[error("drive '{0}' is not persistent (RAM only): it has no data on disk; create a drive with --persist to keep one")]
-    NotPersistent(String),
-    /// Persistent drives need a state directory and this daemon has none.
-    #[error("this daemon has no state directory for persistent drives")]
-    NoStateDir,
-    /// A restore was asked of a drive whose state directory holds nothing.
-    #[error("there is nothing to restore in {}: delete the drive (`ramd delete {name}`) and create it again", dir.display())]
-    NothingToRestore { name: String, dir: PathBuf },
-    /// A persistent drive's state directory could not be created or used.
-    #[error(transparent)]
-    Disk(#[from] super::persistent::DiskError),
-    /// A sync failed; the drive keeps serving from RAM.
-    #[error(transparent)]
-    SyncFailed(#[from] error::SyncFailed),
+/// What a drive of `size` asks of the budget: the memory it can reach plus
+/// its metadata, or only its metadata when overcommitted.
+fn promise_for(size: u64, mem_limit: Option<u64>, overcommit: bool) -> Promise {
+    let meta = metadata_estimate(size);
+    if overcommit {
+        Promise::Metadata { size, meta }
+    } else {
+        Promise::Drive {
+            size,
+            data: size.min(mem_limit.unwrap_or(u64::MAX)),
+            meta,
+        }
+    }
 }
 
 /// The daemon's drives.
-pub struct Registry {
+pub struct Drives {
     /// Drives by name. Held only for short, non-blocking work.
     drives: Mutex<BTreeMap<String, Arc<Drive>>>,
-    /// What the NBD server serves (kept equal to `drives`).
-    exports: Arc<ExportTable>,
-    /// The daemon-wide memory budget every store charges.
-    budget: Arc<MemoryBudget>,
+    /// Names, budget promises and the export table, shared with the other
+    /// kinds.
+    ledger: Arc<Ledger>,
     /// Record per-request metrics for new drives.
     metrics_enabled: bool,
     /// Closes NBD connections on forced delete (set once the server binds).
@@ -336,9 +275,6 @@ pub struct Registry {
     restore_turn: Mutex<()>,
     /// Set at shutdown: restores that finish later are not served.
     shutting_down: AtomicBool,
-    /// Budget promised to caches (`promise`), counted by every drive's
-    /// budget check; changed only under the `drives` mutex.
-    promised_elsewhere: AtomicU64,
 }
 
 /// A change to a drive (`PATCH`). Absent fields stay as they are.
@@ -352,52 +288,17 @@ pub struct DriveChange {
     pub force: bool,
 }
 
-impl Registry {
-    pub fn new(
-        exports: Arc<ExportTable>,
-        budget: Arc<MemoryBudget>,
-        metrics_enabled: bool,
-    ) -> Self {
-        Registry {
+impl Drives {
+    pub fn new(ledger: Arc<Ledger>, metrics_enabled: bool) -> Self {
+        Drives {
             drives: Mutex::new(BTreeMap::new()),
-            exports,
-            budget,
+            ledger,
             metrics_enabled,
             nbd: OnceLock::new(),
             state_dir: None,
             restore_turn: Mutex::new(()),
             shutting_down: AtomicBool::new(false),
-            promised_elsewhere: AtomicU64::new(0),
         }
-    }
-
-    /// Promises `bytes` of the budget to something other than a drive (a
-    /// cache), under the same rule as drives: refused (with `what` and how
-    /// to make room in the message) unless the unpromised budget holds it.
-    pub fn promise(&self, what: &str, bytes: u64) -> Result<(), RegistryError> {
-        let drives = self.drives.lock();
-        let promised = drives.values().map(|d| d.commitment()).sum::<u64>()
-            + self.promised_elsewhere.load(Ordering::Relaxed);
-        let limit = self.budget.limit_bytes();
-        let room = limit.saturating_sub(promised);
-        if bytes > room {
-            return Err(error::OverBudget::Other {
-                what: what.to_owned(),
-                bytes,
-                room,
-                limit,
-            }
-            .into());
-        }
-        self.promised_elsewhere.fetch_add(bytes, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Gives back budget promised with [`Registry::promise`].
-    pub fn unpromise(&self, bytes: u64) {
-        let _drives = self.drives.lock();
-        let prev = self.promised_elsewhere.fetch_sub(bytes, Ordering::Relaxed);
-        debug_assert!(prev >= bytes, "unpromised more than promised");
     }
 
     /// Keeps persistent drives in `state_dir/drives/NAME`.
@@ -407,9 +308,9 @@ impl Registry {
     }
 
     /// The state directory of drive `name`.
-    pub fn drive_dir(&self, name: &str) -> Result<PathBuf, RegistryError> {
-        let dir = self.state_dir.as_ref().ok_or(RegistryError::NoStateDir)?;
-        Ok(super::persistent::drives_dir(dir).join(name))
+    pub fn drive_dir(&self, name: &str) -> Result<PathBuf, DriveError> {
+        let dir = self.state_dir.as_ref().ok_or(DriveError::NoStateDir)?;
+        Ok(persistent::drives_dir(dir).join(name))
     }
 
     /// Lets forced deletes close NBD connections.
@@ -417,19 +318,18 @@ impl Registry {
         let _ = self.nbd.set(handle);
     }
 
+    /// The daemon-wide memory budget (the ledger's).
     pub fn budget(&self) -> &Arc<MemoryBudget> {
-        &self.budget
+        self.ledger.budget()
     }
 
     pub fn metrics_enabled(&self) -> bool {
         self.metrics_enabled
     }
 
-    /// Budget promised to drives (see the module invariants).
+    /// Budget promised to every object, drives and caches (the ledger's).
     pub fn committed_bytes(&self) -> u64 {
-        let drives = self.drives.lock();
-        drives.values().map(|d| d.commitment()).sum::<u64>()
-            + self.promised_elsewhere.load(Ordering::Relaxed)
+        self.ledger.committed_bytes()
     }
 
     /// Every drive, by name.
@@ -437,16 +337,16 @@ impl Registry {
         self.drives.lock().values().cloned().collect()
     }
 
-    pub fn get(&self, name: &str) -> Result<Arc<Drive>, RegistryError> {
+    pub fn get(&self, name: &str) -> Result<Arc<Drive>, DriveError> {
         self.drives
             .lock()
             .get(name)
             .cloned()
-            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))
+            .ok_or_else(|| not_found(name))
     }
 
     /// A drive that serves I/O (not restoring or failed).
-    pub fn get_ready(&self, name: &str) -> Result<Arc<Drive>, RegistryError> {
+    pub fn get_ready(&self, name: &str) -> Result<Arc<Drive>, DriveError> {
         let d = self.get(name)?;
         if d.store().is_none() {
             return Err(not_ready(&d));
@@ -454,49 +354,21 @@ impl Registry {
         Ok(d)
     }
 
-    fn check_budget(
-        &self,
-        drives: &BTreeMap<String, Arc<Drive>>,
-        except: Option<&str>,
-        name: &str,
-        size: u64,
-        mem_limit: Option<u64>,
-        overcommit: bool,
-    ) -> Result<(), RegistryError> {
-        let others: u64 = drives
-            .values()
-            .filter(|d| Some(d.name.as_str()) != except)
-            .map(|d| d.commitment())
-            .sum::<u64>()
-            + self.promised_elsewhere.load(Ordering::Relaxed);
-        let limit = self.budget.limit_bytes();
-        let room = limit.saturating_sub(others);
-        let meta = metadata_estimate(size);
-        if overcommit {
-            if meta > room {
-                return Err(error::OverBudget::Metadata {
-                    name: name.to_owned(),
-                    size,
-                    meta,
-                    room,
-                    limit,
-                }
-                .into());
-            }
-            return Ok(());
-        }
-        let need = commitment(size, mem_limit);
-        if need > room {
-            return Err(error::OverBudget::Drive {
-                name: name.to_owned(),
-                data: need - meta,
-                meta,
-                room,
-                limit,
-            }
-            .into());
+    /// Checks that `drive` may be promised `promise` instead of what it
+    /// holds, raising its promise at once when it grows; a smaller promise
+    /// is recorded by [`Drives::recommit`] once the change is done.
+    fn promise_change(&self, drive: &Drive, promise: &Promise) -> Result<(), DriveError> {
+        if promise.bytes() > drive.claim.promised_bytes() {
+            self.ledger.repromise(&drive.claim, promise)?;
+        } else {
+            self.ledger.check_repromise(&drive.claim, promise)?;
         }
         Ok(())
+    }
+
+    /// Records `drive`'s commitment as its promise (after a change).
+    fn recommit(&self, drive: &Drive) {
+        self.ledger.record(&drive.claim, drive.commitment());
     }
 
     /// Creates a drive and starts serving it. A persistent drive whose
@@ -507,32 +379,28 @@ impl Registry {
         self: &Arc<Self>,
         spec: &DriveSpec,
         origin: Origin,
-    ) -> Result<Arc<Drive>, RegistryError> {
+    ) -> Result<Arc<Drive>, DriveError> {
         check_name(&spec.name)?;
         check_size(spec.size_bytes)?;
         if let Some(p) = &spec.persist {
             return self.create_persistent(spec, p, origin);
         }
         let mut drives = self.drives.lock();
-        if drives.contains_key(&spec.name) {
-            return Err(RegistryError::Exists(spec.name.clone()));
-        }
-        self.check_budget(
-            &drives,
-            None,
-            &spec.name,
-            spec.size_bytes,
-            spec.mem_limit_bytes,
-            spec.overcommit,
-        )?;
-        let store = Arc::new(RamStore::new(
-            spec.size_bytes,
-            spec.mem_limit_bytes,
-            self.budget.clone(),
-        )?);
+        let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
+        let claim = self
+            .ledger
+            .claim(Kind::Drive, &spec.name, origin, &promise)?;
+        let store =
+            match RamStore::new(spec.size_bytes, spec.mem_limit_bytes, self.budget().clone()) {
+                Ok(s) => Arc::new(s),
+                Err(e) => {
+                    self.ledger.release(&claim);
+                    return Err(e.into());
+                }
+            };
         let drive = self.assemble(
             spec,
-            origin,
+            claim,
             DriveKind::Ram,
             DriveState::Ready,
             DriveData::Ram(store),
@@ -556,7 +424,7 @@ impl Registry {
     fn assemble(
         &self,
         spec: &DriveSpec,
-        origin: Origin,
+        claim: Arc<Claim>,
         kind: DriveKind,
         state: DriveState,
         data: DriveData,
@@ -617,7 +485,7 @@ impl Registry {
             name: spec.name.clone(),
             kind,
             state: Mutex::new(state),
-            origin,
+            claim,
             data,
             persist,
             export: Arc::new(export),
@@ -625,71 +493,62 @@ impl Registry {
             overcommit: Mutex::new(spec.overcommit),
             created_unix_s,
             attachments: Mutex::new(Vec::new()),
-            pending_size_bytes: Mutex::new(None),
         })
     }
 
-    /// Registers a new drive and its export.
+    /// Registers a new drive (its name claimed) and serves its export; on
+    /// failure the claim is released.
     fn insert(
         &self,
         drives: &mut BTreeMap<String, Arc<Drive>>,
         drive: &Arc<Drive>,
-    ) -> Result<(), RegistryError> {
-        drives.insert(drive.name.clone(), drive.clone());
-        if !self.exports.insert(drive.export.clone()) {
-            // Only a table changed behind the registry's back gets here.
-            drives.remove(&drive.name);
-            return Err(RegistryError::Exists(drive.name.clone()));
+    ) -> Result<(), DriveError> {
+        if let Err(e) = self.ledger.publish(&drive.claim, drive.export.clone()) {
+            self.ledger.release(&drive.claim);
+            return Err(e.into());
         }
+        drives.insert(drive.name.clone(), drive.clone());
         Ok(())
     }
 
-    /// Puts `new` where `old` is registered (same name).
+    /// Puts `new` where `old` is registered (same name and claim).
     fn replace(
         &self,
         drives: &mut BTreeMap<String, Arc<Drive>>,
         old: &Arc<Drive>,
         new: &Arc<Drive>,
     ) {
+        debug_assert!(Arc::ptr_eq(&old.claim, &new.claim));
         old.export.close();
-        self.exports.remove(&old.name);
         drives.insert(new.name.clone(), new.clone());
-        if !self.exports.insert(new.export.clone()) {
-            tracing::error!(drive = %new.name, "export table out of step with the registry");
-        }
+        self.ledger.republish(&new.claim, new.export.clone());
+        self.recommit(new);
     }
 
     /// Applies a change: resize, lock/unlock, memory limit.
-    pub fn change(&self, name: &str, change: &DriveChange) -> Result<Arc<Drive>, RegistryError> {
+    pub fn change(&self, name: &str, change: &DriveChange) -> Result<Arc<Drive>, DriveError> {
         let drives = self.drives.lock();
-        let drive = drives
-            .get(name)
-            .cloned()
-            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
         let Some(store) = drive.store() else {
             return Err(not_ready(&drive));
         };
         let size = change.size_bytes.unwrap_or(drive.size_bytes());
         let limit = change.mem_limit_bytes.unwrap_or(drive.mem_limit_bytes());
         if let Some(new_size) = change.size_bytes {
-            if new_size == 0 {
-                return Err(SpecError::from(SizeError::ZeroDrive).into());
-            }
-            if new_size > MAX_DRIVE_BYTES {
-                return Err(SpecError::from(SizeError::TooLarge {
-                    size: new_size,
-                    max: MAX_DRIVE_BYTES,
-                })
-                .into());
-            }
+            check_size(new_size)?;
         }
         if change.size_bytes.is_some() || change.mem_limit_bytes.is_some() {
             let overcommit = *drive.overcommit.lock();
-            self.check_budget(&drives, Some(name), name, size, limit, overcommit)?;
+            self.promise_change(&drive, &promise_for(size, limit, overcommit))?;
         }
         let old_size = drive.size_bytes();
         if size < old_size && !change.force {
-            if let Some(end) = data_end(store, size, old_size)? {
+            let end = data_end(store, size, old_size);
+            if !matches!(end, Ok(None)) {
+                // Nothing changes: the promise goes back to what it was.
+                self.recommit(&drive);
+            }
+            if let Some(end) = end? {
                 return Err(error::DataBeyondSize {
                     name: name.to_owned(),
                     size,
@@ -705,16 +564,18 @@ impl Registry {
             drive.export.set_read_only(ro);
             tracing::info!(drive = %name, read_only = ro, "drive {}", if ro { "locked" } else { "unlocked" });
         }
-        if size != old_size {
-            // Outside the registry lock: it may wait for a running sync.
-            *drive.pending_size_bytes.lock() = Some(size);
-            drop(drives);
-            let resized = store.resize(size);
-            *drive.pending_size_bytes.lock() = None;
-            resized?;
-            tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
+        // Outside the map lock: a resize may wait for a running sync. The
+        // promise stays the larger of the two sizes until it is done.
+        drop(drives);
+        let resized = if size != old_size {
+            store.resize(size)
         } else {
-            drop(drives);
+            Ok(())
+        };
+        self.recommit(&drive);
+        resized?;
+        if size != old_size {
+            tracing::info!(drive = %name, from = %format_size(old_size), to = %format_size(size), "drive resized");
         }
         if let Some(p) = &drive.persist {
             p.save_settings(&drive.spec());
@@ -737,14 +598,11 @@ impl Registry {
         name: &str,
         force: bool,
         keep_data: bool,
-    ) -> Result<(Arc<Drive>, usize), RegistryError> {
+    ) -> Result<(Arc<Drive>, usize), DriveError> {
         let mut drives = self.drives.lock();
-        let drive = drives
-            .get(name)
-            .cloned()
-            .ok_or_else(|| RegistryError::NotFound(name.to_owned()))?;
+        let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
         if keep_data && drive.persist.is_none() {
-            return Err(RegistryError::NotPersistent(name.to_owned()));
+            return Err(DriveError::NotPersistent(name.to_owned()));
         }
         if *drive.state.lock() == DriveState::Restoring {
             return Err(error::NotReady::DeleteWhileRestoring {
@@ -752,26 +610,11 @@ impl Registry {
             }
             .into());
         }
-        let conns = drive.connections();
         let attached = drive.attachments.lock().clone();
-        if !attached.is_empty() {
-            return Err(error::Busy::Attached {
-                name: name.to_owned(),
-                mountpoints: attached,
-                force,
-            }
-            .into());
-        }
-        if conns > 0 && !force {
-            return Err(error::Busy::Connections {
-                name: name.to_owned(),
-                connections: conns,
-            }
-            .into());
-        }
+        ledger::check_delete(Kind::Drive, name, &attached, drive.connections(), force)?;
         drive.export.close();
-        self.exports.remove(name);
         drives.remove(name);
+        self.ledger.release(&drive.claim);
         drop(drives);
         let closed = match self.nbd.get() {
             Some(h) => h.close_export(&drive.export),
@@ -808,13 +651,16 @@ impl Registry {
     }
 }
 
-fn now_unix_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// The error for a name no drive has.
+fn not_found(name: &str) -> DriveError {
+    LedgerError::from(NotFound {
+        kind: Kind::Drive,
+        name: name.to_owned(),
+    })
+    .into()
 }
 
-fn check_size(size: u64) -> Result<(), RegistryError> {
+fn check_size(size: u64) -> Result<(), DriveError> {
     if size == 0 {
         return Err(SpecError::from(SizeError::ZeroDrive).into());
     }
@@ -829,7 +675,7 @@ fn check_size(size: u64) -> Result<(), RegistryError> {
 }
 
 /// The error for an operation on a drive that is not ready.
-fn not_ready(drive: &Drive) -> RegistryError {
+fn not_ready(drive: &Drive) -> DriveError {
     let name = &drive.name;
     match &*drive.state.lock() {
         DriveState::Failed(e) => error::NotReady::Failed {
@@ -850,7 +696,7 @@ fn not_ready(drive: &Drive) -> RegistryError {
 
 /// The end of the last byte of data in `[from, to)`, or None when that
 /// range holds no data (only holes).
-fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, RegistryError> {
+fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, DriveError> {
     let mut pos = from;
     let mut last = None;
     while pos < to {
@@ -871,17 +717,21 @@ fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, Registr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::persistent::RestoreRecord;
-    use crate::control::spec::PersistSpec;
+    use crate::block::ExportTable;
+    use crate::control::drives::persistent::RestoreRecord;
+    use crate::control::drives::spec::PersistSpec;
     use crate::persist::{Durability, RestoreOptions};
     use std::time::{Duration, Instant};
 
-    fn registry(budget: u64) -> Arc<Registry> {
-        Arc::new(Registry::new(
+    fn ledger(budget: u64) -> Arc<Ledger> {
+        Arc::new(Ledger::new(
             Arc::new(ExportTable::new()),
             Arc::new(MemoryBudget::new(budget)),
-            true,
         ))
+    }
+
+    fn registry(budget: u64) -> Arc<Drives> {
+        Arc::new(Drives::new(ledger(budget), true))
     }
 
     fn spec(name: &str, size: u64) -> DriveSpec {
@@ -900,7 +750,10 @@ mod tests {
         let r = registry(100 << 20);
         r.create(&spec("a", 60 << 20), Origin::Api).unwrap();
         let e = r.create(&spec("b", 60 << 20), Origin::Api).unwrap_err();
-        assert!(matches!(e, RegistryError::OverBudget(_)), "{e}");
+        assert!(
+            matches!(e, DriveError::Ledger(LedgerError::OverBudget(_))),
+            "{e}"
+        );
         let mut capped = spec("b", 60 << 20);
         capped.mem_limit_bytes = Some(30 << 20);
         r.create(&capped, Origin::Api).unwrap();
@@ -909,7 +762,7 @@ mod tests {
         r.create(&over, Origin::Api).unwrap();
         assert!(matches!(
             r.create(&spec("a", 1), Origin::Api),
-            Err(RegistryError::Exists(_))
+            Err(DriveError::Ledger(LedgerError::Taken(_)))
         ));
         // Growing past the budget is refused too.
         let grow = DriveChange {
@@ -918,7 +771,7 @@ mod tests {
         };
         assert!(matches!(
             r.change("a", &grow),
-            Err(RegistryError::OverBudget(_))
+            Err(DriveError::Ledger(LedgerError::OverBudget(_)))
         ));
     }
 
@@ -935,7 +788,7 @@ mod tests {
             ..Default::default()
         };
         let e = r.change("a", &shrink).unwrap_err();
-        assert!(matches!(e, RegistryError::DataBeyondSize(_)), "{e}");
+        assert!(matches!(e, DriveError::DataBeyondSize(_)), "{e}");
         assert!(e.to_string().contains("3 MiB"), "{e}");
         // Shrinking down to the end of the data is fine.
         let to_end = DriveChange {
@@ -958,16 +811,19 @@ mod tests {
         let e = r.delete("a", false, false).unwrap_err();
         assert!(e.to_string().contains("1 open NBD connection"), "{e}");
         let (_, _) = r.delete("a", true, false).unwrap();
-        assert!(matches!(r.get("a"), Err(RegistryError::NotFound(_))));
+        assert!(matches!(
+            r.get("a"),
+            Err(DriveError::Ledger(LedgerError::NotFound(_)))
+        ));
         assert!(d.export.is_closed());
         drop(guard);
         assert!(matches!(
             r.delete("a", true, false),
-            Err(RegistryError::NotFound(_))
+            Err(DriveError::Ledger(LedgerError::NotFound(_)))
         ));
     }
 
-    fn wait_state(r: &Registry, name: &str) -> Arc<Drive> {
+    fn wait_state(r: &Drives, name: &str) -> Arc<Drive> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let d = r.get(name).unwrap();
@@ -992,16 +848,8 @@ mod tests {
     #[test]
     fn persistent_drives_restore_keep_or_drop_their_data() {
         let state = tempfile::tempdir().unwrap();
-        let make = || {
-            Arc::new(
-                Registry::new(
-                    Arc::new(ExportTable::new()),
-                    Arc::new(MemoryBudget::new(1 << 30)),
-                    true,
-                )
-                .with_state_dir(state.path().to_owned()),
-            )
-        };
+        let make =
+            || Arc::new(Drives::new(ledger(1 << 30), true).with_state_dir(state.path().to_owned()));
         let r = make();
         let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
         assert_eq!(d.kind, DriveKind::Persistent);
@@ -1010,17 +858,14 @@ mod tests {
         d.export.backend.flush().unwrap();
         // Syncing a RAM drive, or restoring a ready one, is refused.
         r.create(&spec("ram", 1 << 20), Origin::Api).unwrap();
-        assert!(matches!(
-            r.sync("ram"),
-            Err(RegistryError::NotPersistent(_))
-        ));
+        assert!(matches!(r.sync("ram"), Err(DriveError::NotPersistent(_))));
         assert!(matches!(
             r.restore("p", RestoreOptions::default(), None),
-            Err(RegistryError::NotReady(_))
+            Err(DriveError::NotReady(_))
         ));
         assert!(matches!(
             r.delete("ram", false, true),
-            Err(RegistryError::NotPersistent(_))
+            Err(DriveError::NotPersistent(_))
         ));
         r.delete("p", false, true).unwrap();
         let dir = r.drive_dir("p").unwrap();
@@ -1052,7 +897,7 @@ mod tests {
             DriveState::Failed(e) => assert!(e.contains("metadata"), "{e}"),
             s => panic!("{s:?}"),
         }
-        assert!(matches!(r.sync("p"), Err(RegistryError::NotReady(_))));
+        assert!(matches!(r.sync("p"), Err(DriveError::NotReady(_))));
         assert!(d
             .export
             .unavailable()

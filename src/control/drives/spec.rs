@@ -1,0 +1,319 @@
+//! Drive specs: `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
+//! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]`, and
+//! the drive fields of the config file and the API (pure parsing, shared by
+//! all three). Names follow the ledger's rule and intervals go through
+//! `control::spec`, the parsers every kind shares.
+
+use std::path::PathBuf;
+
+use crate::control::ledger::{self, Kind, NameError};
+use crate::control::spec::{self as values, IntervalError, IntervalUse};
+use crate::persist::Durability;
+use crate::size::{format_size, parse as parse_size};
+
+/// Default background sync interval of a persistent drive.
+pub const DEFAULT_DRIVE_SYNC_INTERVAL_MS: u64 = 60_000;
+
+/// Why a name or spec was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    /// The name breaks the naming rule.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// A size could not be parsed or is out of range.
+    #[error(transparent)]
+    InvalidSize(#[from] SizeError),
+    /// The spec is malformed.
+    #[error(transparent)]
+    Malformed(#[from] MalformedSpec),
+    /// Persistence options that are malformed or do not fit together.
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+}
+
+/// Why a drive size or memory limit was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// Not a size (the size parser's reason).
+    #[error(transparent)]
+    Unparsable(#[from] crate::size::SizeError),
+    /// A drive of 0 bytes.
+    #[error("a drive size must be at least 1 byte")]
+    ZeroDrive,
+    /// A memory limit of 0 bytes.
+    #[error("a memory limit of 0 bytes would refuse every write: give at least 1 byte, or \"none\" (leave it out) for no limit")]
+    ZeroMemLimit,
+    /// Larger than the largest drive.
+    #[error("{} is larger than the largest drive ({})", format_size(*size), format_size(*max))]
+    TooLarge { size: u64, max: u64 },
+}
+
+/// Why a `--drive` spec does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedSpec {
+    /// No `NAME=SIZE` at its head.
+    #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
+    NoSize { spec: String },
+    /// An option this parser does not know.
+    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH)")]
+    UnknownOption { spec: String, option: String },
+}
+
+/// Why persistence options were refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PersistError {
+    /// The sync interval is malformed or below the drives' minimum.
+    #[error(transparent)]
+    SyncInterval(#[from] IntervalError),
+    /// Not a durability mode (the engine's reason).
+    #[error(transparent)]
+    Durability(#[from] crate::persist::durability::UnknownDurability),
+    /// A persistence option on a RAM-only drive.
+    #[error("{what} needs a persistent drive: add --persist (config: persist = true)")]
+    NeedsPersist { what: &'static str },
+    /// Encryption without a key file.
+    #[error("encryption needs a key file: add --key-file F (a new file of 32 random bytes: (umask 077; set -C; head -c 32 /dev/urandom > F), where set -C refuses to overwrite an existing F)")]
+    NoKeyFile,
+    /// A key file without encryption.
+    #[error("a key file is only used with encryption: add --encrypt")]
+    KeyFileWithoutEncryption,
+    /// A key file given as a relative path.
+    #[error("the key file must be an absolute path, not '{}'", path.display())]
+    RelativeKeyFile { path: PathBuf },
+}
+
+/// Checks a drive name (the ledger's rule, the same for every kind).
+pub fn check_name(name: &str) -> Result<(), SpecError> {
+    Ok(ledger::check_name(Kind::Drive, name)?)
+}
+
+/// Parses a drive size: a human size of at least one byte.
+pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
+    let size = parse_size(text).map_err(SizeError::Unparsable)?;
+    if size == 0 {
+        return Err(SizeError::ZeroDrive.into());
+    }
+    Ok(size)
+}
+
+/// Checks a drive's memory limit: at least one byte. A limit of 0 would
+/// refuse every write; removing a limit is spelled `none` (API) or by
+/// leaving it out.
+pub fn check_mem_limit(bytes: u64) -> Result<u64, SpecError> {
+    if bytes == 0 {
+        return Err(SizeError::ZeroMemLimit.into());
+    }
+    Ok(bytes)
+}
+
+/// Parses a memory limit: a human size of at least one byte.
+pub fn parse_mem_limit(text: &str) -> Result<u64, SpecError> {
+    check_mem_limit(parse_size(text).map_err(SizeError::Unparsable)?)
+}
+
+/// A drive to create, however it was described.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriveSpec {
+    pub name: String,
+    pub size_bytes: u64,
+    /// The drive's own memory limit (None: only the daemon budget bounds it).
+    pub mem_limit_bytes: Option<u64>,
+    pub read_only: bool,
+    /// Allow the drive's size (or limit) to exceed what the daemon budget
+    /// has left: writes past the budget then fail with ENOSPC.
+    pub overcommit: bool,
+    /// Keep the drive in a state directory (None: RAM only).
+    pub persist: Option<PersistSpec>,
+}
+
+/// How a persistent drive keeps its data on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistSpec {
+    /// The promise (see `persist::Durability`).
+    pub durability: Durability,
+    /// Time between background syncs (periodic and flush modes).
+    pub sync_interval_ms: u64,
+    /// The key file when the drive is encrypted at rest (None: plain). An
+    /// absolute path: the daemon reads it again at every start.
+    pub key_file: Option<PathBuf>,
+}
+
+impl Default for PersistSpec {
+    fn default() -> Self {
+        PersistSpec {
+            durability: Durability::default(),
+            sync_interval_ms: DEFAULT_DRIVE_SYNC_INTERVAL_MS,
+            key_file: None,
+        }
+    }
+}
+
+/// Parses a drive's sync interval: `60s`, `10m`, `500ms`, `1h 30m`.
+pub fn parse_sync_interval_ms(text: &str) -> Result<u64, SpecError> {
+    values::parse_interval_ms(IntervalUse::DriveSync, text)
+        .map_err(|e| PersistError::from(e).into())
+}
+
+/// Checks a drive's sync interval in milliseconds.
+pub fn check_sync_interval_ms(ms: u64) -> Result<(), SpecError> {
+    values::check_interval_ms(IntervalUse::DriveSync, ms).map_err(PersistError::from)?;
+    Ok(())
+}
+
+/// Parses a durability mode.
+pub fn parse_durability(text: &str) -> Result<Durability, SpecError> {
+    text.trim()
+        .parse()
+        .map_err(|e| PersistError::Durability(e).into())
+}
+
+/// Persistence options as a user gives them (flags, config keys, API
+/// fields), checked together into a [`PersistSpec`].
+#[derive(Debug, Clone, Default)]
+pub struct PersistOptions {
+    pub persist: bool,
+    pub durability: Option<Durability>,
+    pub sync_interval_ms: Option<u64>,
+    pub encrypt: bool,
+    pub key_file: Option<PathBuf>,
+}
+
+impl PersistOptions {
+    /// The spec, None for a RAM-only drive; an error names what does not
+    /// fit together (e.g. a durability without persistence).
+    pub fn into_spec(self) -> Result<Option<PersistSpec>, SpecError> {
+        let needs_persist = |what| SpecError::from(PersistError::NeedsPersist { what });
+        if !self.persist {
+            if self.durability.is_some() {
+                return Err(needs_persist("a durability mode"));
+            }
+            if self.sync_interval_ms.is_some() {
+                return Err(needs_persist("a sync interval"));
+            }
+            if self.encrypt || self.key_file.is_some() {
+                return Err(needs_persist("encryption"));
+            }
+            return Ok(None);
+        }
+        match (self.encrypt, &self.key_file) {
+            (true, None) => return Err(PersistError::NoKeyFile.into()),
+            (false, Some(_)) => return Err(PersistError::KeyFileWithoutEncryption.into()),
+            _ => {}
+        }
+        if let Some(f) = &self.key_file {
+            if !f.is_absolute() {
+                return Err(PersistError::RelativeKeyFile { path: f.clone() }.into());
+            }
+        }
+        let sync_interval_ms = self
+            .sync_interval_ms
+            .unwrap_or(DEFAULT_DRIVE_SYNC_INTERVAL_MS);
+        check_sync_interval_ms(sync_interval_ms)?;
+        Ok(Some(PersistSpec {
+            durability: self.durability.unwrap_or_default(),
+            sync_interval_ms,
+            key_file: self.key_file,
+        }))
+    }
+}
+
+/// Parses `NAME=SIZE[,mem-limit=SIZE][,read-only][,overcommit][,persist]
+/// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]` (a key
+/// file turns encryption on).
+pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
+    let mut parts = spec.split(',');
+    let head = parts.next().unwrap_or_default();
+    let Some((name, size)) = head.split_once('=') else {
+        return Err(MalformedSpec::NoSize {
+            spec: spec.to_owned(),
+        }
+        .into());
+    };
+    check_name(name)?;
+    let size_bytes = parse_drive_size(size)?;
+    let mut d = DriveSpec {
+        name: name.to_owned(),
+        size_bytes,
+        mem_limit_bytes: None,
+        read_only: false,
+        overcommit: false,
+        persist: None,
+    };
+    let mut p = PersistOptions::default();
+    for opt in parts {
+        match opt.split_once('=') {
+            Some(("mem-limit", v)) => d.mem_limit_bytes = Some(parse_mem_limit(v)?),
+            Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
+            Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
+            Some(("key-file", v)) => {
+                p.encrypt = true;
+                p.key_file = Some(PathBuf::from(v));
+            }
+            None if opt == "read-only" || opt == "ro" => d.read_only = true,
+            None if opt == "overcommit" => d.overcommit = true,
+            None if opt == "persist" => p.persist = true,
+            _ => {
+                return Err(MalformedSpec::UnknownOption {
+                    spec: spec.to_owned(),
+                    option: opt.to_owned(),
+                }
+                .into())
+            }
+        }
+    }
+    d.persist = p.into_spec()?;
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_ledger() {
+        assert!(check_name("ram0").is_ok());
+        let e = check_name("Ram").unwrap_err().to_string();
+        assert!(e.starts_with("invalid drive name 'Ram'"), "{e}");
+    }
+
+    #[test]
+    fn drive_specs() {
+        let d = parse_drive_spec("db=4G,mem-limit=1G,ro").unwrap();
+        assert_eq!(
+            (
+                d.name.as_str(),
+                d.size_bytes,
+                d.mem_limit_bytes,
+                d.read_only
+            ),
+            ("db", 4 << 30, Some(1 << 30), true)
+        );
+        assert!(parse_drive_spec("x=1G,overcommit").unwrap().overcommit);
+        let p = parse_drive_spec("x=1G,persist,durability=flush,sync-interval=10s,key-file=/k")
+            .unwrap()
+            .persist
+            .unwrap();
+        assert_eq!(p.durability, Durability::Flush);
+        assert_eq!(p.sync_interval_ms, 10_000);
+        assert_eq!(p.key_file.as_deref(), Some(std::path::Path::new("/k")));
+        let p = parse_drive_spec("x=1G,persist").unwrap().persist.unwrap();
+        assert_eq!(p, PersistSpec::default());
+        for bad in [
+            "Bad=1G",
+            "x=12Q",
+            "x",
+            "x=0",
+            "x=1G,turbo",
+            "x=1G,mem-limit=z",
+            "x=1G,mem-limit=0",
+            "x=1G,durability=flush",
+            "x=1G,persist,durability=fast",
+            "x=1G,persist,sync-interval=1ms",
+            "x=1G,persist,sync-interval=soon",
+            "x=1G,persist,key-file=relative",
+            "x=1G,key-file=/k",
+        ] {
+            assert!(parse_drive_spec(bad).is_err(), "{bad}");
+        }
+    }
+}
