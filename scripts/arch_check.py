@@ -3,6 +3,8 @@
 and stringly-typed errors. Run by tests/architecture.rs in CI.
 
   scripts/arch_check.py [--report]     exit 1 when a rule is broken
+  scripts/arch_check.py --self-test    checks that rule 4 catches what it
+                                       should, on a small made-up tree
 
 Rules (issue 16):
   1. No import circles between files. An import is a `use crate::...`,
@@ -298,7 +300,58 @@ def layer_breaks(graph, texts):
     return out
 
 
+def layer_findings():
+    """Rule 4's findings on the tree under SRC."""
+    files = list(rust_files())
+    modules = {tuple(module_of(f)): f for f in files}
+    texts = {f: strip_tests_and_comments(open(f).read()) for f in files}
+    return layer_breaks({f: imports(f, texts[f], modules) for f in files}, texts)
+
+
+# (file, text) of a made-up tree, and the breaks rule 4 must find in it.
+SELF_TEST_TREE = {
+    "src/lib.rs": "pub mod api; pub mod cli; pub mod control; pub mod size;",
+    "src/size.rs": "use crate::control::Daemon;",
+    "src/control/mod.rs": "pub struct Daemon;",
+    "src/api/mod.rs": "pub mod client; pub mod server; pub mod wire;",
+    "src/api/wire/mod.rs": "use serde::Serialize;\nuse axum::Json;\nuse crate::control::Daemon;\nuse crate::size::parse;",
+    "src/api/server/mod.rs": "use crate::control::Daemon;\nuse crate::api::wire::X;",
+    "src/api/client/mod.rs": "use crate::api::wire::X;\nuse crate::api::server::ROUTES;",
+    "src/cli/mod.rs": "use crate::api::client::Client;\nuse super::control::Daemon;\nfn f() { crate::api::server::serve(); }",
+    "src/cli/daemon.rs": "use crate::control::Daemon;",
+}
+SELF_TEST_EXPECTED = {
+    ("src/size.rs", "src/control/mod.rs"),
+    ("src/api/wire/mod.rs", "axum"),
+    ("src/api/wire/mod.rs", "src/control/mod.rs"),
+    ("src/api/client/mod.rs", "src/api/server/mod.rs"),
+    ("src/cli/mod.rs", "src/control/mod.rs"),
+    ("src/cli/mod.rs", "src/api/server/mod.rs"),
+}
+
+
+def self_test():
+    """Rule 4 on SELF_TEST_TREE finds exactly SELF_TEST_EXPECTED."""
+    import tempfile
+
+    global ROOT, SRC
+    with tempfile.TemporaryDirectory() as root:
+        for path, text in SELF_TEST_TREE.items():
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w") as f:
+                f.write(text + "\n")
+        ROOT, SRC = root, os.path.join(root, "src")
+        found = {(f, target) for f, target, _ in layer_findings()}
+    if found != SELF_TEST_EXPECTED:
+        print("self-test failed: rule 4 found", sorted(found), "expected", sorted(SELF_TEST_EXPECTED))
+        return 1
+    print(f"self-test: rule 4 finds the {len(found)} breaks of the made-up tree")
+    return 0
+
+
 def main():
+    if "--self-test" in sys.argv:
+        return self_test()
     report = "--report" in sys.argv
     files = list(rust_files())
     modules = {tuple(module_of(f)): f for f in files}

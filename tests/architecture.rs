@@ -40,6 +40,24 @@ fn the_shape_of_src_does_not_get_worse() {
     }
 }
 
+/// Rule 4 (layers) catches what it should: on a small made-up tree the
+/// script finds exactly the breaks planted in it, so a ceiling of 0 above
+/// means something.
+#[test]
+fn the_layer_rule_catches_planted_breaks() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("/usr/bin/python3")
+        .arg(format!("{root}/scripts/arch_check.py"))
+        .arg("--self-test")
+        .output()
+        .expect("run scripts/arch_check.py with /usr/bin/python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The benchmarks and scripts run from a clone of this repository alone:
 /// nothing in bench/, scripts/ or .ci/ reaches outside it.
 #[test]
