@@ -10,8 +10,8 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use crate::block::{Export, ExportTable};
 use super::proto::*;
+use crate::block::{Export, ExportTable};
 
 /// The block sizes advertised: any alignment works, 4 KiB is best.
 pub const MIN_BLOCK_BYTES: u32 = 1;
@@ -26,6 +26,32 @@ pub struct Negotiated {
     pub base_allocation: bool,
 }
 
+/// Where option haggling stopped.
+pub enum Step {
+    /// An export was chosen: the transmission phase starts.
+    Go(Negotiated),
+    /// NBD_OPT_STARTTLS was acknowledged: the caller runs the TLS
+    /// handshake now and continues with [`Handshake::options`] over TLS.
+    StartTls,
+}
+
+/// What NBD_OPT_STARTTLS gets on this connection (decided per listener,
+/// fixed for the life of the connection as the spec asks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsOffer {
+    /// No certificates: NBD_REP_ERR_UNSUP.
+    Unsupported,
+    /// Certificates, but TLS is off on this listener: NBD_REP_ERR_POLICY.
+    Refused,
+    /// TLS when the client asks (SELECTIVETLS, every export open).
+    Optional,
+    /// TLS before anything else (FORCEDTLS): other options get
+    /// NBD_REP_ERR_TLS_REQD, NBD_OPT_EXPORT_NAME ends the connection.
+    Required,
+    /// The session is already over TLS: a second STARTTLS is invalid.
+    Active,
+}
+
 /// Why a handshake ended without a transmission phase.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -33,6 +59,10 @@ pub enum HandshakeError {
     Aborted,
     #[error("client asked for unknown export '{0}' with NBD_OPT_EXPORT_NAME")]
     UnknownExport(String),
+    /// NBD_OPT_EXPORT_NAME cannot be refused with an error, so a client
+    /// that sends it before TLS in `require` mode is disconnected.
+    #[error("client chose an export with NBD_OPT_EXPORT_NAME before starting the TLS this server requires")]
+    TlsRequired,
     #[error(transparent)]
     Proto(#[from] ProtoError),
     #[error("{0}")]
@@ -42,6 +72,7 @@ pub enum HandshakeError {
 /// State kept across options.
 struct Session<'a> {
     exports: &'a ExportTable,
+    tls: TlsOffer,
     structured: bool,
     /// Export for which base:allocation was set (contexts are per export).
     meta_export: Option<String>,
@@ -49,59 +80,110 @@ struct Session<'a> {
     out: Vec<u8>,
 }
 
-/// Runs the handshake on `stream`.
+/// Runs the whole handshake on `stream` with TLS unsupported.
 pub fn negotiate<S: Read + Write>(
     stream: &mut S,
     exports: &ExportTable,
 ) -> Result<Negotiated, HandshakeError> {
-    let mut s = Session {
-        exports,
-        structured: false,
-        meta_export: None,
-        no_zeroes: false,
-        out: Vec::with_capacity(256),
-    };
-    encode_greeting(&mut s.out);
-    stream.write_all(&s.out)?;
-    s.out.clear();
-    let mut flags = [0u8; 4];
-    stream.read_exact(&mut flags)?;
-    s.no_zeroes = check_client_flags(u32::from_be_bytes(flags))?;
+    let mut h = Handshake::new(exports, TlsOffer::Unsupported);
+    h.greet(stream)?;
+    match h.options(stream)? {
+        Step::Go(n) => Ok(n),
+        Step::StartTls => unreachable!("STARTTLS is refused when TLS is unsupported"),
+    }
+}
 
-    let mut header = [0u8; OPTION_HEADER_BYTES];
-    loop {
-        stream.read_exact(&mut header)?;
-        let Parse::Done(h, _) = parse_option_header(&header)? else {
-            unreachable!("a full header was read");
-        };
-        if h.len > MAX_OPTION_BYTES {
-            io::copy(&mut (&mut *stream).take(h.len as u64), &mut io::sink())?;
-            if h.option == OPT_EXPORT_NAME {
-                return Err(HandshakeError::UnknownExport("<oversized name>".into()));
-            }
-            let msg = format!(
-                "option data of {} bytes exceeds the {MAX_OPTION_BYTES}-byte limit",
-                h.len
-            );
-            s.error(h.option, REP_ERR_TOO_BIG, &msg);
-        } else {
-            let mut data = vec![0u8; h.len as usize];
-            stream.read_exact(&mut data)?;
-            match s.option(h.option, &data)? {
-                Some(done) => {
-                    stream.write_all(&s.out)?;
-                    return Ok(done);
-                }
-                None if h.option == OPT_ABORT => {
-                    // Best effort: the client may already have gone.
-                    let _ = stream.write_all(&s.out);
-                    return Err(HandshakeError::Aborted);
-                }
-                None => {}
-            }
+/// The handshake of one connection, which may change streams half-way
+/// (plaintext, then TLS after NBD_OPT_STARTTLS).
+pub struct Handshake<'a> {
+    s: Session<'a>,
+}
+
+impl<'a> Handshake<'a> {
+    pub fn new(exports: &'a ExportTable, tls: TlsOffer) -> Self {
+        Handshake {
+            s: Session {
+                exports,
+                tls,
+                structured: false,
+                meta_export: None,
+                no_zeroes: false,
+                out: Vec::with_capacity(256),
+            },
         }
+    }
+
+    /// Sends the greeting and reads the client's flags.
+    pub fn greet<S: Read + Write>(&mut self, stream: &mut S) -> Result<(), HandshakeError> {
+        let s = &mut self.s;
+        encode_greeting(&mut s.out);
         stream.write_all(&s.out)?;
         s.out.clear();
+        let mut flags = [0u8; 4];
+        stream.read_exact(&mut flags)?;
+        s.no_zeroes = check_client_flags(u32::from_be_bytes(flags))?;
+        Ok(())
+    }
+
+    /// The session is over TLS from now on. What was negotiated before is
+    /// forgotten (structured replies, meta contexts): the spec lets a
+    /// client trust only what it negotiated over TLS, and a man in the
+    /// middle could have injected it (nbdkit's CVE-2021-3716).
+    pub fn tls_started(&mut self) {
+        self.s.tls = TlsOffer::Active;
+        self.s.structured = false;
+        self.s.meta_export = None;
+    }
+
+    /// Answers options until the client picks an export, asks for TLS, or
+    /// leaves. Reads exactly each option's bytes, never ahead: after
+    /// STARTTLS the next byte on the socket belongs to the TLS handshake
+    /// (plaintext injected after the option must not be taken as options).
+    pub fn options<S: Read + Write>(&mut self, stream: &mut S) -> Result<Step, HandshakeError> {
+        let s = &mut self.s;
+        let mut header = [0u8; OPTION_HEADER_BYTES];
+        loop {
+            stream.read_exact(&mut header)?;
+            let Parse::Done(h, _) = parse_option_header(&header)? else {
+                unreachable!("a full header was read");
+            };
+            if h.len > MAX_OPTION_BYTES {
+                io::copy(&mut (&mut *stream).take(h.len as u64), &mut io::sink())?;
+                if h.option == OPT_EXPORT_NAME {
+                    return Err(match s.tls {
+                        TlsOffer::Required => HandshakeError::TlsRequired,
+                        _ => HandshakeError::UnknownExport("<oversized name>".into()),
+                    });
+                }
+                if s.tls == TlsOffer::Required && h.option != OPT_ABORT {
+                    s.tls_required(h.option);
+                } else {
+                    let msg = format!(
+                        "option data of {} bytes exceeds the {MAX_OPTION_BYTES}-byte limit",
+                        h.len
+                    );
+                    s.error(h.option, REP_ERR_TOO_BIG, &msg);
+                }
+            } else {
+                let mut data = vec![0u8; h.len as usize];
+                stream.read_exact(&mut data)?;
+                match s.option(h.option, &data)? {
+                    Some(step) => {
+                        stream.write_all(&s.out)?;
+                        s.out.clear();
+                        return Ok(step);
+                    }
+                    None if h.option == OPT_ABORT => {
+                        // Best effort: the client may already have gone.
+                        let _ = stream.write_all(&s.out);
+                        return Err(HandshakeError::Aborted);
+                    }
+                    None => {}
+                }
+            }
+            stream.write_all(&s.out)?;
+            s.out.clear();
+        }
     }
 }
 
@@ -123,8 +205,27 @@ impl Session<'_> {
         self.error(option, REP_ERR_UNKNOWN, &msg);
     }
 
-    /// Handles one option; `Some` when the transmission phase starts.
-    fn option(&mut self, option: u32, data: &[u8]) -> Result<Option<Negotiated>, HandshakeError> {
+    fn tls_required(&mut self, option: u32) {
+        self.error(
+            option,
+            REP_ERR_TLS_REQD,
+            "this server requires TLS: start it with NBD_OPT_STARTTLS",
+        );
+    }
+
+    /// Handles one option; `Some` when the handshake stops here (an export
+    /// was chosen or TLS starts).
+    fn option(&mut self, option: u32, data: &[u8]) -> Result<Option<Step>, HandshakeError> {
+        if self.tls == TlsOffer::Required {
+            match option {
+                OPT_STARTTLS | OPT_ABORT => {}
+                OPT_EXPORT_NAME => return Err(HandshakeError::TlsRequired),
+                _ => {
+                    self.tls_required(option);
+                    return Ok(None);
+                }
+            }
+        }
         match option {
             OPT_EXPORT_NAME => {
                 let name =
@@ -147,7 +248,7 @@ impl Session<'_> {
                     flags,
                     self.no_zeroes,
                 );
-                return Ok(Some(self.finish(export)));
+                return Ok(Some(Step::Go(self.finish(export))));
             }
             OPT_ABORT => self.reply(option, REP_ACK, &[]),
             OPT_LIST => {
@@ -161,10 +262,7 @@ impl Session<'_> {
                     self.reply(option, REP_ACK, &[]);
                 }
             }
-            OPT_STARTTLS => {
-                // TLS arrives in a later release; this is where it plugs in.
-                self.error(option, REP_ERR_UNSUP, "TLS is not supported by this server");
-            }
+            OPT_STARTTLS => return Ok(self.start_tls(data)),
             OPT_INFO | OPT_GO => match parse_info_request(data) {
                 Err(e) => self.error(option, REP_ERR_INVALID, &e.0),
                 Ok(req) => match self.exports.get(&req.name) {
@@ -204,7 +302,7 @@ impl Session<'_> {
                             if self.meta_export.as_deref() != Some(req.name.as_str()) {
                                 self.meta_export = None;
                             }
-                            return Ok(Some(self.finish(export)));
+                            return Ok(Some(Step::Go(self.finish(export))));
                         }
                     }
                 },
@@ -228,6 +326,33 @@ impl Session<'_> {
             }
         }
         Ok(None)
+    }
+
+    /// NBD_OPT_STARTTLS: `Some(StartTls)` once acknowledged.
+    fn start_tls(&mut self, data: &[u8]) -> Option<Step> {
+        let option = OPT_STARTTLS;
+        if !data.is_empty() {
+            self.error(option, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+            return None;
+        }
+        match self.tls {
+            TlsOffer::Unsupported => {
+                let msg = "TLS is not configured on this server (no certificates)";
+                self.error(option, REP_ERR_UNSUP, msg);
+            }
+            TlsOffer::Refused => {
+                let msg = "TLS is turned off on this listener";
+                self.error(option, REP_ERR_POLICY, msg);
+            }
+            TlsOffer::Active => {
+                self.error(option, REP_ERR_INVALID, "TLS is already active");
+            }
+            TlsOffer::Optional | TlsOffer::Required => {
+                self.reply(option, REP_ACK, &[]);
+                return Some(Step::StartTls);
+            }
+        }
+        None
     }
 
     fn meta(&mut self, option: u32, data: &[u8]) {

@@ -14,6 +14,7 @@ pub mod handshake;
 mod poller;
 pub mod proto;
 pub mod server;
+pub mod tls;
 pub mod transport;
 mod wait;
 

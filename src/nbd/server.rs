@@ -27,11 +27,12 @@ use parking_lot::{Condvar, Mutex};
 
 use super::conn;
 use super::deadline::Deadline;
-use crate::block::{Export, ExportTable};
-use super::handshake::{self, HandshakeError};
+use super::handshake::{Handshake, HandshakeError, Negotiated, Step, TlsOffer};
 use super::poller::Poller;
-use super::transport::{SocketTimeouts, Stream};
+use super::tls::{self, TlsMode, TlsSettings};
+use super::transport::{SocketTimeouts, Stream, Transport};
 use super::wait::Blocking;
+use crate::block::{Export, ExportTable};
 
 /// Default for `ServerConfig::poll_us`.
 pub const DEFAULT_POLL_US: u32 = 50;
@@ -67,6 +68,29 @@ pub struct ServerConfig {
     /// runs, and on a VM whose host takes that time back the client's
     /// tail latency suffers (bench/RESULTS.md).
     pub keep_cpu_awake: bool,
+    /// TLS on the TCP listeners. None: not chosen, which means `require`
+    /// when `tls` has certificates and plaintext otherwise, and then only
+    /// on loopback addresses (`check_tls`).
+    pub tls_mode: Option<TlsMode>,
+    /// TLS on the unix socket. None: `on` when `tls` has certificates
+    /// (`nbds+unix://` and `nbd+unix://` both work: the socket is private
+    /// to our user already), else off.
+    pub unix_tls_mode: Option<TlsMode>,
+    /// Certificates (see `tls::TlsSettings`); needed for modes on and
+    /// require. Shared, so a reload reaches the running server.
+    pub tls: Option<Arc<TlsSettings>>,
+}
+
+/// A TLS configuration the server refuses to start with.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// TLS was asked for with no certificates to serve it.
+    #[error("TLS mode '{mode}' needs certificates: give a certificates directory (--tls-certificates DIR); docs/tls.md shows how to make one")]
+    NoCertificates { mode: TlsMode },
+    /// Plaintext NBD on an address other machines can reach, not asked
+    /// for explicitly.
+    #[error("refusing to serve NBD in plaintext on {addr}, which other machines can reach: give certificates with --tls-certificates DIR (docs/tls.md shows how to make them with certtool or openssl), listen on a loopback address, or pass --tls off to serve plaintext anyway")]
+    PlaintextOnNetwork { addr: SocketAddr },
 }
 
 impl ServerConfig {
@@ -80,6 +104,57 @@ impl ServerConfig {
             reply_timeout: Duration::from_secs(60),
             poll_us: DEFAULT_POLL_US,
             keep_cpu_awake: false,
+            tls_mode: None,
+            unix_tls_mode: None,
+            tls: None,
+        }
+    }
+
+    /// The TLS mode of the TCP listeners (see `tls_mode`).
+    pub fn tcp_tls_mode(&self) -> TlsMode {
+        self.tls_mode.unwrap_or(match self.tls {
+            Some(_) => TlsMode::Require,
+            None => TlsMode::Off,
+        })
+    }
+
+    /// The TLS mode of the unix socket (see `unix_tls_mode`).
+    pub fn unix_socket_tls_mode(&self) -> TlsMode {
+        self.unix_tls_mode.unwrap_or(match self.tls {
+            Some(_) => TlsMode::On,
+            None => TlsMode::Off,
+        })
+    }
+
+    /// Whether the TLS settings make sense: modes on and require need
+    /// certificates, and plaintext on an address that is not loopback must
+    /// be asked for (`tls_mode = Some(Off)`). `Server::bind` checks this
+    /// too; the daemon calls it first for the typed error.
+    pub fn check_tls(&self) -> Result<(), TlsConfigError> {
+        for mode in [self.tcp_tls_mode(), self.unix_socket_tls_mode()] {
+            if mode != TlsMode::Off && self.tls.is_none() {
+                return Err(TlsConfigError::NoCertificates { mode });
+            }
+        }
+        if self.tcp_tls_mode() == TlsMode::Off && self.tls_mode.is_none() {
+            if let Some(addr) = self.tcp.iter().find(|a| !a.ip().is_loopback()) {
+                return Err(TlsConfigError::PlaintextOnNetwork { addr: *addr });
+            }
+        }
+        Ok(())
+    }
+
+    /// What NBD_OPT_STARTTLS gets on a connection accepted as `stream`.
+    fn tls_offer(&self, stream: &Stream) -> TlsOffer {
+        let mode = match stream {
+            Stream::Unix(_) => self.unix_socket_tls_mode(),
+            Stream::Tcp(_) => self.tcp_tls_mode(),
+        };
+        match (mode, &self.tls) {
+            (_, None) => TlsOffer::Unsupported,
+            (TlsMode::Off, Some(_)) => TlsOffer::Refused,
+            (TlsMode::On, Some(_)) => TlsOffer::Optional,
+            (TlsMode::Require, Some(_)) => TlsOffer::Required,
         }
     }
 }
@@ -127,6 +202,9 @@ struct Live {
     stream: Stream,
     /// The export it is attached to (None during the handshake).
     export: Option<Arc<Export>>,
+    /// The client's certificate identity once TLS started (per-client
+    /// limits and access rules will look here).
+    identity: Option<String>,
     /// When it was accepted.
     since: Instant,
     /// Closed to make room for a newcomer; no longer counted.
@@ -161,6 +239,13 @@ impl ShutdownHandle {
         }
     }
 
+    /// The certificate identities of the clients connected over TLS now
+    /// (one per connection; anonymous TLS clients are not listed).
+    pub fn tls_identities(&self) -> Vec<String> {
+        let live = self.0.live.lock();
+        live.values().filter_map(|l| l.identity.clone()).collect()
+    }
+
     /// Ends every connection attached to `export` after its pending
     /// requests (as `shutdown` does for all); returns how many there were.
     /// Used when a drive is deleted with force.
@@ -179,7 +264,12 @@ impl ShutdownHandle {
 impl Server {
     /// Binds the unix socket (replacing a stale one, refusing a live one)
     /// and the TCP addresses.
+    /// Refuses (`InvalidInput`, wrapping a `TlsConfigError`) a TLS
+    /// configuration that `ServerConfig::check_tls` refuses.
     pub fn bind(config: ServerConfig, exports: Arc<ExportTable>) -> io::Result<Server> {
+        config
+            .check_tls()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         give_large_buffers_back_when_freed();
         let mut listeners = vec![Listener::Unix(bind_unix(&config.unix_socket)?)];
         let socket_id = file_id(&config.unix_socket)?;
@@ -300,6 +390,7 @@ impl Server {
                     Live {
                         stream,
                         export: None,
+                        identity: None,
                         since: Instant::now(),
                         evicted: false,
                     },
@@ -400,12 +491,78 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     if shared.stopping.load(Ordering::SeqCst) {
         return;
     }
-    let deadline = shared.config.handshake_timeout;
-    let neg = match handshake::negotiate(&mut Deadline::new(&mut stream, deadline), &shared.exports)
-    {
-        Ok(n) => n,
-        Err(e) => return log_handshake_end(id, &e),
+    let started = Instant::now();
+    let offer = shared.config.tls_offer(&stream);
+    let mut hs = Handshake::new(&shared.exports, offer);
+    let step = {
+        let mut d = Deadline::new(&mut stream, shared.config.handshake_timeout);
+        hs.greet(&mut d).and_then(|()| hs.options(&mut d))
     };
+    match step {
+        Err(e) => log_handshake_end(id, &e),
+        Ok(Step::Go(neg)) => serve(shared, &mut stream, &neg, id),
+        Ok(Step::StartTls) => serve_tls(shared, stream, hs, started, id),
+    }
+}
+
+/// After NBD_OPT_STARTTLS was acknowledged: the TLS handshake, then the
+/// rest of the options and the transmission phase over TLS, all within
+/// the one handshake deadline that started at accept.
+fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: Instant, id: u64) {
+    let Some(settings) = &shared.config.tls else {
+        return; // not reached: STARTTLS is acknowledged only with certificates
+    };
+    let limit = shared.config.handshake_timeout;
+    let left = || limit.saturating_sub(started.elapsed());
+    let peer = peer_name(&stream);
+    let mut tls = match tls::accept(stream, settings.config(), left()) {
+        Ok(t) => t,
+        Err(e) => {
+            static FAILED: RateLimit = RateLimit::per_10s();
+            if let Some(more) = FAILED.admit() {
+                tracing::info!(conn = id, peer, "TLS handshake failed: {e}{more}");
+            }
+            return;
+        }
+    };
+    let identity = tls.identity().map(str::to_owned);
+    tracing::info!(
+        conn = id,
+        peer,
+        identity = identity.as_deref().unwrap_or("anonymous"),
+        "TLS session started ({})",
+        tls.describe()
+    );
+    if let Some(l) = shared.live.lock().get_mut(&id) {
+        l.identity = identity;
+    }
+    hs.tls_started();
+    match hs.options(&mut Deadline::new(&mut tls, left())) {
+        Err(e) => log_handshake_end(id, &e),
+        Ok(Step::Go(neg)) => serve(shared, &mut tls, &neg, id),
+        Ok(Step::StartTls) => {} // not reached: a second STARTTLS is refused
+    }
+    tls.close();
+}
+
+/// The client's address for log lines.
+fn peer_name(stream: &Stream) -> String {
+    match stream {
+        Stream::Tcp(s) => s
+            .peer_addr()
+            .map_or_else(|_| "tcp".to_owned(), |a| a.to_string()),
+        Stream::Unix(_) => "unix".to_owned(),
+    }
+}
+
+/// The transmission phase on `stream`, plaintext or TLS (one copy of the
+/// code each: no dispatch per request).
+fn serve<S: Transport + SocketTimeouts>(
+    shared: &Shared,
+    stream: &mut S,
+    neg: &Negotiated,
+    id: u64,
+) {
     // Idle clients are fine; clients that stop taking replies are not.
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(Some(shared.config.reply_timeout));
@@ -422,10 +579,10 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     }
     tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
     let served = match shared.config.poll_us {
-        0 => conn::transmission(&mut stream, &neg, Blocking),
+        0 => conn::transmission(stream, neg, Blocking),
         poll_us => {
             let adaptive = Poller::new(poll_us, shared.config.keep_cpu_awake);
-            conn::transmission(&mut stream, &neg, adaptive)
+            conn::transmission(stream, neg, adaptive)
         }
     };
     match served {

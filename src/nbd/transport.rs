@@ -1,7 +1,8 @@
 //! The byte stream a connection runs on: [`Transport`], what the
 //! transmission loop and the poller need of it (try a read, wait for room,
 //! gathered sends), and [`Stream`], the accepted unix or TCP socket that
-//! implements it. A TLS session will be one more kind of stream here.
+//! implements it. A TLS session (`tls::TlsStream`) is one more kind of
+//! stream, over a `Stream`.
 //!
 //! Invariant: every blocking wait for room to send honours the socket's
 //! send timeout (the server's reply timeout), so a client that stops
@@ -152,7 +153,11 @@ impl Transport for Stream {
 
 /// Blocks until `fd` reports `events` (or an error or hang-up, which the
 /// next read or write then reports); fails with `TimedOut` after `timeout`.
-fn wait_fd(fd: RawFd, events: libc::c_short, timeout: Option<Duration>) -> io::Result<()> {
+pub(super) fn wait_fd(
+    fd: RawFd,
+    events: libc::c_short,
+    timeout: Option<Duration>,
+) -> io::Result<()> {
     let mut pfd = libc::pollfd {
         fd,
         events,
