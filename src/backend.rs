@@ -45,6 +45,33 @@ pub struct Caps {
     pub can_extents: bool,
     /// CACHE (prefetch) is supported (a no-op for RAM, already resident).
     pub can_cache: bool,
+    /// The backend keeps its data in its own RAM: `read_with` works in
+    /// place (worth a frontend's zero-copy READ path) and writes cost no
+    /// I/O, so frontends store large WRITEs burst by burst as they arrive.
+    /// False for backends behind slower storage.
+    pub direct_io: bool,
+    /// The unit the backend locks (a RAM store's chunk) or caches (a cache
+    /// block) by. A frontend that splits a large WRITE into pieces for a
+    /// backend that is not `direct_io` ends them on multiples of it, so no
+    /// piece writes part of a unit it could have written whole.
+    pub piece_bytes: u32,
+}
+
+impl Caps {
+    /// Nothing but reads, in 64 KiB pieces: a backend that serves nothing
+    /// yet (an offline drive).
+    pub const NONE: Caps = Caps {
+        can_trim: false,
+        can_zero: false,
+        can_fast_zero: false,
+        can_fua: false,
+        can_flush: false,
+        can_multi_conn: false,
+        can_extents: false,
+        can_cache: false,
+        direct_io: false,
+        piece_bytes: 64 * 1024,
+    };
 }
 
 /// Errors a backend returns; the NBD layer maps each to one NBD errno in one
@@ -108,14 +135,6 @@ pub trait Backend: Send + Sync {
     /// Prefetch a range (NBD_CMD_CACHE). RAM is always resident.
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         check_range(offset, len, self.size())
-    }
-
-    /// True when the backend keeps its data in its own RAM: `read_with`
-    /// works in place (worth the NBD layer's zero-copy READ path) and
-    /// writes cost no I/O, so the NBD layer stores large WRITEs burst by
-    /// burst as they arrive. False for backends behind slower storage.
-    fn direct_io(&self) -> bool {
-        false
     }
 
     /// Offers the bytes of a prefix of `[offset, offset+len)` to `sink` as

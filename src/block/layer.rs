@@ -51,9 +51,6 @@ pub trait Layer: Send + Sync {
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         self.inner().cache(offset, len)
     }
-    fn direct_io(&self) -> bool {
-        self.inner().direct_io()
-    }
     fn read_with(
         &self,
         offset: u64,
@@ -94,9 +91,6 @@ impl<L: Layer> Backend for L {
     }
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         Layer::cache(self, offset, len)
-    }
-    fn direct_io(&self) -> bool {
-        Layer::direct_io(self)
     }
     fn read_with(
         &self,

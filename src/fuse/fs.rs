@@ -265,7 +265,7 @@ impl DriveFs {
     /// drive offers the whole range at once (a RAM drive); false when the
     /// caller must copy (other backends, or an error to report).
     fn send_in_place(&self, unique: u64, offset: u64, len: usize, sink: &mut dyn Sink) -> bool {
-        if !self.backend().direct_io() || len == 0 {
+        if !self.backend().capabilities().direct_io || len == 0 {
             return false;
         }
         let mut sent = false;

@@ -470,7 +470,8 @@ mod tests {
 
     #[test]
     fn decodes_reads_writes_and_their_header() {
-        let (h, op) = decode(&request(READ, &rw_in(4096, 512, 0))).unwrap();
+        let buf = request(READ, &rw_in(4096, 512, 0));
+        let (h, op) = decode(&buf).unwrap();
         assert_eq!(
             h,
             Header {
@@ -543,7 +544,8 @@ mod tests {
             .u32((INIT_EXT | ASYNC_DIO) as u32)
             .u32(1 << 9)
             .zeroes(44);
-        let (_, op) = decode(&request(INIT, &args)).unwrap();
+        let buf = request(INIT, &args);
+        let (_, op) = decode(&buf).unwrap();
         assert_eq!(
             op,
             Op::Init {

@@ -46,7 +46,7 @@ use super::handshake::Negotiated;
 use super::proto::*;
 use super::transport::Transport;
 use super::wait::Wait;
-use crate::backend::Backend;
+use crate::backend::{Backend, Caps};
 use crate::block;
 use crate::block::Export;
 use crate::metrics::{ConnRecorder, Op};
@@ -68,8 +68,6 @@ const READ_PIECE_BYTES: usize = 1 << 20;
 /// `Conn::streamed_write_min_bytes`). Gathering a 1 MiB write in `inbuf`
 /// reads it in larger pieces; streaming bounds a connection's buffer.
 const STREAMED_WRITE_MIN_BYTES: usize = 2 << 20;
-/// Streamed pieces end on these boundaries: the store's lock chunk.
-const PIECE_BYTES: usize = 64 * 1024;
 /// The bounce buffer a streamed WRITE is received into, piece by piece: big
 /// enough that each `recv` takes all the socket holds, small enough to stay
 /// in L2, so the kernel copies into hot cache lines and the store then
@@ -145,6 +143,7 @@ pub(super) fn transmission<S: Transport, W: Wait>(
     let mut conn = Conn {
         export: &neg.export,
         backend: &*neg.export.backend,
+        caps: neg.export.backend.capabilities(),
         structured: neg.structured,
         base_allocation: neg.base_allocation,
         out: Vec::with_capacity(OUT_KEEP_BYTES),
@@ -280,6 +279,9 @@ fn block_command(command: u16) -> Option<block::Command> {
 struct Conn<'a> {
     export: &'a Export,
     backend: &'a dyn Backend,
+    /// The backend's capabilities, read once: whether it works in place
+    /// and the pieces large writes are split into.
+    caps: Caps,
     structured: bool,
     base_allocation: bool,
     /// Replies not yet written.
@@ -364,7 +366,7 @@ impl Conn<'_> {
         }
         if req.command == CMD_READ && self.reads_apart(req) {
             self.send(stream)?;
-            if self.backend.direct_io() {
+            if self.caps.direct_io {
                 self.direct_read(req, stream)?;
             } else {
                 self.piecewise_read(req, stream)?;
@@ -406,7 +408,7 @@ impl Conn<'_> {
     /// from one that does not (over 1 MiB).
     fn reads_apart(&self, req: &Request) -> bool {
         let len = req.len as usize;
-        let apart = if self.backend.direct_io() {
+        let apart = if self.caps.direct_io {
             len >= DIRECT_MIN_BYTES
         } else {
             len > READ_PIECE_BYTES
@@ -562,7 +564,7 @@ impl Conn<'_> {
     /// WRITEs at least this long whose payload is still arriving are
     /// streamed (`streamed_write`) instead of gathered in the input buffer.
     fn streamed_write_min_bytes(&self) -> usize {
-        if self.backend.direct_io() {
+        if self.caps.direct_io {
             DIRECT_MIN_BYTES
         } else {
             STREAMED_WRITE_MIN_BYTES
@@ -593,10 +595,10 @@ impl Conn<'_> {
     ) -> io::Result<Option<(u64, Refusal)>> {
         let len = req.len as usize;
         let fua = req.flags & CMD_FLAG_FUA != 0;
-        let align = if self.backend.direct_io() {
+        let align = if self.caps.direct_io {
             1
         } else {
-            PIECE_BYTES
+            self.caps.piece_bytes.max(1) as usize
         };
         if self.bounce.len() < BOUNCE_BYTES {
             self.bounce.resize(BOUNCE_BYTES, 0);
@@ -897,8 +899,11 @@ mod streamed_write_tests {
             self.writes.lock().unwrap().push((offset, data.len(), fua));
             self.store.write(offset, data, fua)
         }
-        fn direct_io(&self) -> bool {
-            self.direct
+        fn capabilities(&self) -> Caps {
+            Caps {
+                direct_io: self.direct,
+                ..self.store.capabilities()
+            }
         }
     }
 
@@ -1053,7 +1058,7 @@ mod streamed_write_tests {
             for &(offset, n, _) in &writes {
                 let piece_end = offset + n as u64;
                 assert!(
-                    piece_end == end || piece_end % PIECE_BYTES as u64 == 0,
+                    piece_end == end || piece_end % (64 * 1024) == 0,
                     "piece {offset}+{n} ends off a boundary: {writes:?}"
                 );
             }

@@ -428,9 +428,6 @@ impl<S: Storage> Backend for PersistentDrive<S> {
         }
         Ok(())
     }
-    fn direct_io(&self) -> bool {
-        self.store.direct_io()
-    }
     fn read_with(
         &self,
         offset: u64,

@@ -994,6 +994,8 @@ impl StoreState {
             can_multi_conn: true,
             can_extents: true,
             can_cache: true,
+            direct_io: true,
+            piece_bytes: CHUNK_BYTES as u32,
         }
     }
 }
@@ -1012,9 +1014,6 @@ impl Backend for RamStore {
             .store_range(offset, data.len() as u64, Source::Data(data))?;
         self.note_fill(offset, data.len() as u64, fresh > 0);
         Ok(())
-    }
-    fn direct_io(&self) -> bool {
-        true
     }
     fn read_with(
         &self,

@@ -34,6 +34,10 @@ pub(crate) const PLAIN_CAPS: Caps = Caps {
     can_multi_conn: true,
     can_extents: false,
     can_cache: false,
+    direct_io: false,
+    // What frontends split large writes by for a cache (its block size
+    // is at most this, and divides it).
+    piece_bytes: 64 * 1024,
 };
 
 /// The extents of a backing that does not track holes: one data extent

@@ -929,6 +929,7 @@ impl Backend for NbdClient {
             can_multi_conn: self.max_conns > 1,
             can_extents: false,
             can_cache: false,
+            ..super::PLAIN_CAPS
         }
     }
 }

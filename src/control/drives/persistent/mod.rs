@@ -420,16 +420,7 @@ impl Backend for Offline {
         self.refuse()
     }
     fn capabilities(&self) -> Caps {
-        Caps {
-            can_trim: false,
-            can_zero: false,
-            can_fast_zero: false,
-            can_fua: false,
-            can_flush: false,
-            can_multi_conn: false,
-            can_extents: false,
-            can_cache: false,
-        }
+        Caps::NONE
     }
 }
 
