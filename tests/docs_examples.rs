@@ -7,9 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
+use ramd::api::wire::attachments::CreateAttachment;
 use ramd::api::wire::caches::CreateCache;
 use ramd::api::wire::dirs::{AddDir, PatchDir};
-use ramd::api::wire::types::{CreateAttachment, CreateDrive, PatchDrive, RestoreRequest};
+use ramd::api::wire::drives::{CreateDrive, PatchDrive};
+use ramd::api::wire::persistence::RestoreRequest;
 use ramd::control::config;
 use ramd::control::drives::persistent::settings::DriveSettings;
 

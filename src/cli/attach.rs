@@ -6,7 +6,7 @@
 
 use super::{absolute, output, print_json, CliError};
 use crate::api::client::Client;
-use crate::api::wire::types::CreateAttachment;
+use crate::api::wire::attachments::CreateAttachment;
 
 /// `ramd attach --list`.
 pub(crate) fn attach_list(c: &Client, json: bool) -> Result<(), CliError> {

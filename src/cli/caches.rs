@@ -14,7 +14,7 @@ use crate::api::client::{Client, ClientError};
 use crate::api::wire::caches::{
     BackingInfo, CacheCounters, CacheInfo, CacheSettings, CreateCache, DurationValue, PercentValue,
 };
-use crate::api::wire::types::SizeValue;
+use crate::api::wire::values::SizeValue;
 use crate::size::format_size;
 
 /// `ramd cache ...`

@@ -13,7 +13,7 @@ use crate::api::wire::dirs::{AddDir, IntervalValue, PatchDir};
 use crate::api::wire::dirs::{
     DirInfo, DirOrigin, DirStatus, MountMode, StopOutcome, SyncReport, UsageLevel,
 };
-use crate::api::wire::types::SizeValue;
+use crate::api::wire::values::SizeValue;
 use crate::size::format_size;
 
 /// Where `ramd install-units` puts the ordering drop-in.

@@ -6,7 +6,8 @@
 
 use super::{absolute_text, notice, output, persist, print_json, CliError};
 use crate::api::client::Client;
-use crate::api::wire::types::{CreateDrive, DriveInfo, DurationValue, PatchDrive, SizeValue};
+use crate::api::wire::drives::{CreateDrive, DriveInfo, PatchDrive};
+use crate::api::wire::values::{DurationValue, SizeValue};
 use crate::size::format_size;
 
 /// `ramd create`'s flags, as parsed.

@@ -41,7 +41,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use crate::api::client::{Client, ClientError};
-use crate::api::wire::types::RestoreRequest;
+use crate::api::wire::persistence::RestoreRequest;
 use daemon::DaemonArgs;
 
 /// RAM drives served over NBD: create, resize, lock and delete them at run

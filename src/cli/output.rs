@@ -3,9 +3,11 @@
 
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 
-use crate::api::wire::types::{
-    DriveInfo, DriveStats, Health, Latency, PersistInfo, StatsRates, StatsReport, StatsTotals,
-};
+use crate::api::wire::drives::DriveInfo;
+use crate::api::wire::health::Health;
+use crate::api::wire::persistence::PersistInfo;
+use crate::api::wire::stats::{DriveStats, StatsReport};
+use crate::api::wire::values::{Latency, StatsRates, StatsTotals};
 use crate::size::format_size;
 
 /// A sync interval as people write it (`10m`, `1h 30m`): the same

@@ -9,7 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{print_json, CliError};
 use crate::api::client::Client;
-use crate::api::wire::types::{Deleted, DriveInfo, RestoreRequest};
+use crate::api::wire::drives::{Deleted, DriveInfo};
+use crate::api::wire::persistence::RestoreRequest;
 use crate::size::format_size;
 
 /// `ramd create` flags for persistent drives.

@@ -16,10 +16,15 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::api::wire::attachments::{AttachmentInfo, AttachmentList, CreateAttachment};
 use crate::api::wire::dirs::{
     AddDir, DirInfo, DirList, DirPatched, DirRemoved, DirSyncAll, DirSynced, PatchDir,
 };
-use crate::api::wire::types::*;
+use crate::api::wire::drives::{CreateDrive, Deleted, DriveInfo, DriveList, PatchDrive};
+use crate::api::wire::error::ErrorBody;
+use crate::api::wire::health::Health;
+use crate::api::wire::persistence::{RestoreRequest, SyncResult};
+use crate::api::wire::stats::{DriveStats, StatsReport};
 
 pub mod caches;
 

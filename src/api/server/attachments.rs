@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::{blocking, ApiError};
-use crate::api::wire::types::{AttachmentInfo, AttachmentList, CreateAttachment};
+use crate::api::wire::attachments::{AttachmentInfo, AttachmentList, CreateAttachment};
 use crate::control::caches::error::Unavailable;
 use crate::control::caches::CachesError;
 use crate::control::drives::DriveError;

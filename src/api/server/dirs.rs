@@ -23,7 +23,9 @@ use crate::api::wire::dirs::{
     AddDir, DirList, DirPatched, DirRemoved, DirSyncAll, DirSyncResult, DirSynced, IntervalValue,
     PatchDir,
 };
-use crate::api::wire::types::{DeleteQuery, ErrorDetail, SizeValue};
+use crate::api::wire::drives::DeleteQuery;
+use crate::api::wire::error::ErrorDetail;
+use crate::api::wire::values::SizeValue;
 use crate::control::dirs::{clean_path, parse_interval_ms};
 use crate::control::Daemon;
 use crate::dirsync::manager::{

@@ -13,9 +13,11 @@ use axum::Json;
 
 use super::persistence::{interval_ms, key_path, persist_info};
 use super::{blocking, ApiError};
-use crate::api::wire::types::{
-    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive, RestoreRequest, SizeValue,
+use crate::api::wire::drives::{
+    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive,
 };
+use crate::api::wire::persistence::RestoreRequest;
+use crate::api::wire::values::SizeValue;
 use crate::control::drives::persistent::settings::{self, Given};
 use crate::control::drives::persistent::{probe, Found};
 use crate::control::drives::spec::{

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::api::wire::types::{ErrorBody, ErrorDetail};
+use crate::api::wire::error::{ErrorBody, ErrorDetail};
 use crate::cache::BackingErrorKind;
 use crate::control::caches::{CacheSpecError, CachesError};
 use crate::control::drives::spec::SpecError;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 
-use crate::api::wire::types::{Budget, Health};
+use crate::api::wire::health::{Budget, Health};
 use crate::control::Daemon;
 
 pub(crate) fn budget(d: &Daemon) -> Budget {

@@ -9,9 +9,10 @@ use axum::extract::{Path, State};
 use axum::Json;
 
 use super::{blocking, ApiError};
-use crate::api::wire::types::{
-    DurationValue, PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
+use crate::api::wire::persistence::{
+    PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
 };
+use crate::api::wire::values::DurationValue;
 use crate::control::drives::persistent::{phase_name, report_text, RestoreRecord};
 use crate::control::drives::spec::{
     check_sync_interval_ms, parse_sync_interval_ms, PersistError, SpecError,

@@ -9,7 +9,7 @@ use axum::Json;
 use super::counters::{rates, totals};
 use super::health::budget;
 use super::ApiError;
-use crate::api::wire::types::{DriveStats, StatsReport};
+use crate::api::wire::stats::{DriveStats, StatsReport};
 use crate::control::drives::Drive;
 use crate::control::Daemon;
 

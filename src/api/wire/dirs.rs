@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::types::ErrorDetail;
+use super::error::ErrorDetail;
 use super::values::{DurationValue, SizeValue};
 
 /// How the RAM copy is mounted.

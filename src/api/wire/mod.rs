@@ -7,12 +7,18 @@
 //! API tests. The server converts its internal types into these (see
 //! `api::server::dir_wire`, `api::server::counters`).
 //!
-//! One file per resource family: `types` (drives, persistence, health,
-//! stats, attachments, the error body), `caches`, `dirs`, and `values`
-//! (sizes, durations and counters as several resources spell them).
-//! Request bodies reject unknown fields, so a typo is an error.
+//! One file per resource, as in `api::server`: `drives`, `persistence`
+//! (sync, restore, a drive's `persist`), `health`, `stats`, `attachments`,
+//! `caches`, `dirs`, and `error` (the one error body); `values` holds
+//! sizes, durations and counters as several resources spell them. Request
+//! bodies reject unknown fields, so a typo is an error.
 
+pub mod attachments;
 pub mod caches;
 pub mod dirs;
-pub mod types;
+pub mod drives;
+pub mod error;
+pub mod health;
+pub mod persistence;
+pub mod stats;
 pub mod values;

@@ -1,0 +1,139 @@
+//! `/v1/drives`: create, list, show, patch (resize, lock) and delete drives.
+//!
+//! Request bodies reject unknown fields, so a typo is an error, not a
+//! silent no-op (and fields added later are refused by older daemons, not
+//! ignored). docs/openapi.yaml describes the same shapes.
+
+use serde::{Deserialize, Serialize};
+
+use super::persistence::PersistInfo;
+use super::values::{DurationValue, SizeValue};
+
+/// `POST /v1/drives`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDrive {
+    pub name: String,
+    /// Required, except for a persistent drive whose state directory
+    /// already holds one (it keeps its own size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<SizeValue>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub overcommit: bool,
+    /// Keep the drive in the daemon's state directory (restored when it
+    /// holds one already).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persist: bool,
+    /// `none`, `periodic` (default) or `flush`; needs `persist`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// Background sync interval (default 60s); needs `persist`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_interval: Option<DurationValue>,
+    /// Encrypt the state directory (AES-256-GCM); needs `key_file`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
+    /// Absolute path of the key file, read by the daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
+}
+
+/// `PATCH /v1/drives/{name}`: absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchDrive {
+    /// New size (grow or shrink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<SizeValue>,
+    /// Lock (true) or unlock (false) for writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// New memory limit; "none" removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<SizeValue>,
+    /// Shrink even when it discards data.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+    /// A persistent drive's new durability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// A persistent drive's new sync interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_interval: Option<DurationValue>,
+}
+
+/// `DELETE /v1/drives/{name}?force=true&keep_data=true`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    #[serde(default)]
+    pub force: bool,
+    /// A persistent drive: save it and keep its state directory (without:
+    /// the state directory is removed).
+    #[serde(default)]
+    pub keep_data: bool,
+}
+
+/// A drive as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriveInfo {
+    pub name: String,
+    /// "ram" (later kinds: persistent, cache).
+    pub kind: String,
+    /// "ready" (later states: restoring, failed).
+    pub state: String,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// The drive's own memory limit; null when it has none.
+    pub mem_limit_bytes: Option<u64>,
+    /// Memory the drive holds now.
+    pub allocated_bytes: u64,
+    pub overcommit: bool,
+    /// Open NBD connections.
+    pub connections: u64,
+    /// Mountpoints where it is attached through FUSE.
+    pub attachments: Vec<String>,
+    /// "config", "command-line" or "api".
+    pub origin: String,
+    pub created_unix_s: u64,
+    /// NBD URI on the unix socket.
+    pub uri: String,
+    /// NBD URIs on TCP listeners.
+    pub tcp_uris: Vec<String>,
+    /// Set on changes to a drive the daemon re-creates at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+    /// A persistent drive's persistence; absent for RAM drives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persist: Option<PersistInfo>,
+    /// Why a failed drive failed (the precise error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/drives`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DriveList {
+    pub drives: Vec<DriveInfo>,
+}
+
+/// `DELETE /v1/drives/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Deleted {
+    pub name: String,
+    /// NBD connections closed by a forced delete.
+    pub closed_connections: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+    /// A persistent drive's state directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<String>,
+    /// A persistent drive: true when its data was saved and kept, false
+    /// when the state directory was removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_kept: Option<bool>,
+}
