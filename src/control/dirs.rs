@@ -1,6 +1,23 @@
 //! Directories in RAM inside the daemon: the [`DirManager`] and its
 //! [`SyncWorker`], wired to start-up, the config file and shutdown.
 //!
+//! # Invariants
+//!
+//! - Every `[[dir]]` the config declares is in RAM before the API listens
+//!   and before READY=1, or the daemon does not start (with the file and
+//!   line, after releasing what was already mounted, synced): services
+//!   ordered after ramd must find their directories in RAM, as they find
+//!   their drives.
+//! - A recorded directory whose recovery fails does not stop the daemon:
+//!   it is listed as failed with the reason and the others go on (it holds
+//!   someone's data; refusing to start would hide every other directory).
+//! - At stop the sync thread ends first, then every directory is synced and
+//!   unmounted (or handed over), so no periodic sync races the last one.
+//! - Directories are not in the ledger (`control::ledger`): they are named
+//!   by paths, not in the NBD export namespace, and their memory is
+//!   tmpfs's, bounded by the kernel, not promised from the daemon budget.
+//!   Their interval floor is the directory one (`control::spec`).
+//!
 //! ```text
 //! start (before the API listens and before READY=1):
 //!   open the manager ─► recover every recorded directory (restore / adopt /
@@ -11,11 +28,6 @@
 //! stop:  SIGTERM/SIGINT ─► the API stops ─► stop(): the sync thread ends,
 //!        every directory is synced and unmounted (or handed over)
 //! ```
-//!
-//! A `[[dir]]` that cannot be kept in RAM at start stops the daemon with the
-//! file and line (after releasing what was already mounted, synced), like a
-//! drive that cannot be created. A recorded directory whose recovery fails
-//! does not: it is listed as failed with the reason and the others go on.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;

@@ -120,11 +120,11 @@ fn create_declared(
     settings: &Settings,
     ledger: &Arc<Ledger>,
 ) -> Result<(Arc<Drives>, Arc<Caches>), DaemonError> {
-    let registry = Arc::new(
+    let drives = Arc::new(
         Drives::new(ledger.clone(), settings.metrics).with_state_dir(settings.state_dir.clone()),
     );
     for (spec, origin) in &settings.drives {
-        registry.create(spec, origin.clone()).map_err(|source| {
+        drives.create(spec, origin.clone()).map_err(|source| {
             let message = format!("cannot create drive '{}': {source}", spec.name);
             settings
                 .declared(&spec.name, origin, &message)
@@ -136,7 +136,7 @@ fn create_declared(
     }
     // Persistent drives created through the API (or no longer declared)
     // come back too; restores run in the background, READY=1 waits.
-    restore_stored(&registry, settings);
+    restore_stored(&drives, settings);
     // Caches after every drive: a name both declare goes to the drive.
     let caches = Arc::new(Caches::new(ledger.clone(), settings.metrics));
     let cache_origin = settings
@@ -156,7 +156,7 @@ fn create_declared(
                     })
             })?;
     }
-    Ok((registry, caches))
+    Ok((drives, caches))
 }
 
 /// An error naming every cache whose dirty data did not reach its
@@ -229,13 +229,13 @@ fn spawn_signal_waiter(
 
 /// READY=1 to systemd once no drive is restoring (the API answers
 /// meanwhile).
-fn notify_ready_when_restored(registry: &Drives) {
-    wait_restores(registry);
+fn notify_ready_when_restored(drives: &Drives) {
+    wait_restores(drives);
     let _ = sd_notify::notify(
         false,
         &[
             sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status(&format!("serving {} drive(s)", registry.list().len())),
+            sd_notify::NotifyState::Status(&format!("serving {} drive(s)", drives.list().len())),
         ],
     );
 }
@@ -269,7 +269,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     });
     let exports = Arc::new(ExportTable::new());
     let ledger = Arc::new(Ledger::new(exports.clone(), budget));
-    let (registry, caches) = create_declared(&settings, &ledger)?;
+    let (drives, caches) = create_declared(&settings, &ledger)?;
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
@@ -279,7 +279,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         serving: false,
     };
     let nbd_handle = server.shutdown_handle();
-    registry.set_nbd(nbd_handle.clone());
+    drives.set_nbd(nbd_handle.clone());
     caches.set_nbd(nbd_handle.clone());
     let tcp_addrs = server.tcp_addrs().to_vec();
 
@@ -300,7 +300,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     let daemon = Arc::new(Daemon {
         ledger,
-        registry: registry.clone(),
+        registry: drives.clone(),
         attachments: Attachments::new(),
         settings: settings.clone(),
         tcp_addrs,
@@ -356,7 +356,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     daemon.attachments.shutdown();
     // No client can write any more: save every persistent drive, and
     // write every cache back (bounded, loud).
-    registry.shutdown_persistent();
+    drives.shutdown_persistent();
     let outcomes = daemon
         .caches
         .shutdown(&settings.state_dir.join("cache-rescue"));
@@ -466,7 +466,7 @@ fn announce(d: &Daemon) {
 /// declares (created through the API, or removed from the config): each
 /// restores in the background. Logged, never fatal: the daemon serves the
 /// others.
-pub fn restore_stored(registry: &Arc<Drives>, settings: &Settings) {
+pub fn restore_stored(drives: &Arc<Drives>, settings: &Settings) {
     let declared: Vec<String> = settings
         .drives
         .iter()
@@ -485,8 +485,8 @@ pub fn restore_stored(registry: &Arc<Drives>, settings: &Settings) {
     }
     for found in scan(&drives_dir(&settings.state_dir), &declared) {
         let r = match found {
-            Stored::Drive(spec) => registry.create(&spec, Origin::Api),
-            Stored::Unusable { name, error } => registry.add_unusable(&name, error, Origin::Api),
+            Stored::Drive(spec) => drives.create(&spec, Origin::Api),
+            Stored::Unusable { name, error } => drives.add_unusable(&name, error, Origin::Api),
         };
         if let Err(e) = r {
             tracing::error!("a drive in the state directory could not be registered: {e}");
@@ -497,10 +497,10 @@ pub fn restore_stored(registry: &Arc<Drives>, settings: &Settings) {
 /// Blocks until no drive is restoring, telling systemd how far it is
 /// (STATUS=, and EXTEND_TIMEOUT_USEC so a long restore is not killed as a
 /// failed start).
-pub fn wait_restores(registry: &Drives) {
+pub fn wait_restores(drives: &Drives) {
     let mut last_status = std::time::Instant::now() - std::time::Duration::from_secs(10);
     loop {
-        let restoring = registry.restoring();
+        let restoring = drives.restoring();
         if restoring.is_empty() {
             return;
         }

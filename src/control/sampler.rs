@@ -42,8 +42,8 @@ impl Sampler {
     }
 
     /// Takes one sample of every drive with metrics.
-    pub fn tick(&self, registry: &Drives) {
-        let drives = registry.list();
+    pub fn tick(&self, drives: &Drives) {
+        let drives = drives.list();
         self.tick_totals(
             drives
                 .iter()
@@ -88,12 +88,12 @@ impl Sampler {
     }
 
     /// Samples every [`INTERVAL`] until the runtime shuts down.
-    pub async fn run(self: Arc<Self>, registry: Arc<Drives>) {
+    pub async fn run(self: Arc<Self>, drives: Arc<Drives>) {
         let mut tick = tokio::time::interval(INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let (s, r) = (self.clone(), registry.clone());
+            let (s, r) = (self.clone(), drives.clone());
             // Snapshots lock per-drive mutexes briefly: off the async threads.
             let _ = tokio::task::spawn_blocking(move || s.tick(&r)).await;
         }

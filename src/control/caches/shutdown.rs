@@ -201,9 +201,7 @@ fn log_progress(name: &str, live: &Live, done: &AtomicBool) {
 fn give_up(entry: &CacheEntry, live: &Live, rescue_root: &Path, error: String) -> Outcome {
     let name = &entry.name;
     let dirty_bytes = live.cache.dirty_bytes();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let stamp = crate::control::ledger::now_unix_s();
     let dir = rescue_root.join(format!("{name}-{stamp}"));
     let outcome = match write_rescue(entry, live, &dir) {
         Ok(saved) => {

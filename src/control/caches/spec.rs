@@ -1,6 +1,6 @@
 //! Cache specs: what `ramd cache create`, `POST /v1/caches` and a
 //! `[[cache]]` config entry describe, parsed and checked in one place (pure:
-//! no I/O; opening the backing is the registry's job).
+//! no I/O; opening the backing is `Caches`' job).
 //!
 //! Every option has one user-facing name, spelled with dashes on the
 //! command line (`--block-size`) and with underscores in JSON and TOML

@@ -2,7 +2,7 @@
 //! whether a directory holds a drive to restore, creating and opening them,
 //! their background sync threads, and finding them at start.
 //!
-//! The registry decides *when* (create, restore, delete, shutdown); this
+//! `Drives` decides *when* (create, restore, delete, shutdown); this
 //! module does the disk side. The engine is `crate::persist`.
 //!
 //! # Life of a persistent drive
@@ -246,7 +246,7 @@ pub enum RestoreRecord {
     Failed(String),
 }
 
-/// The daemon's side of one persistent drive, shared by the registry
+/// The daemon's side of one persistent drive, shared by `Drives`
 /// entries it has over its life (restoring, failed, ready).
 pub struct Persistence {
     /// The state directory (STATE/drives/NAME).
