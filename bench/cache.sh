@@ -7,7 +7,9 @@
 #
 # 1. hit:   fio 4 KiB random read, QD32 x 2 connections, on a working set
 #           that fits the cache (warmed first), against a plain RAM drive
-#           with the same data: the hit path should be within 10%.
+#           with the same data: the hit path should be within 10%. Prints
+#           IOPS and, per request, fio's completion latency (p50, p99,
+#           p99.9, max) of both.
 # 2. zipf:  fio 4 KiB random read with a zipf distribution (theta 0.9 and
 #           1.1) over a working set twice the cache, once per eviction policy
 #           (s3fifo, lru, fifo): the cache's own hit ratio and fio's IOPS.
@@ -140,13 +142,30 @@ hit_ratio() {
   python3 -c 'import sys; h0,m0=map(int,sys.argv[1].split()); h1,m1=map(int,sys.argv[2].split()); h,m=h1-h0,m1-m0; print(f"{h/max(1,h+m):.4f}")' "$1" "$2"
 }
 
-# fio_iops URI ARGS...: runs fio (nbd engine), prints total IOPS.
+# fio_iops URI ARGS...: runs fio (nbd engine), prints total IOPS; the JSON
+# stays in $work/fio.json for fio_lat.
 fio_iops() {
   local u=$1; shift
-  fio --ioengine=nbd --uri="$u" --name=b --bs=4k --output-format=json "$@" >"$work/fio.out"
+  fio --ioengine=nbd --uri="$u" --name=b --bs=4k --output-format=json \
+    --percentile_list=50:99:99.9 "$@" >"$work/fio.out"
   # The nbd engine prints a line before the JSON.
   sed -n '/^{/,$p' "$work/fio.out" >"$work/fio.json"
   python3 -c 'import json;j=json.load(open("'"$work/fio.json"'"));print(int(sum(x["read"]["iops"]+x["write"]["iops"] for x in j["jobs"])))'
+}
+
+# fio_lat: "p50 p99 p99.9 max" (us) of the last fio_iops run's completion
+# latency (fio's clat: submission to completion, its histogram's
+# percentiles), reads and writes together, over all its jobs.
+fio_lat() {
+  python3 - "$work/fio.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+ds = [x[d]["clat_ns"] for x in j["jobs"] for d in ("read", "write") if x[d]["total_ios"]]
+assert len(ds) == 1, "fio_lat wants one job (--group_reporting) doing one direction"
+c = ds[0]
+p = c["percentile"]
+print(" ".join(f"{v / 1000:.1f}" for v in (p["50.000000"], p["99.000000"], p["99.900000"], c["max"])))
+PY
 }
 
 bench_hit() {
@@ -163,10 +182,14 @@ bench_hit() {
     done
     s0=$(read_counts c0)
     p=$(fio_iops "$(uri plain)" --rw=randread --iodepth=32 --numjobs=2 --size="$ws" --time_based --runtime="$runtime" --group_reporting)
+    lp=$(fio_lat); read -r p50p p99p p999p maxp <<<"$lp"
     c=$(fio_iops "$(uri c0)" --rw=randread --iodepth=32 --numjobs=2 --size="$ws" --time_based --runtime="$runtime" --group_reporting)
+    lc=$(fio_lat); read -r p50c p99c p999c maxc <<<"$lc"
     s1=$(read_counts c0)
     stop_server
     echo "hit run $r: plain ${p} IOPS, cache ${c} IOPS, cache/plain $(python3 -c "print(f'{$c/$p:.3f}')"), cache hit ratio $(hit_ratio "$s0" "$s1")"
+    echo "  clat plain: p50 $p50p us, p99 $p99p us, p99.9 $p999p us, max $maxp us"
+    echo "  clat cache: p50 $p50c us, p99 $p99c us, p99.9 $p999c us, max $maxc us"
   done
 }
 
