@@ -25,10 +25,11 @@ packages=(
     mount          # mount, umount, losetup
     procps         # pgrep, ps
     coreutils      # sha256sum, sync, cp
+    openssl        # certificates for tests/tls.rs and bench/tls.sh
 )
 tools=(
     qemu-img qemu-io nbdinfo nbdcopy nbdfuse nbdsh fio nbdkit nbd-server
-    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim
+    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim openssl
 )
 
 # The tests run tools with the system directories first on PATH (so a

@@ -688,6 +688,105 @@ fn reload_swaps_certificates_without_dropping_sessions() {
     );
 }
 
+/// STARTTLS byte by byte: what was negotiated before TLS is forgotten, a
+/// second STARTTLS is invalid, the identity is recorded, and the whole
+/// handshake and a read and write then run over TLS.
+#[test]
+fn starttls_upgrade_forgets_plaintext_state() {
+    if !require_openssl() {
+        return;
+    }
+    let p = pki();
+    let (server, _) = TestServer::with_tls(&p.server, TlsMode::On, None);
+    let mut c = RawClient::connect(server.tcp);
+    assert_eq!(c.option(OPT_STRUCTURED_REPLY, &[]).0, REP_ACK);
+    assert_eq!(c.option(OPT_STARTTLS, &[]).0, REP_ACK);
+    let mut c = c.start_tls(&p.good);
+    assert_eq!(c.option(OPT_STARTTLS, &[]).0, REP_ERR_INVALID);
+    // Structured replies were negotiated in plaintext only: forgotten.
+    let mut meta = Vec::new();
+    meta.extend_from_slice(&4u32.to_be_bytes());
+    meta.extend_from_slice(b"ram0");
+    meta.extend_from_slice(&1u32.to_be_bytes());
+    meta.extend_from_slice(&(META_BASE_ALLOCATION.len() as u32).to_be_bytes());
+    meta.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+    assert_eq!(c.option(OPT_SET_META_CONTEXT, &meta).0, REP_ERR_INVALID);
+    assert_eq!(
+        server.shutdown.tls_identities(),
+        vec!["client-a".to_owned()]
+    );
+    let (reply, listing) = c.option(OPT_LIST, &[]);
+    assert!(reply == REP_ACK && listing.contains("ram0"), "{listing}");
+    assert_eq!(
+        c.option(OPT_GO, &encode_info_request("ram0", &[])).0,
+        REP_ACK
+    );
+    // Transmission: write 1 MiB, read it back, over TLS.
+    let data = random_bytes(MIB, 5);
+    let mut out = Vec::new();
+    let write = Request {
+        flags: 0,
+        command: CMD_WRITE,
+        cookie: 1,
+        offset: 4096,
+        len: MIB as u32,
+    };
+    encode_request(&mut out, &write);
+    out.extend_from_slice(&data);
+    let read = Request {
+        command: CMD_READ,
+        cookie: 2,
+        ..write
+    };
+    encode_request(&mut out, &read);
+    c.0.write_all(&out).unwrap();
+    let mut reply = [0u8; 16];
+    c.0.read_exact(&mut reply).unwrap();
+    let Ok(Parse::Done(r, _)) = parse_simple_reply(&reply) else {
+        panic!("bad reply");
+    };
+    assert_eq!((r.cookie, r.error), (1, 0));
+    c.0.read_exact(&mut reply).unwrap();
+    let Ok(Parse::Done(r, _)) = parse_simple_reply(&reply) else {
+        panic!("bad reply");
+    };
+    assert_eq!((r.cookie, r.error), (2, 0));
+    let mut got = vec![0u8; MIB];
+    c.0.read_exact(&mut got).unwrap();
+    assert!(got == data, "the data read back over TLS differs");
+}
+
+/// Plaintext sent right behind STARTTLS (a man in the middle injecting
+/// options, nbdkit's CVE-2021-3716) is never read as options: it is taken
+/// for the TLS handshake, which fails.
+#[test]
+fn plaintext_after_starttls_is_not_taken_as_options() {
+    if !require_openssl() {
+        return;
+    }
+    let p = pki();
+    let (server, _) = TestServer::with_tls(&p.server, TlsMode::Require, None);
+    let mut c = RawClient::connect(server.tcp);
+    let mut out = Vec::new();
+    encode_option(&mut out, OPT_STARTTLS, &[]);
+    encode_option(&mut out, OPT_LIST, &[]);
+    c.0.write_all(&out).unwrap();
+    let mut header = [0u8; 20];
+    c.0.read_exact(&mut header).unwrap();
+    let Ok(Parse::Done(h, _)) = parse_option_reply_header(&header) else {
+        panic!("bad option reply header");
+    };
+    assert_eq!((h.option, h.reply), (OPT_STARTTLS, REP_ACK));
+    // What follows is a TLS alert or the end, never an option reply.
+    let mut rest = Vec::new();
+    let _ = c.0.read_to_end(&mut rest);
+    assert!(
+        rest.is_empty() || rest[0] == 0x15,
+        "the server answered the injected option: {rest:02x?}"
+    );
+    assert!(!String::from_utf8_lossy(&rest).contains("ram0"));
+}
+
 // ------------------------------------------------------------ config check
 
 #[test]
@@ -776,8 +875,9 @@ for n, _ in enumerate(sys.stdin):
     }
 }
 
-/// A plaintext fixed-newstyle client that sends options byte by byte.
-struct RawClient(TcpStream);
+/// A fixed-newstyle client that sends options byte by byte, in plaintext
+/// or (after STARTTLS) over a rustls client session.
+struct RawClient<S = TcpStream>(S);
 
 impl RawClient {
     fn connect(addr: SocketAddr) -> RawClient {
@@ -792,14 +892,44 @@ impl RawClient {
         c
     }
 
+    /// Upgrades to TLS after an acknowledged STARTTLS, trusting the CA in
+    /// `client` and showing its certificate.
+    fn start_tls(self, client: &Path) -> RawClient<TlsClient> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_file_iter(client.join("ca-cert.pem")).unwrap() {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let chain = CertificateDer::pem_file_iter(client.join("client-cert.pem"))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(client.join("client-key.pem")).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        let name = "localhost".try_into().unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        RawClient(rustls::StreamOwned::new(conn, self.0))
+    }
+}
+
+type TlsClient = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+impl<S: Read + Write> RawClient<S> {
     fn send_option(&mut self, option: u32, data: &[u8]) {
         let mut out = Vec::new();
         encode_option(&mut out, option, data);
         self.0.write_all(&out).unwrap();
     }
 
-    /// Sends an option; the last reply's type and all replies' data as
-    /// text (server names included).
+    /// Sends an option; the final reply's type (ACK or an error) and all
+    /// replies' data as text (server names included).
     fn option(&mut self, option: u32, data: &[u8]) -> (u32, String) {
         self.send_option(option, data);
         let mut text = String::new();
@@ -812,7 +942,7 @@ impl RawClient {
             let mut body = vec![0u8; h.len as usize];
             self.0.read_exact(&mut body).unwrap();
             text += &String::from_utf8_lossy(&body);
-            if h.reply != REP_SERVER {
+            if h.reply == REP_ACK || h.is_error() {
                 return (h.reply, text);
             }
         }

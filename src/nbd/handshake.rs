@@ -1,5 +1,10 @@
 //! The fixed-newstyle handshake: greeting, then options until the client
-//! picks an export (NBD_OPT_GO / NBD_OPT_EXPORT_NAME) or leaves.
+//! picks an export (NBD_OPT_GO / NBD_OPT_EXPORT_NAME), asks for TLS
+//! (NBD_OPT_STARTTLS: the caller runs the TLS handshake and calls
+//! `options` again over TLS, with what was negotiated before forgotten),
+//! or leaves. What STARTTLS gets is the listener's [`TlsOffer`]; with
+//! `Required` every other option but ABORT is answered NBD_REP_ERR_TLS_REQD
+//! (no export name in it) and NBD_OPT_EXPORT_NAME ends the connection.
 //!
 //! Blocking I/O on one connection; all parsing is in `proto`. Malformed option
 //! data is answered with NBD_REP_ERR_INVALID and the handshake continues;
