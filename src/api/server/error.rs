@@ -134,13 +134,13 @@ impl From<CachesError> for ApiError {
         let (status, code) = match &e {
             C::Spec(s) => return s.clone().into(),
             C::Ledger(l) => return l.into(),
-            C::Backing { kind, .. } => match kind {
+            C::Backing(b) => match b.kind() {
                 BackingErrorKind::Invalid => (StatusCode::UNPROCESSABLE_ENTITY, "bad_backing"),
                 BackingErrorKind::Busy => (StatusCode::CONFLICT, "backing_busy"),
                 BackingErrorKind::Unreachable => (StatusCode::BAD_GATEWAY, "backing_unreachable"),
             },
             C::Busy(_) => (StatusCode::CONFLICT, "cache_busy"),
-            C::DirtyData { .. } => (StatusCode::CONFLICT, "dirty_data"),
+            C::DirtyData(_) => (StatusCode::CONFLICT, "dirty_data"),
             C::BackingFailed(_) => (StatusCode::BAD_GATEWAY, "backing_failed"),
             C::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "cache_unavailable"),
             C::Setup(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cache_error"),

@@ -4,8 +4,73 @@
 //! The refusals every kind shares (bad name, name taken, not found, over
 //! the budget, in use by clients or attachments) are the ledger's.
 
-use crate::cache::CacheError;
+use crate::cache::{BackingErrorKind, CacheError};
 use crate::size::format_size;
+
+/// Why a backing cannot be cached.
+#[derive(Debug, thiserror::Error)]
+pub enum BackingRefused {
+    /// It could not be opened (`message`: the cache engine's reason).
+    #[error("backing {spec}: {message}; {}", open_hint(*kind))]
+    Open {
+        spec: String,
+        message: String,
+        kind: BackingErrorKind,
+    },
+    /// Another cache caches it already.
+    #[error("backing {backing} is already cached by '{other}': two caches over one disk would overwrite each other's data")]
+    Shared { backing: String, other: String },
+    /// It holds nothing.
+    #[error("backing {backing} is empty (size 0): nothing to cache")]
+    Empty { backing: String },
+}
+
+impl BackingRefused {
+    /// What kind of refusal it is (the API answers by it).
+    pub fn kind(&self) -> BackingErrorKind {
+        match self {
+            BackingRefused::Open { kind, .. } => *kind,
+            BackingRefused::Shared { .. } => BackingErrorKind::Busy,
+            BackingRefused::Empty { .. } => BackingErrorKind::Invalid,
+        }
+    }
+}
+
+/// What to do about a backing that could not be opened.
+fn open_hint(kind: BackingErrorKind) -> &'static str {
+    match kind {
+        BackingErrorKind::Invalid => {
+            "give an existing file, a block device, or nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH"
+        }
+        BackingErrorKind::Busy => "unmount it or stop the program that holds it, then try again",
+        BackingErrorKind::Unreachable => {
+            "check that the server runs and is reachable, then try again"
+        }
+    }
+}
+
+/// A delete found dirty data its backing cannot take, so nothing was
+/// deleted (`error`: why the write-back failed).
+#[derive(Debug, thiserror::Error)]
+#[error("cache '{name}' holds {} of dirty data that cannot be written back to {backing} ({error}); nothing was deleted and the cache {}", format_size(*dirty_bytes), dirty_next_steps(name, *serves_again))]
+pub struct DirtyData {
+    pub name: String,
+    pub backing: String,
+    pub dirty_bytes: u64,
+    pub error: String,
+    /// The failure came after the cache stopped serving (it serves again);
+    /// false: before (it never stopped).
+    pub serves_again: bool,
+}
+
+fn dirty_next_steps(name: &str, serves_again: bool) -> String {
+    if serves_again {
+        "serves again. Fix the backing and delete again, or delete with force to DROP that data"
+            .to_owned()
+    } else {
+        format!("keeps serving and retrying. Fix the backing and delete again, or delete with force (ramd cache delete {name} --force) to DROP that data")
+    }
+}
 
 /// The cache is busy being created or deleted.
 #[derive(Debug, thiserror::Error)]

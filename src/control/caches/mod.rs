@@ -50,9 +50,7 @@ use super::ledger::{
 };
 use super::sampler::Sampler;
 use crate::backend::Backend;
-use crate::cache::{
-    self, open_backing, BackingErrorKind, BackingSpec, Cache, CacheError, CloseReport,
-};
+use crate::cache::{self, open_backing, BackingSpec, Cache, CacheError, CloseReport};
 use crate::fuse::Attachable;
 use crate::metrics::DriveMetrics;
 use crate::nbd::{Export, ShutdownHandle};
@@ -71,18 +69,15 @@ pub enum CachesError {
     /// (connections, attachments).
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    /// The backing cannot be opened (see the kind).
-    #[error("{message}")]
-    Backing {
-        kind: BackingErrorKind,
-        message: String,
-    },
+    /// The backing cannot be cached (see its kind).
+    #[error(transparent)]
+    Backing(#[from] error::BackingRefused),
     /// The cache is busy being created or deleted.
     #[error(transparent)]
     Busy(#[from] error::Busy),
     /// Dirty data could not be written back, so nothing was deleted.
-    #[error("{message}")]
-    DirtyData { dirty_bytes: u64, message: String },
+    #[error(transparent)]
+    DirtyData(#[from] error::DirtyData),
     /// A sync could not write back or flush the backing.
     #[error(transparent)]
     BackingFailed(#[from] error::BackingFailed),
@@ -285,23 +280,12 @@ fn backing_error(e: CacheError) -> CachesError {
             spec,
             message,
             kind,
-        } => {
-            let hint = match kind {
-                BackingErrorKind::Invalid => {
-                    "give an existing file, a block device, or nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH"
-                }
-                BackingErrorKind::Busy => {
-                    "unmount it or stop the program that holds it, then try again"
-                }
-                BackingErrorKind::Unreachable => {
-                    "check that the server runs and is reachable, then try again"
-                }
-            };
-            CachesError::Backing {
-                kind,
-                message: format!("backing {spec}: {message}; {hint}"),
-            }
+        } => error::BackingRefused::Open {
+            spec,
+            message,
+            kind,
         }
+        .into(),
         CacheError::Config(reason) => {
             CachesError::Spec(spec::CacheOptionError::Engine { reason }.into())
         }
@@ -386,7 +370,8 @@ impl Caches {
         let entry = self.reserve(spec, origin)?;
         match self.open(&entry) {
             Ok(()) => Ok(entry),
-            Err(CachesError::Backing { message, .. }) => {
+            Err(CachesError::Backing(refused)) => {
+                let message = refused.to_string();
                 let max =
                     cache::metadata_bytes_max(&entry.spec.config) + entry.spec.config.cache_bytes;
                 if let Err(e) = self.ledger.repromise(&entry.claim, &Promise::Bytes(max)) {
@@ -425,13 +410,11 @@ impl Caches {
             .claim(Kind::Cache, &name, origin, &Promise::Bytes(0))?;
         if let Some(other) = map.values().find(|e| e.backing_id == backing_id) {
             self.ledger.release(&claim);
-            return Err(CachesError::Backing {
-                kind: BackingErrorKind::Busy,
-                message: format!(
-                    "backing {} is already cached by '{}': two caches over one disk would overwrite each other's data",
-                    spec.backing, other.name
-                ),
-            });
+            return Err(error::BackingRefused::Shared {
+                backing: spec.backing,
+                other: other.name.clone(),
+            }
+            .into());
         }
         let entry = Arc::new(CacheEntry {
             name: name.clone(),
@@ -464,13 +447,10 @@ impl Caches {
         let backing = open_backing(&spec.backing, &spec.options).map_err(backing_error)?;
         let size = backing.size();
         if size == 0 {
-            return Err(CachesError::Backing {
-                kind: BackingErrorKind::Invalid,
-                message: format!(
-                    "backing {} is empty (size 0): nothing to cache",
-                    spec.backing
-                ),
-            });
+            return Err(error::BackingRefused::Empty {
+                backing: spec.backing.clone(),
+            }
+            .into());
         }
         let need =
             cache::capacity_bytes(&spec.config, size) + cache::metadata_bytes(&spec.config, size);
@@ -582,15 +562,14 @@ impl Caches {
         let before = live.cache.stats().writeback_bytes;
         if !force {
             if let Err(e) = live.cache.sync() {
-                let dirty_bytes = live.cache.dirty_bytes();
-                return Err(CachesError::DirtyData {
-                    dirty_bytes,
-                    message: format!(
-                        "cache '{name}' holds {} of dirty data that cannot be written back to {} ({e}); nothing was deleted and the cache keeps serving and retrying. Fix the backing and delete again, or delete with force (ramd cache delete {name} --force) to DROP that data",
-                        format_size(dirty_bytes),
-                        entry.spec.backing
-                    ),
-                });
+                return Err(error::DirtyData {
+                    name: name.to_owned(),
+                    backing: entry.spec.backing.clone(),
+                    dirty_bytes: live.cache.dirty_bytes(),
+                    error: e.to_string(),
+                    serves_again: false,
+                }
+                .into());
             }
         }
         // Out of service: no new connections, open ones closed after their
@@ -686,14 +665,14 @@ impl Caches {
             ..live.clone()
         });
         match e {
-            CacheError::DirtyData { dirty_bytes, error } => CachesError::DirtyData {
+            CacheError::DirtyData { dirty_bytes, error } => error::DirtyData {
+                name: name.clone(),
+                backing: entry.spec.backing.clone(),
                 dirty_bytes,
-                message: format!(
-                    "cache '{name}' holds {} of dirty data that cannot be written back to {} ({error}); nothing was deleted and the cache serves again. Fix the backing and delete again, or delete with force to DROP that data",
-                    format_size(dirty_bytes),
-                    entry.spec.backing
-                ),
-            },
+                error,
+                serves_again: true,
+            }
+            .into(),
             other => CachesError::Setup(other.into()),
         }
     }
@@ -737,6 +716,7 @@ fn not_serving(entry: &CacheEntry) -> CachesError {
 mod tests {
     use super::*;
     use crate::block::ExportTable;
+    use crate::cache::BackingErrorKind;
     use crate::control::drives::spec::DriveSpec;
     use crate::control::drives::Drives;
     use crate::store::MemoryBudget;
@@ -841,13 +821,10 @@ mod tests {
         // The same file under another spelling is the same backing.
         let again = format!("{}/./a.img", dir.path().display());
         let e = c.create(spec("y", &again, "1M"), Origin::Api).unwrap_err();
-        assert!(matches!(
-            e,
-            CachesError::Backing {
-                kind: BackingErrorKind::Busy,
-                ..
-            }
-        ));
+        assert!(
+            matches!(&e, CachesError::Backing(b) if b.kind() == BackingErrorKind::Busy),
+            "{e}"
+        );
         // Concurrent creates of one name: exactly one wins.
         let files: Vec<String> = (0..4)
             .map(|i| file(dir.path(), &format!("c{i}.img"), 8 << 20))
