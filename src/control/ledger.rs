@@ -339,8 +339,11 @@ pub(crate) fn plural(n: usize) -> &'static str {
 /// One claimed name: what the ledger knows of the object behind it.
 #[derive(Debug)]
 pub struct Claim {
+    /// The name, which is also the NBD export name.
     pub name: String,
+    /// What the object is: messages and API codes name it.
     pub kind: Kind,
+    /// Who asked for it: declared objects come back at every start.
     pub origin: Origin,
     /// Budget promised to the object; changed only under the ledger mutex.
     promised_bytes: AtomicU64,
@@ -663,6 +666,28 @@ mod tests {
         assert_eq!(l.committed_bytes(), 100);
         l.release(&b);
         assert_eq!(l.committed_bytes(), 10);
+    }
+
+    #[test]
+    fn an_export_is_served_only_while_its_name_is_claimed() {
+        let l = ledger(1 << 20);
+        let c = l
+            .claim(Kind::Drive, "a", Origin::Api, &Promise::Bytes(0))
+            .unwrap();
+        let store = Arc::new(crate::store::RamStore::new(4096, None, l.budget().clone()).unwrap());
+        let export = || Arc::new(Export::new("a", "test", store.clone(), false));
+        l.publish(&c, export()).unwrap();
+        assert!(l.export("a").is_some());
+        // A second export under the name is refused.
+        assert!(l.publish(&c, export()).is_err());
+        l.withdraw(&c);
+        assert!(l.export("a").is_none());
+        l.publish(&c, export()).unwrap();
+        l.release(&c);
+        assert!(l.export("a").is_none());
+        // A released claim serves nothing.
+        assert!(l.publish(&c, export()).is_err());
+        assert!(l.export("a").is_none());
     }
 
     #[test]
