@@ -49,6 +49,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -59,7 +60,9 @@ use super::drives::spec::{
     check_mem_limit, check_name, parse_drive_size, parse_durability, parse_sync_interval_ms,
     DriveSpec, PersistOptions,
 };
+use super::ledger::{Kind, Ledger, LedgerError, Origin};
 use crate::size::Size;
+use crate::store::MemoryBudget;
 
 /// The default config file, read when present and no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ramd/ramd.toml";
@@ -335,12 +338,20 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         invalid(offset, e.message().trim().to_owned())
     })?;
     let mut declared_at = BTreeMap::new();
+    // Names by the ledger's rule (one namespace for every kind), checked
+    // here so that a clash names its line before anything is built.
+    let names = Ledger::new(Arc::default(), Arc::new(MemoryBudget::new(0)));
+    let origin = Origin::Config(path.to_owned());
+    let taken_by = |kind, name: &str| match names.claim_unchecked(kind, name, origin.clone(), 0) {
+        Err(LedgerError::Taken(t)) => Some(t.holder),
+        _ => None,
+    };
     let mut drives: Vec<DriveSpec> = Vec::new();
     for d in &file.drives {
         let name = d.name.get_ref();
         declared_at.insert(name.clone(), line_col(text, d.name.span().start));
         check_name(name).map_err(|e| invalid(d.name.span().start, e.to_string()))?;
-        if drives.iter().any(|x| &x.name == name) {
+        if taken_by(Kind::Drive, name).is_some() {
             return Err(invalid(
                 d.name.span().start,
                 format!("drive '{name}' is declared twice"),
@@ -352,14 +363,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     for c in &file.caches {
         let spec = c.to_spec().map_err(|(offset, m)| invalid(offset, m))?;
         let name = &spec.name;
-        let taken = if drives.iter().any(|d| &d.name == name) {
-            Some("a drive")
-        } else if caches.iter().any(|x| &x.name == name) {
-            Some("another cache")
-        } else {
-            None
-        };
-        if let Some(what) = taken {
+        if let Some(holder) = taken_by(Kind::Cache, name) {
+            let what = match holder {
+                Kind::Drive => "a drive",
+                Kind::Cache => "another cache",
+            };
             return Err(invalid(
                 c.name.span().start,
                 format!("cache '{name}': the name is taken by {what} (drives and caches share NBD export names)"),
