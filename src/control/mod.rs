@@ -1,6 +1,22 @@
 //! The daemon: one process holding every drive, the NBD listeners and the
 //! REST API.
 //!
+//! # Invariants
+//!
+//! - Every named object (drive, cache) holds one claim in the ledger
+//!   (`ledger.rs`), which keeps the rules they share: one namespace, the
+//!   memory budget promised at most once, the export table, the delete
+//!   rule. Kinds keep only what is theirs, so a new kind adds a module,
+//!   not a copy of those rules.
+//! - A declared object that cannot be created stops the start (naming its
+//!   config line); READY=1 goes out only once every declared object exists
+//!   and no drive is restoring, so services ordered after ramd find their
+//!   data.
+//! - Shutdown never drops data silently: whatever a cache could not write
+//!   back is saved to a rescue file or reported, and the exit status is 1.
+//! - The API depends on this module, never the reverse: `run.rs` is the
+//!   only file that wires the API server, the listeners and shutdown.
+//!
 //! ```text
 //!  main thread ── start-up: settings (flags > config > defaults), pid lock,
 //!     │           drives, NBD bind, API bind ── READY=1 ── tokio runtime:
