@@ -111,7 +111,7 @@ for _ in range({n}):
     h.pread(4096, 0)
     out.append(time.perf_counter() - t)
     h.shutdown()
-    h.close()
+    del h
 print(json.dumps(out))
 """
     p = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True,
