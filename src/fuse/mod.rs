@@ -37,6 +37,7 @@ mod fs;
 mod mount;
 pub mod proto;
 pub mod session;
+mod uring;
 
 use std::collections::BTreeMap;
 use std::ffi::CString;

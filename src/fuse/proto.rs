@@ -60,6 +60,9 @@ pub const ASYNC_DIO: u64 = 1 << 15;
 pub const PARALLEL_DIROPS: u64 = 1 << 18;
 pub const MAX_PAGES: u64 = 1 << 22;
 pub const INIT_EXT: u64 = 1 << 30;
+/// `FUSE_OVER_IO_URING` (7.42, in flags2): requests may be served through
+/// io_uring ring entries (`fuse::uring`) instead of `read`/`writev`.
+pub const OVER_IO_URING: u64 = 1 << 41;
 
 // OPEN reply flags.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
@@ -149,9 +152,13 @@ pub enum Op<'a> {
 }
 
 /// A little-endian-free reader: the kernel writes native byte order.
+/// `b` is the opcode's argument struct; `payload` what follows it (a
+/// LOOKUP's name, a WRITE's data). From `/dev/fuse` both come in one
+/// buffer ([`split_classic`]); an io_uring entry has them in two.
 struct Args<'a> {
     opcode: u32,
     b: &'a [u8],
+    payload: &'a [u8],
 }
 
 impl<'a> Args<'a> {
@@ -178,7 +185,11 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Op<'_>), Malformed> {
     if buf.len() < IN_HEADER_BYTES {
         return Err(Malformed::Short(buf.len()));
     }
-    let h = Args { opcode: 0, b: buf };
+    let h = Args {
+        opcode: 0,
+        b: buf,
+        payload: &[],
+    };
     let len = h.u32(0);
     if len as usize != buf.len() {
         return Err(Malformed::Length {
@@ -186,15 +197,58 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Op<'_>), Malformed> {
             read: buf.len(),
         });
     }
-    let header = Header {
+    let header = in_header(&h);
+    let (b, payload) = split_classic(header.opcode, &buf[IN_HEADER_BYTES..]);
+    let a = Args {
+        opcode: header.opcode,
+        b,
+        payload,
+    };
+    Ok((header, op(&a)?))
+}
+
+fn in_header(h: &Args<'_>) -> Header {
+    Header {
         opcode: h.u32(4),
         unique: h.u64(8),
         nodeid: h.u64(16),
         uid: h.u32(24),
+    }
+}
+
+/// Splits what follows a `/dev/fuse` request's header into the argument
+/// struct and the payload after it (see [`Args`]).
+fn split_classic(opcode: u32, rest: &[u8]) -> (&[u8], &[u8]) {
+    match opcode {
+        LOOKUP => (&[], rest),
+        WRITE => rest.split_at(RW_IN_BYTES.min(rest.len())),
+        _ => (rest, &[]),
+    }
+}
+
+/// Decodes one request delivered in an io_uring ring entry: the
+/// `fuse_in_header` from the header buffer's `in_out`, the argument struct
+/// from its `op_in`, and `payload` (the payload buffer's first
+/// `ring_ent_in_out.payload_sz` bytes). The kernel puts a request's first
+/// argument in `op_in` and the rest in the payload (`fuse_uring_args_to_ring`,
+/// fs/fuse/dev_uring.c); a LOOKUP's first argument is empty, its name is the
+/// payload. The header's `len` is not checked: it counts bytes that are
+/// split across two buffers.
+pub fn decode_ring<'a>(
+    in_out: &[u8; URING_IN_OUT_BYTES],
+    op_in: &'a [u8; URING_OP_IN_BYTES],
+    payload: &'a [u8],
+) -> Result<(Header, Op<'a>), Malformed> {
+    let h = Args {
+        opcode: 0,
+        b: in_out,
+        payload: &[],
     };
+    let header = in_header(&h);
     let a = Args {
         opcode: header.opcode,
-        b: &buf[IN_HEADER_BYTES..],
+        b: op_in,
+        payload,
     };
     Ok((header, op(&a)?))
 }
@@ -204,7 +258,7 @@ fn op<'a>(a: &Args<'a>) -> Result<Op<'a>, Malformed> {
         INIT => init(a)?,
         LOOKUP => {
             // A NUL-terminated name.
-            let name = a.b.split(|&c| c == 0).next().unwrap_or(&[]);
+            let name = a.payload.split(|&c| c == 0).next().unwrap_or(&[]);
             Op::Lookup(OsStr::from_bytes(name))
         }
         FORGET | BATCH_FORGET => Op::Forget,
@@ -268,7 +322,7 @@ fn init<'a>(a: &Args<'a>) -> Result<Op<'a>, Malformed> {
 fn write<'a>(a: &Args<'a>) -> Result<Op<'a>, Malformed> {
     a.need(RW_IN_BYTES)?;
     let size = a.u32(16);
-    let data = &a.b[RW_IN_BYTES..];
+    let data = a.payload;
     if data.len() != size as usize {
         return Err(Malformed::Payload {
             size,
@@ -280,6 +334,75 @@ fn write<'a>(a: &Args<'a>) -> Result<Op<'a>, Malformed> {
         data,
         flags: a.u32(32),
     })
+}
+
+// FUSE over io_uring (7.42; include/uapi/linux/fuse.h, fs/fuse/dev_uring.c).
+//
+//  header buffer (iov[0] of a REGISTER), struct fuse_uring_req_header:
+//  ┌──────────────────────────────┬──────────────────────┬────────────────────────┐
+//  │ in_out 128 B                 │ op_in 128 B          │ ring_ent_in_out 32 B   │
+//  │ fetch: fuse_in_header (40)   │ the opcode's first   │ flags u64, commit_id   │
+//  │ commit: fuse_out_header (16) │ argument struct      │ u64, payload_sz u32,   │
+//  │                              │                      │ padding u32, rsvd u64  │
+//  └──────────────────────────────┴──────────────────────┴────────────────────────┘
+//  payload buffer (iov[1]): the request's other arguments on fetch (a
+//  WRITE's data), the reply body on commit; payload_sz says how much.
+
+pub const URING_IN_OUT_BYTES: usize = 128;
+pub const URING_OP_IN_BYTES: usize = 128;
+pub const URING_ENT_IN_OUT_BYTES: usize = 32;
+/// `enum fuse_uring_cmd`, the SQE's `cmd_op`.
+pub const URING_CMD_REGISTER: u32 = 1;
+pub const URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+/// The SQE128 command area that holds `struct fuse_uring_cmd_req`.
+pub const URING_CMD_AREA_BYTES: usize = 80;
+
+/// `struct fuse_uring_req_header` (288 bytes): one ring entry's header
+/// buffer, shared with the kernel while the entry is registered.
+#[repr(C, align(8))]
+pub struct RingHeader {
+    pub in_out: [u8; URING_IN_OUT_BYTES],
+    pub op_in: [u8; URING_OP_IN_BYTES],
+    pub ent_in_out: [u8; URING_ENT_IN_OUT_BYTES],
+}
+
+impl RingHeader {
+    pub const fn zeroed() -> RingHeader {
+        RingHeader {
+            in_out: [0; URING_IN_OUT_BYTES],
+            op_in: [0; URING_OP_IN_BYTES],
+            ent_in_out: [0; URING_ENT_IN_OUT_BYTES],
+        }
+    }
+
+    /// `ring_ent_in_out.commit_id`: what COMMIT_AND_FETCH must name (the
+    /// request's `unique`).
+    pub fn commit_id(&self) -> u64 {
+        u64::from_ne_bytes(self.ent_in_out[8..16].try_into().expect("8 bytes"))
+    }
+
+    /// `ring_ent_in_out.payload_sz`: bytes of the payload buffer in use.
+    pub fn payload_sz(&self) -> u32 {
+        u32::from_ne_bytes(self.ent_in_out[16..20].try_into().expect("4 bytes"))
+    }
+
+    /// Writes the reply to the request `unique`: `fuse_out_header` in
+    /// `in_out` and `payload_sz` (the body already in the payload buffer;
+    /// 0 with an error).
+    pub fn set_reply(&mut self, unique: u64, error: i32, payload_sz: usize) {
+        let body = if error == 0 { payload_sz } else { 0 };
+        self.in_out[..OUT_HEADER_BYTES].copy_from_slice(&out_header(unique, error, body));
+        self.ent_in_out[16..20].copy_from_slice(&(body as u32).to_ne_bytes());
+    }
+}
+
+/// `struct fuse_uring_cmd_req` (flags u64, commit_id u64, qid u16,
+/// padding[6]) at the start of the 80-byte command area, the rest zero.
+pub fn uring_cmd(commit_id: u64, qid: u16) -> [u8; URING_CMD_AREA_BYTES] {
+    let mut c = [0u8; URING_CMD_AREA_BYTES];
+    c[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    c[16..18].copy_from_slice(&qid.to_ne_bytes());
+    c
 }
 
 /// Appends native-order integers to a reply.
@@ -558,6 +681,85 @@ mod tests {
     }
 
     #[test]
+    fn ring_layouts_match_linux_fuse_h() {
+        use std::mem::{align_of, offset_of, size_of};
+        // struct fuse_uring_req_header: 128 + 128 + 32.
+        assert_eq!(size_of::<RingHeader>(), 288);
+        assert_eq!(align_of::<RingHeader>(), 8);
+        assert_eq!(offset_of!(RingHeader, op_in), 128);
+        assert_eq!(offset_of!(RingHeader, ent_in_out), 256);
+        let mut h = RingHeader::zeroed();
+        // fuse_uring_ent_in_out: flags @0, commit_id @8, payload_sz @16.
+        h.ent_in_out[8..16].copy_from_slice(&77u64.to_ne_bytes());
+        h.ent_in_out[16..20].copy_from_slice(&4096u32.to_ne_bytes());
+        assert_eq!((h.commit_id(), h.payload_sz()), (77, 4096));
+        h.set_reply(77, 0, 8);
+        assert_eq!(&h.in_out[..16], &out_header(77, 0, 8));
+        assert_eq!(h.payload_sz(), 8);
+        // An error carries no payload.
+        h.set_reply(77, libc::EIO, 8);
+        assert_eq!(h.payload_sz(), 0);
+        assert_eq!(&h.in_out[4..8], &(-libc::EIO).to_ne_bytes());
+        // struct fuse_uring_cmd_req: flags @0, commit_id @8, qid @16.
+        let c = uring_cmd(0x0102_0304_0506_0708, 3);
+        assert_eq!(&c[..8], &[0; 8]);
+        assert_eq!(&c[8..16], &0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(&c[16..18], &3u16.to_ne_bytes());
+        assert!(c[18..].iter().all(|&b| b == 0));
+    }
+
+    /// A ring entry as the kernel fills it: header, first argument, payload.
+    fn ring_request(opcode: u32, op_in: &[u8]) -> RingHeader {
+        let mut h = RingHeader::zeroed();
+        let req = request(opcode, &[]);
+        h.in_out[..IN_HEADER_BYTES].copy_from_slice(&req);
+        h.op_in[..op_in.len()].copy_from_slice(op_in);
+        h
+    }
+
+    #[test]
+    fn decodes_ring_entries() {
+        let h = ring_request(READ, &rw_in(4096, 512, 0));
+        let (hd, op) = decode_ring(&h.in_out, &h.op_in, &[]).unwrap();
+        assert_eq!(
+            (hd.opcode, hd.unique, hd.nodeid, hd.uid),
+            (READ, 7, 2, 1000)
+        );
+        assert_eq!(
+            op,
+            Op::Read {
+                offset: 4096,
+                size: 512
+            }
+        );
+        // WRITE: fuse_write_in in op_in, the data in the payload.
+        let h = ring_request(WRITE, &rw_in(8192, 3, 0));
+        let (_, op) = decode_ring(&h.in_out, &h.op_in, b"abc").unwrap();
+        assert_eq!(
+            op,
+            Op::Write {
+                offset: 8192,
+                data: b"abc",
+                flags: 0
+            }
+        );
+        assert_eq!(
+            decode_ring(&h.in_out, &h.op_in, b"ab"),
+            Err(Malformed::Payload { size: 3, have: 2 })
+        );
+        // LOOKUP: an empty first argument, the name in the payload.
+        let h = ring_request(LOOKUP, &[]);
+        let (_, op) = decode_ring(&h.in_out, &h.op_in, b"ram0\0").unwrap();
+        assert_eq!(op, Op::Lookup(OsStr::new("ram0")));
+        // Garbage in every byte: never a panic.
+        for opcode in 0..64 {
+            let mut h = ring_request(opcode, &[0xff; 128]);
+            h.in_out[..4].copy_from_slice(&u32::MAX.to_ne_bytes());
+            let _ = decode_ring(&h.in_out, &h.op_in, &[0xff; 7]);
+        }
+    }
+
+    #[test]
     fn replies_have_the_kernel_sizes() {
         let a = Attr {
             ino: 2,
@@ -586,7 +788,8 @@ mod tests {
             },
         );
         assert_eq!(b.len(), 64);
-        assert_eq!(&b[36..40], &(1u32 << 9).to_ne_bytes(), "flags2");
+        // fuse_init_out.flags2 is at 32 (after map_alignment at 30).
+        assert_eq!(&b[32..36], &(1u32 << 9).to_ne_bytes(), "flags2");
         b.clear();
         statfs_out(&mut b, 5);
         assert_eq!(b.len(), 80);

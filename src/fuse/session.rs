@@ -31,6 +31,7 @@ use std::thread::JoinHandle;
 
 use super::fs::{DriveFs, Reply, Scratch, Sink};
 use super::proto::{self, Op};
+use super::uring;
 
 /// `FUSE_DEV_IOC_CLONE` = `_IOR(229, 0, uint32_t)` (linux/fuse.h).
 const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
@@ -84,34 +85,130 @@ pub fn default_queues() -> usize {
 /// Starts the threads serving the session on `dev` (the descriptor the
 /// mount was made with). Returns their handles (each returns when the
 /// mount goes away) and the path the mount uses.
+///
+/// The kernel queued INIT while mounting: it is answered here, and the
+/// answer picks the path. FUSE over io_uring when the kernel offers it
+/// (the fuse module's `enable_uring`), `RAMD_FUSE_URING` is not `0`/`off`
+/// and every queue's ring is set up and registered (`uring`), with one
+/// classic reader left for INIT, FORGET and INTERRUPT; otherwise classic
+/// queue threads only. A failure on the way is logged in one line and
+/// falls back to the classic path, with the mount intact.
 pub fn start(
     fs: Arc<DriveFs>,
     dev: OwnedFd,
     name: &str,
 ) -> io::Result<(Vec<JoinHandle<io::Result<()>>>, Path)> {
     let queues = default_queues();
-    let threads = start_classic(fs, dev, queues, name)?;
-    Ok((threads, Path::Classic { queues }))
+    let mut lead = Queue::new(dev, &fs);
+    let mut prepared = None;
+    if readable_within(lead.fd.as_fd(), INIT_WAIT_MS)? {
+        if let Some(n) = lead.read()? {
+            match proto::decode(&lead.buf[..n]) {
+                Ok((
+                    h,
+                    Op::Init {
+                        major,
+                        max_readahead,
+                        flags,
+                        ..
+                    },
+                )) => {
+                    prepared =
+                        lead.answer_init(&fs, h.unique, major, max_readahead, flags, name)?;
+                }
+                // Not INIT (or no INIT in time): the classic threads serve
+                // everything, INIT included, as they always could.
+                _ => {
+                    lead.serve(&fs, n)?;
+                }
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    let path = match prepared {
+        None => Path::Classic { queues },
+        Some(prepared) => {
+            let (ring_threads, registered) = prepared.register();
+            threads.extend(ring_threads);
+            match registered {
+                Ok(rings) => Path::Uring { queues: rings },
+                Err(e) => {
+                    tracing::warn!(
+                        drive = name,
+                        "FUSE over io_uring not used: {e}; serving through /dev/fuse"
+                    );
+                    if let Err(e) = uring::refuse(lead.fd.as_fd()) {
+                        tracing::error!(drive = name, "cannot turn the FUSE ring off: {e}");
+                    }
+                    Path::Classic { queues }
+                }
+            }
+        }
+    };
+    let readers = match path {
+        // INIT is done; FORGET and INTERRUPT are all that read() brings.
+        Path::Uring { .. } => 1,
+        Path::Classic { .. } => queues,
+    };
+    threads.extend(start_classic(fs, lead, readers, name)?);
+    tracing::info!(drive = name, "FUSE session: {path}");
+    Ok((threads, path))
 }
 
-/// Starts `queues` classic queue threads.
+/// How long `start` waits for the kernel's INIT (queued by the mount).
+const INIT_WAIT_MS: i32 = 5000;
+
+/// True when `RAMD_FUSE_URING` allows FUSE over io_uring (unset: yes).
+fn uring_allowed() -> bool {
+    std::env::var("RAMD_FUSE_URING")
+        .map(|v| {
+            !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "off" | "no" | "false"
+            )
+        })
+        .unwrap_or(true)
+}
+
+/// Waits until `fd` has something to read; false after `timeout_ms`.
+fn readable_within(fd: BorrowedFd<'_>, timeout_ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `p` is one live pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Starts `queues` classic queue threads: `lead` (on the session's own
+/// descriptor) and clones.
 fn start_classic(
     fs: Arc<DriveFs>,
-    dev: OwnedFd,
+    lead: Queue,
     queues: usize,
     name: &str,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
-    let mut fds = Vec::with_capacity(queues);
+    let mut all = Vec::with_capacity(queues);
     for _ in 1..queues.max(1) {
-        fds.push(clone_fd(dev.as_fd())?);
+        all.push(Queue::new(clone_fd(lead.fd.as_fd())?, &fs));
     }
-    fds.insert(0, dev);
-    let mut threads = Vec::with_capacity(fds.len());
-    for (i, fd) in fds.into_iter().enumerate() {
+    all.insert(0, lead);
+    let mut threads = Vec::with_capacity(all.len());
+    for (i, q) in all.into_iter().enumerate() {
         let fs = fs.clone();
         let t = std::thread::Builder::new()
             .name(format!("fuse-{name}-{i}"))
-            .spawn(move || Queue::new(fd, &fs).run(&fs))?;
+            .spawn(move || q.run(&fs))?;
         threads.push(t);
     }
     Ok(threads)
@@ -155,21 +252,84 @@ impl Queue {
 
     /// Serves requests until the mount is gone (Ok) or the device fails.
     fn run(mut self, fs: &DriveFs) -> io::Result<()> {
-        loop {
-            let n = match rustix::io::read(&self.fd, &mut self.buf) {
-                Ok(n) => n,
-                // Interrupted before we read it, or a signal: try again.
-                Err(
-                    rustix::io::Errno::NOENT | rustix::io::Errno::INTR | rustix::io::Errno::AGAIN,
-                ) => continue,
-                // Unmounted (or the connection was aborted).
-                Err(rustix::io::Errno::NODEV) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
+        while let Some(n) = self.read()? {
             if !self.serve(fs, n)? {
                 return Ok(());
             }
         }
+        Ok(())
+    }
+
+    /// Reads one request into `buf`: its length, or None once the mount
+    /// is gone (or the connection was aborted).
+    fn read(&mut self) -> io::Result<Option<usize>> {
+        loop {
+            match rustix::io::read(&self.fd, &mut self.buf) {
+                Ok(n) => return Ok(Some(n)),
+                // Interrupted before we read it, or a signal: try again.
+                Err(
+                    rustix::io::Errno::NOENT | rustix::io::Errno::INTR | rustix::io::Errno::AGAIN,
+                ) => continue,
+                Err(rustix::io::Errno::NODEV) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Answers INIT, offering FUSE over io_uring when the kernel does, it
+    /// is allowed, and every queue's ring is set up; returns the rings
+    /// then (to register once this reply is in).
+    fn answer_init(
+        &mut self,
+        fs: &Arc<DriveFs>,
+        unique: u64,
+        major: u32,
+        max_readahead: u32,
+        offered: u64,
+        name: &str,
+    ) -> io::Result<Option<uring::Prepared>> {
+        let prepared = if major != proto::VERSION.0 {
+            None
+        } else if !uring_allowed() {
+            tracing::info!(
+                drive = name,
+                "FUSE over io_uring not used: RAMD_FUSE_URING is off"
+            );
+            None
+        } else if offered & proto::OVER_IO_URING == 0 {
+            tracing::info!(
+                drive = name,
+                "FUSE over io_uring not used: the kernel does not offer it (needs 6.14+ and the fuse module's enable_uring)"
+            );
+            None
+        } else {
+            let rings = uring::queue_count().and_then(|n| {
+                let fds = (0..n)
+                    .map(|_| clone_fd(self.fd.as_fd()))
+                    .collect::<io::Result<Vec<_>>>()
+                    .map_err(|source| uring::UringError::Setup { qid: 0, source })?;
+                uring::prepare(fs, fds, name)
+            });
+            match rings {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(
+                        drive = name,
+                        "FUSE over io_uring not used: {e}; serving through /dev/fuse"
+                    );
+                    None
+                }
+            }
+        };
+        let extra = if prepared.is_some() {
+            offered & (proto::INIT_EXT | proto::OVER_IO_URING)
+        } else {
+            0
+        };
+        let reply = init(&mut self.scratch.body, major, max_readahead, offered, extra);
+        debug_assert_eq!(reply, Reply::Body);
+        send(&self.fd, unique, 0, &[IoSlice::new(&self.scratch.body)])?;
+        Ok(prepared)
     }
 
     /// Answers the request in `buf[..n]`; false after DESTROY.
@@ -193,7 +353,7 @@ impl Queue {
                 max_readahead,
                 flags,
                 ..
-            } => init(&mut self.scratch.body, major, max_readahead, flags),
+            } => init(&mut self.scratch.body, major, max_readahead, flags, 0),
             Op::Destroy => {
                 send(&self.fd, unique, 0, &[])?;
                 return Ok(false);
@@ -212,9 +372,10 @@ impl Queue {
     }
 }
 
-/// The INIT reply. A kernel speaking another major version gets only our
-/// version (it then retries or gives up, as the protocol says).
-fn init(body: &mut Vec<u8>, major: u32, max_readahead: u32, offered: u64) -> Reply {
+/// The INIT reply, with `extra` flags beyond the filesystem's terms. A
+/// kernel speaking another major version gets only our version (it then
+/// retries or gives up, as the protocol says).
+fn init(body: &mut Vec<u8>, major: u32, max_readahead: u32, offered: u64, extra: u64) -> Reply {
     body.clear();
     if major != proto::VERSION.0 {
         proto::init_out(
@@ -230,7 +391,9 @@ fn init(body: &mut Vec<u8>, major: u32, max_readahead: u32, offered: u64) -> Rep
         body.truncate(8);
         return Reply::Body;
     }
-    proto::init_out(body, &DriveFs::init_terms(offered, max_readahead));
+    let mut terms = DriveFs::init_terms(offered, max_readahead);
+    terms.flags |= extra;
+    proto::init_out(body, &terms);
     Reply::Body
 }
 
