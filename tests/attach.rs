@@ -310,3 +310,150 @@ fn detach_unmounts_only_what_ramd_mounted() {
     assert!(!body.contains(at_s), "{body}");
     assert!(!d.log().contains("panicked"), "{}", d.log());
 }
+
+/// The fuse module's switch for FUSE over io_uring (kernel 6.14+).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns the fuse module's `enable_uring` on for one test and puts back
+/// the value it had when dropped, so a failing test leaves it as it was.
+/// Other tests of this file that mount meanwhile get the ring too: both
+/// paths must pass them.
+struct EnableUring {
+    was: String,
+}
+
+impl EnableUring {
+    /// None (with the reason printed) where the kernel has no switch or
+    /// it cannot be set.
+    fn on() -> Option<EnableUring> {
+        let was = match std::fs::read_to_string(ENABLE_URING) {
+            Ok(v) => v.trim().to_owned(),
+            Err(e) => {
+                eprintln!("skipped: {ENABLE_URING}: {e} (a kernel without FUSE over io_uring)");
+                return None;
+            }
+        };
+        if let Err(e) = std::fs::write(ENABLE_URING, "Y") {
+            eprintln!("skipped: cannot turn {ENABLE_URING} on: {e}");
+            return None;
+        }
+        Some(EnableUring { was })
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        let _ = std::fs::write(ENABLE_URING, &self.was);
+    }
+}
+
+/// Writes the files `sums` checks, on the filesystem at `mnt`.
+fn write_known_files(mnt: &Path) {
+    std::fs::write(mnt.join("a.bin"), random_bytes(3 << 20, 1)).unwrap();
+    std::fs::write(mnt.join("b.bin"), random_bytes(777_777, 2)).unwrap();
+    std::fs::create_dir_all(mnt.join("sub")).unwrap();
+    std::fs::write(mnt.join("sub/c.txt"), "hello from a RAM drive\n").unwrap();
+    run(&mut tool("sync")).ok();
+}
+
+/// The path the attachment at `file` reports ("fuse-uring", ...): the
+/// API's `path` field where the API has it, else the daemon's
+/// "FUSE session:" log line.
+fn reported_path(d: &Daemon, file: &Path) -> String {
+    let (_, body) = d.http("GET", "/v1/attachments", None);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let api = v["attachments"]
+        .as_array()
+        .and_then(|all| all.iter().find(|a| a["file"] == file.display().to_string()))
+        .and_then(|a| a["path"].as_str().map(str::to_owned));
+    api.unwrap_or_else(|| {
+        let log = d.log();
+        let line = log.lines().rev().find(|l| l.contains("FUSE session: "));
+        line.map_or_else(String::new, |l| l.to_owned())
+    })
+}
+
+#[test]
+fn ext4_on_an_attached_drive_survives_detach_and_reattach_over_io_uring() {
+    if !require(&[
+        "losetup",
+        "mount",
+        "umount",
+        "mkfs.ext4",
+        "e2fsck",
+        "sha256sum",
+        "fstrim",
+    ]) || !require_root_block_devices()
+    {
+        return;
+    }
+    let Some(_uring) = EnableUring::on() else {
+        return;
+    };
+    let args: Vec<String> = ["serve", "--drive", "ram0=128M"].map(String::from).to_vec();
+    let d = Daemon::launch(&args, &[("RAMD_FUSE_URING", "1")]);
+    let fuse = d.dir().join("fuse");
+    let mnt = d.dir().join("mnt");
+    std::fs::create_dir_all(&fuse).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let fuse_s = fuse.to_str().unwrap();
+    let file = fuse.join("ram0");
+
+    // Attach: the mount is served through the ring, and says so.
+    let out = run(d.cli().args(["attach", "ram0", fuse_s])).ok();
+    assert!(out.stdout.contains("attached ram0"), "{out}");
+    let path = reported_path(&d, &file);
+    assert!(
+        path.contains("fuse-uring"),
+        "not on the ring: '{path}'\n{}",
+        d.log()
+    );
+
+    // loop (direct I/O, as users set it up) + ext4, files with known sums.
+    let mut stack = Stack::new(&file, &mnt);
+    run(tool("mkfs.ext4").args(["-q", "-F", stack.dev()])).ok();
+    stack.mount();
+    write_known_files(&mnt);
+    let before = sums(&mnt);
+    let out = run(d.cli().args(["detach", fuse_s])).failed();
+    assert!(out.stderr.contains("busy"), "{out}");
+    stack.teardown();
+    run(d.cli().args(["detach", fuse_s])).ok();
+    assert!(!file.exists(), "the file is still there after detach");
+
+    // Re-attach (the ring again) and find every byte.
+    let body = serde_json::json!({"drive": "ram0", "mountpoint": fuse}).to_string();
+    let (status, resp) = d.http("POST", "/v1/attachments", Some(&body));
+    assert_eq!(status, 201, "{resp}");
+    let path = reported_path(&d, &file);
+    assert!(path.contains("fuse-uring"), "not on the ring: '{path}'");
+    let mut stack = Stack::new(&file, &mnt);
+    run(tool("e2fsck").args(["-f", "-n", stack.dev()])).ok();
+    stack.mount();
+    assert_eq!(
+        sums(&mnt),
+        before,
+        "files changed across detach and re-attach"
+    );
+
+    // Discard through the ring frees memory.
+    let used = |d: &Daemon| -> u64 {
+        let v: Value = serde_json::from_str(&d.http("GET", "/v1/drives/ram0", None).1).unwrap();
+        v["allocated_bytes"].as_u64().unwrap()
+    };
+    let full = used(&d);
+    std::fs::remove_file(mnt.join("a.bin")).unwrap();
+    run(tool("fstrim").arg(&mnt)).ok();
+    assert!(
+        used(&d) < full,
+        "fstrim freed nothing ({full} bytes before)"
+    );
+    stack.teardown();
+    run(d.cli().args(["detach", fuse_s])).ok();
+    // Every ring thread returned: nothing panicked, nothing failed.
+    let log = d.log();
+    assert!(
+        !log.contains("panicked") && !log.contains("session ended with"),
+        "{log}"
+    );
+}
