@@ -53,6 +53,19 @@ fn concurrent_fio_verify_on_a_loop_device_over_the_attach_file() {
     }
     let d = Daemon::start(&["ram0=256M"]);
     let file = attach(&d, "ram0");
+    // The API and /metrics say which path serves the mount.
+    let (_, body) = d.http("GET", "/v1/attachments", None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let path = v["attachments"][0]["path"].as_str().unwrap().to_owned();
+    let queues = v["attachments"][0]["queues"].as_u64().unwrap();
+    assert!(path == "fuse-classic" || path == "fuse-uring", "{body}");
+    assert!(queues >= 1, "{body}");
+    let (_, metrics) = d.http("GET", "/metrics", None);
+    let series = format!(
+        "ramd_attachment_queues{{drive=\"ram0\",mountpoint=\"{}\",path=\"{path}\"}} {queues}",
+        file.parent().unwrap().display()
+    );
+    assert!(metrics.contains(&series), "{series} not in:\n{metrics}");
     let lo = Loop::over(&file);
     // Four writers, each on its own 48 MiB region, 4 KiB-64 KiB blocks at
     // QD16, every block checked (crc32c) after the writes.

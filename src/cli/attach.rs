@@ -18,13 +18,14 @@ pub(crate) fn attach_list(c: &Client, json: bool) -> Result<(), CliError> {
         println!("no attachments");
         return Ok(());
     }
-    let mut t = output::table(&["ID", "DRIVE", "MOUNTPOINT", "FILE"], &[0]);
+    let mut t = output::table(&["ID", "DRIVE", "MOUNTPOINT", "FILE", "PATH"], &[0]);
     for a in &l.attachments {
         t.add_row(vec![
             a.id.to_string(),
             a.drive.clone(),
             a.mountpoint.clone(),
             a.file.clone(),
+            format!("{} ({} queues)", a.path, a.queues),
         ]);
     }
     print!("{}", output::render(&t));
@@ -48,8 +49,11 @@ pub(crate) fn attach(
     if json {
         return print_json(&a);
     }
-    println!("attached {} as {}", a.drive, a.file);
-    println!("next: dev=$(losetup -f --show {})", a.file);
+    println!(
+        "attached {} as {} ({}, {} queues)",
+        a.drive, a.file, a.path, a.queues
+    );
+    println!("next: dev=$(losetup -f --show --direct-io=on {})", a.file);
     println!("      mkfs.ext4 \"$dev\" && mkdir -p /mnt/data && mount \"$dev\" /mnt/data");
     println!(
         "undo: umount /mnt/data; losetup -d \"$dev\"; ramd detach {}",

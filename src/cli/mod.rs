@@ -263,7 +263,7 @@ pub enum Command {
 
     /// Expose a drive (or a cache) as a file MOUNTPOINT/NAME through FUSE.
     ///
-    /// Then: dev=$(losetup -f --show MOUNTPOINT/NAME); mkfs.ext4 $dev;
+    /// Then: dev=$(losetup -f --show --direct-io=on MOUNTPOINT/NAME); mkfs.ext4 $dev;
     /// mount $dev /mnt/data. Undo with `ramd detach MOUNTPOINT` after
     /// umount and losetup -d. See docs/attach.md.
     #[command(verbatim_doc_comment)]

@@ -34,6 +34,7 @@
 //!   anything but our own mount/unmount calls (which cannot depend on it).
 
 mod fs;
+pub mod metrics;
 mod mount;
 pub mod proto;
 pub mod session;
@@ -54,6 +55,9 @@ use crate::control::drives::Drive;
 use crate::dirsync::mountinfo::{self, Mount};
 use crate::nbd::Export;
 pub use fs::DriveFs;
+
+/// A session's serving threads; each returns once the mount is gone.
+type Threads = Vec<JoinHandle<io::Result<()>>>;
 
 /// What can be attached: a drive or a cache, anything served as an export.
 pub trait Attachable: Send + Sync {
@@ -181,7 +185,7 @@ struct Attachment {
     dev: Option<u64>,
     /// The session's queue threads; each returns once the filesystem is
     /// unmounted.
-    threads: Vec<JoinHandle<io::Result<()>>>,
+    threads: Threads,
 }
 
 /// Every attachment of the daemon.
@@ -377,7 +381,7 @@ fn mount_and_serve(
     fs: DriveFs,
     mp: &Path,
     name: &str,
-) -> Result<(Vec<JoinHandle<io::Result<()>>>, session::Path), AttachError> {
+) -> Result<(Threads, session::Path), AttachError> {
     let failed = |source| Failure::Mount {
         mountpoint: mp.to_owned(),
         source,

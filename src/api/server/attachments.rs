@@ -44,6 +44,8 @@ fn view(a: fuse::AttachmentInfo) -> AttachmentInfo {
         drive: a.drive,
         mountpoint: a.mountpoint.display().to_string(),
         file: a.file.display().to_string(),
+        path: a.path.kind().to_owned(),
+        queues: a.path.queues() as u32,
     }
 }
 

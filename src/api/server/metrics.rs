@@ -9,6 +9,7 @@ use axum::response::IntoResponse;
 use crate::cache::prometheus::{CacheCollector, CacheSample};
 use crate::control::Daemon;
 use crate::dirsync::metrics::DirsCollector;
+use crate::fuse::metrics::AttachCollector;
 use crate::metrics::persist::PersistCollector;
 use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 
@@ -66,6 +67,7 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
                 Box::new(DirsCollector(dirs)),
                 Box::new(PersistCollector(persist)),
                 Box::new(CacheCollector(caches)),
+                Box::new(AttachCollector(d.attachments.list())),
             ],
         ),
     )

@@ -28,6 +28,11 @@ pub struct AttachmentInfo {
     pub mountpoint: String,
     /// The file to hand to losetup.
     pub file: String,
+    /// How the kernel's requests reach the drive: "fuse-classic" (threads
+    /// on /dev/fuse) or "fuse-uring" (FUSE over io_uring).
+    pub path: String,
+    /// Queue threads (classic) or rings (io_uring) serving the mount.
+    pub queues: u32,
 }
 
 /// `GET /v1/attachments`.
