@@ -66,6 +66,11 @@ fn concurrent_fio_verify_on_a_loop_device_over_the_attach_file() {
         file.parent().unwrap().display()
     );
     assert!(metrics.contains(&series), "{series} not in:\n{metrics}");
+    let info = run(d.cli().args(["info", "ram0"])).ok();
+    assert!(
+        info.stdout.contains(&format!("({path}, {queues} queues)")),
+        "{info}"
+    );
     let lo = Loop::over(&file);
     // Four writers, each on its own 48 MiB region, 4 KiB-64 KiB blocks at
     // QD16, every block checked (crc32c) after the writes.

@@ -34,6 +34,16 @@ pub(crate) fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), Cli
     if json {
         return print_json(&d);
     }
+    let mut d = d;
+    if !d.attachments.is_empty() {
+        // Say which path serves each attachment (threads or io_uring).
+        let all = c.attachments()?.attachments;
+        for mp in d.attachments.iter_mut() {
+            if let Some(a) = all.iter().find(|a| a.mountpoint == *mp) {
+                *mp = format!("{mp} ({}, {} queues)", a.path, a.queues);
+            }
+        }
+    }
     print!("{}", output::drive_info(&d));
     Ok(())
 }
