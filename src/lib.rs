@@ -14,12 +14,16 @@
 //!        │         nbd::poller decide how to wait for the next bytes
 //!  nbd::proto      pure wire format (no I/O): parsers and encoders
 //!        │
-//!        │   fuse::fs (FUSE file) is the other frontend: the same path
+//!        │   fuse::session + fuse::fs (the FUSE file, one thread per CPU on
+//!        │   its own /dev/fuse clone, or io_uring) is the other frontend
 //!        ▼
 //!  block::validate the one set of request rules for every frontend, and
 //!        │         block::Errno, the one errno table they report from
+//!  block::Export   what a frontend serves by name; its backend sits behind
+//!        │         block::ReadOnly, the first layer (block::Layer: a backend
+//!        │         wrapping a backend, forwarding what it does not change)
 //!  backend::Backend   the data-path trait (read/write/zero/trim/flush/extents)
-//!        │
+//!        │         and its Caps (what it can do, direct_io, piece size)
 //!  store::RamStore    sparse pages in an mmap, per-64 KiB-chunk locks,
 //!                     allocated/dirty bitmaps, memory budgets,
 //!                     copy-on-write snapshots for syncs
@@ -33,11 +37,13 @@
 //!                     cache::backing::nbd_client
 //! ```
 //!
-//! Around it: `daemon` (start-up, config, the drive registry that keeps
-//! drives and exports in step, persistent drives' state directories and
-//! restores, shutdown), `api` (REST over a unix socket: `api::wire` the
-//! JSON, `api::server` the handlers, `api::client` the client `cli` uses;
-//! the client and `cli` see only `wire`), `attach` (drives as FUSE files), `metrics`
+//! Around it: `control` (start-up, config, the ledger that owns every
+//! named object's name, budget promise and export, drives and caches in
+//! their own files, persistent drives' state directories and restores,
+//! shutdown; `control::run` wires it all), `api` (REST over a unix socket:
+//! `api::wire` the JSON, `api::server` the handlers, `api::client` the
+//! client `cli` uses; the client and `cli` see only `wire`), `fuse` (drives
+//! as FUSE files: its own FUSE server, no libfuse), `metrics`
 //! (per-connection counters that `nbd::conn` records into).
 //!
 //! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or

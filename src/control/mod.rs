@@ -400,7 +400,7 @@ pub struct Daemon {
     /// Every named object's name, origin and budget promise.
     pub ledger: Arc<Ledger>,
     /// The drives (the field keeps the name the API handlers use).
-    pub registry: Arc<Drives>,
+    pub drives: Arc<Drives>,
     pub attachments: Attachments,
     pub settings: Settings,
     /// TCP addresses actually bound (ports resolved).

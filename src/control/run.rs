@@ -300,7 +300,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     let daemon = Arc::new(Daemon {
         ledger,
-        registry: drives.clone(),
+        drives: drives.clone(),
         attachments: Attachments::new(),
         settings: settings.clone(),
         tcp_addrs,
@@ -329,10 +329,10 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     announce(&daemon);
     let served = runtime.block_on(async {
         let listener = tokio::net::UnixListener::from_std(api_listener)?;
-        tokio::spawn(daemon.sampler.clone().run(daemon.registry.clone()));
+        tokio::spawn(daemon.sampler.clone().run(daemon.drives.clone()));
         tokio::spawn(caches::sample_loop(daemon.caches.clone()));
         // READY=1 once no drive is restoring (the API answers meanwhile).
-        let r = daemon.registry.clone();
+        let r = daemon.drives.clone();
         tokio::task::spawn_blocking(move || notify_ready_when_restored(&r));
         let mut stop = stop_rx;
         crate::api::serve(listener, daemon.clone(), async move {
@@ -403,12 +403,12 @@ fn remove_if_socket(path: &Path) {
 /// Tells the user where everything is and what to try.
 fn announce(d: &Daemon) {
     let s = &d.settings;
-    let drives = d.registry.list();
+    let drives = d.drives.list();
     tracing::info!(
         "ramd {} ready: {} drive(s), memory budget {}, API {}",
         env!("CARGO_PKG_VERSION"),
         drives.len(),
-        format_size(d.registry.budget().limit_bytes()),
+        format_size(d.drives.budget().limit_bytes()),
         s.api_socket.display()
     );
     if let Some(p) = &s.config_path {

@@ -18,7 +18,7 @@ use crate::fuse::{self, Attachable};
 
 /// The drive, or else the serving cache, of that name.
 fn attachable(d: &Daemon, name: &str) -> Result<Arc<dyn Attachable>, ApiError> {
-    match d.registry.get_ready(name) {
+    match d.drives.get_ready(name) {
         Ok(drive) => return Ok(drive),
         Err(DriveError::Ledger(LedgerError::NotFound(_))) => {}
         Err(e) => return Err(e.into()),

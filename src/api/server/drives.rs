@@ -73,12 +73,7 @@ fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
 }
 
 pub async fn list(State(d): State<Arc<Daemon>>) -> Json<DriveList> {
-    let drives = d
-        .registry
-        .list()
-        .iter()
-        .map(|x| info(&d, x, None))
-        .collect();
+    let drives = d.drives.list().iter().map(|x| info(&d, x, None)).collect();
     Json(DriveList { drives })
 }
 
@@ -86,7 +81,7 @@ pub async fn get(
     State(d): State<Arc<Daemon>>,
     Path(name): Path<String>,
 ) -> Result<Json<DriveInfo>, ApiError> {
-    let drive = d.registry.get(&name)?;
+    let drive = d.drives.get(&name)?;
     Ok(Json(info(&d, &drive, None)))
 }
 
@@ -117,7 +112,7 @@ pub async fn create(
     }
     .into_spec()?;
     // A persistent drive whose state directory holds one is restored.
-    let existing = match (&persist, d.registry.drive_dir(&req.name)) {
+    let existing = match (&persist, d.drives.drive_dir(&req.name)) {
         (Some(_), Ok(dir)) => match probe(&dir) {
             Found::Existing { size_bytes } => Some((dir, size_bytes)),
             _ => None,
@@ -151,7 +146,7 @@ pub async fn create(
         None => None,
     };
     let d2 = d.clone();
-    let drive = blocking(move || Ok(d2.registry.create(&spec, Origin::Api)?)).await?;
+    let drive = blocking(move || Ok(d2.drives.create(&spec, Origin::Api)?)).await?;
     let location = format!("/v1/drives/{}", drive.name);
     Ok((
         StatusCode::CREATED,
@@ -213,13 +208,13 @@ pub async fn patch(
     let drive = blocking(move || {
         if durability.is_some() || sync_interval_ms.is_some() {
             // Checked (persistent, ready) before anything changes.
-            d2.registry
+            d2.drives
                 .set_persistence(&name, durability, sync_interval_ms)?;
         }
         if plain {
-            return Ok(d2.registry.change(&name, &change)?);
+            return Ok(d2.drives.change(&name, &change)?);
         }
-        Ok(d2.registry.get(&name)?)
+        Ok(d2.drives.get(&name)?)
     })
     .await?;
     let resized = resizing.then(|| resize_notice(&drive));
@@ -257,10 +252,10 @@ pub async fn delete(
     blocking(move || {
         if q.force {
             // A forced delete detaches first; a busy mount stops it.
-            d2.registry.get(&name)?;
+            d2.drives.get(&name)?;
             d2.attachments.detach_drive(&name)?;
         }
-        let (drive, closed) = d2.registry.delete(&name, q.force, q.keep_data)?;
+        let (drive, closed) = d2.drives.delete(&name, q.force, q.keep_data)?;
         Ok(Json(Deleted {
             name: drive.name.clone(),
             closed_connections: closed as u64,
@@ -296,6 +291,6 @@ pub async fn restore(
         discard_journal: req.discard_journal,
     };
     let d2 = d.clone();
-    let drive = blocking(move || Ok(d2.registry.restore(&name, opts, key_file)?)).await?;
+    let drive = blocking(move || Ok(d2.drives.restore(&name, opts, key_file)?)).await?;
     Ok((StatusCode::ACCEPTED, Json(info(&d, &drive, None))))
 }

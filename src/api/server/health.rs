@@ -9,11 +9,11 @@ use crate::api::wire::health::{Budget, Health};
 use crate::control::Daemon;
 
 pub(crate) fn budget(d: &Daemon) -> Budget {
-    let b = d.registry.budget();
+    let b = d.drives.budget();
     Budget {
         limit_bytes: b.limit_bytes(),
         used_bytes: b.used_bytes(),
-        committed_bytes: d.registry.committed_bytes(),
+        committed_bytes: d.drives.committed_bytes(),
     }
 }
 
@@ -30,8 +30,8 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> Json<Health> {
         nbd_tcp: d.tcp_addrs.iter().map(|a| a.to_string()).collect(),
         state_dir: s.state_dir.display().to_string(),
         config_file: s.config_path.as_ref().map(|p| p.display().to_string()),
-        metrics_enabled: d.registry.metrics_enabled(),
-        drives: d.registry.list().len() as u64,
+        metrics_enabled: d.drives.metrics_enabled(),
+        drives: d.drives.list().len() as u64,
         memory_budget: budget(&d),
     })
 }

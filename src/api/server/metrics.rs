@@ -15,7 +15,7 @@ use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let drives = d
-        .registry
+        .drives
         .list()
         .iter()
         .map(|x| DriveSample {
@@ -28,16 +28,16 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
             totals: x.metrics.as_ref().map(|m| m.snapshot()),
         })
         .collect();
-    let b = d.registry.budget();
+    let b = d.drives.budget();
     let sample = DaemonSample {
         budget_used_bytes: b.used_bytes(),
         budget_limit_bytes: b.limit_bytes(),
         uptime_seconds: d.started.elapsed().as_secs_f64(),
-        metrics_enabled: d.registry.metrics_enabled(),
+        metrics_enabled: d.drives.metrics_enabled(),
         connection_buffer_bytes: crate::nbd::conn::buffer_bytes(),
         drives,
     };
-    let persist = super::persistence::metrics_samples(&d.registry.list());
+    let persist = super::persistence::metrics_samples(&d.drives.list());
     // Listing directories stats their tmpfs: off the async threads.
     let d2 = d.clone();
     let dirs = super::blocking(move || Ok(d2.dirs.manager.list()))

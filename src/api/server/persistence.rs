@@ -168,7 +168,7 @@ pub async fn sync(
     Path(name): Path<String>,
 ) -> Result<Json<SyncResult>, ApiError> {
     blocking(move || {
-        let (drive, r) = d.registry.sync(&name)?;
+        let (drive, r) = d.drives.sync(&name)?;
         let as_of = drive
             .persistent()
             .and_then(|pd| pd.status().durable_as_of_unix_ms);

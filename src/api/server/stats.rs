@@ -32,20 +32,15 @@ pub async fn drive(
     State(d): State<Arc<Daemon>>,
     Path(name): Path<String>,
 ) -> Result<Json<DriveStats>, ApiError> {
-    let drive = d.registry.get(&name)?;
+    let drive = d.drives.get(&name)?;
     Ok(Json(drive_stats(&d, &drive)))
 }
 
 pub async fn all(State(d): State<Arc<Daemon>>) -> Json<StatsReport> {
     Json(StatsReport {
-        metrics_enabled: d.registry.metrics_enabled(),
+        metrics_enabled: d.drives.metrics_enabled(),
         memory_budget: budget(&d),
-        drives: d
-            .registry
-            .list()
-            .iter()
-            .map(|x| drive_stats(&d, x))
-            .collect(),
+        drives: d.drives.list().iter().map(|x| drive_stats(&d, x)).collect(),
         caches: super::caches::all(&d),
     })
 }
