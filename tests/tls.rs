@@ -29,7 +29,7 @@ use std::time::Duration;
 use common::{random_bytes, require, run, tool, KillOnDrop, SKIP_ENV};
 use ramd::backend::Backend;
 use ramd::nbd::proto::*;
-use ramd::nbd::server::TlsConfigError;
+use ramd::nbd::server::{TlsConfigError, TlsSetupError};
 use ramd::nbd::tls::{ClientCerts, TlsMode, TlsSettings};
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig, ShutdownHandle};
 use ramd::store::{MemoryBudget, RamStore};
@@ -817,6 +817,27 @@ fn plaintext_on_a_network_address_must_be_asked_for() {
     c.check_tls().expect("loopback plaintext is fine");
     c.unix_tls_mode = Some(TlsMode::On);
     assert!(c.check_tls().is_err(), "unix TLS without certificates");
+}
+
+/// `set_tls`, what the daemon calls: certificates make `require` the
+/// default and a network address fine; none leave it refused.
+#[test]
+fn set_tls_loads_and_checks() {
+    if !require_openssl() {
+        return;
+    }
+    let mut c = ServerConfig::new("/nonexistent/nbd.sock");
+    c.tcp = vec!["0.0.0.0:10809".parse().unwrap()];
+    let e = c.set_tls(None, None, None).unwrap_err();
+    assert!(matches!(e, TlsSetupError::Config(_)), "{e}");
+    let settings = c.set_tls(None, Some(&pki().server), None).unwrap().unwrap();
+    assert_eq!(c.tcp_tls_mode(), TlsMode::Require);
+    assert_eq!(c.unix_socket_tls_mode(), TlsMode::On);
+    settings.reload().unwrap();
+    let e = c
+        .set_tls(None, Some(Path::new("/nonexistent")), None)
+        .unwrap_err();
+    assert!(matches!(e, TlsSetupError::Load(_)), "{e}");
 }
 
 // ----------------------------------------------------------------- helpers

@@ -29,7 +29,7 @@ use super::conn;
 use super::deadline::Deadline;
 use super::handshake::{Handshake, HandshakeError, Negotiated, Step, TlsOffer};
 use super::poller::Poller;
-use super::tls::{self, TlsMode, TlsSettings};
+use super::tls::{self, ClientCerts, TlsError, TlsMode, TlsSettings};
 use super::transport::{SocketTimeouts, Stream, Transport};
 use super::wait::Blocking;
 use crate::block::{Export, ExportTable};
@@ -93,6 +93,17 @@ pub enum TlsConfigError {
     PlaintextOnNetwork { addr: SocketAddr },
 }
 
+/// Why `ServerConfig::set_tls` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    /// The certificates directory did not load.
+    #[error(transparent)]
+    Load(#[from] TlsError),
+    /// The settings do not make sense together (see `check_tls`).
+    #[error(transparent)]
+    Config(#[from] TlsConfigError),
+}
+
 impl ServerConfig {
     pub fn new(unix_socket: impl Into<PathBuf>) -> Self {
         ServerConfig {
@@ -108,6 +119,25 @@ impl ServerConfig {
             unix_tls_mode: None,
             tls: None,
         }
+    }
+
+    /// Sets TLS as the daemon's settings say (`--tls MODE`, None when not
+    /// given; `--tls-certificates DIR`; client certificates, None for the
+    /// default) and checks the result with `check_tls`, so the daemon
+    /// refuses to start on an error. Returns the loaded certificates: keep
+    /// them to `reload()` on SIGHUP or an API call.
+    pub fn set_tls(
+        &mut self,
+        mode: Option<TlsMode>,
+        certificates: Option<&Path>,
+        client_certs: Option<ClientCerts>,
+    ) -> Result<Option<Arc<TlsSettings>>, TlsSetupError> {
+        self.tls = certificates
+            .map(|dir| TlsSettings::load(dir, client_certs))
+            .transpose()?;
+        self.tls_mode = mode;
+        self.check_tls()?;
+        Ok(self.tls.clone())
     }
 
     /// The TLS mode of the TCP listeners (see `tls_mode`).
