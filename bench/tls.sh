@@ -10,7 +10,8 @@
 #
 # Knobs: RUNTIME, RAMP, SIZE (fio's region, default 1g), DISK (default 2G),
 # SERVERS (comma list of ramd-tls,nbdkit-tls,qemu-nbd-tls,ramd-plain),
-# HANDSHAKES (default 50), OUT (default bench/results/tls-YYYYmmdd-HHMMSS).
+# HANDSHAKES (default 50), OUT (default bench/results/tls-YYYYmmdd-HHMMSS),
+# RAMD_EXAMPLE (a built tls-serve to use instead of building one).
 # Needs: openssl fio nbdkit qemu-utils python3-libnbd (scripts/test-deps.sh).
 # The ramd server is examples/tls-serve.rs (the NBD server alone) until the
 # daemon has --tls flags.
@@ -20,8 +21,13 @@ root=$(dirname "$here")
 out=${OUT:-$here/results/tls-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
-cargo build --release --example tls-serve --manifest-path "$root/Cargo.toml" >&2
-cp "$root/target/release/examples/tls-serve" "$out/tls-serve"
+# A private copy, so a rebuild during the run cannot change the binary.
+if [ -n "${RAMD_EXAMPLE:-}" ]; then
+  cp "$RAMD_EXAMPLE" "$out/tls-serve"
+else
+  cargo build --release --example tls-serve --manifest-path "$root/Cargo.toml" >&2
+  cp "$root/target/release/examples/tls-serve" "$out/tls-serve"
+fi
 
 # Certificates: one CA (EC P-256), a server certificate for 127.0.0.1,
 # a client certificate. World-readable: fio may run as nobody.
