@@ -3,6 +3,8 @@
 //! ```text
 //!   nbd://HOST[:PORT]/EXPORT                 remote NBD export   (nbd_client)
 //!   nbd+unix:///EXPORT?socket=PATH           local NBD export    (nbd_client)
+//!   nbds://HOST[:PORT]/EXPORT?tls-certificates=DIR           the same over TLS
+//!   nbds+unix:///EXPORT?socket=PATH&tls-certificates=DIR     (CA, client cert)
 //!   /dev/sdb, /dev/loop3, ...                block device        (file.rs, O_DIRECT optional)
 //!   /var/lib/big.img                         regular file        (file.rs)
 //! ```
@@ -122,12 +124,19 @@ pub fn open_backing(spec: &str, opts: &BackingOptions) -> Result<Arc<dyn Backend
             )
             .map_err(|e| {
                 let kind = match &e {
-                    ClientError::BadUri { .. } | ClientError::Refused { .. } => {
-                        BackingErrorKind::Invalid
-                    }
-                    ClientError::Connect { .. } | ClientError::Protocol { .. } => {
-                        BackingErrorKind::Unreachable
-                    }
+                    // The URI, the certificates or the server's TLS
+                    // setup must change: trying again will not help.
+                    ClientError::BadUri { .. }
+                    | ClientError::Refused { .. }
+                    | ClientError::TlsUnsupported { .. }
+                    | ClientError::TlsRequired { .. }
+                    | ClientError::CertificateNotTrusted { .. }
+                    | ClientError::WrongHostName { .. }
+                    | ClientError::ClientCertificateRefused { .. }
+                    | ClientError::TlsFiles { .. } => BackingErrorKind::Invalid,
+                    ClientError::Connect { .. }
+                    | ClientError::Protocol { .. }
+                    | ClientError::Tls { .. } => BackingErrorKind::Unreachable,
                 };
                 err(e.to_string(), kind)
             })?;
@@ -184,6 +193,12 @@ mod tests {
             BackingSpec::parse("/dev/sdb").unwrap(),
             BackingSpec::Path("/dev/sdb".into())
         );
+        assert!(matches!(
+            BackingSpec::parse("nbds://h/x?tls-certificates=/etc/ramd/pki").unwrap(),
+            BackingSpec::Nbd(NbdUri { tls: Some(_), .. })
+        ));
+        let e = BackingSpec::parse("nbds://h/x").unwrap_err().to_string();
+        assert!(e.contains("tls-certificates=DIR"), "{e}");
         assert!(BackingSpec::parse("nbd://").is_err());
         assert!(BackingSpec::parse("").is_err());
     }

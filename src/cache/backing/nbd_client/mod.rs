@@ -1,10 +1,20 @@
 //! A small blocking NBD client, used as a cache backing
-//! (`nbd://host:port/export`, `nbd+unix:///export?socket=PATH`).
+//! (`nbd://host:port/export`, `nbd+unix:///export?socket=PATH`, and over
+//! TLS `nbds://...` and `nbds+unix://...`).
 //!
-//! Built on the pure codec in `proto`: fixed newstyle handshake with
-//! NBD_OPT_GO (falling back to NBD_OPT_EXPORT_NAME for servers without
-//! it), simple replies only (no structured replies are negotiated, so a
-//! READ reply is header plus data), one request in flight per connection,
+//! - `uri`: the NBD URI spec's four schemes and libnbd's TLS parameters
+//!   (pure parsing).
+//! - `handshake`: one connection: socket, greeting, NBD_OPT_STARTTLS and
+//!   the TLS handshake for `nbds`, NBD_OPT_GO (falling back to
+//!   NBD_OPT_EXPORT_NAME for servers without it).
+//! - `tls`: the rustls client configuration (CA, client certificate for
+//!   mutual TLS) and what each TLS failure means.
+//! - `transport`: plain socket or TLS session, an enum (plaintext pays no
+//!   boxing and no virtual call per request).
+//! - here: the connection pool and the [`Backend`] calls.
+//!
+//! Simple replies only (no structured replies are negotiated, so a READ
+//! reply is header plus data), one request in flight per connection,
 //! except for `write_many`, which sends a window of writes before it reads
 //! their replies (write-back of scattered blocks).
 //!
@@ -16,13 +26,18 @@
 //! protocol error the connection is dropped and the next request opens a
 //! new one, so a server that restarts is picked up again without help.
 //! Every socket has read and write timeouts, so a hung server yields an
-//! error instead of a hung cache.
+//! error instead of a hung cache. The TLS configuration is built once per
+//! client, so its connections and reconnections share it (and resume the
+//! TLS session).
 //!
 //! Requests larger than the server's maximum payload are split.
 
+mod handshake;
+pub mod tls;
+mod transport;
+pub mod uri;
+
 use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -30,12 +45,16 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{self, check_range, Backend, Caps, Extent};
 use crate::nbd::proto::*;
+use tls::TlsClient;
+use transport::Stream;
+pub use uri::{Address, NbdUri, TlsParams, DEFAULT_PORT};
 
-/// Errors of connecting and of the handshake.
+/// Errors of connecting and of the handshake. The TLS ones say what to
+/// change; the cache API returns them as they are.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The URI is not one we understand.
-    #[error("invalid NBD URI '{uri}': {why} (expected nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH)")]
+    #[error("invalid NBD URI '{uri}': {why} (expected nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH, or nbds:// / nbds+unix:// with tls-certificates=DIR)")]
     BadUri { uri: String, why: String },
     /// The socket could not be opened or failed during the handshake.
     #[error("cannot connect to {target}: {source}")]
@@ -50,154 +69,40 @@ pub enum ClientError {
         export: String,
         why: String,
     },
-}
-
-/// Where an NBD server listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Address {
-    Tcp { host: String, port: u16 },
-    Unix { socket: PathBuf },
-}
-
-/// A parsed NBD URI.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NbdUri {
-    pub address: Address,
-    /// Export name ("" selects the server's default export).
-    pub export: String,
-}
-
-/// The IANA port for NBD.
-pub const DEFAULT_PORT: u16 = 10809;
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-impl NbdUri {
-    /// True when `s` looks like an NBD URI (so a backing spec is not a path).
-    pub fn is_uri(s: &str) -> bool {
-        s.starts_with("nbd:") || s.starts_with("nbd+") || s.starts_with("nbds")
-    }
-
-    /// Parses `nbd://HOST[:PORT][/EXPORT]` or
-    /// `nbd+unix:///[EXPORT]?socket=PATH` (the forms of the NBD URI spec
-    /// that need no TLS).
-    pub fn parse(uri: &str) -> Result<NbdUri, ClientError> {
-        let bad = |why: &str| ClientError::BadUri {
-            uri: uri.to_owned(),
-            why: why.to_owned(),
-        };
-        let (scheme, rest) = uri.split_once("://").ok_or_else(|| bad("no '://'"))?;
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i + 1..]),
-            None => (rest, ""),
-        };
-        let export = percent_decode(path).ok_or_else(|| bad("bad %-escape in the export name"))?;
-        let params: Vec<(&str, &str)> = query
-            .map(|q| {
-                q.split('&')
-                    .filter(|p| !p.is_empty())
-                    .map(|p| p.split_once('=').unwrap_or((p, "")))
-                    .collect()
-            })
-            .unwrap_or_default();
-        match scheme {
-            "nbd" => {
-                if authority.is_empty() {
-                    return Err(bad("no host"));
-                }
-                if let Some((k, _)) = params.first() {
-                    return Err(bad(&format!("unsupported parameter '{k}'")));
-                }
-                let (host, port) = if let Some(h) = authority.strip_prefix('[') {
-                    // [IPv6]:port
-                    let (h, after) = h.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-                    let port = match after.strip_prefix(':') {
-                        Some(p) => p.parse().map_err(|_| bad("bad port"))?,
-                        None if after.is_empty() => DEFAULT_PORT,
-                        None => return Err(bad("junk after ']'")),
-                    };
-                    (h.to_owned(), port)
-                } else {
-                    match authority.rsplit_once(':') {
-                        Some((h, p)) => (h.to_owned(), p.parse().map_err(|_| bad("bad port"))?),
-                        None => (authority.to_owned(), DEFAULT_PORT),
-                    }
-                };
-                Ok(NbdUri {
-                    address: Address::Tcp { host, port },
-                    export,
-                })
-            }
-            "nbd+unix" => {
-                if !authority.is_empty() {
-                    return Err(bad(
-                        "a unix URI has no host: use nbd+unix:///EXPORT?socket=PATH",
-                    ));
-                }
-                let mut socket = None;
-                for (k, v) in params {
-                    match k {
-                        "socket" => {
-                            socket = Some(percent_decode(v).ok_or_else(|| bad("bad %-escape"))?)
-                        }
-                        other => return Err(bad(&format!("unsupported parameter '{other}'"))),
-                    }
-                }
-                let socket = socket
-                    .filter(|s| !s.is_empty())
-                    .ok_or_else(|| bad("missing ?socket=PATH"))?;
-                Ok(NbdUri {
-                    address: Address::Unix {
-                        socket: PathBuf::from(socket),
-                    },
-                    export,
-                })
-            }
-            s if s.starts_with("nbds") => Err(bad("TLS (nbds) is not supported yet")),
-            other => Err(bad(&format!("unknown scheme '{other}'"))),
-        }
-    }
-
-    /// Where the server is, for messages.
-    pub fn target(&self) -> String {
-        match &self.address {
-            Address::Tcp { host, port } => format!("{host}:{port}"),
-            Address::Unix { socket } => socket.display().to_string(),
-        }
-    }
-}
-
-impl std::fmt::Display for NbdUri {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.address {
-            Address::Tcp { host, port } if host.contains(':') => {
-                write!(f, "nbd://[{host}]:{port}/{}", self.export)
-            }
-            Address::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{}", self.export),
-            Address::Unix { socket } => {
-                write!(f, "nbd+unix:///{}?socket={}", self.export, socket.display())
-            }
-        }
-    }
+    /// An `nbds` URI, but the server refused NBD_OPT_STARTTLS.
+    #[error("NBD server {target} does not support TLS (it answered NBD_OPT_STARTTLS with {reply}): start it with TLS (nbdkit --tls=require --tls-certificates=DIR, qemu-nbd --tls-creds=ID), or use nbd:// only on a network you trust")]
+    TlsUnsupported { target: String, reply: String },
+    /// A plaintext URI, but the server serves only over TLS.
+    #[error("NBD server {target} requires TLS (NBD_REP_ERR_TLS_REQD): use nbds:// (or nbds+unix://) with tls-certificates=DIR holding ca-cert.pem, the CA that signed the server's certificate")]
+    TlsRequired { target: String },
+    /// The server's certificate is not signed by our CA (or has expired).
+    #[error("the certificate of NBD server {target} is not trusted ({why}): put the CA that signed it in {} (tls-certificates=DIR), or renew the server's certificate if it has expired", ca.display())]
+    CertificateNotTrusted {
+        target: String,
+        ca: PathBuf,
+        why: String,
+    },
+    /// The server's certificate is good but for another name.
+    #[error("the certificate of NBD server {target} is not valid for '{name}' ({why}): connect by a name or address the certificate holds, or set tls-hostname=NAME in the URI")]
+    WrongHostName {
+        target: String,
+        name: String,
+        why: String,
+    },
+    /// The server verifies client certificates and refused ours (or
+    /// wanted one we did not have).
+    #[error("NBD server {target} refused our client certificate ({why}): put client-cert.pem and client-key.pem, signed by a CA the server trusts, in the tls-certificates directory")]
+    ClientCertificateRefused { target: String, why: String },
+    /// The certificate files could not be used.
+    #[error("cannot use the TLS certificates in '{}': {why}", dir.display())]
+    TlsFiles { dir: PathBuf, why: String },
+    /// Any other TLS failure (no common protocol version or cipher, a
+    /// broken record).
+    #[error("TLS with NBD server {target} failed: {source}")]
+    Tls {
+        target: String,
+        source: rustls::Error,
+    },
 }
 
 /// Settings of a client.
@@ -218,32 +123,6 @@ impl Default for ClientOptions {
     }
 }
 
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// What the handshake told us about the export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExportInfo {
@@ -260,61 +139,12 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(uri: &NbdUri, opts: &ClientOptions) -> Result<(Conn, ExportInfo), ClientError> {
-        let target = uri.target();
-        let connect_err = |source| ClientError::Connect {
-            target: target.clone(),
-            source,
-        };
-        let mut stream = match &uri.address {
-            Address::Tcp { host, port } => {
-                let addrs: Vec<_> = (host.as_str(), *port)
-                    .to_socket_addrs()
-                    .map_err(connect_err)?
-                    .collect();
-                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-                let mut found = None;
-                for a in addrs {
-                    match TcpStream::connect_timeout(&a, opts.timeout) {
-                        Ok(s) => {
-                            found = Some(s);
-                            break;
-                        }
-                        Err(e) => last = e,
-                    }
-                }
-                let s = found.ok_or_else(|| connect_err(last))?;
-                s.set_nodelay(true).map_err(connect_err)?;
-                s.set_read_timeout(Some(opts.timeout))
-                    .map_err(connect_err)?;
-                s.set_write_timeout(Some(opts.timeout))
-                    .map_err(connect_err)?;
-                Stream::Tcp(s)
-            }
-            Address::Unix { socket } => {
-                let s = UnixStream::connect(socket).map_err(connect_err)?;
-                s.set_read_timeout(Some(opts.timeout))
-                    .map_err(connect_err)?;
-                s.set_write_timeout(Some(opts.timeout))
-                    .map_err(connect_err)?;
-                Stream::Unix(s)
-            }
-        };
-        let info = handshake(&mut stream, &uri.export).map_err(|e| match e {
-            HandshakeError::Io(source) => ClientError::Connect {
-                target: target.clone(),
-                source,
-            },
-            HandshakeError::Protocol(why) => ClientError::Protocol {
-                target: target.clone(),
-                why,
-            },
-            HandshakeError::Refused(why) => ClientError::Refused {
-                target: target.clone(),
-                export: uri.export.clone(),
-                why,
-            },
-        })?;
+    fn open(
+        uri: &NbdUri,
+        opts: &ClientOptions,
+        tls: Option<&TlsClient>,
+    ) -> Result<(Conn, ExportInfo), ClientError> {
+        let (stream, info) = handshake::open(uri, opts, tls)?;
         Ok((
             Conn {
                 stream,
@@ -356,6 +186,8 @@ impl Conn {
             self.stream.write_all(&out)?;
             self.stream.write_all(payload)?;
         }
+        // Sends what a TLS stream still holds; nothing for plaintext.
+        self.stream.flush()?;
         let reply = self.read_reply_header()?;
         if reply.cookie != cookie {
             return Err(io::Error::new(
@@ -427,6 +259,7 @@ impl Conn {
             }
         }
         self.stream.write_all(&out)?;
+        self.stream.flush()?;
         let mut errors = vec![u32::MAX; pieces.len()];
         for _ in 0..pieces.len() {
             let reply = self.read_reply_header()?;
@@ -452,148 +285,6 @@ const PIPELINE_MAX: usize = 64;
 /// Most payload bytes `write_many` sends before it reads the replies.
 const PIPELINE_BYTES: usize = 8 << 20;
 
-enum HandshakeError {
-    Io(io::Error),
-    Protocol(String),
-    Refused(String),
-}
-
-impl From<io::Error> for HandshakeError {
-    fn from(e: io::Error) -> Self {
-        HandshakeError::Io(e)
-    }
-}
-
-fn read_option_reply(s: &mut Stream) -> Result<(OptionReplyHeader, Vec<u8>), HandshakeError> {
-    let mut h = [0u8; OPTION_REPLY_HEADER_BYTES];
-    s.read_exact(&mut h)?;
-    let header = match parse_option_reply_header(&h) {
-        Ok(Parse::Done(r, _)) => r,
-        Ok(Parse::Incomplete) => unreachable!("a full header was read"),
-        Err(e) => return Err(HandshakeError::Protocol(e.to_string())),
-    };
-    if header.len > MAX_OPTION_BYTES {
-        return Err(HandshakeError::Protocol(format!(
-            "option reply of {} bytes",
-            header.len
-        )));
-    }
-    let mut data = vec![0u8; header.len as usize];
-    s.read_exact(&mut data)?;
-    Ok((header, data))
-}
-
-fn handshake(s: &mut Stream, export: &str) -> Result<ExportInfo, HandshakeError> {
-    let mut g = [0u8; GREETING_BYTES];
-    s.read_exact(&mut g)?;
-    let flags = match parse_greeting(&g) {
-        Ok(Parse::Done(f, _)) => f,
-        Ok(Parse::Incomplete) => unreachable!("a full greeting was read"),
-        Err(e) => {
-            return Err(HandshakeError::Protocol(format!(
-                "{e} (only fixed-newstyle servers are supported)"
-            )))
-        }
-    };
-    if flags & FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(HandshakeError::Protocol(
-            "server does not speak fixed newstyle".into(),
-        ));
-    }
-    let no_zeroes = flags & FLAG_NO_ZEROES != 0;
-    let client_flags = CLIENT_FIXED_NEWSTYLE | if no_zeroes { CLIENT_NO_ZEROES } else { 0 };
-    s.write_all(&client_flags.to_be_bytes())?;
-    let mut out = Vec::new();
-    encode_option(
-        &mut out,
-        OPT_GO,
-        &encode_info_request(export, &[INFO_BLOCK_SIZE]),
-    );
-    s.write_all(&out)?;
-    let mut info = ExportInfo {
-        size: 0,
-        flags: 0,
-        min_block: 1,
-        max_payload: MAX_PAYLOAD_BYTES,
-    };
-    let mut have_export = false;
-    loop {
-        let (h, data) = read_option_reply(s)?;
-        if h.option != OPT_GO {
-            return Err(HandshakeError::Protocol(format!(
-                "reply to option {} while waiting for GO",
-                h.option
-            )));
-        }
-        match h.reply {
-            REP_ACK => break,
-            REP_INFO => match parse_info_reply(&data) {
-                Ok(InfoReply::Export { size, flags }) => {
-                    info.size = size;
-                    info.flags = flags;
-                    have_export = true;
-                }
-                Ok(InfoReply::BlockSize { min, max, .. }) => {
-                    info.min_block = min.max(1);
-                    info.max_payload = max.clamp(min.max(1), MAX_PAYLOAD_BYTES);
-                }
-                Ok(_) => {}
-                Err(e) => return Err(HandshakeError::Protocol(e.0)),
-            },
-            REP_ERR_UNSUP => return export_name_fallback(s, export, no_zeroes),
-            r if h.is_error() => {
-                let msg = String::from_utf8_lossy(&data).into_owned();
-                let kind = match r {
-                    REP_ERR_UNKNOWN => "no such export",
-                    REP_ERR_POLICY => "refused by policy",
-                    REP_ERR_TLS_REQD => "the server requires TLS",
-                    REP_ERR_BLOCK_SIZE_REQD => "the server requires block size negotiation",
-                    REP_ERR_SHUTDOWN => "the server is shutting down",
-                    _ => "error",
-                };
-                return Err(HandshakeError::Refused(if msg.is_empty() {
-                    kind.to_owned()
-                } else {
-                    format!("{kind}: {msg}")
-                }));
-            }
-            other => {
-                return Err(HandshakeError::Protocol(format!(
-                    "unexpected option reply type {other}"
-                )))
-            }
-        }
-    }
-    if !have_export {
-        return Err(HandshakeError::Protocol(
-            "GO succeeded without NBD_INFO_EXPORT".into(),
-        ));
-    }
-    Ok(info)
-}
-
-/// For servers without NBD_OPT_GO.
-fn export_name_fallback(
-    s: &mut Stream,
-    export: &str,
-    no_zeroes: bool,
-) -> Result<ExportInfo, HandshakeError> {
-    let mut out = Vec::new();
-    encode_option(&mut out, OPT_EXPORT_NAME, export.as_bytes());
-    s.write_all(&out)?;
-    let mut buf = vec![0u8; export_name_reply_bytes(no_zeroes)];
-    s.read_exact(&mut buf)?;
-    match parse_export_name_reply(&buf, no_zeroes) {
-        Parse::Done((size, flags), _) => Ok(ExportInfo {
-            size,
-            flags,
-            min_block: 1,
-            max_payload: MAX_PAYLOAD_BYTES,
-        }),
-        Parse::Incomplete => unreachable!("the whole reply was read"),
-    }
-}
-
 struct Pool {
     idle: Vec<Conn>,
     /// Connections open (idle or in use).
@@ -604,6 +295,9 @@ struct Pool {
 pub struct NbdClient {
     uri: NbdUri,
     opts: ClientOptions,
+    /// Built once from the URI's TLS parameters, shared by every
+    /// connection (None: plaintext).
+    tls: Option<TlsClient>,
     info: ExportInfo,
     /// Most connections at once (1 unless the server allows multi-conn).
     max_conns: usize,
@@ -615,7 +309,11 @@ impl NbdClient {
     /// Connects and negotiates the export (one connection; more are opened
     /// on demand).
     pub fn connect(uri: &NbdUri, opts: ClientOptions) -> Result<NbdClient, ClientError> {
-        let (conn, info) = Conn::open(uri, &opts)?;
+        let tls = match &uri.tls {
+            Some(params) => Some(TlsClient::new(params, &uri.target())?),
+            None => None,
+        };
+        let (conn, info) = Conn::open(uri, &opts, tls.as_ref())?;
         let max_conns = if info.flags & TFLAG_CAN_MULTI_CONN != 0 {
             opts.connections.max(1)
         } else {
@@ -624,6 +322,7 @@ impl NbdClient {
         Ok(NbdClient {
             uri: uri.clone(),
             opts,
+            tls,
             info,
             max_conns,
             pool: Mutex::new(Pool {
@@ -660,7 +359,7 @@ impl NbdClient {
             if p.open < self.max_conns {
                 p.open += 1;
                 drop(p);
-                return match Conn::open(&self.uri, &self.opts) {
+                return match Conn::open(&self.uri, &self.opts, self.tls.as_ref()) {
                     Ok((c, info)) if info.size == self.info.size => Ok(c),
                     Ok((_, info)) => {
                         self.lost();
@@ -765,7 +464,8 @@ impl Drop for NbdClient {
                     len: 0,
                 },
             );
-            let _ = c.stream.write_all(&out);
+            let _ = c.stream.write_all(&out).and_then(|_| c.stream.flush());
+            c.stream.close();
         }
     }
 }
@@ -931,73 +631,5 @@ impl Backend for NbdClient {
             can_cache: false,
             ..super::PLAIN_CAPS
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uris_parse() {
-        let u = NbdUri::parse("nbd://example.com:10810/disk%201").unwrap();
-        assert_eq!(
-            u.address,
-            Address::Tcp {
-                host: "example.com".into(),
-                port: 10810
-            }
-        );
-        assert_eq!(u.export, "disk 1");
-        let u = NbdUri::parse("nbd://127.0.0.1").unwrap();
-        assert_eq!(
-            u.address,
-            Address::Tcp {
-                host: "127.0.0.1".into(),
-                port: DEFAULT_PORT
-            }
-        );
-        assert_eq!(u.export, "");
-        let u = NbdUri::parse("nbd://[::1]:999/x").unwrap();
-        assert_eq!(
-            u.address,
-            Address::Tcp {
-                host: "::1".into(),
-                port: 999
-            }
-        );
-        assert_eq!(u.to_string(), "nbd://[::1]:999/x");
-        let u = NbdUri::parse("nbd+unix:///ram0?socket=/run/ramd/nbd.sock").unwrap();
-        assert_eq!(
-            u.address,
-            Address::Unix {
-                socket: "/run/ramd/nbd.sock".into()
-            }
-        );
-        assert_eq!(u.export, "ram0");
-        assert_eq!(u.to_string(), "nbd+unix:///ram0?socket=/run/ramd/nbd.sock");
-        let u = NbdUri::parse("nbd+unix://?socket=/tmp/s").unwrap();
-        assert_eq!(u.export, "");
-    }
-
-    #[test]
-    fn bad_uris_explain() {
-        for (uri, why) in [
-            ("nbd:/x", "://"),
-            ("nbd:///x", "no host"),
-            ("nbd://h:port/x", "bad port"),
-            ("nbd+unix:///x", "socket"),
-            ("nbd+unix://host/x?socket=/s", "no host"),
-            ("nbds://h/x", "TLS"),
-            ("http://h/x", "scheme"),
-            ("nbd+unix:///x?socket=/s&tls=on", "tls"),
-            ("nbd://h/%zz", "escape"),
-        ] {
-            let e = NbdUri::parse(uri).unwrap_err().to_string();
-            assert!(e.contains(why), "{uri}: {e}");
-            assert!(e.contains("expected nbd://"), "{e}");
-        }
-        assert!(NbdUri::is_uri("nbd+unix:///x?socket=/s"));
-        assert!(!NbdUri::is_uri("/dev/sdb"));
     }
 }
