@@ -1,6 +1,9 @@
-//! A mount's FUSE session: several queue threads, each reading requests
-//! from its own clone of the `/dev/fuse` descriptor and answering them
-//! inline from the drive, as an NBD connection thread does.
+//! A mount's FUSE session: the threads serving it, on one of two paths
+//! (`Path`), chosen by `start` when it answers the kernel's INIT.
+//!
+//! Classic: several queue threads, each reading requests from its own
+//! clone of the `/dev/fuse` descriptor and answering them inline from the
+//! drive, as an NBD connection thread does.
 //!
 //! ```text
 //!  kernel ── one request queue per mount ──┬─► fd 0 ─ thread fuse-NAME-0 ─┐
@@ -8,14 +11,20 @@
 //!                                          └─► ...  (FUSE_DEV_IOC_CLONE)  ┘
 //! ```
 //!
+//! io_uring (`uring`): one ring queue per CPU, thread `fuse-NAME-uC`, and
+//! one classic reader `fuse-NAME-0` for what never goes through the ring
+//! (FORGET, INTERRUPT). Used when the kernel offers it in INIT, the
+//! environment allows it (`RAMD_FUSE_URING` not `0`/`off`) and every ring
+//! registers; otherwise the classic path, with one log line saying why.
+//!
 //! Invariants:
 //! - A reply goes to the descriptor its request was read from (the kernel
 //!   keeps the request on that descriptor's processing list), in one
 //!   `writev`: header and body together.
 //! - Every thread returns once the mount is gone: reads then fail with
-//!   ENODEV. Nothing here waits for the daemon's locks, so unmounting (or
-//!   the daemon's death, which closes every descriptor and aborts the
-//!   connection) never hangs the host.
+//!   ENODEV (ring commands with ENOTCONN). Nothing here waits for the
+//!   daemon's locks, so unmounting (or the daemon's death, which closes
+//!   every descriptor and aborts the connection) never hangs the host.
 //! - No allocation per request: each thread owns its read buffer (the
 //!   largest request: 1 MiB of WRITE data plus headers) and reply buffer.
 //!

@@ -21,6 +21,8 @@
 //! FORGET and INTERRUPT still come through `read` on `/dev/fuse`
 //! (`fuse_io_uring_ops`): `session` keeps one classic reader for them.
 //!
+//! `RAMD_FUSE_URING_PIN=0` leaves the threads unpinned (for measuring).
+//!
 //! Layouts are in `proto` (`RingHeader`, `uring_cmd`), checked against
 //! `include/uapi/linux/fuse.h` 7.42 by its tests.
 //!
@@ -296,7 +298,9 @@ fn queue_main(
     go: Receiver<()>,
     registered: Sender<Result<(), UringError>>,
 ) -> io::Result<()> {
-    pin_to_cpu(qid as usize);
+    if std::env::var("RAMD_FUSE_URING_PIN").map_or(true, |v| v != "0") {
+        pin_to_cpu(qid as usize);
+    }
     let mut q = match RingQueue::new(fd, qid, depth, fs) {
         Ok(q) => q,
         Err(source) => {
