@@ -457,3 +457,57 @@ fn ext4_on_an_attached_drive_survives_detach_and_reattach_over_io_uring() {
         "{log}"
     );
 }
+
+#[test]
+fn kill_9_of_the_daemon_fails_io_on_the_ring_without_a_hang() {
+    use std::os::unix::fs::FileExt;
+    use std::time::Duration;
+    if !require(&["umount"]) || !require_root_block_devices() {
+        return;
+    }
+    let Some(_uring) = EnableUring::on() else {
+        return;
+    };
+    let args: Vec<String> = ["serve", "--drive", "ram0=64M"].map(String::from).to_vec();
+    let mut d = Daemon::launch(&args, &[("RAMD_FUSE_URING", "1")]);
+    let fuse = d.dir().join("fuse");
+    std::fs::create_dir_all(&fuse).unwrap();
+    let file = fuse.join("ram0");
+    run(d.cli().arg("attach").arg("ram0").arg(&fuse)).ok();
+    let path = reported_path(&d, &file);
+    assert!(path.contains("fuse-uring"), "not on the ring: '{path}'");
+
+    // Writes (direct I/O: the file is opened so), over and over, from a
+    // thread, while the daemon dies; the thread reports how they ended.
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let buf = vec![7u8; 1 << 20];
+        let mut at = 0u64;
+        let end = loop {
+            if let Err(e) = f.write_all_at(&buf, at) {
+                break e;
+            }
+            at = (at + (1 << 20)) % (64 << 20);
+        };
+        let _ = tx.send(end);
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(rx.try_recv().is_err(), "the writes stopped early");
+    d.kill9();
+
+    // The kernel aborts the connection: the writes fail, nothing hangs.
+    let end = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("writes to the mount hang after kill -9");
+    assert!(
+        matches!(
+            end.raw_os_error(),
+            Some(libc::ENOTCONN | libc::ECONNABORTED | libc::EIO)
+        ),
+        "{end}"
+    );
+    let err = std::fs::metadata(&file).expect_err("the dead mount still answers");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    run(tool("umount").arg(&fuse)).ok();
+}
