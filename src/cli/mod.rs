@@ -10,7 +10,7 @@
 //! One file per command family: `drives` (create, list, resize, lock,
 //! unlock, delete), `persist` (sync, restore, persistent drives' flags),
 //! `attach` (attach, detach), `stats` (stats, info), `caches`, `dirs`,
-//! `units` (install-units), `docs` (man, completions), `daemon`; `output`
+//! `tls` (tls reload), `units` (install-units), `docs` (man, completions), `daemon`; `output`
 //! renders tables.
 //!
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
@@ -32,6 +32,7 @@ pub mod drives;
 pub mod output;
 pub mod persist;
 pub mod stats;
+pub mod tls;
 pub mod units;
 
 use std::path::PathBuf;
@@ -296,6 +297,11 @@ pub enum Command {
     /// disk crash-safely: add, list, info, sync, remove.
     #[command(subcommand)]
     Dir(dirs::DirCommand),
+
+    /// The NBD server's TLS certificates: reload them without dropping
+    /// connections.
+    #[command(subcommand)]
+    Tls(tls::TlsCommand),
 
     /// Install the systemd units (ramd.service, ramd-sleep.service and the
     /// shutdown-ordering drop-in for directories in RAM).
@@ -566,6 +572,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             persist::restore(&client(), &name, &req, out.json, no_wait)?;
         }
         Command::Dir(cmd) => dirs::run(&client(), cmd)?,
+        Command::Tls(cmd) => tls::run(&client(), cmd)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => docs::completions(shell),
         Command::Man { into, dir } => docs::man(into.or(dir))?,

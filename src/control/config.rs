@@ -11,6 +11,11 @@
 //! nbd_socket = "/run/ramd/nbd.sock"
 //! state_dir = "/var/lib/ramd"
 //! nbd_listen = ["127.0.0.1:10809"]
+//! tls = "require"             # off | on | require (the TCP listeners)
+//! nbd_socket_tls = "on"       # off | on | require (the unix socket)
+//! tls_certificates = "/etc/ramd/pki"
+//! tls_verify_peer = "require" # require | optional | off
+//! nbd_socket_group = "ramd"   # the NBD socket: this group, mode 0660
 //! mem_budget = "16G"
 //! max_connections = 256
 //! poll_us = 50
@@ -61,6 +66,7 @@ use super::drives::spec::{
     DriveSpec, PersistOptions,
 };
 use super::ledger::{Kind, Ledger, LedgerError, Origin};
+use crate::nbd::tls::{ClientCerts, TlsMode};
 use crate::size::Size;
 use crate::store::MemoryBudget;
 
@@ -126,6 +132,16 @@ pub struct DaemonSection {
     pub nbd_socket: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
     pub nbd_listen: Option<Vec<SocketAddr>>,
+    /// TLS on every TCP listener (`nbd_listen` is a list of addresses, so
+    /// the mode is daemon-wide; the unix socket has its own key).
+    #[serde(default, deserialize_with = "de_tls_mode")]
+    pub tls: Option<TlsMode>,
+    #[serde(default, deserialize_with = "de_tls_mode")]
+    pub nbd_socket_tls: Option<TlsMode>,
+    pub tls_certificates: Option<PathBuf>,
+    #[serde(default, deserialize_with = "de_verify_peer")]
+    pub tls_verify_peer: Option<ClientCerts>,
+    pub nbd_socket_group: Option<String>,
     #[serde(default, deserialize_with = "de_mem_budget")]
     pub mem_budget: Option<Size>,
     #[serde(default, deserialize_with = "de_max_connections")]
@@ -152,6 +168,34 @@ pub enum DaemonValueError {
     /// A log filter naming no known level.
     #[error("unknown log level '{0}': use error, warn, info, debug, trace or off, or directives like \"info,ramd::nbd=debug\"")]
     LogLevel(String),
+    /// A client-certificate policy that is none of the three.
+    #[error("unknown client-certificate policy '{0}': expected require, optional or off")]
+    VerifyPeer(String),
+}
+
+/// Parses a client-certificate policy (config `tls_verify_peer` or its
+/// flag): `require`, `optional` (nbdkit's `--tls-verify-peer`: a
+/// certificate shown must be valid) or `off`.
+pub fn parse_verify_peer(text: &str) -> Result<ClientCerts, DaemonValueError> {
+    match text.trim() {
+        "require" => Ok(ClientCerts::Require),
+        "optional" => Ok(ClientCerts::Optional),
+        "off" => Ok(ClientCerts::Off),
+        other => Err(DaemonValueError::VerifyPeer(other.to_owned())),
+    }
+}
+
+fn de_tls_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TlsMode>, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_verify_peer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ClientCerts>, D::Error> {
+    parse_verify_peer(&String::deserialize(d)?)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// Checks a memory budget (config key or flag).

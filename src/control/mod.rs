@@ -23,6 +23,7 @@
 //!     │                                                  API server + sampler
 //!  thread "nbd-accept"  NBD server: accept, one thread per connection
 //!  thread "signals"     sigwait(SIGINT, SIGTERM) ─► shutdown
+//!                       sigwait(SIGHUP) ─► reload the TLS certificates
 //! ```
 //!
 //! Start-up: persistent drives (declared, or found in STATE_DIR/drives)
@@ -75,6 +76,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fuse::Attachments;
+use crate::nbd::tls::{ClientCerts, TlsMode, TlsSettings};
+use crate::nbd::ServerConfig;
 use crate::size::parse as parse_size;
 use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;
@@ -116,10 +119,40 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// Also serve NBD on this TCP address (e.g. 127.0.0.1:10809; no TLS:
-    /// trusted networks only). Repeatable.
+    /// Also serve NBD on this TCP address (e.g. 127.0.0.1:10809). Without
+    /// TLS only a loopback address is allowed, unless --tls off says so.
+    /// Repeatable.
     #[arg(long = "nbd-listen", value_name = "ADDR")]
     pub nbd_listen: Vec<SocketAddr>,
+
+    /// TLS on the TCP listeners: off, on (clients choose) or require
+    /// (STARTTLS before anything else) [default: require with
+    /// --tls-certificates, else off]. Plaintext on an address other
+    /// machines can reach needs an explicit --tls off. See docs/tls.md.
+    #[arg(long, value_name = "MODE")]
+    pub tls: Option<TlsMode>,
+
+    /// TLS on the NBD unix socket: off, on or require [default: on with
+    /// --tls-certificates, else off].
+    #[arg(long, value_name = "MODE")]
+    pub nbd_socket_tls: Option<TlsMode>,
+
+    /// Certificates directory, laid out like nbdkit's and qemu's:
+    /// ca-cert.pem, server-cert.pem, server-key.pem, optional ca-crl.pem.
+    /// Reloaded on SIGHUP and by `ramd tls reload`.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// Client certificates signed by ca-cert.pem: require, optional (as
+    /// nbdkit's --tls-verify-peer) or off [default: require when the
+    /// directory has ca-cert.pem, else off].
+    #[arg(long, value_name = "POLICY", value_parser = parse_verify_peer_flag)]
+    pub tls_verify_peer: Option<ClientCerts>,
+
+    /// Give the NBD unix socket this group (name or number) and mode 0660,
+    /// so its members can use drives without root [default: mode 0600].
+    #[arg(long, value_name = "GROUP")]
+    pub nbd_socket_group: Option<String>,
 
     /// A drive to create at start: NAME=SIZE[,mem-limit=SIZE][,read-only]
     /// [,overcommit][,persist][,durability=none|periodic|flush]
@@ -186,6 +219,11 @@ fn parse_max_connections_flag(text: &str) -> Result<usize, FlagError> {
             source,
         })?;
     Ok(config::check_max_connections(n)?)
+}
+
+/// `--tls-verify-peer`: require, optional or off.
+fn parse_verify_peer_flag(text: &str) -> Result<ClientCerts, FlagError> {
+    Ok(config::parse_verify_peer(text)?)
 }
 
 /// `--log`: a known level or directives.
@@ -267,6 +305,46 @@ pub enum DaemonError {
     /// Directories in RAM could not be brought up.
     #[error(transparent)]
     Dirs(#[from] DirsError),
+    /// The TLS settings are refused (certificates that do not load, or
+    /// plaintext on a network address not asked for).
+    #[error("cannot start the NBD server: {0}")]
+    Tls(#[from] crate::nbd::server::TlsSetupError),
+    /// `--nbd-socket-group` names no group, or the socket could not be
+    /// given it.
+    #[error(transparent)]
+    SocketGroup(#[from] SocketGroupError),
+}
+
+/// Why the NBD socket could not be given its group.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketGroupError {
+    /// No group of that name or number.
+    #[error("--nbd-socket-group {0}: no such group (see /etc/group; create it with groupadd)")]
+    Unknown(String),
+    /// The group database could not be read.
+    #[error("--nbd-socket-group {group}: cannot look it up: {source}")]
+    Lookup {
+        group: String,
+        source: std::io::Error,
+    },
+    /// chown or chmod of the socket failed.
+    #[error("cannot give {} the group {group}: {source}", path.display())]
+    Chown {
+        path: PathBuf,
+        group: String,
+        source: std::io::Error,
+    },
+}
+
+/// Why `ramd tls reload` (SIGHUP, `POST /v1/tls/reload`) did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsReloadError {
+    /// The daemon runs without certificates.
+    #[error("the daemon has no TLS certificates to reload (start it with --tls-certificates DIR)")]
+    NotConfigured,
+    /// The directory did not load; the certificates in use stay.
+    #[error("{0}; the certificates in use are kept")]
+    Load(#[from] crate::nbd::tls::TlsError),
 }
 
 /// Settings after flags, config and defaults are merged.
@@ -276,6 +354,16 @@ pub struct Settings {
     pub nbd_socket: PathBuf,
     pub state_dir: PathBuf,
     pub nbd_listen: Vec<SocketAddr>,
+    /// `--tls` (None: not given, see `ServerConfig::tls_mode`).
+    pub tls_mode: Option<TlsMode>,
+    /// `--nbd-socket-tls` (None: not given).
+    pub unix_tls_mode: Option<TlsMode>,
+    /// `--tls-certificates`.
+    pub tls_certificates: Option<PathBuf>,
+    /// `--tls-verify-peer` (None: by whether the directory has a CA).
+    pub tls_verify_peer: Option<ClientCerts>,
+    /// `--nbd-socket-group` (None: the socket stays 0600).
+    pub nbd_socket_group: Option<String>,
     /// None: the default fraction of MemAvailable.
     pub mem_budget_bytes: Option<u64>,
     pub max_connections: usize,
@@ -358,6 +446,11 @@ impl Settings {
             } else {
                 args.nbd_listen.clone()
             },
+            tls_mode: args.tls.or(c.tls),
+            unix_tls_mode: args.nbd_socket_tls.or(c.nbd_socket_tls),
+            tls_certificates: args.tls_certificates.clone().or(c.tls_certificates.clone()),
+            tls_verify_peer: args.tls_verify_peer.or(c.tls_verify_peer),
+            nbd_socket_group: args.nbd_socket_group.clone().or(c.nbd_socket_group.clone()),
             mem_budget_bytes: args.mem_budget.or(c.mem_budget.map(|s| s.0)),
             max_connections: args.max_connections.or(c.max_connections).unwrap_or(256),
             poll_us: args
@@ -412,6 +505,9 @@ pub struct Daemon {
     pub caches: Arc<Caches>,
     /// Directories kept in RAM.
     pub dirs: Arc<Dirs>,
+    /// The NBD server's certificates (None: no --tls-certificates), shared
+    /// with the server so a reload reaches new connections.
+    pub tls: Option<Arc<TlsSettings>>,
 }
 
 impl Daemon {
@@ -423,11 +519,35 @@ impl Daemon {
         )
     }
 
-    /// The TCP NBD URIs of a drive (one per listener).
+    /// The TCP NBD URIs of a drive (one per listener): `nbds://` when
+    /// the listeners require TLS.
     pub fn tcp_uris(&self, name: &str) -> Vec<String> {
+        let scheme = match self.tcp_tls_mode() {
+            TlsMode::Require => "nbds",
+            TlsMode::Off | TlsMode::On => "nbd",
+        };
         self.tcp_addrs
             .iter()
-            .map(|a| format!("nbd://{a}/{name}"))
+            .map(|a| format!("{scheme}://{a}/{name}"))
             .collect()
+    }
+
+    /// The TLS mode of the TCP listeners, as the server decides it.
+    pub fn tcp_tls_mode(&self) -> TlsMode {
+        let mut c = ServerConfig::new(&self.settings.nbd_socket);
+        c.tls_mode = self.settings.tls_mode;
+        c.tls = self.tls.clone();
+        c.tcp_tls_mode()
+    }
+
+    /// Reads the certificates directory again for new connections (SIGHUP,
+    /// `POST /v1/tls/reload`); sessions already running keep theirs, and on
+    /// an error the certificates in use stay. Returns the directory.
+    pub fn reload_tls(&self) -> Result<PathBuf, TlsReloadError> {
+        let tls = self.tls.as_ref().ok_or(TlsReloadError::NotConfigured)?;
+        tls.reload().inspect_err(|e| {
+            tracing::error!("TLS reload failed, the certificates in use are kept: {e}");
+        })?;
+        Ok(tls.dir().to_owned())
     }
 }

@@ -17,12 +17,14 @@ use super::logging;
 use super::sampler::Sampler;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
 use crate::fuse::Attachments;
+use crate::nbd::tls::{TlsMode, TlsSettings};
 use crate::nbd::{ExportTable, Server, ServerConfig};
 use crate::size::format_size;
 use crate::store::MemoryBudget;
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread spawned after
-/// (call first), returning the set for `sigwait`.
+/// Blocks SIGINT, SIGTERM (shutdown) and SIGHUP (reload the TLS
+/// certificates) in this thread and every thread spawned after (call
+/// first), returning the set for `sigwait`.
 fn block_shutdown_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data initialised by sigemptyset before use;
     // pthread_sigmask only changes this thread's mask (inherited by threads
@@ -32,6 +34,7 @@ fn block_shutdown_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -188,40 +191,156 @@ fn cache_shutdown_result(
     Ok(())
 }
 
-/// The NBD server bound to the settings' sockets. A refused bind leaves
-/// no socket behind (one bound by a listener that failed after it, say a
-/// TCP port in use).
-fn bind_nbd(settings: &Settings, exports: Arc<ExportTable>) -> Result<Server, DaemonError> {
+/// The NBD server bound to the settings' sockets, with its certificates
+/// (None: no TLS). TLS settings the server would refuse (certificates
+/// that do not load, plaintext on a network address not asked for) stop
+/// the start before anything is bound. A refused bind leaves no socket
+/// behind (one bound by a listener that failed after it, say a TCP port
+/// in use). The socket gets its group (`--nbd-socket-group`) right after
+/// the bind, before any client can know it is there.
+fn bind_nbd(
+    settings: &Settings,
+    exports: Arc<ExportTable>,
+) -> Result<(Server, Option<Arc<TlsSettings>>), DaemonError> {
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
     nbd_config.max_connections = settings.max_connections;
     nbd_config.poll_us = settings.poll_us;
     nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
+    nbd_config.unix_tls_mode = settings.unix_tls_mode;
+    let gid = settings
+        .nbd_socket_group
+        .as_deref()
+        .map(group_id)
+        .transpose()?;
+    let tls = nbd_config.set_tls(
+        settings.tls_mode,
+        settings.tls_certificates.as_deref(),
+        settings.tls_verify_peer,
+    )?;
+    let modes = (nbd_config.tcp_tls_mode(), nbd_config.unix_socket_tls_mode());
     let nbd_before = file_id(&settings.nbd_socket);
-    Server::bind(nbd_config, exports).map_err(|e| {
+    let remove_new = || {
         if file_id(&settings.nbd_socket) != nbd_before {
             remove_if_socket(&settings.nbd_socket);
         }
+    };
+    let server = Server::bind(nbd_config, exports).map_err(|e| {
+        remove_new();
         DaemonError::Nbd(e)
-    })
+    })?;
+    if let (Some(gid), Some(group)) = (gid, &settings.nbd_socket_group) {
+        give_socket_group(&settings.nbd_socket, gid, group).inspect_err(|_| remove_new())?;
+    }
+    log_tls(&server, settings, modes, tls.as_deref());
+    Ok((server, tls))
 }
 
-/// A thread that waits for SIGTERM/SIGINT (`signals`, blocked in every
-/// thread) and then tells systemd and the API to stop.
+/// Says which listeners use TLS and how; warns about plaintext on an
+/// address other machines can reach (only ever asked for explicitly:
+/// `check_tls` refuses it otherwise).
+fn log_tls(
+    server: &Server,
+    settings: &Settings,
+    (tcp_mode, unix_mode): (TlsMode, TlsMode),
+    tls: Option<&TlsSettings>,
+) {
+    let certs = tls.map_or(String::new(), |t| {
+        format!(
+            " (certificates {}, client certificates {:?})",
+            t.dir().display(),
+            t.client_certs()
+        )
+    });
+    for addr in server.tcp_addrs() {
+        tracing::info!("NBD on {addr}: TLS {tcp_mode}{certs}");
+        if tcp_mode == TlsMode::Off && !addr.ip().is_loopback() {
+            tracing::warn!(
+                "NBD on {addr} is plaintext and reachable from other machines (--tls off): anyone who can reach it can read and write every drive"
+            );
+        }
+    }
+    tracing::info!("NBD on {}: TLS {unix_mode}", settings.nbd_socket.display());
+}
+
+/// The number of a group given by name or number.
+fn group_id(group: &str) -> Result<u32, super::SocketGroupError> {
+    use super::SocketGroupError as E;
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).map_err(|_| E::Unknown(group.to_owned()))?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: group is plain data, zeroed is a valid value.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: `name` NUL-terminated,
+    // `buf` of the length given, `grp` and `found` writable; the result
+    // is read only through `grp` while `buf` lives.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 {
+        return Err(E::Lookup {
+            group: group.to_owned(),
+            source: std::io::Error::from_raw_os_error(rc),
+        });
+    }
+    if found.is_null() {
+        return Err(E::Unknown(group.to_owned()));
+    }
+    Ok(grp.gr_gid)
+}
+
+/// The NBD socket: group `gid`, mode 0660, so the group's members may
+/// connect (they also need to reach the socket's directory).
+fn give_socket_group(path: &Path, gid: u32, group: &str) -> Result<(), DaemonError> {
+    let err = |e: std::io::Error| super::SocketGroupError::Chown {
+        path: path.to_owned(),
+        group: group.to_owned(),
+        source: e,
+    };
+    let gid = rustix::fs::Gid::from_raw(gid);
+    rustix::fs::chown(path, None, Some(gid)).map_err(|e| err(e.into()))?;
+    rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(0o660)).map_err(|e| err(e.into()))?;
+    tracing::info!("NBD socket {}: group {group}, mode 0660", path.display());
+    Ok(())
+}
+
+/// A thread that waits for the `signals` (blocked in every thread): on
+/// SIGHUP it reloads the TLS certificates (a failure is logged and the
+/// old ones stay); on SIGTERM/SIGINT it tells systemd and the API to stop.
 fn spawn_signal_waiter(
     signals: libc::sigset_t,
+    daemon: Arc<Daemon>,
     stop_tx: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), DaemonError> {
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || {
+        .spawn(move || loop {
             let mut sig: libc::c_int = 0;
             // SAFETY: `signals` is an initialised sigset and `sig` a valid
             // out pointer; the signals are blocked in every thread.
             unsafe { libc::sigwait(&signals, &mut sig) };
+            if sig == libc::SIGHUP {
+                match daemon.reload_tls() {
+                    Ok(dir) => {
+                        tracing::info!("SIGHUP: TLS certificates reloaded from {}", dir.display())
+                    }
+                    Err(e) => tracing::warn!("SIGHUP: {e}"),
+                }
+                continue;
+            }
             tracing::info!("signal {sig}: finishing open requests and shutting down");
             let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
             let _ = stop_tx.send(true);
+            return;
         })
         .map_err(DaemonError::Start)?;
     Ok(())
@@ -273,7 +392,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
-    let server = bind_nbd(&settings, exports)?;
+    let (server, tls) = bind_nbd(&settings, exports)?;
     let mut bound = BoundSockets {
         paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
         serving: false,
@@ -309,6 +428,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         sampler: Arc::new(Sampler::new()),
         caches: caches.clone(),
         dirs: Arc::new(dirs),
+        tls,
     });
 
     let nbd_thread = std::thread::Builder::new()
@@ -323,7 +443,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .build()
         .map_err(DaemonError::Start)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    spawn_signal_waiter(signals, stop_tx)?;
+    spawn_signal_waiter(signals, daemon.clone(), stop_tx)?;
 
     bound.serving = true;
     announce(&daemon);

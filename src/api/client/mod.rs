@@ -25,6 +25,7 @@ use crate::api::wire::error::ErrorBody;
 use crate::api::wire::health::Health;
 use crate::api::wire::persistence::{RestoreRequest, SyncResult};
 use crate::api::wire::stats::{DriveStats, StatsReport};
+use crate::api::wire::tls::TlsReloaded;
 
 pub mod caches;
 
@@ -384,6 +385,11 @@ impl Client {
     /// Syncs every directory.
     pub fn sync_all_dirs(&self) -> Result<DirSyncAll, ClientError> {
         self.call_within(Method::POST, "/v1/dirs/sync", None::<&()>, DIR_TIMEOUT)
+    }
+
+    /// Reads the NBD server's certificates again (`ramd tls reload`).
+    pub fn reload_tls(&self) -> Result<TlsReloaded, ClientError> {
+        self.call(Method::POST, "/v1/tls/reload", None::<&()>)
     }
 
     /// `/metrics` as text.

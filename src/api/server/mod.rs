@@ -3,7 +3,7 @@
 //!
 //! One file per resource: `drives`, `persistence`, `stats`, `health`,
 //! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
-//! `metrics` (Prometheus); `error` the one error shape, `counters` the
+//! `tls` (certificate reload), `metrics` (Prometheus); `error` the one error shape, `counters` the
 //! conversion of metrics into wire counters. The JSON bodies are
 //! `api::wire`'s. The route table below is the single source of both the
 //! router and [`ROUTES`], which a test compares with docs/openapi.yaml.
@@ -22,6 +22,7 @@ pub mod health;
 pub mod metrics;
 pub mod persistence;
 pub mod stats;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -74,6 +75,7 @@ routes! {
     patch "/v1/dirs/{id}" => dirs::patch,
     delete "/v1/dirs/{id}" => dirs::delete,
     post "/v1/dirs/{id}/sync" => dirs::sync,
+    post "/v1/tls/reload" => tls::reload,
     get "/metrics" => metrics::get,
 }
 
