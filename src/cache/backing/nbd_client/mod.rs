@@ -305,6 +305,16 @@ pub struct NbdClient {
     returned: Condvar,
 }
 
+impl std::fmt::Debug for NbdClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdClient")
+            .field("uri", &self.uri.to_string())
+            .field("info", &self.info)
+            .field("max_conns", &self.max_conns)
+            .finish()
+    }
+}
+
 impl NbdClient {
     /// Connects and negotiates the export (one connection; more are opened
     /// on demand).
