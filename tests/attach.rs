@@ -317,15 +317,22 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 /// Turns the fuse module's `enable_uring` on for one test and puts back
 /// the value it had when dropped, so a failing test leaves it as it was.
 /// Other tests of this file that mount meanwhile get the ring too: both
-/// paths must pass them.
+/// paths must pass them. The tests that turn it on take turns (`TURN`),
+/// so each puts back what was there before any of them.
 struct EnableUring {
     was: String,
+    /// Held until the value is put back (dropped after `drop` runs).
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One test at a time switches `enable_uring`.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl EnableUring {
     /// None (with the reason printed) where the kernel has no switch or
     /// it cannot be set.
     fn on() -> Option<EnableUring> {
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         let was = match std::fs::read_to_string(ENABLE_URING) {
             Ok(v) => v.trim().to_owned(),
             Err(e) => {
@@ -337,7 +344,7 @@ impl EnableUring {
             eprintln!("skipped: cannot turn {ENABLE_URING} on: {e}");
             return None;
         }
-        Some(EnableUring { was })
+        Some(EnableUring { was, _turn: turn })
     }
 }
 
