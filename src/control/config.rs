@@ -505,6 +505,36 @@ read_only = true
     }
 
     #[test]
+    fn tls_keys_parse_and_bad_values_name_their_line() {
+        let c = parse(
+            Path::new("x.toml"),
+            r#"
+[daemon]
+tls = "require"
+nbd_socket_tls = "off"
+tls_certificates = "/etc/ramd/tls"
+tls_verify_peer = "optional"
+nbd_socket_group = "ramd"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.daemon.tls, Some(TlsMode::Require));
+        assert_eq!(c.daemon.nbd_socket_tls, Some(TlsMode::Off));
+        assert_eq!(c.daemon.tls_verify_peer, Some(ClientCerts::Optional));
+        assert_eq!(c.daemon.nbd_socket_group.as_deref(), Some("ramd"));
+        let e = err("[daemon]\ntls = \"yes\"\n");
+        assert!(
+            e.starts_with("ramd.toml:2:") && e.contains("off, on or require"),
+            "{e}"
+        );
+        let e = err("[daemon]\n\ntls_verify_peer = \"maybe\"\n");
+        assert!(
+            e.starts_with("ramd.toml:3:") && e.contains("require, optional or off"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn caches() {
         let c = parse(
             Path::new("x.toml"),
