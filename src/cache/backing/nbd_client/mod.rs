@@ -94,8 +94,11 @@ pub enum ClientError {
     #[error("NBD server {target} refused our client certificate ({why}): put client-cert.pem and client-key.pem, signed by a CA the server trusts, in the tls-certificates directory")]
     ClientCertificateRefused { target: String, why: String },
     /// The certificate files could not be used.
-    #[error("cannot use the TLS certificates in '{}': {why}", dir.display())]
-    TlsFiles { dir: PathBuf, why: String },
+    #[error("cannot use the TLS certificates in '{}': {source}", dir.display())]
+    TlsFiles {
+        dir: PathBuf,
+        source: tls::CertFileError,
+    },
     /// Any other TLS failure (no common protocol version or cipher, a
     /// broken record).
     #[error("TLS with NBD server {target} failed: {source}")]

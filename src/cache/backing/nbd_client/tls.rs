@@ -46,6 +46,39 @@ pub const CLIENT_KEY: &str = "client-key.pem";
 /// The name sent as SNI over a unix socket without `tls-hostname`.
 const UNIX_SERVER_NAME: &str = "localhost";
 
+/// Why the certificates directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CertFileError {
+    /// A file is missing or not PEM.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    /// A PEM file held no certificate.
+    #[error("{} holds no certificate", path.display())]
+    NoCertificate { path: PathBuf },
+    /// A client certificate without its key, or the other way round.
+    #[error("{} is missing (beside {beside})", path.display())]
+    HalfPair { path: PathBuf, beside: &'static str },
+    /// rustls refused a certificate or key (say a key that does not match
+    /// the certificate).
+    #[error("{what}: {source}")]
+    Rustls {
+        what: &'static str,
+        source: rustls::Error,
+    },
+    /// The CA cannot check server certificates.
+    #[error("{}: {source}", path.display())]
+    Verifier {
+        path: PathBuf,
+        source: rustls::client::VerifierBuilderError,
+    },
+    /// The name to check is not a DNS name or an IP address.
+    #[error("'{0}' is not a valid TLS server name (set tls-hostname=NAME)")]
+    ServerName(String),
+}
+
 /// What every connection of one client needs for TLS.
 #[derive(Debug, Clone)]
 pub struct TlsClient {
@@ -63,13 +96,18 @@ impl TlsClient {
     pub fn new(params: &TlsParams, target: &str) -> Result<TlsClient, ClientError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let dir = params.certificates.as_deref();
-        let files_error = |why: String| ClientError::TlsFiles {
+        let files_error = |source: CertFileError| ClientError::TlsFiles {
             dir: dir.map(Path::to_path_buf).unwrap_or_default(),
-            why,
+            source,
         };
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| files_error(e.to_string()))?;
+            .map_err(|source| {
+                files_error(CertFileError::Rustls {
+                    what: "protocol versions",
+                    source,
+                })
+            })?;
         let ca = match (params.verify_peer, dir) {
             (true, Some(dir)) => Some(dir.join(CA_CERT)),
             _ => None,
@@ -78,14 +116,22 @@ impl TlsClient {
             Some(ca) => {
                 let mut roots = RootCertStore::empty();
                 for cert in certificates(ca).map_err(files_error)? {
-                    roots
-                        .add(cert)
-                        .map_err(|e| files_error(format!("{}: {e}", ca.display())))?;
+                    roots.add(cert).map_err(|source| {
+                        files_error(CertFileError::Rustls {
+                            what: CA_CERT,
+                            source,
+                        })
+                    })?;
                 }
                 let inner =
                     WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                         .build()
-                        .map_err(|e| files_error(format!("{}: {e}", ca.display())))?;
+                        .map_err(|source| {
+                            files_error(CertFileError::Verifier {
+                                path: ca.clone(),
+                                source,
+                            })
+                        })?;
                 Arc::new(Verifier {
                     inner,
                     check_name: params.hostname.is_some(),
@@ -107,15 +153,17 @@ impl TlsClient {
         let config = match pair.flatten() {
             Some((chain, key)) => builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|e| files_error(format!("{CLIENT_CERT} and {CLIENT_KEY}: {e}")))?,
+                .map_err(|source| {
+                    files_error(CertFileError::Rustls {
+                        what: "client-cert.pem and client-key.pem",
+                        source,
+                    })
+                })?,
             None => builder.with_no_client_auth(),
         };
         let name = params.hostname.as_deref().unwrap_or(UNIX_SERVER_NAME);
-        let server_name = ServerName::try_from(name.to_owned()).map_err(|_| {
-            files_error(format!(
-                "'{name}' is not a valid TLS server name (set tls-hostname=NAME)"
-            ))
-        })?;
+        let server_name = ServerName::try_from(name.to_owned())
+            .map_err(|_| files_error(CertFileError::ServerName(name.to_owned())))?;
         Ok(TlsClient {
             config: Arc::new(config),
             server_name,
@@ -190,14 +238,19 @@ pub fn client_cert_why(tls: &TlsClient, what: &str) -> String {
 }
 
 /// Every certificate in a PEM file (at least one).
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let read = |e: rustls::pki_types::pem::Error| format!("cannot read {}: {e}", path.display());
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, CertFileError> {
+    let read = |source| CertFileError::Read {
+        path: path.to_owned(),
+        source,
+    };
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(read)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(read)?;
     if certs.is_empty() {
-        return Err(format!("{} holds no certificate", path.display()));
+        return Err(CertFileError::NoCertificate {
+            path: path.to_owned(),
+        });
     }
     Ok(certs)
 }
@@ -205,24 +258,24 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 type ClientPair = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 /// `client-cert.pem` and `client-key.pem`, None when neither exists.
-fn client_pair(dir: &Path) -> Result<Option<ClientPair>, String> {
+fn client_pair(dir: &Path) -> Result<Option<ClientPair>, CertFileError> {
     let (cert, key) = (dir.join(CLIENT_CERT), dir.join(CLIENT_KEY));
     match (cert.exists(), key.exists()) {
         (false, false) => Ok(None),
         (true, true) => {
             let chain = certificates(&cert)?;
             let key = PrivateKeyDer::from_pem_file(&key)
-                .map_err(|e| format!("cannot read {}: {e}", key.display()))?;
+                .map_err(|source| CertFileError::Read { path: key, source })?;
             Ok(Some((chain, key)))
         }
-        (true, false) => Err(format!(
-            "{} is missing (beside {CLIENT_CERT})",
-            key.display()
-        )),
-        (false, true) => Err(format!(
-            "{} is missing (beside {CLIENT_KEY})",
-            cert.display()
-        )),
+        (true, false) => Err(CertFileError::HalfPair {
+            path: key,
+            beside: CLIENT_CERT,
+        }),
+        (false, true) => Err(CertFileError::HalfPair {
+            path: cert,
+            beside: CLIENT_KEY,
+        }),
     }
 }
 

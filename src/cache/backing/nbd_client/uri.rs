@@ -81,6 +81,22 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
+/// What is wrong with a URI's query (the `why` of
+/// [`ClientError::BadUri`]).
+#[derive(Debug, thiserror::Error)]
+enum QueryError {
+    #[error("bad %-escape in '{0}'")]
+    BadEscape(String),
+    #[error("tls-verify-peer={0}: expected true or false")]
+    NotABool(String),
+    #[error("{key}={value}: only X.509 certificates are supported (tls-certificates=DIR), not TLS-PSK or anonymous TLS")]
+    NotX509 { key: String, value: String },
+    #[error("unsupported parameter '{0}'")]
+    Unsupported(String),
+    #[error("TLS (nbds) needs tls-certificates=DIR with the CA that signed the server's certificate (DIR/ca-cert.pem): ramd has no system CA store (or add tls-verify-peer=false to skip checking the server, for testing only)")]
+    NoCertificates,
+}
+
 /// The query parameters of a URI, decoded, before they are checked
 /// against its scheme.
 #[derive(Default)]
@@ -94,7 +110,7 @@ struct Query {
 }
 
 impl Query {
-    fn parse(query: Option<&str>) -> Result<Query, String> {
+    fn parse(query: Option<&str>) -> Result<Query, QueryError> {
         let mut q = Query::default();
         let pairs = query
             .into_iter()
@@ -102,7 +118,7 @@ impl Query {
             .filter(|p| !p.is_empty())
             .map(|p| p.split_once('=').unwrap_or((p, "")));
         for (k, v) in pairs {
-            let v = percent_decode(v).ok_or_else(|| format!("bad %-escape in '{k}'"))?;
+            let v = percent_decode(v).ok_or_else(|| QueryError::BadEscape(k.to_owned()))?;
             if k.starts_with("tls-") && q.first_tls.is_none() {
                 q.first_tls = Some(k.to_owned());
             }
@@ -110,18 +126,17 @@ impl Query {
                 "socket" => q.socket = Some(v),
                 "tls-certificates" => q.certificates = Some(v),
                 "tls-verify-peer" => {
-                    q.verify_peer = Some(parse_bool(&v).ok_or_else(|| {
-                        format!("tls-verify-peer={v}: expected true or false")
-                    })?)
+                    q.verify_peer = Some(parse_bool(&v).ok_or(QueryError::NotABool(v))?)
                 }
                 "tls-hostname" => q.hostname = Some(v),
                 "tls-type" if v == "x509" => {}
                 "tls-type" | "tls-psk-file" | "tls-username" => {
-                    return Err(format!(
-                        "{k}={v}: only X.509 certificates are supported (tls-certificates=DIR), not TLS-PSK or anonymous TLS"
-                    ))
+                    return Err(QueryError::NotX509 {
+                        key: k.to_owned(),
+                        value: v,
+                    })
                 }
-                other => return Err(format!("unsupported parameter '{other}'")),
+                other => return Err(QueryError::Unsupported(other.to_owned())),
             }
         }
         Ok(q)
@@ -129,11 +144,11 @@ impl Query {
 
     /// The TLS settings for a TLS scheme; `host` is the URI's host (None
     /// for a unix socket).
-    fn tls(&mut self, host: Option<&str>) -> Result<TlsParams, String> {
+    fn tls(&mut self, host: Option<&str>) -> Result<TlsParams, QueryError> {
         let verify_peer = self.verify_peer.unwrap_or(true);
         let certificates = self.certificates.take().filter(|d| !d.is_empty());
         if certificates.is_none() && verify_peer {
-            return Err("nbds needs tls-certificates=DIR with the CA that signed the server's certificate (DIR/ca-cert.pem): ramd has no system CA store (or add tls-verify-peer=false to skip checking the server, for testing only)".into());
+            return Err(QueryError::NoCertificates);
         }
         Ok(TlsParams {
             certificates: certificates.map(PathBuf::from),
@@ -192,7 +207,7 @@ impl NbdUri {
             "nbds+unix" => (true, true),
             other => return Err(bad(&format!("unknown scheme '{other}'"))),
         };
-        let mut q = Query::parse(query).map_err(|w| bad(&w))?;
+        let mut q = Query::parse(query).map_err(|w| bad(&w.to_string()))?;
         if let (false, Some(k)) = (tls, &q.first_tls) {
             return Err(bad(&format!(
                 "'{k}' needs TLS: use nbds:// or nbds+unix://"
@@ -224,7 +239,7 @@ impl NbdUri {
                 Address::Tcp { host, .. } => Some(host.as_str()),
                 Address::Unix { .. } => None,
             };
-            Some(q.tls(host).map_err(|w| bad(&w))?)
+            Some(q.tls(host).map_err(|w| bad(&w.to_string()))?)
         } else {
             None
         };
