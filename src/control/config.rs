@@ -185,6 +185,15 @@ pub fn parse_verify_peer(text: &str) -> Result<ClientCerts, DaemonValueError> {
     }
 }
 
+/// The name of a client-certificate policy, as `parse_verify_peer` reads it.
+pub fn verify_peer_name(c: ClientCerts) -> &'static str {
+    match c {
+        ClientCerts::Require => "require",
+        ClientCerts::Optional => "optional",
+        ClientCerts::Off => "off",
+    }
+}
+
 fn de_tls_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TlsMode>, D::Error> {
     String::deserialize(d)?
         .parse()

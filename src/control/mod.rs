@@ -77,7 +77,6 @@ use std::time::Instant;
 
 use crate::fuse::Attachments;
 use crate::nbd::tls::{ClientCerts, TlsMode, TlsSettings};
-use crate::nbd::ServerConfig;
 use crate::size::parse as parse_size;
 use caches::{CacheSpec, Caches, CachesError};
 pub use config::LogFormat;
@@ -508,6 +507,9 @@ pub struct Daemon {
     /// The NBD server's certificates (None: no --tls-certificates), shared
     /// with the server so a reload reaches new connections.
     pub tls: Option<Arc<TlsSettings>>,
+    /// The TLS mode of the TCP listeners, as the server resolved it (the
+    /// URIs it shows: `nbds://` when TLS is required).
+    pub tcp_tls_mode: TlsMode,
 }
 
 impl Daemon {
@@ -522,7 +524,7 @@ impl Daemon {
     /// The TCP NBD URIs of a drive (one per listener): `nbds://` when
     /// the listeners require TLS.
     pub fn tcp_uris(&self, name: &str) -> Vec<String> {
-        let scheme = match self.tcp_tls_mode() {
+        let scheme = match self.tcp_tls_mode {
             TlsMode::Require => "nbds",
             TlsMode::Off | TlsMode::On => "nbd",
         };
@@ -530,14 +532,6 @@ impl Daemon {
             .iter()
             .map(|a| format!("{scheme}://{a}/{name}"))
             .collect()
-    }
-
-    /// The TLS mode of the TCP listeners, as the server decides it.
-    pub fn tcp_tls_mode(&self) -> TlsMode {
-        let mut c = ServerConfig::new(&self.settings.nbd_socket);
-        c.tls_mode = self.settings.tls_mode;
-        c.tls = self.tls.clone();
-        c.tcp_tls_mode()
     }
 
     /// Reads the certificates directory again for new connections (SIGHUP,

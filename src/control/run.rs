@@ -191,17 +191,18 @@ fn cache_shutdown_result(
     Ok(())
 }
 
+/// The bound server, its certificates and the TLS mode of its TCP
+/// listeners.
+type BoundNbd = (Server, Option<Arc<TlsSettings>>, TlsMode);
+
 /// The NBD server bound to the settings' sockets, with its certificates
 /// (None: no TLS). TLS settings the server would refuse (certificates
 /// that do not load, plaintext on a network address not asked for) stop
 /// the start before anything is bound. A refused bind leaves no socket
 /// behind (one bound by a listener that failed after it, say a TCP port
 /// in use). The socket gets its group (`--nbd-socket-group`) right after
-/// the bind, before any client can know it is there.
-fn bind_nbd(
-    settings: &Settings,
-    exports: Arc<ExportTable>,
-) -> Result<(Server, Option<Arc<TlsSettings>>), DaemonError> {
+/// the bind, while it is still 0600 (only our user could have connected).
+fn bind_nbd(settings: &Settings, exports: Arc<ExportTable>) -> Result<BoundNbd, DaemonError> {
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
     nbd_config.max_connections = settings.max_connections;
@@ -233,7 +234,7 @@ fn bind_nbd(
         give_socket_group(&settings.nbd_socket, gid, group).inspect_err(|_| remove_new())?;
     }
     log_tls(&server, settings, modes, tls.as_deref());
-    Ok((server, tls))
+    Ok((server, tls, modes.0))
 }
 
 /// Says which listeners use TLS and how; warns about plaintext on an
@@ -247,9 +248,9 @@ fn log_tls(
 ) {
     let certs = tls.map_or(String::new(), |t| {
         format!(
-            " (certificates {}, client certificates {:?})",
+            " (certificates {}, client certificates {})",
             t.dir().display(),
-            t.client_certs()
+            super::config::verify_peer_name(t.client_certs())
         )
     });
     for addr in server.tcp_addrs() {
@@ -392,7 +393,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
-    let (server, tls) = bind_nbd(&settings, exports)?;
+    let (server, tls, tcp_tls_mode) = bind_nbd(&settings, exports)?;
     let mut bound = BoundSockets {
         paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
         serving: false,
@@ -429,6 +430,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         caches: caches.clone(),
         dirs: Arc::new(dirs),
         tls,
+        tcp_tls_mode,
     });
 
     let nbd_thread = std::thread::Builder::new()

@@ -12,8 +12,8 @@ use axum::Json;
 
 use super::{blocking, ApiError};
 use crate::api::wire::tls::TlsReloaded;
+use crate::control::config::verify_peer_name;
 use crate::control::{Daemon, TlsReloadError};
-use crate::nbd::tls::ClientCerts;
 
 impl From<TlsReloadError> for ApiError {
     fn from(e: TlsReloadError) -> Self {
@@ -28,11 +28,10 @@ impl From<TlsReloadError> for ApiError {
 pub async fn reload(State(d): State<Arc<Daemon>>) -> Result<Json<TlsReloaded>, ApiError> {
     let d2 = d.clone();
     let dir = blocking(move || Ok(d2.reload_tls()?)).await?;
-    let client_certificates = match d.tls.as_ref().map(|t| t.client_certs()) {
-        Some(ClientCerts::Require) => "require",
-        Some(ClientCerts::Optional) => "optional",
-        Some(ClientCerts::Off) | None => "off",
-    };
+    let client_certificates = d
+        .tls
+        .as_ref()
+        .map_or("off", |t| verify_peer_name(t.client_certs()));
     Ok(Json(TlsReloaded {
         certificates_dir: dir.display().to_string(),
         client_certificates: client_certificates.into(),
