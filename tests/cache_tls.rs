@@ -488,6 +488,21 @@ fn daemon_caches_over_nbds_reach_nbdkit_and_refusals_reach_the_api() {
         );
         run(d.cli().args(["cache", "delete", &name])).ok();
     }
+    // No server check: it works, and the daemon warns.
+    let kit = Server::nbdkit(false, &["--tls=require", &server_dir]);
+    let backing = kit.uri(true, "", "tls-verify-peer=false");
+    run(d
+        .cli()
+        .args(["cache", "create", "unchecked", "--backing", &backing])
+        .args(["--size", "8M", "--mode", "writethrough"]))
+    .ok();
+    let log = d.log();
+    assert!(
+        log.contains("WARN") && log.contains("tls-verify-peer=false"),
+        "no warning in the log:\n{log}"
+    );
+    run(d.cli().args(["cache", "delete", "unchecked"])).ok();
+    drop(kit);
     let kit = Server::nbdkit(false, &["--tls=require", &server_dir, "--tls-verify-peer"]);
     for (backing, says) in [
         (kit.uri(true, "", &certs(&p.distrustful)), "not trusted"),

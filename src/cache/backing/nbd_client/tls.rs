@@ -19,7 +19,8 @@
 //! `tls-hostname`); over a unix socket without `tls-hostname` only the
 //! chain is checked, as libnbd does (it has no host name to check there).
 //! `tls-verify-peer=false` checks nothing but the handshake signatures and
-//! is logged as a warning at every connect.
+//! is logged as a warning each time a client is made (a cache opening its
+//! backing), not at each reconnection.
 //!
 //! Dependencies: rustls (ring provider), already used by the server side;
 //! `rustls::pki_types::pem` reads the PEM files.
