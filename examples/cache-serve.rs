@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::cache::{BackingOptions, Cache, CacheConfig, Mode};
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig};
 use ramd::size::parse as parse_size;

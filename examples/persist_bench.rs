@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::persist::{DirStorage, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress};
 use ramd::size::parse as parse_size;
 use ramd::store::{MemoryBudget, StoreOptions};

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::nbd::tls::{ClientCerts, TlsMode, TlsSettings};
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig};
 use ramd::size::parse as parse_size;

@@ -22,7 +22,7 @@
 //!  block::Export   what a frontend serves by name; its backend sits behind
 //!        │         block::ReadOnly, the first layer (block::Layer: a backend
 //!        │         wrapping a backend, forwarding what it does not change)
-//!  backend::Backend   the data-path trait (read/write/zero/trim/flush/extents)
+//!  block::backend::Backend  the data-path trait (read/write/zero/trim/flush/extents)
 //!        │         and its Caps (what it can do, direct_io, piece size)
 //!  store::RamStore    sparse pages in an mmap, per-64 KiB-chunk locks,
 //!                     allocated/dirty bitmaps, memory budgets,
@@ -62,7 +62,6 @@
 //! dev-dependency on itself; the shipped library and binary leave it out.
 
 pub mod api;
-pub mod backend;
 pub mod block;
 pub mod cache;
 pub mod cli;

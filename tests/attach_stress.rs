@@ -87,6 +87,7 @@ fn concurrent_fio_verify_on_a_loop_device_over_the_attach_file() {
             "--offset_increment=48m",
             "--verify=crc32c",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--do_verify=1",
             "--randrepeat=0",
             "--group_reporting",

@@ -20,7 +20,7 @@ use common::nbdkit::Nbdkit;
 use common::{
     random_bytes, require, require_root_block_devices, run, tool, wait_until, KillOnDrop,
 };
-use ramd::backend::{Backend, Error};
+use ramd::block::backend::{Backend, Error};
 use ramd::cache::backing::nbd_client::{ClientOptions, NbdClient, NbdUri};
 use ramd::cache::backing::FileBacking;
 use ramd::cache::{BackingOptions, Cache, CacheConfig, CacheError, Mode};

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
 use ramd::sim::MemBacking;
 use ramd::store::MemoryBudget;

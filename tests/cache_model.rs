@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
 use ramd::sim::MemBacking;
 

@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 
 use common::{random_bytes, require, require_python_module, run, tool, wait_until, KillOnDrop};
 use common::{Daemon, DAEMON_TIMEOUT, SKIP_ENV};
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::cache::backing::nbd_client::{ClientError, ClientOptions, NbdClient, NbdUri};
 use ramd::cache::backing::{open_backing, BackingOptions};
 

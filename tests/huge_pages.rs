@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::store::{region, MemoryBudget, RamStore, StoreOptions, HUGE_IDLE_MS};
 
 const MIB: u64 = 1 << 20;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::nbd::proto::*;
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig, ShutdownHandle};
 use ramd::store::{MemoryBudget, RamStore};

@@ -9,7 +9,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::persist::{
     Durability, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress, Storage,
     StorageFile, SyncScheduler, SyncState,

@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::persist::{
     Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
 };

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{require, run, tool};
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::persist::{
     DirStorage, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
 };

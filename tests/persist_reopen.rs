@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::persist::{
     DirStorage, Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
     Storage,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use ramd::backend::{Backend, Extent};
+use ramd::block::backend::{Backend, Extent};
 use ramd::store::{MemoryBudget, RamStore, PAGE_BYTES, PREFAULT_AHEAD_BYTES};
 
 const MIB: u64 = 1 << 20;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::nbd::proto::*;
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig, ShutdownHandle};
 use ramd::store::{MemoryBudget, RamStore};

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use ramd::backend::{check_range, Backend, Error, Extent};
+use ramd::block::backend::{check_range, Backend, Error, Extent};
 use ramd::store::{
     MemoryBudget, RamStore, StoreOptions, CHUNK_BYTES, MAX_DRIVE_BYTES, PAGE_BYTES, SEGMENT_BYTES,
 };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::store::{MemoryBudget, RamStore, StoreOptions, CHUNK_BYTES, PAGE_BYTES};
 
 #[derive(Debug, Clone)]

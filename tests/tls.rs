@@ -27,7 +27,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use common::{random_bytes, require, run, tool, KillOnDrop, SKIP_ENV};
-use ramd::backend::Backend;
+use ramd::block::backend::Backend;
 use ramd::nbd::proto::*;
 use ramd::nbd::server::{TlsConfigError, TlsSetupError};
 use ramd::nbd::tls::{ClientCerts, TlsMode, TlsSettings};

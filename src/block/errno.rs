@@ -5,7 +5,7 @@
 //! than a block device: a read-only drive is EPERM over NBD (the spec's
 //! value) and EROFS through the FUSE file.
 
-use crate::backend::Error;
+use crate::block::backend::Error;
 
 /// An error as every frontend reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

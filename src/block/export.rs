@@ -16,7 +16,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::read_only::ReadOnly;
-use crate::backend::Backend;
+use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
 
 /// One NBD export: a named backend plus its live state.

@@ -14,7 +14,7 @@
 
 use std::io::IoSlice;
 
-use crate::backend::{Backend, Caps, Extent, Result};
+use crate::block::backend::{Backend, Caps, Extent, Result};
 
 /// A backend that wraps another; override what the layer changes.
 pub trait Layer: Send + Sync {

@@ -22,6 +22,10 @@
 //!   file; a read past the end is EINVAL over NBD, and the FUSE file reads
 //!   short at its end as files do (it never asks for bytes past it).
 //!
+//! The contract itself: [`backend::Backend`], the trait every engine
+//! (store, persistent drive, cache, backings) implements, with its
+//! [`backend::Caps`].
+//!
 //! The shared pieces: [`Export`] (what a frontend serves, by name),
 //! [`Layer`] (a backend wrapping a backend, forwarding what it does not
 //! change) and the [`ReadOnly`] layer every export sits behind.
@@ -29,6 +33,7 @@
 //! What stays in a frontend: its own protocol rules (NBD flags, structured
 //! replies, negotiated metadata contexts).
 
+pub mod backend;
 mod errno;
 pub mod export;
 pub mod layer;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::layer::Layer;
-use crate::backend::{Backend, Error, Result};
+use crate::block::backend::{Backend, Error, Result};
 
 /// A switchable read-only layer over a backend.
 pub struct ReadOnly {

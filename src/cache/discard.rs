@@ -3,7 +3,7 @@
 //! partly covered.
 
 use super::engine::{Discard, Inner, Meta, State};
-use crate::backend::{check_range, Result};
+use crate::block::backend::{check_range, Result};
 
 impl Inner {
     pub fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {

@@ -61,7 +61,7 @@ use super::index::Index;
 use super::policy::{HitMarks, Policy};
 use super::seq::SeqDetector;
 use super::stats::{Counters, Ctr};
-use crate::backend::{Backend, Error, Result};
+use crate::block::backend::{Backend, Error, Result};
 use crate::store::bitmap::AtomicBitmap;
 use crate::store::region::Region;
 use crate::store::MemoryBudget;

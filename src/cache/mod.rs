@@ -70,7 +70,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::{self, Backend, Caps, Extent};
+use crate::block::backend::{self, Backend, Caps, Extent};
 use crate::store::MemoryBudget;
 pub use backing::{open_backing, BackingOptions, BackingSpec};
 pub use config::{CacheConfig, Mode};

@@ -5,7 +5,7 @@
 
 use super::engine::{ClaimErr, Claimed, Inner, State, MAX_FILL_BYTES, MAX_RACE_RETRIES};
 use super::stats::Ctr;
-use crate::backend::{check_range, Result};
+use crate::block::backend::{check_range, Result};
 
 /// How `read_hit` served a piece of a block.
 enum Served {

@@ -4,7 +4,7 @@
 use super::config::Mode;
 use super::engine::{ClaimErr, Inner, State, MAX_RACE_RETRIES};
 use super::stats::Ctr;
-use crate::backend::{check_range, Error, Result};
+use crate::block::backend::{check_range, Error, Result};
 
 impl Inner {
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use super::engine::{Inner, State};
 use super::stats::Ctr;
-use crate::backend::Result;
+use crate::block::backend::Result;
 
 /// Most waves one write-back keeps in flight (the NBD client's default
 /// connection count; a disk's queue takes as many).
@@ -161,7 +161,7 @@ impl Inner {
         // cannot deadlock one another or anyone else.
         let next = AtomicUsize::new(0);
         let written = AtomicU64::new(0);
-        let first_error: Mutex<Option<crate::backend::Error>> = Mutex::new(None);
+        let first_error: Mutex<Option<crate::block::backend::Error>> = Mutex::new(None);
         let work = || loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
             if k >= waves.len() || first_error.lock().is_some() {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use super::proto::{self, Attr, Op};
-use crate::backend::{Backend, Error as BackendError};
+use crate::block::backend::{Backend, Error as BackendError};
 use crate::block::{self, Export};
 use crate::metrics::{ConnRecorder, Op as MetricOp};
 

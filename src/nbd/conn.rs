@@ -46,8 +46,8 @@ use super::handshake::Negotiated;
 use super::proto::*;
 use super::transport::Transport;
 use super::wait::Wait;
-use crate::backend::{Backend, Caps};
 use crate::block;
+use crate::block::backend::{Backend, Caps};
 use crate::block::Export;
 use crate::metrics::{ConnRecorder, Op};
 
@@ -798,7 +798,7 @@ impl Conn<'_> {
         }
     }
 
-    fn flush_if_fua(&self, req: &Request) -> crate::backend::Result<()> {
+    fn flush_if_fua(&self, req: &Request) -> crate::block::backend::Result<()> {
         if req.flags & CMD_FLAG_FUA != 0 {
             self.backend.flush()
         } else {
@@ -846,7 +846,7 @@ impl Conn<'_> {
         Next::Continue
     }
 
-    fn reply_backend_error(&mut self, req: &Request, e: &crate::backend::Error) {
+    fn reply_backend_error(&mut self, req: &Request, e: &crate::block::backend::Error) {
         let r = refuse(errno_for(e), e.to_string());
         self.reply_error(req, &r);
     }
@@ -880,7 +880,7 @@ mod streamed_write_tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::backend::Result;
+    use crate::block::backend::Result;
     use crate::store::{MemoryBudget, RamStore};
 
     /// A RAM drive that records each write's (offset, len, fua) and says

@@ -19,7 +19,7 @@
 //!                 [+ length bytes of chunk payload]                   (20 bytes)
 //! ```
 
-use crate::backend::{Error, Extent};
+use crate::block::backend::{Error, Extent};
 
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;

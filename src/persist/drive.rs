@@ -26,7 +26,7 @@ use super::restore::{restore, RestoreOptions, RestoreProgress, RestoreReport};
 use super::status::{PersistStatus, SyncState};
 use super::storage::Storage;
 use super::{now_unix_ms, Error, Result};
-use crate::backend::{self, Backend, Caps, Extent};
+use crate::block::backend::{self, Backend, Caps, Extent};
 use crate::store::{MemoryBudget, RamStore, StoreOptions, PAGE_BYTES};
 
 /// How failed background syncs are retried.

@@ -556,7 +556,7 @@ impl<S: Storage> Engine<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Backend;
+    use crate::block::backend::Backend;
     use crate::persist::journal::scan;
     use crate::sim::SimDisk;
     use crate::store::{MemoryBudget, RamStore, StoreOptions};

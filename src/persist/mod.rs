@@ -146,7 +146,7 @@ pub enum Error {
     Crypto(#[from] crypto::CryptoError),
     /// The RAM store refused an operation (memory limits, sizes).
     #[error("RAM store: {0}")]
-    Store(#[from] crate::backend::Error),
+    Store(#[from] crate::block::backend::Error),
     /// The drive's engine stopped after an earlier failure it cannot
     /// recover from in place.
     #[error("invalid: {0}")]

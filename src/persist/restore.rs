@@ -30,7 +30,7 @@ use super::image::Image;
 use super::journal::{read_payload, scan, GenInfo, JournalWriter, ScanEnd};
 use super::storage::{Storage, StorageFile};
 use super::{crc, io_err, names, Error, Result};
-use crate::backend::Backend;
+use crate::block::backend::Backend;
 use crate::store::RamStore;
 
 /// Choices for a restore that found damage.
@@ -212,7 +212,7 @@ pub fn restore<S: Storage>(
     key: Option<&Key>,
     opts: RestoreOptions,
     progress: &RestoreProgress,
-    make_store: impl FnOnce(u64) -> crate::backend::Result<RamStore>,
+    make_store: impl FnOnce(u64) -> crate::block::backend::Result<RamStore>,
 ) -> Result<(Engine<S>, RamStore, RestoreReport)> {
     let started = Instant::now();
     progress.set_phase(RestorePhase::Verifying);
@@ -601,7 +601,7 @@ impl<F: StorageFile> LoadShared<'_, F> {
                 });
             match stored {
                 Ok(k) => pos += k as u64,
-                Err(crate::backend::Error::Io(e)) => return Err(e),
+                Err(crate::block::backend::Error::Io(e)) => return Err(e),
                 Err(e) => return Err(std::io::Error::other(e.to_string())),
             }
             if self.stop.load(Ordering::Relaxed) {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, Error, Result};
+use crate::block::backend::{Backend, Error, Result};
 use crate::block::Layer;
 
 /// Fails data requests overlapping `bad` with EIO and counts them.

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
+use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
 use crate::cache::backing::{all_data, PLAIN_CAPS};
 use crate::sim::Rng;
 

@@ -26,7 +26,7 @@
 //!   and the release binary leave it out. Nothing outside `sim` may
 //!   depend on it.
 //! - The doubles implement the same traits as the real thing
-//!   ([`crate::persist::Storage`], [`crate::backend::Backend`]) and the
+//!   ([`crate::persist::Storage`], [`crate::block::backend::Backend`]) and the
 //!   policy simulator drives the live [`crate::cache::policy`] code, so a
 //!   test exercises production code paths, not copies of them.
 

@@ -79,7 +79,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
-use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
+use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
 use bitmap::AtomicBitmap;
 pub use budget::MemoryBudget;
 use huge::HugeState;

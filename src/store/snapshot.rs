@@ -544,7 +544,7 @@ mod tests {
         out
     }
 
-    use crate::backend::Backend;
+    use crate::block::backend::Backend;
 
     #[test]
     fn snapshot_yields_pre_cut_contents_despite_overwrites() {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::RwLock;
 
 use super::{all_data, PLAIN_CAPS};
-use crate::backend::{check_range, Backend, Caps, Error, Extent, Result};
+use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
 
 /// `BLKGETSIZE64`: a block device's size in bytes.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;

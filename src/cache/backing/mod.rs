@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BackingErrorKind, CacheError};
-use crate::backend::{check_range, Backend, Caps, Extent};
+use crate::block::backend::{check_range, Backend, Caps, Extent};
 pub use file::FileBacking;
 use nbd_client::{ClientError, ClientOptions, NbdClient, NbdUri};
 
@@ -44,7 +44,11 @@ pub(crate) const PLAIN_CAPS: Caps = Caps {
 
 /// The extents of a backing that does not track holes: one data extent
 /// over the whole range, after checking it against `size`.
-pub(crate) fn all_data(offset: u64, len: u64, size: u64) -> crate::backend::Result<Vec<Extent>> {
+pub(crate) fn all_data(
+    offset: u64,
+    len: u64,
+    size: u64,
+) -> crate::block::backend::Result<Vec<Extent>> {
     check_range(offset, len, size)?;
     Ok(vec![Extent {
         len,

@@ -40,7 +40,7 @@ impl BackingRefused {
 fn open_hint(kind: BackingErrorKind) -> &'static str {
     match kind {
         BackingErrorKind::Invalid => {
-            "give an existing file, a block device, or nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH"
+            "give an existing file, a block device, or an NBD URI: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH, or nbds:// / nbds+unix:// with tls-certificates=DIR (docs/cache.md)"
         }
         BackingErrorKind::Busy => "unmount it or stop the program that holds it, then try again",
         BackingErrorKind::Unreachable => {
@@ -99,7 +99,7 @@ pub struct BackingFailed {
     pub name: String,
     pub backing: String,
     pub dirty_bytes: u64,
-    pub source: crate::backend::Error,
+    pub source: crate::block::backend::Error,
 }
 
 /// The cache's backing is not open (yet).

@@ -49,7 +49,7 @@ use super::ledger::{
     self, now_unix_s, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise,
 };
 use super::sampler::Sampler;
-use crate::backend::Backend;
+use crate::block::backend::Backend;
 use crate::cache::{self, open_backing, BackingSpec, Cache, CacheError, CloseReport};
 use crate::fuse::Attachable;
 use crate::metrics::DriveMetrics;

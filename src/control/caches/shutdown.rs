@@ -248,7 +248,7 @@ fn write_rescue(entry: &CacheEntry, live: &Live, dir: &Path) -> std::io::Result<
     crate::paths::create_private_dir(dir).map_err(std::io::Error::other)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     let img = create_private(&dir.join("data.img"))?;
-    use crate::backend::Backend;
+    use crate::block::backend::Backend;
     img.set_len(live.cache.size())?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let saved = live.cache.save_dirty(&mut |offset, bytes| {

@@ -27,7 +27,7 @@ pub enum DriveError {
     DataBeyondSize(#[from] DataBeyondSize),
     /// The store refused.
     #[error(transparent)]
-    Store(#[from] crate::backend::Error),
+    Store(#[from] crate::block::backend::Error),
     /// The drive is restoring or failed.
     #[error(transparent)]
     NotReady(#[from] NotReady),

@@ -48,7 +48,7 @@ pub mod spec;
 use super::ledger::{
     self, now_unix_s, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise,
 };
-use crate::backend::Backend;
+use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;

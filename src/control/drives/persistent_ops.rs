@@ -15,7 +15,7 @@ use super::{
     data_end, error, not_found, not_ready, promise_for, Drive, DriveData, DriveError, DriveKind,
     DriveState, Drives,
 };
-use crate::backend::Backend;
+use crate::block::backend::Backend;
 use crate::control::ledger::{now_unix_s, Claim, Kind, Origin, Promise};
 use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
 use crate::size::format_size;

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{self, check_range, Backend, Caps, Extent};
+use crate::block::backend::{self, check_range, Backend, Caps, Extent};
 use crate::nbd::proto::*;
 use tls::TlsClient;
 use transport::Stream;

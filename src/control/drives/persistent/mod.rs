@@ -39,7 +39,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::spec::{DriveSpec, PersistSpec};
-use crate::backend::{self, Backend, Caps, Extent};
+use crate::block::backend::{self, Backend, Caps, Extent};
 use crate::persist::restore::read_meta;
 use crate::persist::{
     names, DirStorage, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
