@@ -215,29 +215,23 @@ impl CacheConfig {
     }
 }
 
-/// Parses `250ms`, `30s`, `5m`, `1h` (or a bare number of milliseconds)
-/// into milliseconds.
+/// Parses `250ms`, `30s`, `5m`, `1h 30m` (humantime, as every interval
+/// in ramd) or a bare number of milliseconds (what cache options took
+/// first, kept so existing configs load) into milliseconds.
 pub fn parse_duration(text: &str) -> Result<u64, SettingError> {
     let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| SettingError::NotADuration(text.to_owned()))?;
-    let mult = match unit.trim() {
-        "" | "ms" => 1,
-        "s" => 1000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        u => {
-            return Err(SettingError::UnknownTimeUnit {
-                unit: u.to_owned(),
-                text: text.to_owned(),
-            })
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| SettingError::DurationTooLong(text.to_owned()))
+    if let Ok(ms) = t.parse::<u64>() {
+        return Ok(ms);
+    }
+    let d = humantime::parse_duration(t).map_err(|e| match e {
+        humantime::DurationError::UnknownUnit { unit, .. } => SettingError::UnknownTimeUnit {
+            unit,
+            text: text.to_owned(),
+        },
+        humantime::DurationError::NumberOverflow => SettingError::DurationTooLong(text.to_owned()),
+        _ => SettingError::NotADuration(text.to_owned()),
+    })?;
+    u64::try_from(d.as_millis()).map_err(|_| SettingError::DurationTooLong(text.to_owned()))
 }
 
 #[cfg(test)]
@@ -286,6 +280,11 @@ mod tests {
             "{e}"
         );
         assert_eq!(parse_duration("250"), Ok(250));
+        assert_eq!(parse_duration("1m 30s"), Ok(90_000));
+        assert!(matches!(
+            parse_duration("5 fortnights"),
+            Err(SettingError::UnknownTimeUnit { .. })
+        ));
     }
 
     #[test]
