@@ -35,6 +35,9 @@
 //! sync_interval = "60s"
 //! encrypt = true
 //! key_file = "/etc/ramd/ram0.key"
+//! allow_identities = ["alice"]         # who may see it (certificate CN or first SAN)
+//! read_only_identities = ["bob"]       # ...and who may, read-only
+//! allow_networks = ["10.0.0.0/8", "unix"] # from where (CIDRs; "unix": the socket)
 //!
 //! [[dir]]
 //! path = "/var/log"
@@ -66,6 +69,7 @@ use super::drives::spec::{
     DriveSpec, PersistOptions,
 };
 use super::ledger::{Kind, Ledger, LedgerError, Origin};
+use crate::nbd::access::{AccessRules, AccessTable, Network};
 use crate::nbd::tls::{ClientCerts, TlsMode};
 use crate::size::Size;
 use crate::store::MemoryBudget;
@@ -289,6 +293,37 @@ pub struct DriveEntry {
     pub encrypt: Option<Spanned<bool>>,
     /// The key: 32 raw bytes or 64 hex digits.
     pub key_file: Option<Spanned<PathBuf>>,
+    /// Access rules (`nbd::access`): identities that may see the drive.
+    #[serde(default)]
+    pub allow_identities: Vec<String>,
+    /// Identities that may see it read-only.
+    #[serde(default)]
+    pub read_only_identities: Vec<String>,
+    /// Source networks it may be reached from: CIDRs, `"unix"`.
+    #[serde(default)]
+    pub allow_networks: Vec<Spanned<String>>,
+}
+
+/// The access rules of a `[[drive]]` (None: it has none).
+fn drive_access(
+    d: &DriveEntry,
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<Option<AccessRules>, ConfigError> {
+    let networks = d
+        .allow_networks
+        .iter()
+        .map(|n| {
+            n.get_ref()
+                .parse::<Network>()
+                .map_err(|e| invalid(n.span().start, e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rules = AccessRules {
+        identities: d.allow_identities.clone(),
+        read_only_identities: d.read_only_identities.clone(),
+        networks,
+    };
+    Ok((rules != AccessRules::default()).then_some(rules))
 }
 
 /// A parsed and checked config.
@@ -302,6 +337,8 @@ pub struct Config {
     pub caches: Vec<CacheSpec>,
     /// Directories to keep in RAM, each with where it is declared.
     pub dirs: Vec<DirSpec>,
+    /// Access rules of the drives that have some (`nbd::access`).
+    pub access: AccessTable,
     /// Line and column of each drive's and cache's `name`, so start-up
     /// refusals (a drive over the budget) can point at the declaration.
     pub declared_at: BTreeMap<String, (usize, usize)>,
@@ -400,6 +437,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         _ => None,
     };
     let mut drives: Vec<DriveSpec> = Vec::new();
+    let mut access = AccessTable::default();
     for d in &file.drives {
         let name = d.name.get_ref();
         declared_at.insert(name.clone(), line_col(text, d.name.span().start));
@@ -411,6 +449,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         drives.push(drive_spec(d, &invalid)?);
+        if let Some(rules) = drive_access(d, &invalid)? {
+            access.0.insert(name.clone(), rules);
+        }
     }
     let mut caches: Vec<CacheSpec> = Vec::new();
     for c in &file.caches {
@@ -461,6 +502,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         drives,
         caches,
         dirs,
+        access,
         declared_at,
     })
 }
@@ -612,6 +654,25 @@ nbd_socket_group = "ramd"
             let e = err(text);
             assert!(e.contains(want), "want {want:?} in {e:?}");
         }
+    }
+
+    #[test]
+    fn drive_access_rules() {
+        let c = parse(
+            Path::new("ramd.toml"),
+            "[[drive]]\nname = \"a\"\nsize = \"1M\"\nallow_identities = [\"alice\"]\nread_only_identities = [\"bob\"]\nallow_networks = [\"10.0.0.0/8\", \"unix\"]\n[[drive]]\nname = \"b\"\nsize = \"1M\"\n",
+        )
+        .unwrap();
+        let a = &c.access.0["a"];
+        assert_eq!(a.identities, ["alice"]);
+        assert_eq!(a.read_only_identities, ["bob"]);
+        assert_eq!(a.networks.len(), 2);
+        assert!(!c.access.0.contains_key("b"), "no rules: none kept");
+        let e = err("[[drive]]\nname = \"a\"\nsize = \"1M\"\nallow_networks = [\"unix\", \"10.0.0.0/33\"]\n");
+        assert!(
+            e.starts_with("ramd.toml:4:27: '10.0.0.0/33' is not a network"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -384,6 +384,8 @@ pub struct Settings {
     pub dirs: Vec<DirSpec>,
     /// Where the config declares each drive and cache (line, column).
     pub declared_at: std::collections::BTreeMap<String, (usize, usize)>,
+    /// Per-drive NBD access rules, from the config.
+    pub access: crate::nbd::access::AccessTable,
 }
 
 impl Settings {
@@ -466,6 +468,7 @@ impl Settings {
             runtime_dir: runtime,
             dirs: config.dirs,
             declared_at: config.declared_at,
+            access: config.access,
         })
     }
 }
@@ -510,6 +513,9 @@ pub struct Daemon {
     /// The TLS mode of the TCP listeners, as the server resolved it (the
     /// URIs it shows: `nbds://` when TLS is required).
     pub tcp_tls_mode: TlsMode,
+    /// NBD clients refused so far, by reason (`ramd_nbd_refusals_total`),
+    /// counted by the server.
+    pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
 }
 
 impl Daemon {

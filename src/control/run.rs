@@ -209,6 +209,7 @@ fn bind_nbd(settings: &Settings, exports: Arc<ExportTable>) -> Result<BoundNbd, 
     nbd_config.poll_us = settings.poll_us;
     nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
     nbd_config.unix_tls_mode = settings.unix_tls_mode;
+    nbd_config.access = Arc::new(settings.access.clone());
     let gid = settings
         .nbd_socket_group
         .as_deref()
@@ -431,6 +432,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         dirs: Arc::new(dirs),
         tls,
         tcp_tls_mode,
+        nbd_refusals: nbd_handle.refusals(),
     });
 
     let nbd_thread = std::thread::Builder::new()

@@ -146,6 +146,7 @@ pub(super) fn transmission<S: Transport, W: Wait>(
         caps: neg.export.backend.capabilities(),
         structured: neg.structured,
         base_allocation: neg.base_allocation,
+        read_only: neg.read_only,
         out: Vec::with_capacity(OUT_KEEP_BYTES),
         bounce: Vec::new(),
         rec: neg.export.metrics.as_ref().map(|m| m.connection()),
@@ -284,6 +285,9 @@ struct Conn<'a> {
     caps: Caps,
     structured: bool,
     base_allocation: bool,
+    /// The access rules gave this client a read-only grant: writes get
+    /// EPERM even when the export itself is read-write.
+    read_only: bool,
     /// Replies not yet written.
     out: Vec<u8>,
     /// One piece of a streamed WRITE, received before any lock is taken.
@@ -492,7 +496,7 @@ impl Conn<'_> {
         };
         let limits = block::Limits {
             size: self.backend.size(),
-            read_only: self.export.is_read_only(),
+            read_only: self.read_only || self.export.is_read_only(),
             max_len: MAX_PAYLOAD_BYTES as u64,
         };
         let request = block::Request {
@@ -1001,6 +1005,7 @@ mod streamed_write_tests {
             export: Arc::new(Export::new("d", "", backend.clone(), false)),
             structured: false,
             base_allocation: false,
+            read_only: false,
         };
         let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
         let mut wire = Vec::new();
@@ -1076,6 +1081,7 @@ mod streamed_write_tests {
             export: Arc::new(Export::new("d", "", faulty.clone(), false)),
             structured: false,
             base_allocation: false,
+            read_only: false,
         };
         let mut wire = Vec::new();
         let request = |command, cookie, offset| Request {

@@ -6,6 +6,12 @@
 //! `Required` every other option but ABORT is answered NBD_REP_ERR_TLS_REQD
 //! (no export name in it) and NBD_OPT_EXPORT_NAME ends the connection.
 //!
+//! Per-export access rules (`access.rs`) decide what this client sees: an
+//! export it may not see is not listed, INFO/GO/meta contexts answer
+//! NBD_REP_ERR_UNKNOWN exactly as for a missing export (the message names
+//! only exports it may see), and NBD_OPT_EXPORT_NAME ends the connection.
+//! A read-only grant sets NBD_FLAG_READ_ONLY for this connection.
+//!
 //! Blocking I/O on one connection; all parsing is in `proto`. Malformed option
 //! data is answered with NBD_REP_ERR_INVALID and the handshake continues;
 //! unknown options get NBD_REP_ERR_UNSUP; a bad magic or an unsupported
@@ -15,8 +21,10 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
+use super::access::{AccessTable, Grant, Reason, Refusals, Source};
 use super::proto::*;
 use crate::block::{Export, ExportTable};
+use crate::ratelog::RateLimit;
 
 /// The block sizes advertised: any alignment works, 4 KiB is best.
 pub const MIN_BLOCK_BYTES: u32 = 1;
@@ -29,6 +37,34 @@ pub struct Negotiated {
     pub structured: bool,
     /// base:allocation was selected for this export.
     pub base_allocation: bool,
+    /// The access rules grant this client read-only access (the export
+    /// itself may be read-write).
+    pub read_only: bool,
+}
+
+/// Who the client is, as the access rules see it, and where refusals are
+/// counted.
+pub struct Client<'a> {
+    pub access: &'a AccessTable,
+    pub refusals: &'a Refusals,
+    pub source: Source,
+    /// The peer address for log lines.
+    pub peer: String,
+}
+
+static NO_RULES: AccessTable = AccessTable(std::collections::BTreeMap::new());
+static UNCOUNTED: Refusals = Refusals::new();
+
+impl Client<'static> {
+    /// A client of a server without access rules.
+    pub fn open(source: Source, peer: String) -> Self {
+        Client {
+            access: &NO_RULES,
+            refusals: &UNCOUNTED,
+            source,
+            peer,
+        }
+    }
 }
 
 /// Where option haggling stopped.
@@ -77,6 +113,9 @@ pub enum HandshakeError {
 /// State kept across options.
 struct Session<'a> {
     exports: &'a ExportTable,
+    client: Client<'a>,
+    /// The client certificate's identity once TLS started.
+    identity: Option<String>,
     tls: TlsOffer,
     structured: bool,
     /// Export for which base:allocation was set (contexts are per export).
@@ -90,7 +129,8 @@ pub fn negotiate<S: Read + Write>(
     stream: &mut S,
     exports: &ExportTable,
 ) -> Result<Negotiated, HandshakeError> {
-    let mut h = Handshake::new(exports, TlsOffer::Unsupported);
+    let client = Client::open(Source::Unix, "unix".into());
+    let mut h = Handshake::new(exports, client, TlsOffer::Unsupported);
     h.greet(stream)?;
     match h.options(stream)? {
         Step::Go(n) => Ok(n),
@@ -105,10 +145,12 @@ pub struct Handshake<'a> {
 }
 
 impl<'a> Handshake<'a> {
-    pub fn new(exports: &'a ExportTable, tls: TlsOffer) -> Self {
+    pub fn new(exports: &'a ExportTable, client: Client<'a>, tls: TlsOffer) -> Self {
         Handshake {
             s: Session {
                 exports,
+                client,
+                identity: None,
                 tls,
                 structured: false,
                 meta_export: None,
@@ -134,7 +176,9 @@ impl<'a> Handshake<'a> {
     /// forgotten (structured replies, meta contexts): the spec lets a
     /// client trust only what it negotiated over TLS, and a man in the
     /// middle could have injected it (nbdkit's CVE-2021-3716).
-    pub fn tls_started(&mut self) {
+    /// `identity` is the client certificate's, for the access rules.
+    pub fn tls_started(&mut self, identity: Option<String>) {
+        self.s.identity = identity;
         self.s.tls = TlsOffer::Active;
         self.s.structured = false;
         self.s.meta_export = None;
@@ -156,7 +200,10 @@ impl<'a> Handshake<'a> {
                 io::copy(&mut (&mut *stream).take(h.len as u64), &mut io::sink())?;
                 if h.option == OPT_EXPORT_NAME {
                     return Err(match s.tls {
-                        TlsOffer::Required => HandshakeError::TlsRequired,
+                        TlsOffer::Required => {
+                            s.client.refusals.count(Reason::TlsRequired);
+                            HandshakeError::TlsRequired
+                        }
                         _ => HandshakeError::UnknownExport("<oversized name>".into()),
                     });
                 }
@@ -203,14 +250,51 @@ impl Session<'_> {
     }
 
     fn unknown_export(&mut self, option: u32, name: &str) {
+        let visible: Vec<String> = self
+            .exports
+            .list()
+            .iter()
+            .filter(|e| self.grant(e) != Grant::Denied)
+            .map(|e| e.name.clone())
+            .collect();
         let msg = format!(
             "no export named '{name}'; available: {}",
-            self.exports.names().join(", ")
+            visible.join(", ")
         );
         self.error(option, REP_ERR_UNKNOWN, &msg);
     }
 
+    /// What the access rules give this client for `export`.
+    fn grant(&self, export: &Export) -> Grant {
+        let c = &self.client;
+        c.access
+            .grant(&export.name, self.identity.as_deref(), &c.source)
+    }
+
+    /// The export is open to this client: Some(read_only). None: it is
+    /// hidden, and the refusal is logged and counted.
+    fn admit(&self, export: &Export) -> Option<bool> {
+        match self.grant(export) {
+            Grant::ReadWrite => Some(false),
+            Grant::ReadOnly => Some(true),
+            Grant::Denied => {
+                self.client.refusals.count(Reason::NotAllowed);
+                static REFUSED: RateLimit = RateLimit::per_10s();
+                if let Some(more) = REFUSED.admit() {
+                    tracing::warn!(
+                        peer = %self.client.peer,
+                        identity = self.identity.as_deref().unwrap_or("anonymous"),
+                        export = %export.name,
+                        "NBD client refused: the access rules do not allow it this export{more}"
+                    );
+                }
+                None
+            }
+        }
+    }
+
     fn tls_required(&mut self, option: u32) {
+        self.client.refusals.count(Reason::TlsRequired);
         self.error(
             option,
             REP_ERR_TLS_REQD,
@@ -224,7 +308,10 @@ impl Session<'_> {
         if self.tls == TlsOffer::Required {
             match option {
                 OPT_STARTTLS | OPT_ABORT => {}
-                OPT_EXPORT_NAME => return Err(HandshakeError::TlsRequired),
+                OPT_EXPORT_NAME => {
+                    self.client.refusals.count(Reason::TlsRequired);
+                    return Err(HandshakeError::TlsRequired);
+                }
                 _ => {
                     self.tls_required(option);
                     return Ok(None);
@@ -246,14 +333,20 @@ impl Session<'_> {
                     }
                     return Err(HandshakeError::UnknownExport(name));
                 }
-                let flags = export.transmission_flags(self.structured);
+                let Some(read_only) = self.admit(&export) else {
+                    return Err(HandshakeError::UnknownExport(name));
+                };
+                let mut flags = export.transmission_flags(self.structured);
+                if read_only {
+                    flags |= TFLAG_READ_ONLY;
+                }
                 encode_export_name_reply(
                     &mut self.out,
                     export.backend.size(),
                     flags,
                     self.no_zeroes,
                 );
-                return Ok(Some(Step::Go(self.finish(export))));
+                return Ok(Some(Step::Go(self.finish(export, read_only))));
             }
             OPT_ABORT => self.reply(option, REP_ACK, &[]),
             OPT_LIST => {
@@ -261,6 +354,9 @@ impl Session<'_> {
                     self.error(option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
                 } else {
                     for e in self.exports.list() {
+                        if self.grant(&e) == Grant::Denied {
+                            continue; // not listed: hidden names do not leak
+                        }
                         let d = encode_rep_server(&e.name, &e.description);
                         self.reply(option, REP_SERVER, &d);
                     }
@@ -268,50 +364,7 @@ impl Session<'_> {
                 }
             }
             OPT_STARTTLS => return Ok(self.start_tls(data)),
-            OPT_INFO | OPT_GO => match parse_info_request(data) {
-                Err(e) => self.error(option, REP_ERR_INVALID, &e.0),
-                Ok(req) => match self.exports.get(&req.name) {
-                    None => self.unknown_export(option, &req.name),
-                    Some(export) if export.unavailable().is_some() => {
-                        let why = export.unavailable().unwrap_or_default();
-                        self.error(option, REP_ERR_UNKNOWN, &why);
-                    }
-                    Some(export) => {
-                        let flags = export.transmission_flags(self.structured);
-                        let size = export.backend.size();
-                        self.reply(option, REP_INFO, &encode_info_export(size, flags));
-                        for r in req.requests {
-                            match r {
-                                INFO_NAME => {
-                                    let d = encode_info_string(INFO_NAME, &export.name);
-                                    self.reply(option, REP_INFO, &d);
-                                }
-                                INFO_DESCRIPTION => {
-                                    let d =
-                                        encode_info_string(INFO_DESCRIPTION, &export.description);
-                                    self.reply(option, REP_INFO, &d);
-                                }
-                                _ => {} // unknown or already sent: ignored per spec
-                            }
-                        }
-                        let bs = encode_info_block_size(
-                            MIN_BLOCK_BYTES,
-                            PREFERRED_BLOCK_BYTES,
-                            MAX_PAYLOAD_BYTES,
-                        );
-                        self.reply(option, REP_INFO, &bs);
-                        self.reply(option, REP_ACK, &[]);
-                        if option == OPT_GO {
-                            // Contexts were chosen for one export name; a
-                            // different one (or the default alias) voids them.
-                            if self.meta_export.as_deref() != Some(req.name.as_str()) {
-                                self.meta_export = None;
-                            }
-                            return Ok(Some(Step::Go(self.finish(export))));
-                        }
-                    }
-                },
-            },
+            OPT_INFO | OPT_GO => return Ok(self.info_go(option, data)),
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     self.error(
@@ -331,6 +384,62 @@ impl Session<'_> {
             }
         }
         Ok(None)
+    }
+
+    /// NBD_OPT_INFO and NBD_OPT_GO: `Some(Go)` when GO picked an export.
+    fn info_go(&mut self, option: u32, data: &[u8]) -> Option<Step> {
+        match parse_info_request(data) {
+            Err(e) => self.error(option, REP_ERR_INVALID, &e.0),
+            Ok(req) => match self.exports.get(&req.name) {
+                None => self.unknown_export(option, &req.name),
+                Some(export) if self.grant(&export) == Grant::Denied => {
+                    self.admit(&export);
+                    self.unknown_export(option, &req.name);
+                }
+                Some(export) if export.unavailable().is_some() => {
+                    let why = export.unavailable().unwrap_or_default();
+                    self.error(option, REP_ERR_UNKNOWN, &why);
+                }
+                Some(export) => {
+                    let read_only = self.grant(&export) == Grant::ReadOnly;
+                    let mut flags = export.transmission_flags(self.structured);
+                    if read_only {
+                        flags |= TFLAG_READ_ONLY;
+                    }
+                    let size = export.backend.size();
+                    self.reply(option, REP_INFO, &encode_info_export(size, flags));
+                    for r in req.requests {
+                        match r {
+                            INFO_NAME => {
+                                let d = encode_info_string(INFO_NAME, &export.name);
+                                self.reply(option, REP_INFO, &d);
+                            }
+                            INFO_DESCRIPTION => {
+                                let d = encode_info_string(INFO_DESCRIPTION, &export.description);
+                                self.reply(option, REP_INFO, &d);
+                            }
+                            _ => {} // unknown or already sent: ignored per spec
+                        }
+                    }
+                    let bs = encode_info_block_size(
+                        MIN_BLOCK_BYTES,
+                        PREFERRED_BLOCK_BYTES,
+                        MAX_PAYLOAD_BYTES,
+                    );
+                    self.reply(option, REP_INFO, &bs);
+                    self.reply(option, REP_ACK, &[]);
+                    if option == OPT_GO {
+                        // Contexts were chosen for one export name; a
+                        // different one (or the default alias) voids them.
+                        if self.meta_export.as_deref() != Some(req.name.as_str()) {
+                            self.meta_export = None;
+                        }
+                        return Some(Step::Go(self.finish(export, read_only)));
+                    }
+                }
+            },
+        }
+        None
     }
 
     /// NBD_OPT_STARTTLS: `Some(StartTls)` once acknowledged.
@@ -374,8 +483,12 @@ impl Session<'_> {
             Ok(r) => r,
             Err(e) => return self.error(option, REP_ERR_INVALID, &e.0),
         };
-        if self.exports.get(&req.export).is_none() {
-            return self.unknown_export(option, &req.export);
+        match self.exports.get(&req.export) {
+            None => return self.unknown_export(option, &req.export),
+            Some(e) if self.admit(&e).is_none() => {
+                return self.unknown_export(option, &req.export);
+            }
+            Some(_) => {}
         }
         let wanted = if set {
             req.queries.iter().any(|q| meta_query_matches(q, false))
@@ -392,8 +505,9 @@ impl Session<'_> {
         self.reply(option, REP_ACK, &[]);
     }
 
-    fn finish(&mut self, export: Arc<Export>) -> Negotiated {
+    fn finish(&mut self, export: Arc<Export>, read_only: bool) -> Negotiated {
         Negotiated {
+            read_only,
             base_allocation: self.structured && self.meta_export.is_some(),
             structured: self.structured,
             export,

@@ -1,11 +1,13 @@
 //! The NBD server: `proto` (pure wire format, also used by the client in
-//! `cache::backing::nbd_client`), `handshake` (option phase, with its
+//! `cache::backing::nbd_client`), `access` (per-export access rules),
+//! `handshake` (option phase, with its
 //! `deadline`), `conn` (transmission loop), `transport` (the socket
 //! stream), `wait` and `poller` (how a connection waits for its client),
 //! `awake` (opt-in keep-awake), `export` (an export's NBD transmission
 //! flags; the export itself is `block::Export`) and `server`
 //! (listeners, caps, connection threads, shutdown).
 
+pub mod access;
 pub mod awake;
 pub mod conn;
 mod deadline;

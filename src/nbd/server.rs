@@ -25,9 +25,10 @@ use crate::ratelog::RateLimit;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::access::{AccessTable, Refusals, Source};
 use super::conn;
 use super::deadline::Deadline;
-use super::handshake::{Handshake, HandshakeError, Negotiated, Step, TlsOffer};
+use super::handshake::{Client, Handshake, HandshakeError, Negotiated, Step, TlsOffer};
 use super::poller::Poller;
 use super::tls::{self, ClientCerts, TlsError, TlsMode, TlsSettings};
 use super::transport::{SocketTimeouts, Stream, Transport};
@@ -79,6 +80,11 @@ pub struct ServerConfig {
     /// Certificates (see `tls::TlsSettings`); needed for modes on and
     /// require. Shared, so a reload reaches the running server.
     pub tls: Option<Arc<TlsSettings>>,
+    /// Per-export access rules (`access.rs`); exports without rules are
+    /// open to every client that reaches a listener.
+    pub access: Arc<AccessTable>,
+    /// Clients refused, by reason; the daemon keeps a clone for /metrics.
+    pub refusals: Arc<Refusals>,
 }
 
 /// A TLS configuration the server refuses to start with.
@@ -118,6 +124,8 @@ impl ServerConfig {
             tls_mode: None,
             unix_tls_mode: None,
             tls: None,
+            access: Arc::default(),
+            refusals: Arc::default(),
         }
     }
 
@@ -274,6 +282,11 @@ impl ShutdownHandle {
     pub fn tls_identities(&self) -> Vec<String> {
         let live = self.0.live.lock();
         live.values().filter_map(|l| l.identity.clone()).collect()
+    }
+
+    /// The refusal counters (`ramd_nbd_refusals_total`).
+    pub fn refusals(&self) -> Arc<Refusals> {
+        self.0.config.refusals.clone()
     }
 
     /// Ends every connection attached to `export` after its pending
@@ -523,7 +536,13 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     }
     let started = Instant::now();
     let offer = shared.config.tls_offer(&stream);
-    let mut hs = Handshake::new(&shared.exports, offer);
+    let client = Client {
+        access: &shared.config.access,
+        refusals: &shared.config.refusals,
+        source: source_of(&stream),
+        peer: peer_name(&stream),
+    };
+    let mut hs = Handshake::new(&shared.exports, client, offer);
     let step = {
         let mut d = Deadline::new(&mut stream, shared.config.handshake_timeout);
         hs.greet(&mut d).and_then(|()| hs.options(&mut d))
@@ -564,15 +583,27 @@ fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: In
         tls.describe()
     );
     if let Some(l) = shared.live.lock().get_mut(&id) {
-        l.identity = identity;
+        l.identity = identity.clone();
     }
-    hs.tls_started();
+    hs.tls_started(identity);
     match hs.options(&mut Deadline::new(&mut tls, left())) {
         Err(e) => log_handshake_end(id, &e),
         Ok(Step::Go(neg)) => serve(shared, &mut tls, &neg, id),
         Ok(Step::StartTls) => {} // not reached: a second STARTTLS is refused
     }
     tls.close();
+}
+
+/// Where the client comes from, for the access rules.
+fn source_of(stream: &Stream) -> Source {
+    match stream {
+        Stream::Tcp(s) => match s.peer_addr() {
+            Ok(a) => Source::Ip(a.ip()),
+            // No address (the peer is gone): no network rule matches it.
+            Err(_) => Source::Ip(std::net::Ipv6Addr::UNSPECIFIED.into()),
+        },
+        Stream::Unix(_) => Source::Unix,
+    }
 }
 
 /// The client's address for log lines.

@@ -12,6 +12,7 @@ use crate::dirsync::metrics::DirsCollector;
 use crate::fuse::metrics::AttachCollector;
 use crate::metrics::persist::PersistCollector;
 use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
+use crate::nbd::access::RefusalCollector;
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let drives = d
@@ -68,6 +69,7 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
                 Box::new(PersistCollector(persist)),
                 Box::new(CacheCollector(caches)),
                 Box::new(AttachCollector(d.attachments.list())),
+                Box::new(RefusalCollector::of(&d.nbd_refusals)),
             ],
         ),
     )
