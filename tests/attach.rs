@@ -363,21 +363,16 @@ fn write_known_files(mnt: &Path) {
     run(&mut tool("sync")).ok();
 }
 
-/// The path the attachment at `file` reports ("fuse-uring", ...): the
-/// API's `path` field where the API has it, else the daemon's
-/// "FUSE session:" log line.
+/// The path the API reports for the attachment at `file` ("fuse-uring",
+/// "fuse-classic").
 fn reported_path(d: &Daemon, file: &Path) -> String {
     let (_, body) = d.http("GET", "/v1/attachments", None);
     let v: Value = serde_json::from_str(&body).unwrap();
-    let api = v["attachments"]
+    v["attachments"]
         .as_array()
         .and_then(|all| all.iter().find(|a| a["file"] == file.display().to_string()))
-        .and_then(|a| a["path"].as_str().map(str::to_owned));
-    api.unwrap_or_else(|| {
-        let log = d.log();
-        let line = log.lines().rev().find(|l| l.contains("FUSE session: "));
-        line.map_or_else(String::new, |l| l.to_owned())
-    })
+        .and_then(|a| a["path"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no attachment with a path for {}: {body}", file.display()))
 }
 
 #[test]

@@ -81,11 +81,16 @@ pub struct DriveFs {
     gid: u32,
     /// Timestamps shown for the file (the attach time).
     since_s: u64,
+    /// The drive works in place (`Caps::direct_io`, fixed for a backend):
+    /// READs are sent from its pages. Read once, not per request.
+    direct_io: bool,
 }
 
 impl DriveFs {
     pub fn new(export: Arc<Export>) -> DriveFs {
+        let direct_io = export.backend.capabilities().direct_io;
         DriveFs {
+            direct_io,
             export,
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
@@ -265,7 +270,7 @@ impl DriveFs {
     /// drive offers the whole range at once (a RAM drive); false when the
     /// caller must copy (other backends, or an error to report).
     fn send_in_place(&self, unique: u64, offset: u64, len: usize, sink: &mut dyn Sink) -> bool {
-        if !self.backend().capabilities().direct_io || len == 0 {
+        if !self.direct_io || len == 0 {
             return false;
         }
         let mut sent = false;
