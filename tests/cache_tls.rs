@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use common::pki::{issue, make_ca};
 use common::{random_bytes, require, require_python_module, run, tool, wait_until, KillOnDrop};
 use common::{Daemon, DAEMON_TIMEOUT, SKIP_ENV};
 use ramd::block::backend::Backend;
@@ -75,103 +76,6 @@ fn pki() -> &'static Pki {
     PKI.get_or_init(make_pki)
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = run(Command::new("openssl").current_dir(dir).args(args));
-    assert!(out.status.success(), "{out}");
-}
-
-const EXTENSIONS: &str = "\
-[ server ]
-basicConstraints = CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = DNS:localhost, IP:127.0.0.1
-[ client ]
-basicConstraints = CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
-";
-
-fn make_ca(dir: &Path, name: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("ext.cnf"), EXTENSIONS).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca-cert.pem",
-            "-days",
-            "30",
-            "-subj",
-            &format!("/CN={name}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-}
-
-/// `cn`-key.pem and `cn`-cert.pem in `ca`, signed by it, with the
-/// extensions of section `kind`.
-fn issue(ca: &Path, cn: &str, kind: &str) -> (PathBuf, PathBuf) {
-    let (key, csr, cert) = (
-        format!("{cn}-key.pem"),
-        format!("{cn}.csr"),
-        format!("{cn}-cert.pem"),
-    );
-    openssl(
-        ca,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &format!("/CN={cn}"),
-        ],
-    );
-    openssl(
-        ca,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca-cert.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAcreateserial",
-            "-days",
-            "30",
-            "-extfile",
-            "ext.cnf",
-            "-extensions",
-            kind,
-            "-out",
-            &cert,
-        ],
-    );
-    (ca.join(cert), ca.join(key))
-}
-
 fn dir_with(path: &Path, files: &[(&Path, &str)]) -> PathBuf {
     std::fs::create_dir_all(path).unwrap();
     for (from, name) in files {
@@ -186,8 +90,8 @@ fn make_pki() -> Pki {
     let (ca, rogue) = (r.join("ca"), r.join("rogue-ca"));
     make_ca(&ca, "ramd cache test CA");
     make_ca(&rogue, "rogue CA");
-    let (server_cert, server_key) = issue(&ca, "localhost", "server");
-    let (client_cert, client_key) = issue(&ca, "ramd-cache", "client");
+    let (server_cert, server_key) = issue(&ca, "localhost", "server", None);
+    let (client_cert, client_key) = issue(&ca, "ramd-cache", "client", None);
     let ca_cert = ca.join("ca-cert.pem");
     Pki {
         server: dir_with(

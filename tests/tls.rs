@@ -26,6 +26,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use common::pki::{issue, make_ca, openssl};
 use common::{random_bytes, require, run, tool, KillOnDrop, SKIP_ENV};
 use ramd::block::backend::Backend;
 use ramd::nbd::proto::*;
@@ -78,119 +79,6 @@ struct Pki {
 fn pki() -> &'static Pki {
     static PKI: OnceLock<Pki> = OnceLock::new();
     PKI.get_or_init(make_pki)
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = run(Command::new("openssl").current_dir(dir).args(args));
-    assert!(out.status.success(), "{out}");
-}
-
-const CA_CONFIG: &str = "\
-[ ca ]
-default_ca = local
-[ local ]
-dir = .
-database = index.txt
-new_certs_dir = .
-serial = serial
-crlnumber = crlnumber
-default_md = sha256
-default_days = 30
-default_crl_days = 30
-policy = any
-unique_subject = no
-[ any ]
-commonName = supplied
-[ server ]
-basicConstraints = CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = DNS:localhost, IP:127.0.0.1
-[ client ]
-basicConstraints = CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
-";
-
-/// A CA in `dir` (ca-key.pem, ca-cert.pem and an `openssl ca` database).
-fn make_ca(dir: &Path, name: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("ca.cnf"), CA_CONFIG).unwrap();
-    std::fs::write(dir.join("index.txt"), "").unwrap();
-    std::fs::write(dir.join("serial"), "1000\n").unwrap();
-    std::fs::write(dir.join("crlnumber"), "1000\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca-cert.pem",
-            "-days",
-            "30",
-            "-subj",
-            &format!("/CN={name}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-}
-
-/// A key and a certificate for `cn` signed by the CA in `ca` with the
-/// config section `kind`; `dates` overrides the validity.
-fn issue(ca: &Path, cn: &str, kind: &str, dates: Option<(&str, &str)>) -> (PathBuf, PathBuf) {
-    let key = ca.join(format!("{cn}-key.pem"));
-    let csr = ca.join(format!("{cn}.csr"));
-    let cert = ca.join(format!("{cn}-cert.pem"));
-    openssl(
-        ca,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            key.to_str().unwrap(),
-            "-out",
-            csr.to_str().unwrap(),
-            "-subj",
-            &format!("/CN={cn}"),
-        ],
-    );
-    let mut args = vec![
-        "ca",
-        "-batch",
-        "-notext",
-        "-config",
-        "ca.cnf",
-        "-cert",
-        "ca-cert.pem",
-        "-keyfile",
-        "ca-key.pem",
-        "-extensions",
-        kind,
-        "-in",
-        csr.to_str().unwrap(),
-        "-out",
-        cert.to_str().unwrap(),
-    ];
-    if let Some((start, end)) = dates {
-        args.extend(["-startdate", start, "-enddate", end]);
-    }
-    openssl(ca, &args);
-    (cert, key)
 }
 
 /// A client directory: `ca` as ca-cert.pem, and the client's pair if any.

@@ -13,6 +13,7 @@ pub mod block;
 pub mod mounts;
 pub mod nbdkit;
 pub mod openapi;
+pub mod pki;
 
 use std::ffi::OsString;
 use std::fs::File;
