@@ -18,16 +18,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use common::pki::{issue, make_ca, openssl};
-use common::{random_bytes, require, run, tool, KillOnDrop, SKIP_ENV};
+use common::pysession::PySession;
+use common::{random_bytes, require, run, tool, SKIP_ENV};
 use ramd::block::backend::Backend;
 use ramd::nbd::proto::*;
 use ramd::nbd::server::{TlsConfigError, TlsSetupError};
@@ -740,57 +741,6 @@ fn copy_dir(from: &Path, to: &Path) {
 
 fn require_python_nbd() -> bool {
     require(&["nbdsh"]) && common::require_python_module("nbd", "python3-libnbd")
-}
-
-/// A libnbd session kept open in a Python child: each line on its stdin
-/// writes and reads back a block.
-struct PySession {
-    child: KillOnDrop,
-    lines: BufReader<std::process::ChildStdout>,
-}
-
-impl PySession {
-    fn open(uri: &str) -> PySession {
-        let script = "\
-import nbd, sys, os
-h = nbd.NBD()
-h.set_uri_allow_local_file(True)
-h.connect_uri(sys.argv[1])
-print('connected', flush=True)
-for n, _ in enumerate(sys.stdin):
-    buf = os.urandom(4096)
-    h.pwrite(buf, n * 4096)
-    print('ok' if h.pread(4096, n * 4096) == buf else 'bad', flush=True)
-";
-        let mut child = tool("/usr/bin/python3")
-            .args(["-c", script, uri])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3");
-        let mut lines = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        lines.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "connected");
-        PySession {
-            child: KillOnDrop(child),
-            lines,
-        }
-    }
-
-    fn round_trip(&mut self) -> bool {
-        let stdin = self.child.0.stdin.as_mut().unwrap();
-        if stdin
-            .write_all(b"go\n")
-            .and_then(|()| stdin.flush())
-            .is_err()
-        {
-            return false;
-        }
-        let mut line = String::new();
-        let _ = self.lines.read_line(&mut line);
-        line.trim() == "ok"
-    }
 }
 
 /// A fixed-newstyle client that sends options byte by byte, in plaintext

@@ -18,12 +18,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{require, run, tool, try_run, Daemon, KillOnDrop, SKIP_ENV};
+use common::pysession::PySession;
+use common::{require, run, tool, try_run, Daemon, SKIP_ENV};
 
 const DRIVE_BYTES: u64 = 64 << 20;
 
@@ -273,57 +273,6 @@ fn bad_tls_settings_refuse_to_start() {
     let out = run(common::ramd().args(["daemon", "--tls", "maybe"]));
     assert_eq!(out.code(), 2, "{out}");
     assert!(out.stderr.contains("off, on or require"), "{out}");
-}
-
-/// A libnbd session kept open in a Python child: each line on its stdin
-/// writes and reads back a block.
-struct PySession {
-    child: KillOnDrop,
-    lines: BufReader<std::process::ChildStdout>,
-}
-
-impl PySession {
-    fn open(uri: &str) -> PySession {
-        let script = "\
-import nbd, sys, os
-h = nbd.NBD()
-h.set_uri_allow_local_file(True)
-h.connect_uri(sys.argv[1])
-print('connected', flush=True)
-for n, _ in enumerate(sys.stdin):
-    buf = os.urandom(4096)
-    h.pwrite(buf, n * 4096)
-    print('ok' if h.pread(4096, n * 4096) == buf else 'bad', flush=True)
-";
-        let mut child = tool("/usr/bin/python3")
-            .args(["-c", script, uri])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3");
-        let mut lines = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        lines.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "connected");
-        PySession {
-            child: KillOnDrop(child),
-            lines,
-        }
-    }
-
-    fn round_trip(&mut self) -> bool {
-        let stdin = self.child.0.stdin.as_mut().unwrap();
-        if stdin
-            .write_all(b"go\n")
-            .and_then(|()| stdin.flush())
-            .is_err()
-        {
-            return false;
-        }
-        let mut line = String::new();
-        let _ = self.lines.read_line(&mut line);
-        line.trim() == "ok"
-    }
 }
 
 /// SIGHUP and `ramd tls reload` swap the certificates for new connections

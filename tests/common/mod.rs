@@ -14,6 +14,7 @@ pub mod mounts;
 pub mod nbdkit;
 pub mod openapi;
 pub mod pki;
+pub mod pysession;
 
 use std::ffi::OsString;
 use std::fs::File;
