@@ -66,6 +66,7 @@
 
 pub mod bitmap;
 pub mod budget;
+pub mod compressed;
 mod huge;
 mod ntcopy;
 mod prefault;

@@ -1,0 +1,632 @@
+//! The compressed RAM store (`--compress lz4|zstd[:LEVEL]`): a drive whose
+//! 4 KiB pages are kept compressed, so it may hold more than its memory.
+//!
+//! # Layout
+//!
+//! ```text
+//!  page p ─▶ group g = p / 16 (64 KiB) ─▶ shard g % 16, local group g / 16
+//!
+//!  shard (one RwLock, 128-byte aligned)
+//!   ├ page table: local group ─▶ [Entry; 16]   (page.rs classifies, shard.rs)
+//!   │    Entry = Hole | Same(8-byte word) | Stored(handle: class, block, slot, len)
+//!   └ slabs: 25 size classes, 128 bytes apart, blocks of 4-32 KiB (slab.rs)
+//! ```
+//!
+//! # Design, and why
+//!
+//! - **Each page alone** (zram's choice), compressed with lz4 or zstd. A
+//!   client's unit is 4 KiB and the target load is 4 KiB random I/O:
+//!   compressing pages in groups would turn every 4 KiB write into a
+//!   read-decompress-recompress of the group and every 4 KiB read into a
+//!   group decompression. `examples/compressed_bench.rs` measures what
+//!   grouping would gain in ratio by compressing the same corpus both ways
+//!   (grouping is not implemented in the store).
+//! - **Same-filled pages** (every 8-byte word equal, zero pages included)
+//!   keep only the word. **Huge pages** (compressed to more than 3/4 of a
+//!   page) are kept raw in their own class, so they cost 4 KiB, not more.
+//! - **Placement: per-shard size-class slabs** (zsmalloc-like, `slab.rs`),
+//!   not an arena per shard: a freed slot is reused by the next object of
+//!   its class at once, and compaction moves objects into *existing* free
+//!   slots, so it needs no spare memory and works when the budget is full
+//!   (a log-structured arena needs free space to copy into). It runs
+//!   incrementally, on the free that makes a class worth it, under the
+//!   shard lock already held; at most one move per free, amortised. The
+//!   price is rounding up to a class (at most 127 bytes, ~64 on average)
+//!   and per class up to two blocks of free slots before compaction.
+//! - **16 shards**, each page group (64 KiB, the raw store's lock unit) in
+//!   one of them: no global lock on the data path; more shards would add
+//!   partially filled blocks (up to 25 classes each). Pages are compressed
+//!   before the lock is taken; reads decompress under the shared lock.
+//!
+//! # Memory accounting
+//!
+//! The drive's limit and the daemon's budget are charged the bytes of slab
+//! blocks held (`CompressedStats::slab_bytes`), charged when a block is
+//! allocated and released when it is freed (by a trim, an overwrite or
+//! compaction). Holes and same-filled pages cost nothing. The drive's size
+//! is independent of its limit. A write that needs a block when a budget is
+//! full first compacts its shard, then tries an in-place reuse of the
+//! page's old slot, then fails with `NoSpace` (ENOSPC), leaving the page
+//! as it was: so, unlike the raw store, an overwrite can fail for space
+//! when its data compresses worse than before. Tables and slab bookkeeping
+//! (`metadata_bytes`) are reported but not charged, as with the raw store.
+//!
+//! # Invariants
+//!
+//! - A page's bytes are read or changed only under its shard's lock (shared
+//!   to read, exclusive to change), and every operation re-checks the drive
+//!   size under it, so a request validated before a shrink fails with
+//!   `OutOfRange` instead of touching what the shrink released.
+//! - A shrink zeroes the tail of the page holding the new end and stores the
+//!   new size under that page's shard lock, then makes every page beyond a
+//!   hole, shard by shard: nothing of the old contents reappears on growth.
+//! - Partial-page writes, zeroes and trims read-modify-write the page.
+//!   Whole pages trimmed (or zeroed with `may_trim`) become holes; whole
+//!   pages zeroed without it become `Same(0)` (allocated zeroes).
+//!
+//! # Dependencies
+//!
+//! `lz4_flex`: LZ4 in pure Rust, its fastest (non-`safe`) paths with
+//! bounds-checked decoding. `zstd`: the same crate and version the
+//! snapshots use.
+
+mod page;
+mod shard;
+mod slab;
+mod stats;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::budget::MemoryBudget;
+use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
+pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
+use page::{PageError, PACK_BUF_BYTES};
+use shard::{Entry, Placing, Shard, GROUP_PAGES};
+use slab::{Charge, SlabFull};
+pub use stats::CompressedStats;
+
+/// Shards per drive (see the module docs).
+pub const SHARDS: usize = 16;
+/// Bytes per page group: the unit of sharding.
+pub const GROUP_BYTES: u64 = (GROUP_PAGES * PAGE_BYTES) as u64;
+/// The largest compressed drive: 64 TiB (a shard-local page index is a u32).
+pub const MAX_COMPRESSED_DRIVE_BYTES: u64 = 64 << 40;
+/// Cap on extents per `extents()` call (the reply covers a prefix).
+const MAX_EXTENTS: usize = 16 * 1024;
+
+const PAGE: u64 = PAGE_BYTES as u64;
+const _: () = assert!(MAX_COMPRESSED_DRIVE_BYTES / PAGE / SHARDS as u64 <= u32::MAX as u64);
+
+/// A shard on its own cache lines, so two cores locking neighbours do not
+/// share one.
+#[repr(align(128))]
+struct Padded(RwLock<Shard>);
+
+/// The two budgets a block is charged to.
+struct DriveMem {
+    /// This drive's memory: `used` = slab bytes, `limit` = mem-limit.
+    drive: MemoryBudget,
+    /// The daemon-wide budget shared by all drives.
+    global: Arc<MemoryBudget>,
+}
+
+impl Charge for DriveMem {
+    fn reserve(&self, bytes: u64) -> bool {
+        if !self.drive.try_reserve(bytes) {
+            return false;
+        }
+        if !self.global.try_reserve(bytes) {
+            self.drive.release(bytes);
+            return false;
+        }
+        true
+    }
+    fn release(&self, bytes: u64) {
+        self.drive.release(bytes);
+        self.global.release(bytes);
+    }
+}
+
+/// What a change does to the pages of its range.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Data(&'a [u8]),
+    /// Zeroes that stay allocated (`Same(0)` for whole pages).
+    Zeroes,
+    /// Zeroes, whole pages becoming holes.
+    Trim,
+}
+
+/// A compressed RAM drive.
+pub struct CompressedStore {
+    algo: Algorithm,
+    /// Current size in bytes.
+    size: AtomicU64,
+    shards: Box<[Padded]>,
+    mem: DriveMem,
+    /// Serialises resizes (never taken on the data path).
+    resize_lock: Mutex<()>,
+}
+
+/// Where page `p` lives: its shard and shard-local page index.
+#[inline]
+fn locate(p: u64) -> (usize, u32) {
+    let g = p / GROUP_PAGES as u64;
+    let local = (g / SHARDS as u64) * GROUP_PAGES as u64 + p % GROUP_PAGES as u64;
+    ((g % SHARDS as u64) as usize, local as u32)
+}
+
+fn corrupt(e: PageError) -> Error {
+    Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Calls `f(page, offset in page, length, offset in request)` for each
+/// page piece of `[offset, offset+len)`.
+fn for_each_page(
+    offset: u64,
+    len: u64,
+    mut f: impl FnMut(u64, usize, usize, usize) -> Result<()>,
+) -> Result<()> {
+    let end = offset + len;
+    let mut pos = offset;
+    while pos < end {
+        let n = (PAGE - pos % PAGE).min(end - pos);
+        f(
+            pos / PAGE,
+            (pos % PAGE) as usize,
+            n as usize,
+            (pos - offset) as usize,
+        )?;
+        pos += n;
+    }
+    Ok(())
+}
+
+impl CompressedStore {
+    /// A drive of `size_bytes` compressed with `algo`, charging its slab
+    /// blocks to `global_mem` and to its own `mem_limit_bytes` (None: no
+    /// limit of its own).
+    pub fn new(
+        size_bytes: u64,
+        algo: Algorithm,
+        mem_limit_bytes: Option<u64>,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<CompressedStore> {
+        let s = CompressedStore {
+            algo,
+            size: AtomicU64::new(0),
+            shards: (0..SHARDS)
+                .map(|_| Padded(RwLock::new(Shard::default())))
+                .collect(),
+            mem: DriveMem {
+                drive: MemoryBudget::new(mem_limit_bytes.unwrap_or(u64::MAX)),
+                global: global_mem,
+            },
+            resize_lock: Mutex::new(()),
+        };
+        s.resize(size_bytes)?;
+        Ok(s)
+    }
+
+    /// The drive's compressor.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algo
+    }
+
+    /// Bytes charged to the budgets (slab blocks held).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.mem.drive.used_bytes()
+    }
+
+    /// The drive's memory limit (`u64::MAX` when unlimited).
+    pub fn mem_limit_bytes(&self) -> u64 {
+        self.mem.drive.limit_bytes()
+    }
+
+    /// Changes the drive's memory limit (None: unlimited).
+    pub fn set_mem_limit_bytes(&self, limit: Option<u64>) {
+        self.mem.drive.set_limit_bytes(limit.unwrap_or(u64::MAX));
+    }
+
+    /// The drive's memory figures (zram's `mm_stat`).
+    pub fn stats(&self) -> CompressedStats {
+        let mut total = CompressedStats::default();
+        for sh in self.shards.iter() {
+            let s = sh.0.read();
+            let (c, k) = (s.counts(), s.compact_counts());
+            total.add(&CompressedStats {
+                orig_data_bytes: (c.same_pages + c.huge_pages + c.compressed_pages) * PAGE,
+                compr_data_bytes: s.live_bytes(),
+                slab_bytes: s.held_bytes(),
+                metadata_bytes: s.metadata_bytes(),
+                same_pages: c.same_pages,
+                huge_pages: c.huge_pages,
+                compressed_pages: c.compressed_pages,
+                compact_runs: k.runs,
+                compact_moved_objects: k.moved_objects,
+                compact_freed_bytes: k.freed_bytes,
+            });
+        }
+        total.metadata_bytes += (std::mem::size_of::<CompressedStore>()
+            + SHARDS * std::mem::size_of::<Padded>()) as u64;
+        total
+    }
+
+    /// Compacts every shard's slabs as far as is worth it (writes and
+    /// trims already do it incrementally; this is for a background pass or
+    /// an operator). Returns the bytes released.
+    pub fn compact(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|sh| sh.0.write().compact_all(&self.mem))
+            .sum()
+    }
+
+    /// Checks every shard's invariants and that the slabs hold exactly what
+    /// the drive's budget is charged. Returns the first broken one.
+    pub fn check(&self) -> std::result::Result<(), Inconsistency> {
+        let mut held = 0;
+        for (i, sh) in self.shards.iter().enumerate() {
+            let s = sh.0.read();
+            s.check().map_err(|what| Inconsistency { shard: i, what })?;
+            held += s.held_bytes();
+        }
+        if held != self.mem.drive.used_bytes() {
+            return Err(Inconsistency {
+                shard: SHARDS,
+                what: "the drive budget differs from the slab bytes held",
+            });
+        }
+        Ok(())
+    }
+
+    fn shard(&self, i: usize) -> &RwLock<Shard> {
+        &self.shards[i].0
+    }
+
+    fn out_of_range(&self, offset: u64, len: u64) -> Error {
+        Error::OutOfRange {
+            offset,
+            len,
+            size: self.size(),
+        }
+    }
+
+    fn no_space(&self, full: SlabFull) -> Error {
+        let (d, g) = (&self.mem.drive, &self.mem.global);
+        if d.used_bytes().saturating_add(full.block_bytes) > d.limit_bytes() {
+            Error::NoSpace(format!(
+                "drive memory limit of {} bytes reached ({} in use)",
+                d.limit_bytes(),
+                d.used_bytes()
+            ))
+        } else {
+            Error::NoSpace(format!(
+                "daemon memory budget of {} bytes reached ({} in use)",
+                g.limit_bytes(),
+                g.used_bytes()
+            ))
+        }
+    }
+
+    /// Copies bytes `[at, at+out.len())` of a page into `out`.
+    fn load(&self, shard: &Shard, local: u32, at: usize, out: &mut [u8]) -> Result<()> {
+        match shard.entry(local) {
+            Entry::Hole => out.fill(0),
+            Entry::Same(w) => page::fill_same(w, at, out),
+            Entry::Stored(h) if h.len as usize == PAGE_BYTES => {
+                out.copy_from_slice(&shard.bytes(h)[at..at + out.len()]);
+            }
+            Entry::Stored(h) if out.len() == PAGE_BYTES => {
+                page::unpack(self.algo, shard.bytes(h), out).map_err(corrupt)?;
+            }
+            Entry::Stored(h) => {
+                let mut tmp = [0u8; PAGE_BYTES];
+                page::unpack(self.algo, shard.bytes(h), &mut tmp).map_err(corrupt)?;
+                out.copy_from_slice(&tmp[at..at + out.len()]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `src` to `[at, at+n)` of page `p`; `to_end` when the piece
+    /// runs to the end of the drive (the rest of the page is zero).
+    fn change_page(
+        &self,
+        p: u64,
+        at: usize,
+        n: usize,
+        to_end: bool,
+        src: Source<'_>,
+    ) -> Result<()> {
+        let whole = at == 0 && (n == PAGE_BYTES || (to_end && !matches!(src, Source::Data(_))));
+        let mut buf = [0u8; PACK_BUF_BYTES];
+        let packed = match src {
+            Source::Data(d) if whole => Some(page::pack(self.algo, d, &mut buf).map_err(corrupt)?),
+            _ => None,
+        };
+        let (si, local) = locate(p);
+        let mut shard = self.shard(si).write();
+        if p * PAGE + (at + n) as u64 > self.size() {
+            return Err(self.out_of_range(p * PAGE + at as u64, n as u64));
+        }
+        let freed_or_full = match (src, packed) {
+            (Source::Trim, _) if whole => Ok(shard.trim(local, &self.mem)),
+            (Source::Zeroes, _) if whole => shard.place(local, Placing::Same(0), &self.mem),
+            (Source::Data(d), Some(pk)) => shard.place(local, Placing::new(pk, &buf, d), &self.mem),
+            _ => {
+                let mut pg = [0u8; PAGE_BYTES];
+                self.load(&shard, local, 0, &mut pg)?;
+                match src {
+                    Source::Data(d) => pg[at..at + n].copy_from_slice(d),
+                    Source::Zeroes | Source::Trim => pg[at..at + n].fill(0),
+                }
+                let pk = page::pack(self.algo, &pg, &mut buf).map_err(corrupt)?;
+                shard.place(local, Placing::new(pk, &buf, &pg), &self.mem)
+            }
+        };
+        freed_or_full.map(drop).map_err(|f| self.no_space(f))
+    }
+
+    /// Applies `src` to `[offset, offset+len)` page by page.
+    fn change(&self, offset: u64, len: u64, src: Source<'_>) -> Result<()> {
+        let size = self.size();
+        check_range(offset, len, size)?;
+        for_each_page(offset, len, |p, at, n, req_at| {
+            let to_end = p * PAGE + (at + n) as u64 == size;
+            let piece = match src {
+                Source::Data(d) => Source::Data(&d[req_at..req_at + n]),
+                other => other,
+            };
+            self.change_page(p, at, n, to_end, piece)
+        })
+    }
+
+    /// Grows or shrinks the drive. Shrinking releases the memory beyond the
+    /// new end; growing adds zero-filled space. Fails with `NoSpace`,
+    /// changing nothing, when the page holding the new end cannot be
+    /// stored with its tail zeroed.
+    pub fn resize(&self, new_size: u64) -> Result<()> {
+        if new_size > MAX_COMPRESSED_DRIVE_BYTES {
+            return Err(Error::Invalid(format!(
+                "compressed drive size {new_size} exceeds the maximum of {MAX_COMPRESSED_DRIVE_BYTES} bytes"
+            )));
+        }
+        let _guard = self.resize_lock.lock();
+        let old_size = self.size();
+        if new_size >= old_size {
+            self.size.store(new_size, Ordering::Release);
+            return Ok(());
+        }
+        self.cut_end_page(new_size)?;
+        let first = new_size.div_ceil(PAGE);
+        let first_group = first.div_ceil(GROUP_PAGES as u64);
+        for (si, sh) in self.shards.iter().enumerate() {
+            let mut s = sh.0.write();
+            for lg in 0..s.group_slots() {
+                let g = (lg * SHARDS + si) as u64;
+                for i in 0..GROUP_PAGES {
+                    if g * GROUP_PAGES as u64 + i as u64 >= first {
+                        s.trim((lg * GROUP_PAGES + i) as u32, &self.mem);
+                    }
+                }
+            }
+            let keep = first_group
+                .saturating_sub(si as u64)
+                .div_ceil(SHARDS as u64);
+            s.truncate_groups(keep as usize);
+        }
+        Ok(())
+    }
+
+    /// Zeroes the tail of the page that holds `new_size` and publishes the
+    /// new size, both under that page's shard lock (so no write lands in
+    /// the tail in between).
+    fn cut_end_page(&self, new_size: u64) -> Result<()> {
+        let (p, at) = (new_size / PAGE, (new_size % PAGE) as usize);
+        let (si, local) = locate(p);
+        let mut shard = self.shard(si).write();
+        if at != 0 && shard.entry(local) != Entry::Hole {
+            let mut pg = [0u8; PAGE_BYTES];
+            self.load(&shard, local, 0, &mut pg)?;
+            pg[at..].fill(0);
+            let mut buf = [0u8; PACK_BUF_BYTES];
+            let pk = page::pack(self.algo, &pg, &mut buf).map_err(corrupt)?;
+            shard
+                .place(local, Placing::new(pk, &buf, &pg), &self.mem)
+                .map_err(|f| self.no_space(f))?;
+        }
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A broken invariant found by [`CompressedStore::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("compressed store inconsistent in shard {shard}: {what}")]
+pub struct Inconsistency {
+    /// The shard (`SHARDS` for the drive as a whole).
+    pub shard: usize,
+    /// What does not hold.
+    pub what: &'static str,
+}
+
+impl Backend for CompressedStore {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        check_range(offset, len, self.size())?;
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            // One lock per group piece.
+            let gend = ((pos / GROUP_BYTES + 1) * GROUP_BYTES).min(end);
+            let (si, _) = locate(pos / PAGE);
+            let shard = self.shard(si).read();
+            if gend > self.size() {
+                return Err(self.out_of_range(offset, len));
+            }
+            for_each_page(pos, gend - pos, |p, at, n, _| {
+                let o = (p * PAGE + at as u64 - offset) as usize;
+                self.load(&shard, locate(p).1, at, &mut buf[o..o + n])
+            })?;
+            pos = gend;
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
+        self.change(offset, data.len() as u64, Source::Data(data))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
+        let src = if may_trim {
+            Source::Trim
+        } else {
+            Source::Zeroes
+        };
+        self.change(offset, len, src)
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.change(offset, len, Source::Trim)
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(offset, len, self.size())?;
+        let mut out: Vec<Extent> = Vec::new();
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end && out.len() < MAX_EXTENTS {
+            let gend = ((pos / GROUP_BYTES + 1) * GROUP_BYTES).min(end);
+            let (si, _) = locate(pos / PAGE);
+            let shard = self.shard(si).read();
+            while pos < gend {
+                let run_end = ((pos / PAGE + 1) * PAGE).min(gend);
+                let (hole, zero) = match shard.entry(locate(pos / PAGE).1) {
+                    Entry::Hole => (true, true),
+                    Entry::Same(0) => (false, true),
+                    _ => (false, false),
+                };
+                match out.last_mut() {
+                    Some(e) if e.hole == hole && e.zero == zero => e.len += run_end - pos,
+                    _ => out.push(Extent {
+                        len: run_end - pos,
+                        hole,
+                        zero,
+                    }),
+                }
+                pos = run_end;
+            }
+        }
+        Ok(out)
+    }
+
+    fn capabilities(&self) -> Caps {
+        Caps {
+            can_trim: true,
+            can_zero: true,
+            can_fast_zero: true,
+            can_fua: true,
+            can_flush: true,
+            can_multi_conn: true,
+            can_extents: true,
+            can_cache: true,
+            // Reads decompress into a buffer; nothing to send in place.
+            direct_io: false,
+            piece_bytes: GROUP_BYTES as u32,
+        }
+    }
+}
+
+impl Drop for CompressedStore {
+    fn drop(&mut self) {
+        // The slabs free themselves; give their bytes back to the daemon.
+        self.mem.global.release(self.mem.drive.used_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(algo: Algorithm) -> CompressedStore {
+        CompressedStore::new(1 << 20, algo, None, Arc::new(MemoryBudget::new(u64::MAX))).unwrap()
+    }
+
+    #[test]
+    fn locate_spreads_groups_over_shards() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(15), (0, 15));
+        assert_eq!(locate(16), (1, 0));
+        assert_eq!(locate(16 * SHARDS as u64 + 3), (0, 19));
+    }
+
+    #[test]
+    fn unaligned_write_read_trim() {
+        for algo in [Algorithm::Lz4, Algorithm::Zstd { level: 1 }] {
+            let s = store(algo);
+            let data: Vec<u8> = (0..10_000u32).map(|i| (i % 7) as u8 + 1).collect();
+            s.write(4000, &data, false).unwrap();
+            let mut back = vec![0u8; data.len()];
+            s.read(4000, &mut back).unwrap();
+            assert_eq!(back, data);
+            s.trim(4096, 8192).unwrap();
+            s.read(4000, &mut back).unwrap();
+            assert!(back[96..96 + 8192].iter().all(|&b| b == 0));
+            assert_eq!(back[..96], data[..96]);
+            s.check().unwrap();
+            s.trim(0, 1 << 20).unwrap();
+            assert_eq!(s.allocated_bytes(), 0);
+            assert_eq!(
+                s.stats(),
+                CompressedStats {
+                    metadata_bytes: s.stats().metadata_bytes,
+                    ..Default::default()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn extents_report_holes_and_zero_runs() {
+        let s = store(Algorithm::Lz4);
+        s.write(8192, &[1; 4096], false).unwrap();
+        s.write(12288, &[0; 4096], false).unwrap();
+        let e = s.extents(0, 5 * 4096).unwrap();
+        let kinds: Vec<_> = e.iter().map(|e| (e.len, e.hole, e.zero)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (8192, true, true),
+                (4096, false, false),
+                (4096, false, true),
+                (4096, true, true)
+            ]
+        );
+    }
+
+    #[test]
+    fn shrink_zeroes_the_tail_and_frees() {
+        let s = store(Algorithm::Lz4);
+        let data: Vec<u8> = (0..9000u32).map(|i| (i * 31 % 251) as u8).collect();
+        s.write(1000, &data, false).unwrap();
+        s.resize(5000).unwrap();
+        s.resize(1 << 20).unwrap();
+        let mut back = vec![1u8; 9000];
+        s.read(1000, &mut back).unwrap();
+        assert_eq!(back[..4000], data[..4000]);
+        assert!(back[4000..].iter().all(|&b| b == 0));
+        s.check().unwrap();
+    }
+}

@@ -1,0 +1,280 @@
+//! One 4 KiB page on its own: is it same-filled, what are its compressed
+//! bytes, and back. Pure (no locks, no placement); `slab.rs` decides where
+//! the bytes go.
+//!
+//! A page is *same-filled* when every aligned 8-byte word of it is equal
+//! (zram's rule, which catches zero pages and repeated patterns such as
+//! `0xffff..` or a 32-bit fill): it is kept as that word, no bytes stored.
+//! Otherwise it is compressed; when the result is larger than
+//! [`HUGE_MIN_BYTES`] (3/4 of a page) the page is kept raw instead, because
+//! a slot that big saves little and decompressing it still costs time.
+//!
+//! zstd runs with one compression and one decompression context per thread
+//! (creating one per call costs more than compressing a page), without the
+//! frame's content size, checksum or dictionary id: the page size is
+//! fixed and the store verifies the decompressed length.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+
+/// Bytes per page: the unit a client sees and the unit of compression.
+pub const PAGE_BYTES: usize = 4096;
+/// Compressed pages larger than this are stored raw ("huge" pages).
+pub const HUGE_MIN_BYTES: usize = PAGE_BYTES * 3 / 4;
+/// Room for any compressor's output of one page (lz4's worst case is
+/// 16 + 4 + 110% of the input; zstd's bound is smaller).
+pub const PACK_BUF_BYTES: usize = 4608;
+/// zstd's level when `zstd` is given without one (zstd's own default).
+pub const ZSTD_DEFAULT_LEVEL: i32 = 3;
+
+const _: () = assert!(PACK_BUF_BYTES >= lz4_flex::block::get_maximum_output_size(PAGE_BYTES));
+
+/// The compressor of a drive (`--compress lz4|zstd[:LEVEL]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// LZ4 block format (`lz4_flex`): fastest, ~2x on text-like data.
+    Lz4,
+    /// Zstandard at `level` (1..=22, negative for faster modes).
+    Zstd { level: i32 },
+}
+
+/// A `--compress` value that names no known algorithm or a bad level.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseAlgorithmError {
+    /// Not `lz4`, `zstd` or `zstd:LEVEL`.
+    #[error("unknown compression {0:?}: expected lz4, zstd or zstd:LEVEL")]
+    Unknown(String),
+    /// The zstd level is not a number in zstd's range.
+    #[error("bad zstd level {0:?}: expected an integer from -7 to 22")]
+    Level(String),
+}
+
+impl FromStr for Algorithm {
+    type Err = ParseAlgorithmError;
+    fn from_str(s: &str) -> Result<Algorithm, ParseAlgorithmError> {
+        match s.split_once(':') {
+            None if s == "lz4" => Ok(Algorithm::Lz4),
+            None if s == "zstd" => Ok(Algorithm::Zstd {
+                level: ZSTD_DEFAULT_LEVEL,
+            }),
+            Some(("zstd", l)) => match l.parse::<i32>() {
+                Ok(level) if (-7..=22).contains(&level) => Ok(Algorithm::Zstd { level }),
+                _ => Err(ParseAlgorithmError::Level(l.to_string())),
+            },
+            _ => Err(ParseAlgorithmError::Unknown(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::Lz4 => write!(f, "lz4"),
+            Algorithm::Zstd { level } => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+/// A compressor or decompressor failed: for our own pages that means a
+/// bug or corrupted memory, never bad input from a client.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    /// lz4 could not compress a page into a buffer of the documented bound.
+    #[error("lz4 compression failed: {0}")]
+    Lz4Compress(#[from] lz4_flex::block::CompressError),
+    /// lz4 rejected a stored page.
+    #[error("lz4 decompression failed: {0}")]
+    Lz4Decompress(#[from] lz4_flex::block::DecompressError),
+    /// zstd failed (context creation, compression or decompression).
+    #[error("zstd failed: {0}")]
+    Zstd(#[from] std::io::Error),
+    /// A stored page decompressed to the wrong length.
+    #[error("a stored page decompressed to {0} bytes, not {PAGE_BYTES}")]
+    Length(usize),
+}
+
+/// What a page becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packed {
+    /// Every 8-byte word equals this one (native byte order).
+    Same(u64),
+    /// The first `n` bytes of the pack buffer hold the compressed page.
+    Compressed(usize),
+    /// Did not compress below [`HUGE_MIN_BYTES`]: store the page as is.
+    Raw,
+}
+
+/// The word a same-filled page repeats, or None. A page repeats its first
+/// word iff it equals itself shifted by one word (one `memcmp`).
+#[inline]
+pub fn same_fill(page: &[u8]) -> Option<u64> {
+    debug_assert_eq!(page.len(), PAGE_BYTES);
+    let word = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
+    (page[8..] == page[..PAGE_BYTES - 8]).then_some(word)
+}
+
+/// Fills `out` (any length, starting at a page offset `at`) with the bytes
+/// of a page that repeats `word`.
+#[inline]
+pub fn fill_same(word: u64, at: usize, out: &mut [u8]) {
+    if word == 0 {
+        out.fill(0);
+        return;
+    }
+    let bytes = word.to_ne_bytes();
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = bytes[(at + i) % 8];
+    }
+}
+
+/// Classifies and compresses `page` into `buf`.
+pub fn pack(
+    algo: Algorithm,
+    page: &[u8],
+    buf: &mut [u8; PACK_BUF_BYTES],
+) -> Result<Packed, PageError> {
+    debug_assert_eq!(page.len(), PAGE_BYTES);
+    if let Some(word) = same_fill(page) {
+        return Ok(Packed::Same(word));
+    }
+    let n = match algo {
+        Algorithm::Lz4 => lz4_flex::block::compress_into(page, buf)?,
+        Algorithm::Zstd { level } => zstd_compress(level, page, buf)?,
+    };
+    Ok(if n > HUGE_MIN_BYTES {
+        Packed::Raw
+    } else {
+        Packed::Compressed(n)
+    })
+}
+
+/// Decompresses a page that `pack` compressed into `out` (a whole page).
+pub fn unpack(algo: Algorithm, src: &[u8], out: &mut [u8]) -> Result<(), PageError> {
+    debug_assert_eq!(out.len(), PAGE_BYTES);
+    let n = match algo {
+        Algorithm::Lz4 => lz4_flex::block::decompress_into(src, out)?,
+        Algorithm::Zstd { .. } => zstd_decompress(src, out)?,
+    };
+    if n != PAGE_BYTES {
+        return Err(PageError::Length(n));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's zstd compression context and the level it is set to.
+    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+    /// This thread's zstd decompression context.
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+fn zstd_compress(level: i32, page: &[u8], buf: &mut [u8]) -> Result<usize, PageError> {
+    use zstd::zstd_safe::CParameter;
+    ZSTD_C.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if !matches!(&*slot, Some((l, _)) if *l == level) {
+            let mut c = zstd::bulk::Compressor::new(level)?;
+            c.set_parameter(CParameter::ContentSizeFlag(false))?;
+            c.set_parameter(CParameter::ChecksumFlag(false))?;
+            c.set_parameter(CParameter::DictIdFlag(false))?;
+            *slot = Some((level, c));
+        }
+        let (_, c) = slot.as_mut().expect("set above");
+        Ok(c.compress_to_buffer(page, buf)?)
+    })
+}
+
+fn zstd_decompress(src: &[u8], out: &mut [u8]) -> Result<usize, PageError> {
+    ZSTD_D.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(zstd::bulk::Decompressor::new()?);
+        }
+        let d = slot.as_mut().expect("set above");
+        Ok(d.decompress_to_buffer(src, out)?)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_page() -> Vec<u8> {
+        let words = [
+            "block ", "device ", "memory ", "page ", "the ", "of ", "ramd ",
+        ];
+        let mut v = Vec::new();
+        let mut i = 7usize;
+        while v.len() < PAGE_BYTES {
+            i = i.wrapping_mul(2654435761) % 1_000_003;
+            v.extend_from_slice(words[i % words.len()].as_bytes());
+        }
+        v.truncate(PAGE_BYTES);
+        v
+    }
+
+    #[test]
+    fn parses_algorithms() {
+        assert_eq!("lz4".parse(), Ok(Algorithm::Lz4));
+        assert_eq!("zstd".parse(), Ok(Algorithm::Zstd { level: 3 }));
+        assert_eq!("zstd:19".parse(), Ok(Algorithm::Zstd { level: 19 }));
+        assert!(matches!(
+            "zstd:99".parse::<Algorithm>(),
+            Err(ParseAlgorithmError::Level(_))
+        ));
+        assert!(matches!(
+            "gzip".parse::<Algorithm>(),
+            Err(ParseAlgorithmError::Unknown(_))
+        ));
+        assert!("lz4:1".parse::<Algorithm>().is_err());
+        assert_eq!(Algorithm::Zstd { level: 5 }.to_string(), "zstd:5");
+    }
+
+    #[test]
+    fn same_filled_pages_are_words() {
+        let mut page = vec![0u8; PAGE_BYTES];
+        assert_eq!(same_fill(&page), Some(0));
+        let w = 0x0102_0304_0506_0708u64;
+        for c in page.chunks_mut(8) {
+            c.copy_from_slice(&w.to_ne_bytes());
+        }
+        assert_eq!(same_fill(&page), Some(w));
+        let mut back = vec![0u8; 100];
+        fill_same(w, 3, &mut back);
+        assert_eq!(back, page[3..103]);
+        page[4095] ^= 1;
+        assert_eq!(same_fill(&page), None);
+    }
+
+    #[test]
+    fn round_trips_and_raw_fallback() {
+        let text = text_page();
+        let mut noise = vec![0u8; PAGE_BYTES];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for b in noise.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        for algo in [
+            Algorithm::Lz4,
+            Algorithm::Zstd { level: 1 },
+            Algorithm::Zstd { level: 3 },
+        ] {
+            let mut buf = [0u8; PACK_BUF_BYTES];
+            let Packed::Compressed(n) = pack(algo, &text, &mut buf).unwrap() else {
+                panic!("text must compress with {algo}");
+            };
+            assert!(n < HUGE_MIN_BYTES);
+            let mut out = vec![0u8; PAGE_BYTES];
+            unpack(algo, &buf[..n], &mut out).unwrap();
+            assert_eq!(out, text);
+            assert_eq!(pack(algo, &noise, &mut buf).unwrap(), Packed::Raw);
+            assert!(unpack(algo, &buf[..n / 2], &mut out).is_err());
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! What a compressed drive reports: zram's `mm_stat` as a plain struct,
+//! for the control plane to expose.
+
+/// A compressed drive's memory figures at one moment (each shard is read
+/// under its lock in turn, so concurrent writes may skew the sums by a
+/// few pages).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompressedStats {
+    /// Logical bytes of every page that is not a hole (4 KiB per page,
+    /// same-filled pages included): zram's `orig_data_size`.
+    pub orig_data_bytes: u64,
+    /// Sum of the stored objects' lengths (raw pages count 4 KiB each):
+    /// zram's `compr_data_size`.
+    pub compr_data_bytes: u64,
+    /// Bytes of slab blocks held: what the drive's limit and the daemon's
+    /// budget are charged (zram's `mem_used_total` less metadata).
+    pub slab_bytes: u64,
+    /// Bytes of page tables and slab bookkeeping (not charged).
+    pub metadata_bytes: u64,
+    /// Same-filled pages, zero pages included (no bytes stored).
+    pub same_pages: u64,
+    /// Pages that did not compress below 3/4 of a page and are kept raw.
+    pub huge_pages: u64,
+    /// Pages kept compressed.
+    pub compressed_pages: u64,
+    /// Compaction passes run (each releases one block).
+    pub compact_runs: u64,
+    /// Objects compaction moved.
+    pub compact_moved_objects: u64,
+    /// Bytes of blocks compaction released.
+    pub compact_freed_bytes: u64,
+}
+
+impl CompressedStats {
+    /// Everything held: slab blocks plus metadata (zram's `mem_used_total`
+    /// plus its table).
+    pub fn mem_used_bytes(&self) -> u64 {
+        self.slab_bytes + self.metadata_bytes
+    }
+
+    /// Bytes of the slab blocks that hold no object (free slots, rounding
+    /// up to a size class, block tails): fragmentation.
+    pub fn slack_bytes(&self) -> u64 {
+        self.slab_bytes.saturating_sub(self.compr_data_bytes)
+    }
+
+    /// Logical bytes per byte of memory used (metadata included); 0 when
+    /// the drive holds nothing.
+    pub fn ratio(&self) -> f64 {
+        match self.mem_used_bytes() {
+            0 => 0.0,
+            used => self.orig_data_bytes as f64 / used as f64,
+        }
+    }
+
+    /// Adds another shard's figures.
+    pub fn add(&mut self, o: &CompressedStats) {
+        self.orig_data_bytes += o.orig_data_bytes;
+        self.compr_data_bytes += o.compr_data_bytes;
+        self.slab_bytes += o.slab_bytes;
+        self.metadata_bytes += o.metadata_bytes;
+        self.same_pages += o.same_pages;
+        self.huge_pages += o.huge_pages;
+        self.compressed_pages += o.compressed_pages;
+        self.compact_runs += o.compact_runs;
+        self.compact_moved_objects += o.compact_moved_objects;
+        self.compact_freed_bytes += o.compact_freed_bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_and_slack() {
+        let s = CompressedStats {
+            orig_data_bytes: 8 * 4096,
+            compr_data_bytes: 6000,
+            slab_bytes: 8192,
+            metadata_bytes: 8192,
+            ..CompressedStats::default()
+        };
+        assert_eq!(s.ratio(), 2.0);
+        assert_eq!(s.slack_bytes(), 2192);
+        assert_eq!(CompressedStats::default().ratio(), 0.0);
+    }
+}
