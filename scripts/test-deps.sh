@@ -3,7 +3,8 @@
 # qemu-img/qemu-io, nbdinfo/nbdcopy/nbdfuse, nbdsh, fio with its nbd engine,
 # losetup, mount, mkfs.ext4, fusermount3; Python's prometheus_client for
 # tests/metrics.rs) plus the peer servers the benches
-# compare against (nbdkit, nbd-server), on Debian 12, as root.
+# compare against (nbdkit, nbd-server), on Debian 12, as root; and Garage,
+# the S3 server of tests/snapshot_engine.rs (cargo install).
 #
 # Idempotent and fast when nothing is missing: apt is not touched at all
 # then. Otherwise one `apt-get update` and one `apt-get install`.
@@ -47,6 +48,19 @@ missing() {
     fio --enghelp=nbd 2>/dev/null | grep -q uri || { echo "fio nbd ioengine"; return 0; }
     return 1
 }
+
+# Garage, the S3 server tests/snapshot_engine.rs pushes snapshots to. Not
+# packaged by Debian 12: built from crates.io (sqlite metadata, bundled C
+# libraries; no LMDB), into ~/.cargo/bin. Slow the first time (~20 min on
+# 2 cores), skipped when a garage binary is already there.
+install_garage() {
+    if command -v garage >/dev/null 2>&1 || [ -x "${HOME:-/root}/.cargo/bin/garage" ]; then
+        return 0
+    fi
+    echo "test-deps: installing garage (cargo install; this takes a while)"
+    cargo install garage --locked --no-default-features --features sqlite,bundled-libs
+}
+install_garage
 
 if ! what=$(missing); then
     echo "test-deps: all test tools are installed"

@@ -46,6 +46,10 @@
 //! as FUSE files: its own FUSE server, no libfuse), `metrics`
 //! (per-connection counters that `nbd::conn` records into).
 //!
+//! `snapshot` pushes point-in-time images of drives to S3-compatible
+//! object storage (chunked, deduplicated, compressed, optionally
+//! encrypted) and restores them, verified.
+//!
 //! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or
 //! overlay mounted over them) and syncs them back to disk crash-safely.
 //!
@@ -76,4 +80,5 @@ pub mod ratelog;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod size;
+pub mod snapshot;
 pub mod store;

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod block;
+pub mod garage;
 pub mod mounts;
 pub mod nbdkit;
 pub mod openapi;
