@@ -13,6 +13,15 @@
 //! and the stats. Then measures what grouping pages would gain: the same
 //! corpus compressed page by page against groups of 4 and 16 pages.
 //! Compare figures within one run: the machine is shared and noisy.
+//!
+//! ```text
+//! compressed_bench --serve SOCKET [--size-mib 256]
+//! ```
+//!
+//! Serves drives `raw`, `lz4`, `zstd1` and `zstd3` over NBD on the unix
+//! socket until killed, for `fio --ioengine=nbd` against them and against
+//! `nbdkit memory allocator=zstd` (the daemon does not create compressed
+//! drives yet).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ramd::block::backend::Backend;
+use ramd::nbd::{Export, ExportTable, Server, ServerConfig};
 use ramd::store::compressed::{Algorithm, CompressedStore};
 use ramd::store::{MemoryBudget, RamStore};
 
@@ -151,6 +161,25 @@ fn grouped_bytes(algo: Algorithm, corpus: &[Vec<u8>], group: usize) -> usize {
         .sum()
 }
 
+/// Serves the four kinds of drive over NBD on `socket` until killed.
+fn serve(socket: &str, size_bytes: u64) {
+    let global = Arc::new(MemoryBudget::new(u64::MAX));
+    let exports = Arc::new(ExportTable::new());
+    let raw = RamStore::new(size_bytes, None, global.clone()).expect("raw store");
+    exports.insert(Arc::new(Export::new("raw", "raw", Arc::new(raw), false)));
+    for (name, algo) in [
+        ("lz4", Algorithm::Lz4),
+        ("zstd1", Algorithm::Zstd { level: 1 }),
+        ("zstd3", Algorithm::Zstd { level: 3 }),
+    ] {
+        let d = CompressedStore::new(size_bytes, algo, None, global.clone()).expect("store");
+        exports.insert(Arc::new(Export::new(name, name, Arc::new(d), false)));
+    }
+    let server = Server::bind(ServerConfig::new(socket), exports).expect("bind");
+    println!("serving raw, lz4, zstd1, zstd3 on {socket}");
+    server.run().expect("serve");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let a = Args {
@@ -161,6 +190,10 @@ fn main() {
         secs: arg(&args, "--secs", "3").parse().expect("--secs"),
         threads: arg(&args, "--threads", "2").parse().expect("--threads"),
     };
+    let socket = arg(&args, "--serve", "");
+    if !socket.is_empty() {
+        return serve(&socket, a.size_bytes);
+    }
     let dirs = arg(&args, "--corpus", "/usr/bin:/usr/share/doc");
     let dirs: Vec<&Path> = dirs.split(':').map(Path::new).collect();
     let corpus = corpus(&dirs, 64 << 20);

@@ -1,7 +1,10 @@
 //! Per-export access rules (issue 17 item 2): `[[drive]]` entries with
-//! `allow_identities`, `read_only_identities` and `allow_networks`, served
-//! by `ramd daemon` over TLS with client certificates and driven by real
-//! clients (nbdinfo, nbdsh, a libnbd session in Python).
+//! `allow_identities`, `read_only_identities` and `allow_networks`, and
+//! the same rules set through the API and the command line (`ramd create
+//! --allow-identity ...`, `ramd access`), changed live and kept by
+//! persistent drives; the per-identity connection limit. Served by `ramd
+//! daemon` over TLS with client certificates and driven by real clients
+//! (nbdinfo, a libnbd session in Python).
 //!
 //! ```text
 //! ca  signs  server (CN=localhost, SAN localhost + 127.0.0.1 + 127.0.0.2)
@@ -22,8 +25,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use common::{python, require, require_python_module, run, tool, Daemon, SKIP_ENV};
+use common::pysession::PySession;
+use common::{python, require, require_python_module, run, tool, wait_until, Daemon, SKIP_ENV};
 
 #[track_caller]
 fn require_openssl() -> bool {
@@ -154,12 +159,17 @@ allow_networks = ["127.0.0.2/32"]
 /// A daemon with `CONFIG`, TLS with client certificates on 127.0.0.1 and
 /// 127.0.0.2 (free ports): the daemon and the two addresses.
 fn daemon(pki: &Pki) -> (Daemon, String, String) {
-    let config = pki.root.path().join("ramd.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let args: Vec<String> = [
+    daemon_with(pki, CONFIG, &[])
+}
+
+/// A daemon with `config` and `extra` flags, TLS as `daemon` says.
+fn daemon_with(pki: &Pki, config: &str, extra: &[&str]) -> (Daemon, String, String) {
+    let path = pki.root.path().join("ramd.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut args: Vec<String> = [
         "daemon",
         "--config",
-        config.to_str().unwrap(),
+        path.to_str().unwrap(),
         "--nbd-listen",
         "127.0.0.1:0",
         "--nbd-listen",
@@ -169,7 +179,13 @@ fn daemon(pki: &Pki) -> (Daemon, String, String) {
     ]
     .map(String::from)
     .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
     let d = Daemon::launch(&args, &[]);
+    addresses(d)
+}
+
+/// The daemon and its 127.0.0.1 and 127.0.0.2 listeners.
+fn addresses(d: Daemon) -> (Daemon, String, String) {
     let (status, body) = d.http("GET", "/v1/health", None);
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -319,4 +335,194 @@ fn source_networks_are_enforced() {
     // The other drives do not care where a client comes from.
     let other = connect_from("127.0.0.1", &two, "b", &pki);
     assert!(other.contains("size 16777216"), "{other}");
+}
+
+/// The value of `ramd_nbd_refusals_total{reason}`.
+fn refusals(d: &Daemon, reason: &str) -> u64 {
+    let (status, metrics) = d.http("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let series = format!("ramd_nbd_refusals_total{{reason=\"{reason}\"}} ");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&series))
+        .unwrap_or_else(|| panic!("no {series}:\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// One identity cannot take every connection: with a limit of 2, alice's
+/// third connection is refused after its TLS handshake with the reason
+/// (NBD_REP_ERR_POLICY), logged with peer and identity and counted, while
+/// bob still gets in; when one of alice's ends, she gets in again.
+#[test]
+fn one_identity_cannot_take_every_connection() {
+    if !require_openssl()
+        || !require(&["nbdinfo"])
+        || !require_python_module("nbd", "python3-libnbd")
+    {
+        return;
+    }
+    let pki = Pki::new();
+    let (d, addr, _) = daemon_with(
+        &pki,
+        "[[drive]]\nname = \"a\"\nsize = \"16M\"\n",
+        &["--max-connections-per-identity", "2"],
+    );
+    let mut first = PySession::open(&uri(&addr, "a", &pki, "alice"));
+    let second = PySession::open(&uri(&addr, "a", &pki, "alice"));
+    // libnbd shows the server's message in its debug output.
+    let third = run(tool("nbdinfo")
+        .env("LIBNBD_DEBUG", "1")
+        .arg(uri(&addr, "a", &pki, "alice")));
+    assert!(!third.status.success(), "{third}");
+    assert!(
+        third.stderr.contains("identity 'alice' has 2 connections"),
+        "the client's error names the limit:\n{third}"
+    );
+    assert_eq!(refusals(&d, "per_identity_limit"), 1);
+    let log = d.log();
+    assert!(
+        log.lines().any(|l| l.contains("the limit per identity")
+            && l.contains("identity=\"alice\"")
+            && l.contains("peer=127.0.0.1:")),
+        "the refusal is logged with peer and identity:\n{log}"
+    );
+    // Another identity is not affected, nor are alice's open sessions.
+    let bob = run(tool("nbdinfo").arg(uri(&addr, "a", &pki, "bob")));
+    assert!(bob.status.success(), "{bob}");
+    assert!(first.round_trip());
+    // A session that ends gives its slot back.
+    drop(second);
+    wait_until("alice to get a slot back", Duration::from_secs(20), || {
+        run(tool("nbdinfo").arg(uri(&addr, "a", &pki, "alice")))
+            .status
+            .success()
+    });
+}
+
+/// Access rules through the command line and the API: `ramd create
+/// --allow-identity/--read-only-identity`, shown by `ramd info` and GET;
+/// bad values refused with the value named; `ramd access` changes them
+/// live (an open session the new rules narrow is closed; new connections
+/// get the new grant); `--allow-network` and `--open`; PATCH changes one
+/// list and leaves the others.
+#[test]
+fn rules_set_through_the_cli_and_api_apply_live() {
+    if !require_openssl()
+        || !require(&["nbdinfo"])
+        || !require_python_module("nbd", "python3-libnbd")
+    {
+        return;
+    }
+    let pki = Pki::new();
+    let (d, addr, two) = daemon_with(&pki, "", &["--no-default-drive"]);
+    let ok = run(d.cli().args([
+        "create",
+        "d",
+        "--size",
+        "16M",
+        "--allow-identity",
+        "alice",
+        "--read-only-identity",
+        "bob",
+    ]));
+    assert!(ok.status.success(), "{ok}");
+    let info = run(d.cli().args(["info", "d"]));
+    assert!(
+        info.stdout.contains("identities alice; read-only bob"),
+        "{info}"
+    );
+    let (_, body) = d.http("GET", "/v1/drives/d", None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["access"],
+        serde_json::json!({"allow_identities": ["alice"], "read_only_identities": ["bob"], "allow_networks": []})
+    );
+    assert_eq!(listed(&addr, &pki, "bob"), ["d"]);
+    let bob = write_as(&addr, "d", &pki, "bob");
+    assert!(bob.contains("write failed EPERM"), "{bob}");
+
+    // Bad values: a usage error before any request, and the API's own.
+    let bad = run(d.cli().args(["create", "e", "--size", "1M", "--allow-network", "10.0.0.0/33"]));
+    assert_eq!(bad.code(), 2, "{bad}");
+    assert!(bad.stderr.contains("'10.0.0.0/33' is not a network"), "{bad}");
+    let (status, body) = d.http(
+        "POST",
+        "/v1/drives",
+        Some(r#"{"name": "e", "size": "1M", "access": {"allow_networks": ["unix", "lan"]}}"#),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("invalid_access") && body.contains("'lan' is not a network"), "{body}");
+    let (status, body) = d.http(
+        "PATCH",
+        "/v1/drives/d",
+        Some(r#"{"access": {"read_only_identities": [""]}}"#),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("an identity cannot be empty"), "{body}");
+
+    // alice writes in an open session; made read-only, the session is
+    // closed (it negotiated read-write) and she comes back read-only.
+    let mut session = PySession::open(&uri(&addr, "d", &pki, "alice"));
+    assert!(session.round_trip());
+    let set = run(d.cli().args(["access", "d", "--read-only-identity", "alice", "--read-only-identity", "bob"]));
+    assert!(set.status.success(), "{set}");
+    assert!(set.stderr.contains("closed 1 NBD connection"), "{set}");
+    assert!(set.stdout.contains("d: read-only alice, bob"), "{set}");
+    wait_until("alice's session to be closed", Duration::from_secs(20), || {
+        !session.round_trip()
+    });
+    let alice = write_as(&addr, "d", &pki, "alice");
+    assert!(alice.contains("read_only True") && alice.contains("write failed EPERM"), "{alice}");
+
+    // Networks: only 127.0.0.2 now, for everyone listed.
+    let set = run(d.cli().args(["access", "d", "--allow-identity", "alice", "--allow-network", "127.0.0.2/32"]));
+    assert!(set.status.success(), "{set}");
+    assert!(connect_from("127.0.0.2", &two, "d", &pki).contains("size 16777216"));
+    assert!(connect_from("127.0.0.1", &two, "d", &pki).contains("refused"));
+    // PATCH one list: the identities stay.
+    let (status, body) = d.http(
+        "PATCH",
+        "/v1/drives/d",
+        Some(r#"{"access": {"allow_networks": []}}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["access"]["allow_identities"], serde_json::json!(["alice"]));
+    assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
+    // Open: everyone again, read-write.
+    let open = run(d.cli().args(["access", "d", "--open"]));
+    assert!(open.status.success() && open.stdout.contains("open to every client"), "{open}");
+    let bob = write_as(&addr, "d", &pki, "bob");
+    assert!(bob.contains("wrote"), "{bob}");
+    let shown = run(d.cli().args(["access", "d", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(v["allow_identities"], serde_json::json!([]));
+}
+
+/// A persistent drive keeps its rules across a restart (in its
+/// drive.json), so a restart never opens it to everyone.
+#[test]
+fn a_persistent_drive_keeps_its_rules_across_a_restart() {
+    if !require_openssl() || !require(&["nbdinfo"]) {
+        return;
+    }
+    let pki = Pki::new();
+    let (mut d, addr, _) = daemon_with(&pki, "", &["--no-default-drive"]);
+    let ok = run(d.cli().args([
+        "create", "p", "--size", "4M", "--persist", "--allow-identity", "alice",
+    ]));
+    assert!(ok.status.success(), "{ok}");
+    assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
+    d.terminate();
+    d.restart();
+    let (d, addr, _) = addresses(d);
+    wait_until("p to be restored", Duration::from_secs(20), || {
+        let (_, body) = d.http("GET", "/v1/drives/p", None);
+        body.contains("\"state\":\"ready\"")
+    });
+    let (_, body) = d.http("GET", "/v1/drives/p", None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["access"]["allow_identities"], serde_json::json!(["alice"]), "{v}");
+    assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
+    assert_eq!(listed(&addr, &pki, "alice"), ["p"]);
 }

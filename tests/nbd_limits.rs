@@ -1,5 +1,6 @@
 //! What a hostile or broken client can make the NBD server hold or block:
-//! connection buffers, handshake slots, the server's own writes, the log.
+//! connection buffers, handshake slots, connections of one address, the
+//! server's own writes, the log.
 //!
 //! Its own test binary, because it reads process-wide figures (the
 //! connection-buffer gauge, RSS) that other tests' connections would move;
@@ -8,6 +9,7 @@
 mod common;
 
 use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -15,6 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ramd::block::backend::Backend;
+use ramd::nbd::access::Reason;
 use ramd::nbd::proto::*;
 use ramd::nbd::{Export, ExportTable, Server, ServerConfig, ShutdownHandle};
 use ramd::store::{MemoryBudget, RamStore};
@@ -32,6 +35,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// 64 MiB drive "ro".
 struct TestServer {
     socket: std::path::PathBuf,
+    /// The TCP addresses bound (when the tweak asked for some).
+    tcp: Vec<SocketAddr>,
     shutdown: ShutdownHandle,
     run: Option<thread::JoinHandle<io::Result<()>>>,
     _dir: tempfile::TempDir,
@@ -52,9 +57,11 @@ impl TestServer {
         tweak(&mut config);
         let server = Server::bind(config, exports).unwrap();
         let shutdown = server.shutdown_handle();
+        let tcp = server.tcp_addrs().to_vec();
         let run = Some(thread::spawn(move || server.run()));
         TestServer {
             socket,
+            tcp,
             shutdown,
             run,
             _dir: dir,
@@ -81,7 +88,57 @@ fn connect_at(socket: &Path) -> UnixStream {
 /// A connection in the transmission phase on `export`.
 fn open_at(socket: &Path, export: &str) -> UnixStream {
     let mut s = connect_at(socket);
-    greet(&mut s).expect("greeting");
+    choose(&mut s, export);
+    s
+}
+
+/// A TCP connection to `to` from a socket bound to the address `from`
+/// (std cannot bind before connecting; loopback routes 127.0.0.0/8, so
+/// any 127.x address works as a source).
+fn tcp_from(from: &str, to: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let from: std::net::Ipv4Addr = from.parse().unwrap();
+    let SocketAddr::V4(to) = to else {
+        panic!("IPv4 only")
+    };
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket owned by the TcpStream right away; bind and
+    // connect read initialised sockaddr_in values of the length given.
+    let s = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+        let s = TcpStream::from_raw_fd(fd);
+        let local = sockaddr(from, 0);
+        let rc = libc::bind(fd, std::ptr::addr_of!(local).cast(), len);
+        assert_eq!(rc, 0, "bind {from}: {}", io::Error::last_os_error());
+        let remote = sockaddr(*to.ip(), to.port());
+        let rc = libc::connect(fd, std::ptr::addr_of!(remote).cast(), len);
+        assert_eq!(rc, 0, "connect {to}: {}", io::Error::last_os_error());
+        s
+    };
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+    s
+}
+
+/// A TCP connection from `from` in the transmission phase on `export`.
+fn open_tcp(from: &str, to: SocketAddr, export: &str) -> TcpStream {
+    let mut s = tcp_from(from, to);
+    choose(&mut s, export);
+    s
+}
+
+/// Greets and chooses `export` with NBD_OPT_EXPORT_NAME.
+fn choose<S: Read + Write>(s: &mut S, export: &str) {
+    greet(s).expect("greeting");
     let mut opt = Vec::new();
     opt.extend_from_slice(&IHAVEOPT.to_be_bytes());
     opt.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
@@ -90,7 +147,6 @@ fn open_at(socket: &Path, export: &str) -> UnixStream {
     s.write_all(&opt).unwrap();
     let mut reply = [0u8; 10]; // size, flags (no zeroes)
     s.read_exact(&mut reply).expect("export name reply");
-    s
 }
 
 impl Drop for TestServer {
@@ -105,7 +161,7 @@ impl Drop for TestServer {
 }
 
 /// Reads the greeting and sends fixed-newstyle, no-zeroes client flags.
-fn greet(s: &mut UnixStream) -> io::Result<()> {
+fn greet<S: Read + Write>(s: &mut S) -> io::Result<()> {
     let mut greeting = [0u8; 18];
     s.read_exact(&mut greeting)?;
     s.write_all(&(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES).to_be_bytes())
@@ -123,7 +179,7 @@ fn request(command: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<
 }
 
 /// Reads one simple reply: (cookie, errno).
-fn simple_reply(s: &mut UnixStream) -> (u64, u32) {
+fn simple_reply<S: Read>(s: &mut S) -> (u64, u32) {
     let mut r = [0u8; 16];
     s.read_exact(&mut r).expect("a reply");
     assert_eq!(
@@ -135,7 +191,7 @@ fn simple_reply(s: &mut UnixStream) -> (u64, u32) {
 }
 
 /// Reads a successful READ's simple reply and its `len` bytes of data.
-fn read_reply(s: &mut UnixStream, cookie: u64, len: usize) -> Vec<u8> {
+fn read_reply<S: Read>(s: &mut S, cookie: u64, len: usize) -> Vec<u8> {
     assert_eq!(simple_reply(s), (cookie, 0));
     let mut data = vec![0u8; len];
     s.read_exact(&mut data).expect("READ data");
@@ -314,6 +370,51 @@ fn idle_handshakes_cannot_lock_out_a_real_client() {
     }
     real.write_all(&request(CMD_READ, 0, 2, 0, 512)).unwrap();
     read_reply(&mut real, 2, 512);
+}
+
+/// One address cannot take every connection: past its limit, its
+/// connections are closed at accept (before any greeting) while another
+/// address still gets in; the refusals are counted; a slot comes back
+/// when one of its connections ends. Unix-socket clients of the server's
+/// own user are not counted.
+#[test]
+fn one_address_cannot_take_every_connection() {
+    let _serial = serial();
+    let server = TestServer::start(|c| {
+        c.tcp = vec!["127.0.0.1:0".parse().unwrap()];
+        c.max_connections = 16;
+        c.max_connections_per_address = Some(3);
+    });
+    let to = server.tcp[0];
+    let refusals = server.shutdown.refusals();
+    let mut held: Vec<TcpStream> = (0..3).map(|_| open_tcp("127.0.0.1", to, "ram0")).collect();
+    // Closed at accept: no greeting, end of file (or a reset).
+    let refused = |from: &str| {
+        let mut s = tcp_from(from, to);
+        let mut greeting = [0u8; 18];
+        !matches!(s.read(&mut greeting), Ok(n) if n > 0)
+    };
+    assert!(refused("127.0.0.1"), "a 4th connection from 127.0.0.1 was greeted");
+    assert_eq!(refusals.get(Reason::PerAddressLimit), 1);
+    let mut other = open_tcp("127.0.0.2", to, "ram0");
+    other.write_all(&request(CMD_READ, 0, 1, 0, 512)).unwrap();
+    read_reply(&mut other, 1, 512);
+    // The held ones still work.
+    for (i, s) in held.iter_mut().enumerate() {
+        s.write_all(&request(CMD_READ, 0, i as u64, 0, 512)).unwrap();
+        read_reply(s, i as u64, 512);
+    }
+    // The server's own user on the unix socket is not counted.
+    let unix: Vec<UnixStream> = (0..4).map(|_| server.open("ram0")).collect();
+    // A connection that ends gives its slot back.
+    drop(held.pop());
+    eventually("a slot for 127.0.0.1 again", || {
+        let mut s = tcp_from("127.0.0.1", to);
+        let ok = greet(&mut s).is_ok();
+        ok
+    });
+    assert!(refusals.get(Reason::PerAddressLimit) >= 1);
+    drop(unix);
 }
 
 /// A client that sends READs and never reads the replies is disconnected

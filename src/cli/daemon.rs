@@ -8,8 +8,9 @@
 //! passes through, and why it is the daemon's own and not a copy:
 //! - [`DaemonArgs`] and [`run`]: `ramd daemon` runs the server in this
 //!   process (the binary is both daemon and client).
-//! - [`check_name`], [`check_drive_size`], [`check_mem_limit`]: the rules
-//!   the daemon applies to names, sizes and limits, checked on the command
+//! - [`check_name`], [`check_drive_size`], [`check_mem_limit`],
+//!   [`check_network`], [`check_identity`]: the rules the daemon applies
+//!   to names, sizes, limits and access rules, checked on the command
 //!   line before any request so a bad value is a usage error (exit 2) with
 //!   the daemon's own message.
 //! - [`config_dirs`]: `ramd install-units` orders after the directories
@@ -41,6 +42,16 @@ pub fn check_drive_size(text: &str) -> Result<(), SpecError> {
 /// A memory limit: a size of at least 1 byte.
 pub fn check_mem_limit(text: &str) -> Result<(), SpecError> {
     crate::control::drives::spec::parse_mem_limit(text).map(drop)
+}
+
+/// A network of an access rule: a CIDR or `unix`.
+pub fn check_network(text: &str) -> Result<(), SpecError> {
+    crate::control::drives::spec::parse_networks(&[text.to_owned()]).map(drop)
+}
+
+/// An identity of an access rule: not empty.
+pub fn check_identity(text: &str) -> Result<(), SpecError> {
+    crate::control::drives::spec::parse_access(&[text.to_owned()], &[], &[]).map(drop)
 }
 
 /// The directories (`[[dir]]`) the config file `file` declares.

@@ -1,12 +1,13 @@
 //! Drive commands: `ramd create`, `list`, `resize`, `lock`, `unlock`,
-//! `delete` (a persistent drive's extra steps are in `persist`).
+//! `access`, `delete` (a persistent drive's extra steps are in `persist`).
 //!
 //! Like every client command, they speak only `api::client` and
 //! `api::wire`: the daemon decides, the command prints its answer.
 
-use super::{absolute_text, notice, output, persist, print_json, CliError};
+use super::{absolute_text, arg_name, daemon, notice, output, persist, print_json};
+use super::{ArgError, CliError, JsonFlag};
 use crate::api::client::Client;
-use crate::api::wire::drives::{CreateDrive, DriveInfo, PatchDrive};
+use crate::api::wire::drives::{AccessPatch, CreateDrive, DriveAccess, DriveInfo, PatchDrive};
 use crate::api::wire::values::{DurationValue, SizeValue};
 use crate::size::format_size;
 
@@ -18,7 +19,54 @@ pub(crate) struct CreateArgs {
     pub read_only: bool,
     pub overcommit: bool,
     pub persist: persist::PersistArgs,
+    pub access: AccessArgs,
     pub json: bool,
+}
+
+/// Who may see a drive over NBD: the flags of `ramd create` and
+/// `ramd access` (docs/tls.md, "Who may see an export").
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AccessArgs {
+    /// Only clients with this certificate identity (CN or first SAN) may
+    /// see the drive; repeatable.
+    #[arg(long = "allow-identity", value_name = "ID", value_parser = arg_identity)]
+    pub allow_identities: Vec<String>,
+    /// This identity may see the drive, read-only; repeatable.
+    #[arg(long = "read-only-identity", value_name = "ID", value_parser = arg_identity)]
+    pub read_only_identities: Vec<String>,
+    /// Only clients from this network may see the drive: a CIDR
+    /// (10.0.0.0/8, 127.0.0.1/32) or "unix" for the unix socket;
+    /// repeatable.
+    #[arg(long = "allow-network", value_name = "CIDR", value_parser = arg_network)]
+    pub allow_networks: Vec<String>,
+}
+
+impl AccessArgs {
+    fn is_empty(&self) -> bool {
+        self.allow_identities.is_empty()
+            && self.read_only_identities.is_empty()
+            && self.allow_networks.is_empty()
+    }
+
+    fn rules(self) -> DriveAccess {
+        DriveAccess {
+            allow_identities: self.allow_identities,
+            read_only_identities: self.read_only_identities,
+            allow_networks: self.allow_networks,
+        }
+    }
+}
+
+/// An identity argument: not empty (the daemon's rule).
+fn arg_identity(text: &str) -> Result<String, ArgError> {
+    daemon::check_identity(text)?;
+    Ok(text.to_owned())
+}
+
+/// A network argument: a CIDR or `unix` (the daemon's parser).
+fn arg_network(text: &str) -> Result<String, ArgError> {
+    daemon::check_network(text)?;
+    Ok(text.to_owned())
 }
 
 /// `ramd create`: the request from the flags, then [`create`].
@@ -34,6 +82,7 @@ pub(crate) fn create_from(c: &Client, a: CreateArgs) -> Result<(), CliError> {
         sync_interval: a.persist.sync_interval.clone().map(DurationValue::Text),
         encrypt: a.persist.encrypt,
         key_file: absolute_text(a.persist.key_file.as_deref())?,
+        access: (!a.access.is_empty()).then(|| a.access.rules()),
     };
     create(c, &req, a.json, a.persist.no_wait)
 }
@@ -115,6 +164,47 @@ pub(crate) fn set_read_only(
     patch(c, name, &req, json, |d| {
         let mode = if d.read_only { "read-only" } else { "writable" };
         format!("{} is {mode}", d.name)
+    })
+}
+
+/// `ramd access`: shows or sets who may see a drive over NBD.
+#[derive(clap::Args, Debug)]
+pub struct AccessCommand {
+    #[arg(value_parser = arg_name)]
+    pub name: String,
+    #[command(flatten)]
+    pub rules: AccessArgs,
+    /// Remove every rule: the drive is open to every client that reaches
+    /// a listener.
+    #[arg(long, conflicts_with_all = ["allow_identities", "read_only_identities", "allow_networks"])]
+    pub open: bool,
+    #[command(flatten)]
+    pub out: JsonFlag,
+}
+
+/// `ramd access NAME [RULES] [--open]`: without rules, shows the drive's;
+/// with them, the drive gets exactly these rules (a list not given
+/// becomes empty).
+pub(crate) fn access(c: &Client, a: AccessCommand) -> Result<(), CliError> {
+    if a.rules.is_empty() && !a.open {
+        let d = c.drive(&a.name)?;
+        if a.out.json {
+            return print_json(&d.access);
+        }
+        println!("{}: {}", d.name, output::access_text(&d.access));
+        return Ok(());
+    }
+    let rules = a.rules.rules();
+    let req = PatchDrive {
+        access: Some(AccessPatch {
+            allow_identities: Some(rules.allow_identities),
+            read_only_identities: Some(rules.read_only_identities),
+            allow_networks: Some(rules.allow_networks),
+        }),
+        ..Default::default()
+    };
+    patch(c, &a.name, &req, a.out.json, |d| {
+        format!("{}: {}", d.name, output::access_text(&d.access))
     })
 }
 

@@ -132,6 +132,8 @@ pub enum Command {
         #[command(flatten)]
         persist: persist::PersistArgs,
         #[command(flatten)]
+        access: drives::AccessArgs,
+        #[command(flatten)]
         out: JsonFlag,
     },
 
@@ -236,6 +238,21 @@ pub enum Command {
         #[command(flatten)]
         out: JsonFlag,
     },
+
+    /// Show or set who may see a drive over NBD (docs/tls.md).
+    ///
+    /// Examples:
+    ///   ramd access db                                   # show the rules
+    ///   ramd access db --allow-identity alice --read-only-identity bob
+    ///   ramd access db --allow-network 10.0.0.0/8 --allow-network unix
+    ///   ramd access db --open                            # no rules
+    ///
+    /// The drive gets exactly the rules given (a list not given becomes
+    /// empty). New connections see them at once; open connections the new
+    /// rules no longer allow what they negotiated are closed after their
+    /// pending requests, the others keep what they have.
+    #[command(verbatim_doc_comment)]
+    Access(drives::AccessCommand),
 
     /// Delete a drive and free its memory.
     ///
@@ -501,6 +518,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             read_only,
             overcommit,
             persist,
+            access,
             out,
         } => {
             let args = drives::CreateArgs {
@@ -510,6 +528,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 read_only,
                 overcommit,
                 persist,
+                access,
                 json: out.json,
             };
             drives::create_from(&client(), args)?
@@ -530,6 +549,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => drives::resize(&client(), &name, &size, force, out.json)?,
         Command::Lock { name, out } => drives::set_read_only(&client(), &name, true, out.json)?,
         Command::Unlock { name, out } => drives::set_read_only(&client(), &name, false, out.json)?,
+        Command::Access(a) => drives::access(&client(), a)?,
         Command::Delete {
             name,
             force,

@@ -3,7 +3,7 @@
 
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 
-use crate::api::wire::drives::DriveInfo;
+use crate::api::wire::drives::{DriveAccess, DriveInfo};
 use crate::api::wire::health::Health;
 use crate::api::wire::persistence::PersistInfo;
 use crate::api::wire::stats::{DriveStats, StatsReport};
@@ -266,6 +266,26 @@ pub fn export_rows(
     }
 }
 
+/// A drive's access rules in one line: `open to every client`, or the
+/// rules it has (`identities alice; read-only bob; networks 10.0.0.0/8`).
+pub fn access_text(a: &DriveAccess) -> String {
+    let mut parts = Vec::new();
+    for (what, list) in [
+        ("identities", &a.allow_identities),
+        ("read-only", &a.read_only_identities),
+        ("networks", &a.allow_networks),
+    ] {
+        if !list.is_empty() {
+            parts.push(format!("{what} {}", list.join(", ")));
+        }
+    }
+    if parts.is_empty() {
+        "open to every client".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 /// `ramd info NAME`.
 pub fn drive_info(d: &DriveInfo) -> String {
     let mut t = table(&["FIELD", "VALUE"], &[]);
@@ -299,6 +319,7 @@ pub fn drive_info(d: &DriveInfo) -> String {
         .into(),
     );
     row("overcommit", if d.overcommit { "yes" } else { "no" }.into());
+    row("access", access_text(&d.access));
     export_rows(
         &mut row,
         d.connections,

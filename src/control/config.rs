@@ -18,6 +18,8 @@
 //! nbd_socket_group = "ramd"   # the NBD socket: this group, mode 0660
 //! mem_budget = "16G"
 //! max_connections = 256
+//! max_connections_per_address = 64   # default: a quarter of max_connections
+//! max_connections_per_identity = 64  # (per client certificate identity)
 //! poll_us = 50
 //! keep_cpu_awake = false
 //! metrics = true
@@ -69,7 +71,7 @@ use super::drives::spec::{
     DriveSpec, PersistOptions,
 };
 use super::ledger::{Kind, Ledger, LedgerError, Origin};
-use crate::nbd::access::{AccessRules, AccessTable, Network};
+use crate::nbd::access::{AccessRules, Network};
 use crate::nbd::tls::{ClientCerts, TlsMode};
 use crate::size::Size;
 use crate::store::MemoryBudget;
@@ -150,6 +152,10 @@ pub struct DaemonSection {
     pub mem_budget: Option<Size>,
     #[serde(default, deserialize_with = "de_max_connections")]
     pub max_connections: Option<usize>,
+    #[serde(default, deserialize_with = "de_per_address")]
+    pub max_connections_per_address: Option<usize>,
+    #[serde(default, deserialize_with = "de_per_identity")]
+    pub max_connections_per_identity: Option<usize>,
     pub poll_us: Option<u32>,
     pub keep_cpu_awake: Option<bool>,
     pub metrics: Option<bool>,
@@ -169,6 +175,9 @@ pub enum DaemonValueError {
         "max_connections = 0 would refuse every NBD connection: give at least 1 (default 256)"
     )]
     ZeroConnections,
+    /// A per-client connection limit of 0.
+    #[error("{key} = 0 would refuse every NBD client: give at least 1 (default: a quarter of max_connections)")]
+    ZeroPerClient { key: &'static str },
     /// A log filter naming no known level.
     #[error("unknown log level '{0}': use error, warn, info, debug, trace or off, or directives like \"info,ramd::nbd=debug\"")]
     LogLevel(String),
@@ -227,6 +236,15 @@ pub fn check_max_connections(n: usize) -> Result<usize, DaemonValueError> {
     Ok(n)
 }
 
+/// Checks a per-client connection limit (config key or flag): `key` is
+/// `max_connections_per_address` or `max_connections_per_identity`.
+pub fn check_per_client(key: &'static str, n: usize) -> Result<usize, DaemonValueError> {
+    if n == 0 {
+        return Err(DaemonValueError::ZeroPerClient { key });
+    }
+    Ok(n)
+}
+
 /// Checks a log filter: comma-separated directives, each a level
 /// (`error`, `warn`, `info`, `debug`, `trace`, `off`) or `TARGET=LEVEL`.
 /// A bare word that is not a level is refused: tracing would take it as
@@ -262,6 +280,18 @@ fn de_mem_budget<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Size>,
 
 fn de_max_connections<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
     check_max_connections(usize::deserialize(d)?)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_per_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    check_per_client("max_connections_per_address", usize::deserialize(d)?)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_per_identity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    check_per_client("max_connections_per_identity", usize::deserialize(d)?)
         .map(Some)
         .map_err(serde::de::Error::custom)
 }
@@ -304,11 +334,13 @@ pub struct DriveEntry {
     pub allow_networks: Vec<Spanned<String>>,
 }
 
-/// The access rules of a `[[drive]]` (None: it has none).
+/// The access rules of a `[[drive]]` (open: it has none); an error points
+/// at the network that does not parse, or the identity list with an empty
+/// name.
 fn drive_access(
     d: &DriveEntry,
     invalid: &impl Fn(usize, String) -> ConfigError,
-) -> Result<Option<AccessRules>, ConfigError> {
+) -> Result<AccessRules, ConfigError> {
     let networks = d
         .allow_networks
         .iter()
@@ -323,7 +355,10 @@ fn drive_access(
         read_only_identities: d.read_only_identities.clone(),
         networks,
     };
-    Ok((rules != AccessRules::default()).then_some(rules))
+    rules
+        .check()
+        .map_err(|e| invalid(d.name.span().start, format!("drive '{}': {e}", d.name.get_ref())))?;
+    Ok(rules)
 }
 
 /// A parsed and checked config.
@@ -337,8 +372,6 @@ pub struct Config {
     pub caches: Vec<CacheSpec>,
     /// Directories to keep in RAM, each with where it is declared.
     pub dirs: Vec<DirSpec>,
-    /// Access rules of the drives that have some (`nbd::access`).
-    pub access: AccessTable,
     /// Line and column of each drive's and cache's `name`, so start-up
     /// refusals (a drive over the budget) can point at the declaration.
     pub declared_at: BTreeMap<String, (usize, usize)>,
@@ -409,6 +442,7 @@ fn drive_spec(
         read_only: d.read_only,
         overcommit: d.overcommit,
         persist,
+        access: drive_access(d, invalid)?,
     })
 }
 
@@ -437,7 +471,6 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         _ => None,
     };
     let mut drives: Vec<DriveSpec> = Vec::new();
-    let mut access = AccessTable::default();
     for d in &file.drives {
         let name = d.name.get_ref();
         declared_at.insert(name.clone(), line_col(text, d.name.span().start));
@@ -449,9 +482,6 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         drives.push(drive_spec(d, &invalid)?);
-        if let Some(rules) = drive_access(d, &invalid)? {
-            access.0.insert(name.clone(), rules);
-        }
     }
     let mut caches: Vec<CacheSpec> = Vec::new();
     for c in &file.caches {
@@ -502,7 +532,6 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         drives,
         caches,
         dirs,
-        access,
         declared_at,
     })
 }
@@ -663,14 +692,19 @@ nbd_socket_group = "ramd"
             "[[drive]]\nname = \"a\"\nsize = \"1M\"\nallow_identities = [\"alice\"]\nread_only_identities = [\"bob\"]\nallow_networks = [\"10.0.0.0/8\", \"unix\"]\n[[drive]]\nname = \"b\"\nsize = \"1M\"\n",
         )
         .unwrap();
-        let a = &c.access.0["a"];
+        let a = &c.drives[0].access;
         assert_eq!(a.identities, ["alice"]);
         assert_eq!(a.read_only_identities, ["bob"]);
         assert_eq!(a.networks.len(), 2);
-        assert!(!c.access.0.contains_key("b"), "no rules: none kept");
+        assert!(c.drives[1].access.is_open(), "no rules: open");
         let e = err("[[drive]]\nname = \"a\"\nsize = \"1M\"\nallow_networks = [\"unix\", \"10.0.0.0/33\"]\n");
         assert!(
             e.starts_with("ramd.toml:4:27: '10.0.0.0/33' is not a network"),
+            "{e}"
+        );
+        let e = err("[[drive]]\nname = \"a\"\nsize = \"1M\"\nallow_identities = [\"\"]\n");
+        assert!(
+            e.starts_with("ramd.toml:2:8: drive 'a': an identity cannot be empty"),
             "{e}"
         );
     }
@@ -796,6 +830,10 @@ nbd_socket_group = "ramd"
             (
                 "[daemon]\nmax_connections = 0\n",
                 "ramd.toml:2:19: max_connections = 0",
+            ),
+            (
+                "[daemon]\nmax_connections_per_address = 0\n",
+                "ramd.toml:2:31: max_connections_per_address = 0 would refuse every NBD client",
             ),
             (
                 "[daemon]\nlog = \"infp\"\n",

@@ -174,6 +174,19 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "N", value_parser = parse_max_connections_flag)]
     pub max_connections: Option<usize>,
 
+    /// Most NBD connections from one client address at once (an IP
+    /// address; on the unix socket a user other than the daemon's);
+    /// more are closed at accept [default: a quarter of
+    /// --max-connections, 64 of 256].
+    #[arg(long, value_name = "N", value_parser = parse_per_address_flag)]
+    pub max_connections_per_address: Option<usize>,
+
+    /// Most NBD connections of one client-certificate identity at once;
+    /// more are refused after their TLS handshake [default: a quarter of
+    /// --max-connections, 64 of 256].
+    #[arg(long, value_name = "N", value_parser = parse_per_identity_flag)]
+    pub max_connections_per_identity: Option<usize>,
+
     /// Microseconds a connection polls for its next request before sleeping
     /// (cuts QD1 latency on VMs and speeds up QD2-QD8 2.5-4x; pipelining
     /// clients with a backlog of replies get short timer naps instead; 0
@@ -218,6 +231,25 @@ fn parse_max_connections_flag(text: &str) -> Result<usize, FlagError> {
             source,
         })?;
     Ok(config::check_max_connections(n)?)
+}
+
+/// `--max-connections-per-address`: at least 1.
+fn parse_per_address_flag(text: &str) -> Result<usize, FlagError> {
+    let n = parse_count(text)?;
+    Ok(config::check_per_client("max_connections_per_address", n)?)
+}
+
+/// `--max-connections-per-identity`: at least 1.
+fn parse_per_identity_flag(text: &str) -> Result<usize, FlagError> {
+    let n = parse_count(text)?;
+    Ok(config::check_per_client("max_connections_per_identity", n)?)
+}
+
+fn parse_count(text: &str) -> Result<usize, FlagError> {
+    text.trim().parse().map_err(|source| FlagError::NotANumber {
+        text: text.to_owned(),
+        source,
+    })
 }
 
 /// `--tls-verify-peer`: require, optional or off.
@@ -366,6 +398,10 @@ pub struct Settings {
     /// None: the default fraction of MemAvailable.
     pub mem_budget_bytes: Option<u64>,
     pub max_connections: usize,
+    /// `--max-connections-per-address` (None: the server's default).
+    pub max_connections_per_address: Option<usize>,
+    /// `--max-connections-per-identity` (None: the server's default).
+    pub max_connections_per_identity: Option<usize>,
     pub poll_us: u32,
     pub keep_cpu_awake: bool,
     pub metrics: bool,
@@ -384,8 +420,6 @@ pub struct Settings {
     pub dirs: Vec<DirSpec>,
     /// Where the config declares each drive and cache (line, column).
     pub declared_at: std::collections::BTreeMap<String, (usize, usize)>,
-    /// Per-drive NBD access rules, from the config.
-    pub access: crate::nbd::access::AccessTable,
 }
 
 impl Settings {
@@ -454,6 +488,12 @@ impl Settings {
             nbd_socket_group: args.nbd_socket_group.clone().or(c.nbd_socket_group.clone()),
             mem_budget_bytes: args.mem_budget.or(c.mem_budget.map(|s| s.0)),
             max_connections: args.max_connections.or(c.max_connections).unwrap_or(256),
+            max_connections_per_address: args
+                .max_connections_per_address
+                .or(c.max_connections_per_address),
+            max_connections_per_identity: args
+                .max_connections_per_identity
+                .or(c.max_connections_per_identity),
             poll_us: args
                 .poll_us
                 .or(c.poll_us)
@@ -468,7 +508,6 @@ impl Settings {
             runtime_dir: runtime,
             dirs: config.dirs,
             declared_at: config.declared_at,
-            access: config.access,
         })
     }
 }

@@ -17,6 +17,7 @@ use super::logging;
 use super::sampler::Sampler;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
 use crate::fuse::Attachments;
+use crate::nbd::access::AccessTable;
 use crate::nbd::tls::{TlsMode, TlsSettings};
 use crate::nbd::{ExportTable, Server, ServerConfig};
 use crate::size::format_size;
@@ -202,14 +203,20 @@ type BoundNbd = (Server, Option<Arc<TlsSettings>>, TlsMode);
 /// behind (one bound by a listener that failed after it, say a TCP port
 /// in use). The socket gets its group (`--nbd-socket-group`) right after
 /// the bind, while it is still 0600 (only our user could have connected).
-fn bind_nbd(settings: &Settings, exports: Arc<ExportTable>) -> Result<BoundNbd, DaemonError> {
+fn bind_nbd(
+    settings: &Settings,
+    exports: Arc<ExportTable>,
+    access: Arc<AccessTable>,
+) -> Result<BoundNbd, DaemonError> {
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
     nbd_config.max_connections = settings.max_connections;
+    nbd_config.max_connections_per_address = settings.max_connections_per_address;
+    nbd_config.max_connections_per_identity = settings.max_connections_per_identity;
     nbd_config.poll_us = settings.poll_us;
     nbd_config.keep_cpu_awake = settings.keep_cpu_awake;
     nbd_config.unix_tls_mode = settings.unix_tls_mode;
-    nbd_config.access = Arc::new(settings.access.clone());
+    nbd_config.access = access;
     let gid = settings
         .nbd_socket_group
         .as_deref()
@@ -394,7 +401,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
-    let (server, tls, tcp_tls_mode) = bind_nbd(&settings, exports)?;
+    let (server, tls, tcp_tls_mode) = bind_nbd(&settings, exports, drives.access_table())?;
     let mut bound = BoundSockets {
         paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
         serving: false,

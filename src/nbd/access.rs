@@ -19,10 +19,17 @@
 //! `unix`: it passes when no networks are given, and otherwise only when
 //! `unix` is listed. CIDR parsing is a dozen lines here, tested below, so
 //! no crate is needed for it.
+//!
+//! The rules change at run time (`PATCH /v1/drives/{name}`): the table is
+//! read at every decision, so a handshake sees the rules as they are when
+//! it lists, describes or opens an export. Connections already open are
+//! checked again by the server (`ShutdownHandle::recheck_access`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -38,9 +45,19 @@ pub enum Network {
 }
 
 /// A network in a rule that does not parse.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("'{0}' is not a network: give a CIDR like 10.0.0.0/8 or 127.0.0.1/32, or \"unix\" for the unix socket")]
 pub struct BadNetwork(pub String);
+
+impl std::fmt::Display for Network {
+    /// The form `from_str` reads back: `unix`, or `ADDR/BITS`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Network::Unix => f.write_str("unix"),
+            Network::Cidr(addr, bits) => write!(f, "{addr}/{bits}"),
+        }
+    }
+}
 
 impl std::str::FromStr for Network {
     type Err = BadNetwork;
@@ -112,13 +129,19 @@ pub enum Source {
     Ip(IpAddr),
 }
 
-/// The rules of one export (see the module docs).
+/// The rules of one export (see the module docs). All empty: no rules,
+/// the export is open.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AccessRules {
     pub identities: Vec<String>,
     pub read_only_identities: Vec<String>,
     pub networks: Vec<Network>,
 }
+
+/// An identity in a rule that can never match.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("an identity cannot be empty: give the client certificate's CN or first SAN, like \"alice\"")]
+pub struct EmptyIdentity;
 
 /// What a client may do with an export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +153,20 @@ pub enum Grant {
 }
 
 impl AccessRules {
+    /// Whether there are no rules (the export is open to everyone).
+    pub fn is_open(&self) -> bool {
+        self == &AccessRules::default()
+    }
+
+    /// Checks that every identity can match (no empty names).
+    pub fn check(&self) -> Result<(), EmptyIdentity> {
+        let all = self.identities.iter().chain(&self.read_only_identities);
+        match all.into_iter().any(|i| i.is_empty()) {
+            true => Err(EmptyIdentity),
+            false => Ok(()),
+        }
+    }
+
     pub fn grant(&self, identity: Option<&str>, source: &Source) -> Grant {
         if !self.networks.is_empty() && !self.networks.iter().any(|n| n.contains(source)) {
             return Grant::Denied;
@@ -147,16 +184,38 @@ impl AccessRules {
     }
 }
 
-/// The rules of every export that has some, by export name.
-#[derive(Debug, Clone, Default)]
-pub struct AccessTable(pub BTreeMap<String, AccessRules>);
+/// The rules of every export that has some, by export name, shared by
+/// the server (which reads them at every decision) and the drives (which
+/// set them at create, change and delete). A std-like lock, never held
+/// across I/O: each reader copies out the one decision it needs.
+#[derive(Debug, Default)]
+pub struct AccessTable(RwLock<BTreeMap<String, AccessRules>>);
 
 impl AccessTable {
+    pub const fn new() -> Self {
+        AccessTable(parking_lot::const_rwlock(BTreeMap::new()))
+    }
+
     /// What a client gets for `export` (no rules: read-write).
     pub fn grant(&self, export: &str, identity: Option<&str>, source: &Source) -> Grant {
-        match self.0.get(export) {
+        match self.0.read().get(export) {
             None => Grant::ReadWrite,
             Some(r) => r.grant(identity, source),
+        }
+    }
+
+    /// The rules of `export` (open: none).
+    pub fn rules(&self, export: &str) -> AccessRules {
+        self.0.read().get(export).cloned().unwrap_or_default()
+    }
+
+    /// Sets the rules of `export`; open rules remove its entry.
+    pub fn set(&self, export: &str, rules: AccessRules) {
+        let mut t = self.0.write();
+        if rules.is_open() {
+            t.remove(export);
+        } else {
+            t.insert(export.to_owned(), rules);
         }
     }
 }
@@ -169,27 +228,42 @@ pub enum Reason {
     NotAllowed,
     /// An option before the TLS this listener requires.
     TlsRequired,
+    /// A connection over `max_connections_per_address` (closed at accept).
+    PerAddressLimit,
+    /// A connection over `max_connections_per_identity` (refused once its
+    /// certificate identity is known, after the TLS handshake).
+    PerIdentityLimit,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 2] = [Reason::NotAllowed, Reason::TlsRequired];
+    pub const ALL: [Reason; REASONS] = [
+        Reason::NotAllowed,
+        Reason::TlsRequired,
+        Reason::PerAddressLimit,
+        Reason::PerIdentityLimit,
+    ];
     pub fn label(self) -> &'static str {
         match self {
             Reason::NotAllowed => "not_allowed",
             Reason::TlsRequired => "tls_required",
+            Reason::PerAddressLimit => "per_address_limit",
+            Reason::PerIdentityLimit => "per_identity_limit",
         }
     }
 }
+
+/// How many reasons there are.
+const REASONS: usize = 4;
 
 /// Refusals counted since start, shared by the server (which counts) and
 /// the daemon (which reports them in /metrics). Atomics: counted from
 /// every connection thread, never behind a lock.
 #[derive(Debug)]
-pub struct Refusals([AtomicU64; 2]);
+pub struct Refusals([AtomicU64; REASONS]);
 
 impl Refusals {
     pub const fn new() -> Self {
-        Refusals([AtomicU64::new(0), AtomicU64::new(0)])
+        Refusals([const { AtomicU64::new(0) }; REASONS])
     }
     pub fn count(&self, reason: Reason) {
         self.0[reason as usize].fetch_add(1, Ordering::Relaxed);
@@ -201,7 +275,7 @@ impl Refusals {
 
 /// `ramd_nbd_refusals_total{reason}` at the moment of the scrape.
 #[derive(Debug)]
-pub struct RefusalCollector(pub [(Reason, u64); 2]);
+pub struct RefusalCollector(pub [(Reason, u64); REASONS]);
 
 impl Default for Refusals {
     fn default() -> Self {
@@ -310,5 +384,27 @@ mod tests {
         assert_eq!(nets_only.grant(None, &Source::Unix), Grant::Denied);
         let table = AccessTable::default();
         assert_eq!(table.grant("x", None, &Source::Unix), Grant::ReadWrite);
+        table.set("x", r.clone());
+        assert_eq!(table.grant("x", None, &Source::Unix), Grant::Denied);
+        assert_eq!(table.rules("x"), r);
+        table.set("x", AccessRules::default());
+        assert_eq!(table.grant("x", None, &Source::Unix), Grant::ReadWrite);
+        assert!(table.0.read().is_empty(), "open rules leave no entry");
+    }
+
+    #[test]
+    fn networks_print_as_they_parse() {
+        for text in ["unix", "10.0.0.0/8", "127.0.0.2/32", "fd00::/8"] {
+            let n: Network = text.parse().unwrap();
+            assert_eq!(n.to_string(), text);
+        }
+        assert_eq!("::1".parse::<Network>().unwrap().to_string(), "::1/128");
+        let bad = "10.0.0.0/33".parse::<Network>().unwrap_err().to_string();
+        assert!(bad.starts_with("'10.0.0.0/33' is not a network"), "{bad}");
+        let empty = AccessRules {
+            identities: vec!["".into()],
+            ..AccessRules::default()
+        };
+        assert_eq!(empty.check(), Err(EmptyIdentity));
     }
 }

@@ -12,6 +12,12 @@
 //! only exports it may see), and NBD_OPT_EXPORT_NAME ends the connection.
 //! A read-only grant sets NBD_FLAG_READ_ONLY for this connection.
 //!
+//! A connection the server refuses once it knows more about the client
+//! (over the per-identity connection limit, known after the TLS
+//! handshake: [`Handshake::refuse`]) answers every option but ABORT with
+//! NBD_REP_ERR_POLICY and the reason, so the client's error names it, and
+//! NBD_OPT_EXPORT_NAME ends the connection.
+//!
 //! Blocking I/O on one connection; all parsing is in `proto`. Malformed option
 //! data is answered with NBD_REP_ERR_INVALID and the handshake continues;
 //! unknown options get NBD_REP_ERR_UNSUP; a bad magic or an unsupported
@@ -52,7 +58,7 @@ pub struct Client<'a> {
     pub peer: String,
 }
 
-static NO_RULES: AccessTable = AccessTable(std::collections::BTreeMap::new());
+static NO_RULES: AccessTable = AccessTable::new();
 static UNCOUNTED: Refusals = Refusals::new();
 
 impl Client<'static> {
@@ -104,6 +110,11 @@ pub enum HandshakeError {
     /// that sends it before TLS in `require` mode is disconnected.
     #[error("client chose an export with NBD_OPT_EXPORT_NAME before starting the TLS this server requires")]
     TlsRequired,
+    /// The server refused the connection ([`Handshake::refuse`]) and the
+    /// client chose an export with NBD_OPT_EXPORT_NAME, which cannot be
+    /// answered with an error.
+    #[error("refused: {0}")]
+    Refused(String),
     #[error(transparent)]
     Proto(#[from] ProtoError),
     #[error("{0}")]
@@ -117,6 +128,8 @@ struct Session<'a> {
     /// The client certificate's identity once TLS started.
     identity: Option<String>,
     tls: TlsOffer,
+    /// Set by [`Handshake::refuse`]: why every option is refused.
+    refused: Option<String>,
     structured: bool,
     /// Export for which base:allocation was set (contexts are per export).
     meta_export: Option<String>,
@@ -152,6 +165,7 @@ impl<'a> Handshake<'a> {
                 client,
                 identity: None,
                 tls,
+                refused: None,
                 structured: false,
                 meta_export: None,
                 no_zeroes: false,
@@ -182,6 +196,12 @@ impl<'a> Handshake<'a> {
         self.s.tls = TlsOffer::Active;
         self.s.structured = false;
         self.s.meta_export = None;
+    }
+
+    /// Refuses the rest of this handshake: every option but ABORT gets
+    /// NBD_REP_ERR_POLICY with `why` (the caller logged and counted it).
+    pub fn refuse(&mut self, why: String) {
+        self.s.refused = Some(why);
     }
 
     /// Answers options until the client picks an export, asks for TLS, or
@@ -305,6 +325,17 @@ impl Session<'_> {
     /// Handles one option; `Some` when the handshake stops here (an export
     /// was chosen or TLS starts).
     fn option(&mut self, option: u32, data: &[u8]) -> Result<Option<Step>, HandshakeError> {
+        if let Some(why) = &self.refused {
+            match option {
+                OPT_ABORT => {}
+                OPT_EXPORT_NAME => return Err(HandshakeError::Refused(why.clone())),
+                _ => {
+                    let why = why.clone();
+                    self.error(option, REP_ERR_POLICY, &why);
+                    return Ok(None);
+                }
+            }
+        }
         if self.tls == TlsOffer::Required {
             match option {
                 OPT_STARTTLS | OPT_ABORT => {}

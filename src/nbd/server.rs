@@ -7,6 +7,23 @@
 //! work and a blocking `read` costs one syscall per batch where a readiness
 //! loop costs two or three. The connection cap bounds the threads.
 //!
+//! Admission, in the order a connection meets it:
+//!
+//! ```text
+//! accept ──► per-address limit ──► connection cap ──► handshake ──► TLS ──► per-identity limit
+//!            (close at once)       + handshake slots    deadline     │      (NBD_REP_ERR_POLICY
+//!                                  (close at once, or                │       to every option)
+//!                                   evict a slow handshake)          └─► options, access rules
+//! ```
+//!
+//! Every count is of the `live` map, whose entry a connection's thread
+//! removes when it ends (`Registered`, on return and on panic): a limit
+//! can never leak a slot. A client's address is its IP address (IPv4
+//! clients on a dual-stack socket as IPv4; each loopback address is its
+//! own), or for the unix socket its user id (`SO_PEERCRED`); the daemon's
+//! own user is not counted there: it owns the daemon and its limits. An
+//! identity is the client certificate's, as the access rules see it.
+//!
 //! Shutdown: stop accepting, then shut down the *read* half of every live
 //! socket. Each connection finishes the requests already received, writes
 //! their replies, sees end-of-file and exits; `run` returns when all are gone.
@@ -25,7 +42,7 @@ use crate::ratelog::RateLimit;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::access::{AccessTable, Refusals, Source};
+use super::access::{AccessTable, Grant, Reason, Refusals, Source};
 use super::conn;
 use super::deadline::Deadline;
 use super::handshake::{Client, Handshake, HandshakeError, Negotiated, Step, TlsOffer};
@@ -47,6 +64,14 @@ pub struct ServerConfig {
     pub tcp: Vec<SocketAddr>,
     /// Most connections served at once; further ones are closed at accept.
     pub max_connections: usize,
+    /// Most connections from one client address (see the module docs)
+    /// at once; further ones are closed at accept. None: a quarter of
+    /// `max_connections` (`per_address_limit`).
+    pub max_connections_per_address: Option<usize>,
+    /// Most connections of one certificate identity at once; a further
+    /// one is refused after its TLS handshake (NBD_REP_ERR_POLICY). None:
+    /// a quarter of `max_connections` (`per_identity_limit`).
+    pub max_connections_per_identity: Option<usize>,
     /// Most connections still in their handshake at once (at most half of
     /// `max_connections`), so the rest of the cap stays for clients that
     /// finished theirs. When these slots are full, a newcomer takes the
@@ -116,6 +141,8 @@ impl ServerConfig {
             unix_socket: unix_socket.into(),
             tcp: Vec::new(),
             max_connections: 256,
+            max_connections_per_address: None,
+            max_connections_per_identity: None,
             max_handshakes: 64,
             handshake_timeout: Duration::from_secs(10),
             reply_timeout: Duration::from_secs(60),
@@ -146,6 +173,18 @@ impl ServerConfig {
         self.tls_mode = mode;
         self.check_tls()?;
         Ok(self.tls.clone())
+    }
+
+    /// Most connections from one address (`max_connections_per_address`).
+    pub fn per_address_limit(&self) -> usize {
+        self.max_connections_per_address
+            .unwrap_or_else(|| default_per_client(self.max_connections))
+    }
+
+    /// Most connections of one identity (`max_connections_per_identity`).
+    pub fn per_identity_limit(&self) -> usize {
+        self.max_connections_per_identity
+            .unwrap_or_else(|| default_per_client(self.max_connections))
     }
 
     /// The TLS mode of the TCP listeners (see `tls_mode`).
@@ -197,6 +236,68 @@ impl ServerConfig {
     }
 }
 
+/// The default per-address and per-identity limit: a quarter of the
+/// connection cap (64 of the default 256), so at least four clients can
+/// always share it, and one client still has room for multi-conn.
+pub fn default_per_client(max_connections: usize) -> usize {
+    max_connections.div_ceil(4).max(1)
+}
+
+/// Where a connection comes from, as the per-address limit counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    /// A TCP client (IPv4-mapped IPv6 addresses as IPv4).
+    Ip(std::net::IpAddr),
+    /// A unix-socket client of another user (the socket's group, root).
+    Uid(u32),
+    /// A unix-socket client of the daemon's own user: not counted.
+    Owner,
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Ip(ip) => write!(f, "{ip}"),
+            Address::Uid(uid) => write!(f, "unix uid {uid}"),
+            Address::Owner => f.write_str("unix (the daemon's user)"),
+        }
+    }
+}
+
+/// The client's address, source (for the access rules) and peer name
+/// (for log lines), read once at accept.
+fn client_of(stream: &Stream) -> (Address, Source, String) {
+    match stream {
+        Stream::Tcp(s) => match s.peer_addr() {
+            Ok(a) => {
+                let ip = match a.ip() {
+                    std::net::IpAddr::V6(v6) => v6
+                        .to_ipv4_mapped()
+                        .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                    v4 => v4,
+                };
+                (Address::Ip(ip), Source::Ip(a.ip()), a.to_string())
+            }
+            // No address (the peer is gone): no network rule matches it.
+            Err(_) => {
+                let ip = std::net::Ipv6Addr::UNSPECIFIED.into();
+                (Address::Ip(ip), Source::Ip(ip), "tcp".to_owned())
+            }
+        },
+        Stream::Unix(s) => {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let own = unsafe { libc::geteuid() };
+            let address = match peer_cred(s) {
+                Some(c) if c.uid == own => Address::Owner,
+                Some(c) => Address::Uid(c.uid),
+                // Unknown: counted as the daemon's user would not be.
+                None => Address::Uid(u32::MAX),
+            };
+            (address, Source::Unix, "unix".to_owned())
+        }
+    }
+}
+
 enum Listener {
     Unix(UnixListener),
     Tcp(TcpListener),
@@ -234,15 +335,34 @@ struct Shared {
     next_id: AtomicU64,
 }
 
+impl Shared {
+    /// Whether the access rules, as they are now, still give `l` what it
+    /// negotiated on `export`.
+    fn still_allowed(&self, export: &Export, l: &Live) -> bool {
+        let access = &self.config.access;
+        match access.grant(&export.name, l.identity.as_deref(), &l.source) {
+            Grant::Denied => false,
+            Grant::ReadOnly => l.read_only,
+            Grant::ReadWrite => true,
+        }
+    }
+}
+
 /// A live connection as shutdown and admission see it.
 struct Live {
     /// A clone of the connection's socket, to shut its read half.
     stream: Stream,
     /// The export it is attached to (None during the handshake).
     export: Option<Arc<Export>>,
-    /// The client's certificate identity once TLS started (per-client
-    /// limits and access rules will look here).
+    /// Where it comes from (the per-address limit counts these).
+    address: Address,
+    /// Where it comes from, as the access rules see it.
+    source: Source,
+    /// The client's certificate identity once TLS started and admitted
+    /// (the per-identity limit counts these; the access rules use it).
     identity: Option<String>,
+    /// The access rules granted it read-only access (when attached).
+    read_only: bool,
     /// When it was accepted.
     since: Instant,
     /// Closed to make room for a newcomer; no longer counted.
@@ -282,6 +402,33 @@ impl ShutdownHandle {
     pub fn tls_identities(&self) -> Vec<String> {
         let live = self.0.live.lock();
         live.values().filter_map(|l| l.identity.clone()).collect()
+    }
+
+    /// Closes the connections to `export` that its access rules, as they
+    /// are now, no longer allow what they negotiated: hidden from them,
+    /// or read-only where they had read-write. Each finishes its pending
+    /// requests first (as `close_export`). Connections the rules still
+    /// allow keep what they have (a widened grant applies when they
+    /// reconnect). Returns how many were closed.
+    pub fn recheck_access(&self, export: &str) -> usize {
+        let mut n = 0;
+        for l in self.0.live.lock().values() {
+            let Some(e) = l.export.as_ref().filter(|e| e.name == export) else {
+                continue;
+            };
+            if !self.0.still_allowed(e, l) {
+                let _ = l.stream.shutdown(Shutdown::Read);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!(
+                export,
+                closed = n,
+                "access rules changed: closed the connections they no longer allow"
+            );
+        }
+        n
     }
 
     /// The refusal counters (`ramd_nbd_refusals_total`).
@@ -415,8 +562,24 @@ impl Server {
         }
         set_send_buffer(stream.fd(), SEND_BUFFER_BYTES);
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (address, source, peer) = client_of(&stream);
         {
             let mut live = shared.live.lock();
+            let limit = shared.config.per_address_limit();
+            if address != Address::Owner
+                && counted(&live, |l| l.address == address) >= limit
+            {
+                shared.config.refusals.count(Reason::PerAddressLimit);
+                static REFUSED: RateLimit = RateLimit::per_10s();
+                if let Some(more) = REFUSED.admit() {
+                    tracing::warn!(
+                        peer = %peer,
+                        identity = "unknown (before TLS)",
+                        "connection refused: {address} has {limit} connections, the limit per address (raise --max-connections-per-address){more}"
+                    );
+                }
+                return;
+            }
             if !admit(&mut live, &shared.config) {
                 static REFUSED: RateLimit = RateLimit::per_10s();
                 if let Some(more) = REFUSED.admit() {
@@ -433,7 +596,10 @@ impl Server {
                     Live {
                         stream,
                         export: None,
+                        address,
+                        source,
                         identity: None,
+                        read_only: false,
                         since: Instant::now(),
                         evicted: false,
                     },
@@ -451,7 +617,7 @@ impl Server {
                 // Deregisters on return *and* on panic, so shutdown never
                 // waits for a connection that is gone.
                 let _registered = Registered(&shared2, id);
-                serve_connection(&shared2, stream, id);
+                serve_connection(&shared2, stream, source, peer, id);
             });
         if let Err(e) = spawned {
             tracing::warn!("cannot start a connection thread: {e}");
@@ -477,6 +643,12 @@ fn give_large_buffers_back_when_freed() {
 
 /// Blocks at least this large get their own mapping (glibc's default start).
 const MMAP_THRESHOLD_BYTES: libc::c_int = 128 * 1024;
+
+/// How many live connections (evicted ones are no longer counted) `f`
+/// picks.
+fn counted(live: &HashMap<u64, Live>, f: impl Fn(&Live) -> bool) -> usize {
+    live.values().filter(|l| !l.evicted && f(l)).count()
+}
 
 /// Whether a new connection may start its handshake; may evict the oldest
 /// slow handshake to make room. Established connections are never evicted.
@@ -530,7 +702,7 @@ impl Drop for Registered<'_> {
     }
 }
 
-fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
+fn serve_connection(shared: &Shared, mut stream: Stream, source: Source, peer: String, id: u64) {
     if shared.stopping.load(Ordering::SeqCst) {
         return;
     }
@@ -539,8 +711,8 @@ fn serve_connection(shared: &Shared, mut stream: Stream, id: u64) {
     let client = Client {
         access: &shared.config.access,
         refusals: &shared.config.refusals,
-        source: source_of(&stream),
-        peer: peer_name(&stream),
+        source,
+        peer,
     };
     let mut hs = Handshake::new(&shared.exports, client, offer);
     let step = {
@@ -582,10 +754,12 @@ fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: In
         "TLS session started ({})",
         tls.describe()
     );
-    if let Some(l) = shared.live.lock().get_mut(&id) {
-        l.identity = identity.clone();
+    hs.tls_started(identity.clone());
+    if let Some(identity) = identity {
+        if let Err(why) = admit_identity(shared, id, identity, &peer) {
+            hs.refuse(why);
+        }
     }
-    hs.tls_started(identity);
     match hs.options(&mut Deadline::new(&mut tls, left())) {
         Err(e) => log_handshake_end(id, &e),
         Ok(Step::Go(neg)) => serve(shared, &mut tls, &neg, id),
@@ -594,16 +768,34 @@ fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: In
     tls.close();
 }
 
-/// Where the client comes from, for the access rules.
-fn source_of(stream: &Stream) -> Source {
-    match stream {
-        Stream::Tcp(s) => match s.peer_addr() {
-            Ok(a) => Source::Ip(a.ip()),
-            // No address (the peer is gone): no network rule matches it.
-            Err(_) => Source::Ip(std::net::Ipv6Addr::UNSPECIFIED.into()),
-        },
-        Stream::Unix(_) => Source::Unix,
+/// Records connection `id`'s identity, or refuses it (logged and
+/// counted; the reason for the client) when that identity already has
+/// its limit of connections. Refused, the identity is not recorded, so
+/// the connection does not count against it.
+fn admit_identity(shared: &Shared, id: u64, identity: String, peer: &str) -> Result<(), String> {
+    let limit = shared.config.per_identity_limit();
+    let mut live = shared.live.lock();
+    let have = counted(&live, |l| l.identity.as_deref() == Some(&identity));
+    if have >= limit {
+        drop(live);
+        shared.config.refusals.count(Reason::PerIdentityLimit);
+        static REFUSED: RateLimit = RateLimit::per_10s();
+        if let Some(more) = REFUSED.admit() {
+            tracing::warn!(
+                conn = id,
+                peer = %peer,
+                identity,
+                "connection refused: identity '{identity}' has {limit} connections, the limit per identity (raise --max-connections-per-identity){more}"
+            );
+        }
+        return Err(format!(
+            "identity '{identity}' has {limit} connections to this server, the most it may have at once (max_connections_per_identity); close one first"
+        ));
     }
+    if let Some(l) = live.get_mut(&id) {
+        l.identity = Some(identity);
+    }
+    Ok(())
 }
 
 /// The client's address for log lines.
@@ -629,13 +821,23 @@ fn serve<S: Transport + SocketTimeouts>(
     let _ = stream.set_write_timeout(Some(shared.config.reply_timeout));
     let export = neg.export.clone();
     let _counted = export.connect();
-    if let Some(l) = shared.live.lock().get_mut(&id) {
-        l.export = Some(export.clone());
-    }
-    // Checked after registering: a delete either sees this connection in
-    // `live` and closes it, or closed the export before we looked.
+    let allowed = match shared.live.lock().get_mut(&id) {
+        Some(l) => {
+            l.export = Some(export.clone());
+            l.read_only = neg.read_only;
+            shared.still_allowed(&export, l)
+        }
+        None => true,
+    };
+    // Checked after registering: a delete (or a change of the access
+    // rules) either sees this connection in `live` and closes it, or
+    // happened before we looked.
     if export.is_closed() {
         tracing::debug!(conn = id, export = %export.name, "drive was deleted; closing");
+        return;
+    }
+    if !allowed {
+        tracing::debug!(conn = id, export = %export.name, "access rules changed during the handshake; closing");
         return;
     }
     tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
@@ -738,6 +940,11 @@ pub const SOCKET_MODE: u32 = 0o600;
 
 /// The pid of the process at the other end of a unix socket (SO_PEERCRED).
 pub fn peer_pid(s: &UnixStream) -> Option<i32> {
+    peer_cred(s).map(|c| c.pid).filter(|&pid| pid > 0)
+}
+
+/// The credentials of the process at the other end of a unix socket.
+fn peer_cred(s: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -755,7 +962,7 @@ pub fn peer_pid(s: &UnixStream) -> Option<i32> {
             &mut len,
         )
     };
-    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+    (rc == 0).then_some(cred)
 }
 
 /// Socket send buffer asked for each connection: a 1 MiB READ reply then

@@ -14,17 +14,18 @@ use axum::Json;
 use super::persistence::{interval_ms, key_path, persist_info};
 use super::{blocking, ApiError};
 use crate::api::wire::drives::{
-    CreateDrive, DeleteQuery, Deleted, DriveInfo, DriveList, PatchDrive,
+    AccessPatch, CreateDrive, DeleteQuery, Deleted, DriveAccess, DriveInfo, DriveList, PatchDrive,
 };
 use crate::api::wire::persistence::RestoreRequest;
 use crate::api::wire::values::SizeValue;
 use crate::control::drives::persistent::settings::{self, Given};
 use crate::control::drives::persistent::{probe, Found};
 use crate::control::drives::spec::{
-    check_name, parse_drive_size, parse_durability, parse_mem_limit, DriveSpec, PersistOptions,
-    SpecError,
+    check_name, parse_access, parse_drive_size, parse_durability, parse_mem_limit,
+    parse_networks, AccessError, DriveSpec, PersistOptions, SpecError,
 };
-use crate::control::drives::{Drive, DriveChange, DriveState};
+use crate::control::drives::{AccessChange, Drive, DriveChange, DriveState};
+use crate::nbd::access::{AccessRules, EmptyIdentity};
 use crate::control::ledger::Origin;
 use crate::control::Daemon;
 use crate::persist::RestoreOptions;
@@ -53,6 +54,7 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
         created_unix_s: drive.created_unix_s,
         uri: d.unix_uri(&drive.name),
         tcp_uris: d.tcp_uris(&drive.name),
+        access: wire_access(&drive.access.lock()),
         notice,
         persist: persist_info(drive),
         error: match state {
@@ -60,6 +62,31 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
             _ => None,
         },
     }
+}
+
+/// Access rules as the API shows them.
+fn wire_access(rules: &AccessRules) -> DriveAccess {
+    DriveAccess {
+        allow_identities: rules.identities.clone(),
+        read_only_identities: rules.read_only_identities.clone(),
+        allow_networks: rules.networks.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+/// A `PATCH`'s access change, checked (every network parses, no empty
+/// identity).
+fn access_change(p: &AccessPatch) -> Result<AccessChange, SpecError> {
+    let no_empty = |ids: &Option<Vec<String>>| match ids {
+        Some(v) if v.iter().any(|i| i.is_empty()) => {
+            Err(SpecError::from(AccessError::from(EmptyIdentity)))
+        }
+        _ => Ok(ids.clone()),
+    };
+    Ok(AccessChange {
+        identities: no_empty(&p.allow_identities)?,
+        read_only_identities: no_empty(&p.read_only_identities)?,
+        networks: p.allow_networks.as_deref().map(parse_networks).transpose()?,
+    })
 }
 
 /// A memory limit in a request: a size of at least 1 byte, or `"none"`
@@ -98,6 +125,15 @@ pub async fn create(
         mem_limit: req.mem_limit.is_some(),
         read_only: req.read_only,
         overcommit: req.overcommit,
+        access: req.access.is_some(),
+    };
+    let access = match &req.access {
+        Some(a) => parse_access(
+            &a.allow_identities,
+            &a.read_only_identities,
+            &a.allow_networks,
+        )?,
+        None => AccessRules::default(),
     };
     let persist = PersistOptions {
         persist: req.persist,
@@ -135,6 +171,7 @@ pub async fn create(
         read_only: req.read_only,
         overcommit: req.overcommit,
         persist,
+        access,
     };
     // Settings not given explicitly come from its drive.json (an unusable
     // one fails the drive in the registry, never silently rewritten).
@@ -177,11 +214,18 @@ pub async fn patch(
         && req.mem_limit.is_none()
         && req.durability.is_none()
         && req.sync_interval.is_none()
+        && req.access.is_none()
     {
         return Err(ApiError::invalid(
-            "nothing to change: give size, read_only, mem_limit, durability or sync_interval",
+            "nothing to change: give size, read_only, mem_limit, durability, sync_interval or access",
         ));
     }
+    if req.access.as_ref() == Some(&AccessPatch::default()) {
+        return Err(ApiError::invalid(
+            "access: give allow_identities, read_only_identities or allow_networks (an empty list removes that rule)",
+        ));
+    }
+    let access = req.access.as_ref().map(access_change).transpose()?;
     let durability = req
         .durability
         .as_deref()
@@ -205,28 +249,49 @@ pub async fn patch(
         || change.mem_limit_bytes.is_some();
     let resizing = change.size_bytes.is_some();
     let d2 = d.clone();
-    let drive = blocking(move || {
+    let (drive, closed) = blocking(move || {
         if durability.is_some() || sync_interval_ms.is_some() {
             // Checked (persistent, ready) before anything changes.
             d2.drives
                 .set_persistence(&name, durability, sync_interval_ms)?;
         }
-        if plain {
-            return Ok(d2.drives.change(&name, &change)?);
+        let mut closed = None;
+        if let Some(a) = &access {
+            closed = Some(d2.drives.set_access(&name, a)?.1);
         }
-        Ok(d2.drives.get(&name)?)
+        if plain {
+            return Ok((d2.drives.change(&name, &change)?, closed));
+        }
+        Ok((d2.drives.get(&name)?, closed))
     })
     .await?;
     let resized = resizing.then(|| resize_notice(&drive));
     let notices: Vec<String> = [
         drive.origin().ephemeral_notice(&drive.name),
         resized.flatten(),
+        closed.and_then(|n| access_notice(&drive, n)),
     ]
     .into_iter()
     .flatten()
     .collect();
     let notice = (!notices.is_empty()).then(|| notices.join("; "));
     Ok(Json(info(&d, &drive, notice)))
+}
+
+/// What an access change did to connections already open.
+fn access_notice(drive: &Drive, closed: usize) -> Option<String> {
+    let kept = drive.connections().saturating_sub(closed);
+    match (closed, kept) {
+        (0, 0) => None,
+        (0, kept) => Some(format!(
+            "the {kept} open NBD connection(s) to '{}' are still allowed what they negotiated and keep it (a wider grant applies when they reconnect)",
+            drive.name
+        )),
+        (closed, _) => Some(format!(
+            "closed {closed} NBD connection(s) to '{}' that the new rules no longer allow what they negotiated (after their pending requests); new connections get the new rules",
+            drive.name
+        )),
+    }
 }
 
 /// What clients already connected see after a resize: NBD has no way to

@@ -60,6 +60,7 @@ impl From<SpecError> for ApiError {
             SpecError::InvalidSize(_) => "invalid_size",
             SpecError::Malformed(_) => "invalid_request",
             SpecError::Persist(_) => "invalid_persistence",
+            SpecError::Access(_) => "invalid_access",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
     }

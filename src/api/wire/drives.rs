@@ -40,6 +40,43 @@ pub struct CreateDrive {
     /// Absolute path of the key file, read by the daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<String>,
+    /// Who may see the drive over NBD (absent: everyone; a persistent
+    /// drive restored from its state directory keeps its stored rules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<DriveAccess>,
+}
+
+/// A drive's NBD access rules (docs/tls.md, "Who may see an export").
+/// Every list empty: the drive is open to every client that reaches a
+/// listener.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveAccess {
+    /// Client-certificate identities (CN or first SAN) that may see it;
+    /// empty: any identity, anonymous included (unless
+    /// `read_only_identities` lists some).
+    #[serde(default)]
+    pub allow_identities: Vec<String>,
+    /// Identities that may see it read-only.
+    #[serde(default)]
+    pub read_only_identities: Vec<String>,
+    /// Source networks: CIDRs (`10.0.0.0/8`, `127.0.0.1/32`) or `unix`
+    /// for the unix socket; empty: any.
+    #[serde(default)]
+    pub allow_networks: Vec<String>,
+}
+
+/// `PATCH`'s `access`: each list given replaces the drive's; absent ones
+/// stay as they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_identities: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_identities: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_networks: Option<Vec<String>>,
 }
 
 /// `PATCH /v1/drives/{name}`: absent fields stay as they are.
@@ -64,6 +101,10 @@ pub struct PatchDrive {
     /// A persistent drive's new sync interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_interval: Option<DurationValue>,
+    /// New NBD access rules. New connections see them at once; open
+    /// connections they no longer allow what they negotiated are closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<AccessPatch>,
 }
 
 /// `DELETE /v1/drives/{name}?force=true&keep_data=true`.
@@ -104,6 +145,9 @@ pub struct DriveInfo {
     pub uri: String,
     /// NBD URIs on TCP listeners.
     pub tcp_uris: Vec<String>,
+    /// Who may see it over NBD.
+    #[serde(default)]
+    pub access: DriveAccess,
     /// Set on changes to a drive the daemon re-creates at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,

@@ -779,6 +779,7 @@ mod tests {
                 read_only: false,
                 overcommit: false,
                 persist: None,
+                access: Default::default(),
             },
             Origin::Api,
         )
@@ -805,6 +806,7 @@ mod tests {
                 read_only: false,
                 overcommit: false,
                 persist: None,
+                access: Default::default(),
             },
             Origin::Api,
         )

@@ -25,6 +25,11 @@
 //!   the export table by a new `Drive` (same name, claim, metrics and
 //!   [`Persistence`]). Holders of the old `Arc<Drive>` see the old state.
 //! - At most one restore reads the disk at a time (`restore_turn`).
+//! - A served drive's access rules are in the NBD server's access table
+//!   under its name (set before its export is published, removed after
+//!   it is withdrawn, changed under the map lock), so no client ever
+//!   meets a drive without its rules. [`Drive::access`] is the drive's
+//!   own copy, for the API and `drive.json`.
 //!
 //! # Kinds and states
 //!
@@ -50,6 +55,7 @@ use super::ledger::{
 };
 use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
+use crate::nbd::access::{AccessRules, AccessTable, Network};
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
@@ -135,6 +141,8 @@ pub struct Drive {
     /// Mountpoints where the drive is attached through FUSE (kept by
     /// `fuse::Attachments`, read by delete and listings).
     pub attachments: Mutex<Vec<PathBuf>>,
+    /// Who may see it over NBD (see the module invariants).
+    pub access: Mutex<AccessRules>,
 }
 
 impl std::fmt::Debug for Drive {
@@ -212,6 +220,7 @@ impl Drive {
             read_only: self.export.is_read_only(),
             overcommit: *self.overcommit.lock(),
             persist: self.persist.as_ref().map(|p| p.spec.lock().clone()),
+            access: self.access.lock().clone(),
         }
     }
 
@@ -275,6 +284,9 @@ pub struct Drives {
     restore_turn: Mutex<()>,
     /// Set at shutdown: restores that finish later are not served.
     shutting_down: AtomicBool,
+    /// The access rules of served drives, by name; the NBD server reads
+    /// them at every decision (see the module invariants).
+    access: Arc<AccessTable>,
 }
 
 /// A change to a drive (`PATCH`). Absent fields stay as they are.
@@ -288,6 +300,29 @@ pub struct DriveChange {
     pub force: bool,
 }
 
+/// A change to a drive's access rules (`PATCH`): each list given
+/// replaces the drive's; absent ones stay as they are.
+#[derive(Debug, Clone, Default)]
+pub struct AccessChange {
+    pub identities: Option<Vec<String>>,
+    pub read_only_identities: Option<Vec<String>>,
+    pub networks: Option<Vec<Network>>,
+}
+
+impl AccessChange {
+    /// `rules` with this change applied.
+    pub fn apply(&self, rules: &AccessRules) -> AccessRules {
+        AccessRules {
+            identities: self.identities.clone().unwrap_or(rules.identities.clone()),
+            read_only_identities: self
+                .read_only_identities
+                .clone()
+                .unwrap_or(rules.read_only_identities.clone()),
+            networks: self.networks.clone().unwrap_or(rules.networks.clone()),
+        }
+    }
+}
+
 impl Drives {
     pub fn new(ledger: Arc<Ledger>, metrics_enabled: bool) -> Self {
         Drives {
@@ -298,7 +333,13 @@ impl Drives {
             state_dir: None,
             restore_turn: Mutex::new(()),
             shutting_down: AtomicBool::new(false),
+            access: Arc::default(),
         }
+    }
+
+    /// The access rules of every served drive, for the NBD server.
+    pub fn access_table(&self) -> Arc<AccessTable> {
+        self.access.clone()
     }
 
     /// Keeps persistent drives in `state_dir/drives/NAME`.
@@ -493,6 +534,7 @@ impl Drives {
             overcommit: Mutex::new(spec.overcommit),
             created_unix_s,
             attachments: Mutex::new(Vec::new()),
+            access: Mutex::new(spec.access.clone()),
         })
     }
 
@@ -503,8 +545,11 @@ impl Drives {
         drives: &mut BTreeMap<String, Arc<Drive>>,
         drive: &Arc<Drive>,
     ) -> Result<(), DriveError> {
+        // Before the export is published: the claim makes the name ours.
+        self.access.set(&drive.name, drive.access.lock().clone());
         if let Err(e) = self.ledger.publish(&drive.claim, drive.export.clone()) {
             self.ledger.release(&drive.claim);
+            self.access.set(&drive.name, AccessRules::default());
             return Err(e.into());
         }
         drives.insert(drive.name.clone(), drive.clone());
@@ -520,6 +565,7 @@ impl Drives {
     ) {
         debug_assert!(Arc::ptr_eq(&old.claim, &new.claim));
         old.export.close();
+        self.access.set(&new.name, new.access.lock().clone());
         drives.insert(new.name.clone(), new.clone());
         self.ledger.republish(&new.claim, new.export.clone());
         self.recommit(new);
@@ -583,6 +629,45 @@ impl Drives {
         Ok(drive)
     }
 
+    /// Changes a drive's access rules. New connections see them at once;
+    /// open connections the new rules no longer allow what they
+    /// negotiated (hidden, or read-only where they write) are closed after
+    /// their pending requests. A persistent drive keeps them in its
+    /// `drive.json`. Returns the drive and how many connections closed.
+    pub fn set_access(
+        &self,
+        name: &str,
+        change: &AccessChange,
+    ) -> Result<(Arc<Drive>, usize), DriveError> {
+        let drives = self.drives.lock();
+        let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
+        if drive.persist.is_some() && drive.store().is_none() {
+            // Its drive.json is the restore's to read (or broken): not
+            // rewritten behind the user's back.
+            return Err(not_ready(&drive));
+        }
+        let rules = change.apply(&drive.access.lock());
+        *drive.access.lock() = rules.clone();
+        self.access.set(name, rules.clone());
+        drop(drives);
+        let closed = match self.nbd.get() {
+            Some(h) => h.recheck_access(name),
+            None => 0,
+        };
+        tracing::info!(
+            drive = %name,
+            identities = ?rules.identities,
+            read_only_identities = ?rules.read_only_identities,
+            networks = %rules.networks.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+            closed_connections = closed,
+            "access rules changed"
+        );
+        if let Some(p) = &drive.persist {
+            p.save_settings(&drive.spec());
+        }
+        Ok((drive, closed))
+    }
+
     /// Deletes a drive. Without `force`, a drive with open connections or
     /// attachments is refused; with it, its connections are closed after
     /// their pending requests (attachments must be detached by the caller
@@ -615,6 +700,7 @@ impl Drives {
         drive.export.close();
         drives.remove(name);
         self.ledger.release(&drive.claim);
+        self.access.set(name, AccessRules::default());
         drop(drives);
         let closed = match self.nbd.get() {
             Some(h) => h.close_export(&drive.export),
@@ -742,6 +828,7 @@ mod tests {
             read_only: false,
             overcommit: false,
             persist: None,
+            access: AccessRules::default(),
         }
     }
 

@@ -207,6 +207,7 @@ impl Drives {
             read_only: false,
             overcommit: false,
             persist: Some(PersistSpec::default()),
+            access: Default::default(),
         };
         let p = Arc::new(Persistence::new(
             dir,

@@ -1,5 +1,6 @@
 //! Drive specs: `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
-//! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]`, and
+//! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]
+//! [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]`, and
 //! the drive fields of the config file and the API (pure parsing, shared by
 //! all three). Names follow the ledger's rule and intervals go through
 //! `control::spec`, the parsers every kind shares.
@@ -8,6 +9,7 @@ use std::path::PathBuf;
 
 use crate::control::ledger::{self, Kind, NameError};
 use crate::control::spec::{self as values, IntervalError, IntervalUse};
+use crate::nbd::access::{AccessRules, BadNetwork, EmptyIdentity, Network};
 use crate::persist::Durability;
 use crate::size::{format_size, parse as parse_size};
 
@@ -29,6 +31,46 @@ pub enum SpecError {
     /// Persistence options that are malformed or do not fit together.
     #[error(transparent)]
     Persist(#[from] PersistError),
+    /// Access rules that do not parse.
+    #[error(transparent)]
+    Access(#[from] AccessError),
+}
+
+/// Why access rules were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// A network that is neither a CIDR nor `unix` (names the value).
+    #[error(transparent)]
+    Network(#[from] BadNetwork),
+    /// An empty identity.
+    #[error(transparent)]
+    Identity(#[from] EmptyIdentity),
+}
+
+/// Access rules from their three lists as a user gives them (flags,
+/// config keys, API fields): every network must parse, every identity be
+/// non-empty.
+pub fn parse_access(
+    identities: &[String],
+    read_only_identities: &[String],
+    networks: &[String],
+) -> Result<AccessRules, SpecError> {
+    let rules = AccessRules {
+        identities: identities.to_vec(),
+        read_only_identities: read_only_identities.to_vec(),
+        networks: parse_networks(networks)?,
+    };
+    rules.check().map_err(AccessError::from)?;
+    Ok(rules)
+}
+
+/// Parses networks (CIDRs or `unix`); the error names the first bad one.
+pub fn parse_networks(networks: &[String]) -> Result<Vec<Network>, SpecError> {
+    networks
+        .iter()
+        .map(|n| n.trim().parse::<Network>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| AccessError::from(e).into())
 }
 
 /// Why a drive size or memory limit was refused.
@@ -55,7 +97,7 @@ pub enum MalformedSpec {
     #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
     NoSize { spec: String },
     /// An option this parser does not know.
-    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH)")]
+    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
     UnknownOption { spec: String, option: String },
 }
 
@@ -124,6 +166,8 @@ pub struct DriveSpec {
     pub overcommit: bool,
     /// Keep the drive in a state directory (None: RAM only).
     pub persist: Option<PersistSpec>,
+    /// Who may see it over NBD (`nbd::access`; default: everyone).
+    pub access: AccessRules,
 }
 
 /// How a persistent drive keeps its data on disk.
@@ -218,8 +262,9 @@ impl PersistOptions {
 }
 
 /// Parses `NAME=SIZE[,mem-limit=SIZE][,read-only][,overcommit][,persist]
-/// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]` (a key
-/// file turns encryption on).
+/// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]
+/// [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]` (a
+/// key file turns encryption on; the access keys repeat, one value each).
 pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
     let mut parts = spec.split(',');
     let head = parts.next().unwrap_or_default();
@@ -238,10 +283,15 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
         read_only: false,
         overcommit: false,
         persist: None,
+        access: AccessRules::default(),
     };
     let mut p = PersistOptions::default();
+    let (mut ids, mut ro_ids, mut nets) = (Vec::new(), Vec::new(), Vec::new());
     for opt in parts {
         match opt.split_once('=') {
+            Some(("allow-identity", v)) => ids.push(v.to_owned()),
+            Some(("read-only-identity", v)) => ro_ids.push(v.to_owned()),
+            Some(("allow-network", v)) => nets.push(v.to_owned()),
             Some(("mem-limit", v)) => d.mem_limit_bytes = Some(parse_mem_limit(v)?),
             Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
             Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
@@ -262,6 +312,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
         }
     }
     d.persist = p.into_spec()?;
+    d.access = parse_access(&ids, &ro_ids, &nets)?;
     Ok(d)
 }
 
@@ -298,6 +349,16 @@ mod tests {
         assert_eq!(p.key_file.as_deref(), Some(std::path::Path::new("/k")));
         let p = parse_drive_spec("x=1G,persist").unwrap().persist.unwrap();
         assert_eq!(p, PersistSpec::default());
+        let a = parse_drive_spec(
+            "x=1G,allow-identity=alice,allow-identity=carol,read-only-identity=bob,allow-network=10.0.0.0/8,allow-network=unix",
+        )
+        .unwrap()
+        .access;
+        assert_eq!(a.identities, ["alice", "carol"]);
+        assert_eq!(a.read_only_identities, ["bob"]);
+        assert_eq!(a.networks, [Network::Cidr("10.0.0.0".parse().unwrap(), 8), Network::Unix]);
+        let e = parse_drive_spec("x=1G,allow-network=10.0.0.0/33").unwrap_err();
+        assert!(e.to_string().starts_with("'10.0.0.0/33' is not a network"), "{e}");
         for bad in [
             "Bad=1G",
             "x=12Q",
@@ -312,6 +373,8 @@ mod tests {
             "x=1G,persist,sync-interval=soon",
             "x=1G,persist,key-file=relative",
             "x=1G,key-file=/k",
+            "x=1G,allow-network=lan",
+            "x=1G,allow-identity=",
         ] {
             assert!(parse_drive_spec(bad).is_err(), "{bad}");
         }

@@ -505,6 +505,7 @@ pub fn scan(drives_dir: &Path, declared: &[String]) -> Vec<Stored> {
                     read_only: false,
                     overcommit: false,
                     persist: Some(PersistSpec::default()),
+                    access: Default::default(),
                 }));
             }
             Ok(None) => {
@@ -538,6 +539,7 @@ mod tests {
                 durability: Durability::Flush,
                 ..PersistSpec::default()
             }),
+            access: Default::default(),
         }
     }
 

@@ -16,8 +16,14 @@
 //! {"version": 1, "name": "db", "origin": "api", "size_bytes": 4294967296,
 //!  "durability": "flush", "sync_interval_ms": 60000,
 //!  "key_file": "/etc/ramd/db.key", "mem_limit_bytes": null,
-//!  "read_only": false, "overcommit": false}
+//!  "read_only": false, "overcommit": false,
+//!  "access": {"allow_identities": ["alice"], "read_only_identities": [],
+//!             "allow_networks": ["10.0.0.0/8"]}}
 //! ```
+//!
+//! `access` (the drive's NBD access rules, `nbd::access`) is written only
+//! when the drive has rules, so the files of open drives stay readable by
+//! daemons older than it; a file without it means no rules.
 //!
 //! Written atomically (temporary file, fsync, rename, fsync of the
 //! directory), so a crash leaves the old or the new file, never a torn one.
@@ -40,7 +46,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::drives::spec::{check_sync_interval_ms, DriveSpec, PersistSpec, SpecError};
+use crate::control::drives::spec::{
+    check_sync_interval_ms, parse_access, DriveSpec, PersistSpec, SpecError,
+};
+use crate::nbd::access::AccessRules;
 
 /// The file name inside a drive's state directory.
 pub const FILE: &str = "drive.json";
@@ -86,9 +95,10 @@ pub enum FieldError {
     /// The durability is not a known mode (the engine's own reason).
     #[error(transparent)]
     Durability(#[from] crate::persist::durability::UnknownDurability),
-    /// The sync interval is out of range.
+    /// The sync interval is out of range, or the access rules do not
+    /// parse (the spec's reason).
     #[error(transparent)]
-    SyncInterval(#[from] SpecError),
+    Spec(#[from] SpecError),
 }
 
 /// The contents of `drive.json`.
@@ -115,6 +125,43 @@ pub struct DriveSettings {
     pub read_only: bool,
     /// Created with overcommit.
     pub overcommit: bool,
+    /// NBD access rules (absent: none).
+    #[serde(default, skip_serializing_if = "StoredAccess::is_open")]
+    pub access: StoredAccess,
+}
+
+/// A drive's access rules as `drive.json` keeps them (the API's names).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredAccess {
+    #[serde(default)]
+    pub allow_identities: Vec<String>,
+    #[serde(default)]
+    pub read_only_identities: Vec<String>,
+    #[serde(default)]
+    pub allow_networks: Vec<String>,
+}
+
+impl StoredAccess {
+    fn of(rules: &AccessRules) -> StoredAccess {
+        StoredAccess {
+            allow_identities: rules.identities.clone(),
+            read_only_identities: rules.read_only_identities.clone(),
+            allow_networks: rules.networks.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self == &StoredAccess::default()
+    }
+
+    fn rules(&self) -> Result<AccessRules, SpecError> {
+        parse_access(
+            &self.allow_identities,
+            &self.read_only_identities,
+            &self.allow_networks,
+        )
+    }
 }
 
 impl DriveSettings {
@@ -131,6 +178,7 @@ impl DriveSettings {
             mem_limit_bytes: spec.mem_limit_bytes,
             read_only: spec.read_only,
             overcommit: spec.overcommit,
+            access: StoredAccess::of(&spec.access),
         }
     }
 
@@ -155,6 +203,7 @@ impl DriveSettings {
                 sync_interval_ms: self.sync_interval_ms,
                 key_file: self.key_file.clone(),
             }),
+            access: self.access.rules()?,
         })
     }
 }
@@ -168,6 +217,7 @@ pub struct Given {
     pub mem_limit: bool,
     pub read_only: bool,
     pub overcommit: bool,
+    pub access: bool,
 }
 
 impl DriveSettings {
@@ -212,6 +262,10 @@ impl DriveSettings {
         if !given.overcommit && stored.overcommit {
             spec.overcommit = true;
             taken.push("overcommit".into());
+        }
+        if !given.access && !stored.access.is_open() {
+            spec.access = stored.access;
+            taken.push("access rules".into());
         }
         taken
     }
@@ -308,6 +362,11 @@ mod tests {
                 sync_interval_ms: 5000,
                 key_file: Some("/k".into()),
             }),
+            access: AccessRules {
+                identities: vec!["alice".into()],
+                read_only_identities: vec![],
+                networks: vec!["10.0.0.0/8".parse().unwrap()],
+            },
         }
     }
 
@@ -335,6 +394,7 @@ mod tests {
             mem_limit_bytes: None,
             read_only: false,
             persist: Some(PersistSpec::default()),
+            access: AccessRules::default(),
             ..s.clone()
         };
         let given = Given {
@@ -348,9 +408,11 @@ mod tests {
                 "sync interval 5s",
                 "key file /k",
                 "memory limit 1 MiB",
-                "read-only"
+                "read-only",
+                "access rules"
             ]
         );
+        assert_eq!(fresh.access, s.access);
         let p = fresh.persist.as_ref().unwrap();
         assert_eq!(p.durability, Durability::default());
         assert_eq!(p.sync_interval_ms, 5000);
@@ -381,6 +443,13 @@ mod tests {
             .to_string()
             .contains("unknown durability"));
         st.durability = "flush".into();
+        st.access.allow_networks = vec!["lan".into()];
+        assert!(st
+            .to_spec()
+            .unwrap_err()
+            .to_string()
+            .contains("'lan' is not a network"));
+        st.access = StoredAccess::default();
         st.version = 9;
         assert!(st.to_spec().unwrap_err().to_string().contains("version 9"));
     }
