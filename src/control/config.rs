@@ -355,9 +355,12 @@ fn drive_access(
         read_only_identities: d.read_only_identities.clone(),
         networks,
     };
-    rules
-        .check()
-        .map_err(|e| invalid(d.name.span().start, format!("drive '{}': {e}", d.name.get_ref())))?;
+    rules.check().map_err(|e| {
+        invalid(
+            d.name.span().start,
+            format!("drive '{}': {e}", d.name.get_ref()),
+        )
+    })?;
     Ok(rules)
 }
 

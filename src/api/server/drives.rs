@@ -21,13 +21,13 @@ use crate::api::wire::values::SizeValue;
 use crate::control::drives::persistent::settings::{self, Given};
 use crate::control::drives::persistent::{probe, Found};
 use crate::control::drives::spec::{
-    check_name, parse_access, parse_drive_size, parse_durability, parse_mem_limit,
-    parse_networks, AccessError, DriveSpec, PersistOptions, SpecError,
+    check_name, parse_access, parse_drive_size, parse_durability, parse_mem_limit, parse_networks,
+    AccessError, DriveSpec, PersistOptions, SpecError,
 };
 use crate::control::drives::{AccessChange, Drive, DriveChange, DriveState};
-use crate::nbd::access::{AccessRules, EmptyIdentity};
 use crate::control::ledger::Origin;
 use crate::control::Daemon;
+use crate::nbd::access::{AccessRules, EmptyIdentity};
 use crate::persist::RestoreOptions;
 
 /// The API view of a drive.
@@ -85,7 +85,11 @@ fn access_change(p: &AccessPatch) -> Result<AccessChange, SpecError> {
     Ok(AccessChange {
         identities: no_empty(&p.allow_identities)?,
         read_only_identities: no_empty(&p.read_only_identities)?,
-        networks: p.allow_networks.as_deref().map(parse_networks).transpose()?,
+        networks: p
+            .allow_networks
+            .as_deref()
+            .map(parse_networks)
+            .transpose()?,
     })
 }
 
