@@ -283,7 +283,9 @@ impl CompressedStore {
     }
 
     /// Checks every shard's invariants and that the slabs hold exactly what
-    /// the drive's budget is charged. Returns the first broken one.
+    /// the drive's budget is charged. Returns the first broken one. The
+    /// shards are read one after another, so the total is only exact when
+    /// no change runs meanwhile (tests, or a quiesced drive).
     pub fn check(&self) -> std::result::Result<(), Inconsistency> {
         let mut held = 0;
         for (i, sh) in self.shards.iter().enumerate() {
