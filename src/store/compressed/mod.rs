@@ -79,7 +79,9 @@
 //!   hole, shard by shard: nothing of the old contents reappears on growth.
 //! - Partial-page writes, zeroes and trims read-modify-write the page.
 //!   Whole pages trimmed (or zeroed with `may_trim`) become holes; whole
-//!   pages zeroed without it become `Same(0)` (allocated zeroes).
+//!   pages zeroed without it become `Same(0)`: reported as allocated
+//!   zeroes, but costing nothing, so unlike the raw store NO_HOLE reserves
+//!   no memory for later writes to the range (their size is unknown).
 //!
 //! # Dependencies
 //!
