@@ -442,16 +442,29 @@ fn rules_set_through_the_cli_and_api_apply_live() {
     assert!(bob.contains("write failed EPERM"), "{bob}");
 
     // Bad values: a usage error before any request, and the API's own.
-    let bad = run(d.cli().args(["create", "e", "--size", "1M", "--allow-network", "10.0.0.0/33"]));
+    let bad = run(d.cli().args([
+        "create",
+        "e",
+        "--size",
+        "1M",
+        "--allow-network",
+        "10.0.0.0/33",
+    ]));
     assert_eq!(bad.code(), 2, "{bad}");
-    assert!(bad.stderr.contains("'10.0.0.0/33' is not a network"), "{bad}");
+    assert!(
+        bad.stderr.contains("'10.0.0.0/33' is not a network"),
+        "{bad}"
+    );
     let (status, body) = d.http(
         "POST",
         "/v1/drives",
         Some(r#"{"name": "e", "size": "1M", "access": {"allow_networks": ["unix", "lan"]}}"#),
     );
     assert_eq!(status, 422, "{body}");
-    assert!(body.contains("invalid_access") && body.contains("'lan' is not a network"), "{body}");
+    assert!(
+        body.contains("invalid_access") && body.contains("'lan' is not a network"),
+        "{body}"
+    );
     let (status, body) = d.http(
         "PATCH",
         "/v1/drives/d",
@@ -464,18 +477,37 @@ fn rules_set_through_the_cli_and_api_apply_live() {
     // closed (it negotiated read-write) and she comes back read-only.
     let mut session = PySession::open(&uri(&addr, "d", &pki, "alice"));
     assert!(session.round_trip());
-    let set = run(d.cli().args(["access", "d", "--read-only-identity", "alice", "--read-only-identity", "bob"]));
+    let set = run(d.cli().args([
+        "access",
+        "d",
+        "--read-only-identity",
+        "alice",
+        "--read-only-identity",
+        "bob",
+    ]));
     assert!(set.status.success(), "{set}");
     assert!(set.stderr.contains("closed 1 NBD connection"), "{set}");
     assert!(set.stdout.contains("d: read-only alice, bob"), "{set}");
-    wait_until("alice's session to be closed", Duration::from_secs(20), || {
-        !session.round_trip()
-    });
+    wait_until(
+        "alice's session to be closed",
+        Duration::from_secs(20),
+        || !session.round_trip(),
+    );
     let alice = write_as(&addr, "d", &pki, "alice");
-    assert!(alice.contains("read_only True") && alice.contains("write failed EPERM"), "{alice}");
+    assert!(
+        alice.contains("read_only True") && alice.contains("write failed EPERM"),
+        "{alice}"
+    );
 
     // Networks: only 127.0.0.2 now, for everyone listed.
-    let set = run(d.cli().args(["access", "d", "--allow-identity", "alice", "--allow-network", "127.0.0.2/32"]));
+    let set = run(d.cli().args([
+        "access",
+        "d",
+        "--allow-identity",
+        "alice",
+        "--allow-network",
+        "127.0.0.2/32",
+    ]));
     assert!(set.status.success(), "{set}");
     assert!(connect_from("127.0.0.2", &two, "d", &pki).contains("size 16777216"));
     assert!(connect_from("127.0.0.1", &two, "d", &pki).contains("refused"));
@@ -487,11 +519,17 @@ fn rules_set_through_the_cli_and_api_apply_live() {
     );
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["access"]["allow_identities"], serde_json::json!(["alice"]));
+    assert_eq!(
+        v["access"]["allow_identities"],
+        serde_json::json!(["alice"])
+    );
     assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
     // Open: everyone again, read-write.
     let open = run(d.cli().args(["access", "d", "--open"]));
-    assert!(open.status.success() && open.stdout.contains("open to every client"), "{open}");
+    assert!(
+        open.status.success() && open.stdout.contains("open to every client"),
+        "{open}"
+    );
     let bob = write_as(&addr, "d", &pki, "bob");
     assert!(bob.contains("wrote"), "{bob}");
     let shown = run(d.cli().args(["access", "d", "--json"]));
@@ -509,7 +547,13 @@ fn a_persistent_drive_keeps_its_rules_across_a_restart() {
     let pki = Pki::new();
     let (mut d, addr, _) = daemon_with(&pki, "", &["--no-default-drive"]);
     let ok = run(d.cli().args([
-        "create", "p", "--size", "4M", "--persist", "--allow-identity", "alice",
+        "create",
+        "p",
+        "--size",
+        "4M",
+        "--persist",
+        "--allow-identity",
+        "alice",
     ]));
     assert!(ok.status.success(), "{ok}");
     assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
@@ -522,7 +566,11 @@ fn a_persistent_drive_keeps_its_rules_across_a_restart() {
     });
     let (_, body) = d.http("GET", "/v1/drives/p", None);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["access"]["allow_identities"], serde_json::json!(["alice"]), "{v}");
+    assert_eq!(
+        v["access"]["allow_identities"],
+        serde_json::json!(["alice"]),
+        "{v}"
+    );
     assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
     assert_eq!(listed(&addr, &pki, "alice"), ["p"]);
 }

@@ -394,14 +394,18 @@ fn one_address_cannot_take_every_connection() {
         let mut greeting = [0u8; 18];
         !matches!(s.read(&mut greeting), Ok(n) if n > 0)
     };
-    assert!(refused("127.0.0.1"), "a 4th connection from 127.0.0.1 was greeted");
+    assert!(
+        refused("127.0.0.1"),
+        "a 4th connection from 127.0.0.1 was greeted"
+    );
     assert_eq!(refusals.get(Reason::PerAddressLimit), 1);
     let mut other = open_tcp("127.0.0.2", to, "ram0");
     other.write_all(&request(CMD_READ, 0, 1, 0, 512)).unwrap();
     read_reply(&mut other, 1, 512);
     // The held ones still work.
     for (i, s) in held.iter_mut().enumerate() {
-        s.write_all(&request(CMD_READ, 0, i as u64, 0, 512)).unwrap();
+        s.write_all(&request(CMD_READ, 0, i as u64, 0, 512))
+            .unwrap();
         read_reply(s, i as u64, 512);
     }
     // The server's own user on the unix socket is not counted.

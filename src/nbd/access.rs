@@ -140,7 +140,9 @@ pub struct AccessRules {
 
 /// An identity in a rule that can never match.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("an identity cannot be empty: give the client certificate's CN or first SAN, like \"alice\"")]
+#[error(
+    "an identity cannot be empty: give the client certificate's CN or first SAN, like \"alice\""
+)]
 pub struct EmptyIdentity;
 
 /// What a client may do with an export.

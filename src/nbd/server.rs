@@ -566,9 +566,7 @@ impl Server {
         {
             let mut live = shared.live.lock();
             let limit = shared.config.per_address_limit();
-            if address != Address::Owner
-                && counted(&live, |l| l.address == address) >= limit
-            {
+            if address != Address::Owner && counted(&live, |l| l.address == address) >= limit {
                 shared.config.refusals.count(Reason::PerAddressLimit);
                 static REFUSED: RateLimit = RateLimit::per_10s();
                 if let Some(more) = REFUSED.admit() {
@@ -756,8 +754,8 @@ fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: In
     );
     hs.tls_started(identity.clone());
     if let Some(identity) = identity {
-        if let Err(why) = admit_identity(shared, id, identity, &peer) {
-            hs.refuse(why);
+        if let Err(refused) = admit_identity(shared, id, identity, &peer) {
+            hs.refuse(refused.to_string());
         }
     }
     match hs.options(&mut Deadline::new(&mut tls, left())) {
@@ -768,11 +766,25 @@ fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: In
     tls.close();
 }
 
+/// An identity at its connection limit; the message is what the client
+/// gets (NBD_REP_ERR_POLICY).
+#[derive(Debug, thiserror::Error)]
+#[error("identity '{identity}' has {limit} connections to this server, the most it may have at once (max_connections_per_identity); close one first")]
+struct IdentityLimit {
+    identity: String,
+    limit: usize,
+}
+
 /// Records connection `id`'s identity, or refuses it (logged and
 /// counted; the reason for the client) when that identity already has
 /// its limit of connections. Refused, the identity is not recorded, so
 /// the connection does not count against it.
-fn admit_identity(shared: &Shared, id: u64, identity: String, peer: &str) -> Result<(), String> {
+fn admit_identity(
+    shared: &Shared,
+    id: u64,
+    identity: String,
+    peer: &str,
+) -> Result<(), IdentityLimit> {
     let limit = shared.config.per_identity_limit();
     let mut live = shared.live.lock();
     let have = counted(&live, |l| l.identity.as_deref() == Some(&identity));
@@ -788,9 +800,7 @@ fn admit_identity(shared: &Shared, id: u64, identity: String, peer: &str) -> Res
                 "connection refused: identity '{identity}' has {limit} connections, the limit per identity (raise --max-connections-per-identity){more}"
             );
         }
-        return Err(format!(
-            "identity '{identity}' has {limit} connections to this server, the most it may have at once (max_connections_per_identity); close one first"
-        ));
+        return Err(IdentityLimit { identity, limit });
     }
     if let Some(l) = live.get_mut(&id) {
         l.identity = Some(identity);

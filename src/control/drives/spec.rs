@@ -356,9 +356,15 @@ mod tests {
         .access;
         assert_eq!(a.identities, ["alice", "carol"]);
         assert_eq!(a.read_only_identities, ["bob"]);
-        assert_eq!(a.networks, [Network::Cidr("10.0.0.0".parse().unwrap(), 8), Network::Unix]);
+        assert_eq!(
+            a.networks,
+            [Network::Cidr("10.0.0.0".parse().unwrap(), 8), Network::Unix]
+        );
         let e = parse_drive_spec("x=1G,allow-network=10.0.0.0/33").unwrap_err();
-        assert!(e.to_string().starts_with("'10.0.0.0/33' is not a network"), "{e}");
+        assert!(
+            e.to_string().starts_with("'10.0.0.0/33' is not a network"),
+            "{e}"
+        );
         for bad in [
             "Bad=1G",
             "x=12Q",
