@@ -133,6 +133,18 @@ async fn round_trip_plain_and_encrypted_with_zero_and_repeated_chunks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_above_8_mib_go_up_as_multipart_uploads() {
+    let Some(g) = Garage::start() else { return };
+    let r = remote(&g);
+    let big = random_bytes(9 * MIB + 123, 10);
+    r.put("big/object", big.clone()).await.unwrap();
+    assert_eq!(
+        r.get("big/object").await.unwrap().unwrap().as_ref(),
+        &big[..]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incremental_push_uploads_only_what_changed() {
     let Some(g) = Garage::start() else { return };
     let r = remote(&g);
@@ -222,6 +234,7 @@ async fn wrong_secret_and_missing_bucket_give_precise_errors() {
         matches!(e, SnapshotError::Remote(RemoteError::AccessDenied { .. })),
         "{e}"
     );
+    eprintln!("wrong secret: {e}");
     assert!(e.to_string().contains("access denied"), "{e}");
     assert!(
         !format!("{e} {e:?}").contains(&g.secret),
@@ -311,6 +324,7 @@ async fn push_to_a_stopped_server_fails_cleanly_and_works_after_restart() {
         matches!(e, SnapshotError::Remote(RemoteError::Unreachable { .. })),
         "{e}"
     );
+    eprintln!("server down: {e}");
     assert!(e.to_string().contains("cannot reach the server"), "{e}");
     g.restart();
     let mut changed = data.clone();

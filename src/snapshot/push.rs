@@ -30,7 +30,7 @@ use super::remote::{now_ms, random_u32, Remote};
 
 /// One moment of a drive, to read from. Reads must all see the same
 /// point in time (the caller takes the snapshot before the push).
-pub trait ChunkSource: Send {
+pub trait ChunkSource {
     /// The drive's size in bytes at the cut.
     fn size_bytes(&self) -> u64;
     /// Fills `buf` with the bytes at `offset` (within `size_bytes`).
@@ -185,9 +185,13 @@ fn check_options(opts: &PushOptions) -> Result<(), SnapshotError> {
 /// Pushes `source` as a new snapshot of `opts.drive`. `progress` is called
 /// after each chunk. On error nothing is listed as a snapshot; chunks
 /// already uploaded stay and the next push skips them.
-pub async fn push(
+///
+/// Generic over the source so the future is `Send` (spawnable) exactly
+/// when the source is; a source that borrows a store snapshot (not
+/// `Send`) can still be pushed with `block_on` on its own thread.
+pub async fn push<S: ChunkSource + ?Sized>(
     remote: &Remote,
-    source: &mut dyn ChunkSource,
+    source: &mut S,
     opts: &PushOptions,
     progress: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<PushReport, SnapshotError> {
@@ -235,9 +239,9 @@ pub async fn push(
 }
 
 /// Reads, checks and uploads every chunk; returns the manifest's entries.
-async fn upload_all(
+async fn upload_all<S: ChunkSource + ?Sized>(
     remote: &Remote,
-    source: &mut dyn ChunkSource,
+    source: &mut S,
     opts: &PushOptions,
     geometry: Geometry,
     lease: &mut Lease,

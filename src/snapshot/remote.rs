@@ -501,6 +501,25 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// The useful part of a long object_store message: the S3 error's code
+/// and message when the server sent one, else the transport's cause (the
+/// text after object_store's " - " separator).
+fn brief(detail: &str) -> String {
+    let tag = |t: &str| {
+        let open = format!("<{t}>");
+        let start = detail.find(&open)? + open.len();
+        let len = detail[start..].find(&format!("</{t}>"))?;
+        Some(&detail[start..start + len])
+    };
+    if let (Some(code), Some(msg)) = (tag("Code"), tag("Message")) {
+        return format!("{code}: {msg}");
+    }
+    match detail.rsplit_once(" - ") {
+        Some((_, cause)) => cause.trim().to_owned(),
+        None => detail.to_owned(),
+    }
+}
+
 fn classify(
     remote: &str,
     bucket: &str,
@@ -508,9 +527,10 @@ fn classify(
     name: &str,
     e: object_store::Error,
 ) -> RemoteError {
-    let detail = chain(&e);
+    let full = chain(&e);
+    let detail = brief(&full);
     let remote = remote.to_owned();
-    let has = |needles: &[&str]| needles.iter().any(|n| detail.contains(n));
+    let has = |needles: &[&str]| needles.iter().any(|n| full.contains(n));
     // A listing answered 404 is a missing bucket (a missing prefix lists
     // as empty).
     let list_404 = op == "LIST" && has(&["404 Not Found"]);
@@ -603,6 +623,18 @@ mod tests {
         ] {
             assert!(bad.parse::<RemoteUrl>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn brief_keeps_the_s3_code_or_the_transport_cause() {
+        let xml = "Error performing GET http://h/b in 5ms - Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?><Error><Code>AccessDenied</Code><Message>Forbidden: Invalid signature</Message></Error>";
+        assert_eq!(brief(xml), "AccessDenied: Forbidden: Invalid signature");
+        let net = "Error performing GET http://h/b in 299ms, after 2 retries - HTTP error: error sending request: tcp connect error: Connection refused (os error 111)";
+        assert_eq!(
+            brief(net),
+            "HTTP error: error sending request: tcp connect error: Connection refused (os error 111)"
+        );
+        assert_eq!(brief("plain"), "plain");
     }
 
     #[test]

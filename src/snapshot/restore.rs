@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::chunk::{Address, Geometry};
+use super::chunk::Address;
 use super::codec::{self, Keys};
 use super::error::{Progress, SnapshotError};
 use super::manifest::{Entry, Manifest, SnapshotId};
@@ -27,7 +27,7 @@ use super::remote::Remote;
 
 /// Where a restore writes. Offsets and lengths are within the manifest's
 /// drive size, which the caller learns from [`read_manifest`] first.
-pub trait ChunkSink: Send {
+pub trait ChunkSink {
     /// Writes `data` at `offset`.
     fn write_at(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()>;
     /// The range reads as zeroes in the snapshot. The default does
@@ -183,11 +183,12 @@ async fn fetch_chunk(
     .await?
 }
 
-/// Restores snapshot `id` into `sink` (see the module docs).
-pub async fn restore(
+/// Restores snapshot `id` into `sink` (see the module docs). The future
+/// is `Send` when the sink is.
+pub async fn restore<K: ChunkSink + ?Sized>(
     remote: &Remote,
     id: &SnapshotId,
-    sink: &mut dyn ChunkSink,
+    sink: &mut K,
     opts: &RestoreOptions,
     progress: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<RestoreReport, SnapshotError> {
@@ -227,7 +228,7 @@ pub async fn restore(
     let (snapshot, places_ref) = (&snapshot, &places);
     let mut fetched = futures::stream::iter(order)
         .map(|a| {
-            let len = chunk_len(&g, places_ref[&a][0]);
+            let len = g.len(places_ref[&a][0]);
             let keys = opts.keys.clone();
             async move {
                 fetch_chunk(remote, snapshot, a, len, keys)
@@ -259,8 +260,4 @@ pub async fn restore(
         progress(&p);
     }
     Ok(report)
-}
-
-fn chunk_len(g: &Geometry, i: u64) -> u64 {
-    g.len(i)
 }
