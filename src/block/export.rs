@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use super::cut::{Cut, CutError, CutLayer};
 use super::read_only::ReadOnly;
 use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
@@ -25,8 +26,11 @@ pub struct Export {
     pub name: String,
     /// Free text shown by `nbdinfo --list` and NBD_INFO_DESCRIPTION.
     pub description: String,
-    /// Where the bytes live: the [`ReadOnly`] layer over the drive.
+    /// Where the bytes live: the [`ReadOnly`] layer over the [`CutLayer`]
+    /// over the drive.
     pub backend: Arc<dyn Backend>,
+    /// The point-in-time layer, for snapshot pushes ([`Export::begin_cut`]).
+    cut: Arc<CutLayer>,
     /// The same layer, for its switch: changes fail with EPERM while it is
     /// on, so `ramd lock` takes effect on open connections at once.
     read_only: Arc<ReadOnly>,
@@ -50,11 +54,13 @@ pub type Unavailable = Box<dyn Fn() -> String + Send + Sync>;
 
 impl Export {
     pub fn new(name: &str, description: &str, backend: Arc<dyn Backend>, read_only: bool) -> Self {
-        let read_only = Arc::new(ReadOnly::new(backend, read_only));
+        let cut = Arc::new(CutLayer::new(backend));
+        let read_only = Arc::new(ReadOnly::new(cut.clone(), read_only));
         Export {
             name: name.to_owned(),
             description: description.to_owned(),
             backend: read_only.clone(),
+            cut,
             read_only,
             connections: AtomicUsize::new(0),
             metrics: None,
@@ -89,6 +95,17 @@ impl Export {
     pub fn with_metrics(mut self, metrics: Arc<DriveMetrics>) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+
+    /// Opens a point-in-time cut of the drive as clients see it (see
+    /// `block::cut`): a snapshot push reads it while clients go on.
+    pub fn begin_cut(&self, chunk_bytes: u64) -> Result<Cut, CutError> {
+        self.cut.begin(chunk_bytes)
+    }
+
+    /// True while a cut is open (a push is reading the drive).
+    pub fn is_cut_open(&self) -> bool {
+        self.cut.is_cut_open()
     }
 
     pub fn is_read_only(&self) -> bool {

@@ -28,18 +28,22 @@
 //!
 //! The shared pieces: [`Export`] (what a frontend serves, by name),
 //! [`Layer`] (a backend wrapping a backend, forwarding what it does not
-//! change) and the [`ReadOnly`] layer every export sits behind.
+//! change), the [`ReadOnly`] layer every export sits behind, and the
+//! [`cut::CutLayer`] under it that gives a snapshot push a point-in-time
+//! view of the drive while clients go on writing.
 //!
 //! What stays in a frontend: its own protocol rules (NBD flags, structured
 //! replies, negotiated metadata contexts).
 
 pub mod backend;
+pub mod cut;
 mod errno;
 pub mod export;
 pub mod layer;
 pub mod read_only;
 mod request;
 
+pub use cut::{Cut, CutError};
 pub use errno::Errno;
 pub use export::{Export, ExportTable};
 pub use layer::Layer;
