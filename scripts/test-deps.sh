@@ -27,10 +27,11 @@ packages=(
     procps         # pgrep, ps
     coreutils      # sha256sum, sync, cp
     openssl        # certificates for tests/tls.rs and bench/tls.sh
+    curl           # the API over TCP in tests/api_tcp.rs
 )
 tools=(
     qemu-img qemu-io nbdinfo nbdcopy nbdfuse nbdsh fio nbdkit nbd-server
-    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim openssl
+    fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim openssl curl
 )
 
 # The tests run tools with the system directories first on PATH (so a

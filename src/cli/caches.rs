@@ -254,9 +254,9 @@ fn with_progress<T: Send>(
     if !show || !std::io::stderr().is_terminal() {
         return call(client);
     }
-    let socket = client.socket().to_owned();
+    let target = client.target().clone();
     std::thread::scope(|s| {
-        let h = s.spawn(|| call(&Client::new(&socket)));
+        let h = s.spawn(|| call(&Client::to(target)));
         let started = Instant::now();
         let mut shown = false;
         // (written back so far, when) at the previous look, for the rate.

@@ -1,5 +1,6 @@
 //! The `ramd` command line (clap): `daemon` runs the server; every other
-//! command is a thin client of its REST API over the unix socket.
+//! command is a thin client of its REST API over the unix socket (or, with
+//! `--host`, over TCP with TLS and a bearer token: `token`).
 //!
 //! Invariant: the client commands import only `api::client`, `api::wire`
 //! and the pure helpers `crate::size` (sizes as people write them) and
@@ -10,7 +11,7 @@
 //! One file per command family: `drives` (create, list, resize, lock,
 //! unlock, delete), `persist` (sync, restore, persistent drives' flags),
 //! `attach` (attach, detach), `stats` (stats, info), `caches`, `dirs`,
-//! `tls` (tls reload), `units` (install-units), `docs` (man, completions), `daemon`; `output`
+//! `tls` (tls reload), `token` (API tokens, `--host`), `units` (install-units), `docs` (man, completions), `daemon`; `output`
 //! renders tables.
 //!
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
@@ -33,6 +34,7 @@ pub mod output;
 pub mod persist;
 pub mod stats;
 pub mod tls;
+pub mod token;
 pub mod units;
 
 use std::path::PathBuf;
@@ -41,7 +43,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
-use crate::api::client::{Client, ClientError};
+use crate::api::client::{Client, ClientError, Target};
 use crate::api::wire::persistence::RestoreRequest;
 use daemon::DaemonArgs;
 
@@ -68,6 +70,21 @@ pub struct Cli {
     /// /run/ramd/api.sock for root, else /tmp/ramd-UID/api.sock].
     #[arg(long, global = true, env = "RAMD_API_SOCKET", value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+
+    /// Talk to a daemon's API over TCP instead (its --api-listen), e.g.
+    /// https://db1:8443; needs a token (--token-file or RAMD_TOKEN).
+    #[arg(long, global = true, env = "RAMD_HOST", value_name = "URL")]
+    pub host: Option<String>,
+
+    /// With --host: a file holding the bearer token (`ramd token create`)
+    /// [env RAMD_TOKEN holds the token itself when no file is given].
+    #[arg(long, global = true, env = "RAMD_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// With --host: the CA certificate (PEM) that signed the daemon's
+    /// certificate [default: the system's trusted CAs].
+    #[arg(long, global = true, env = "RAMD_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -320,6 +337,11 @@ pub enum Command {
     #[command(subcommand)]
     Tls(tls::TlsCommand),
 
+    /// Bearer tokens for the API over TCP (ramd daemon --api-listen):
+    /// create, list, revoke. Through the unix socket only.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
+
     /// Install the systemd units (ramd.service, ramd-sleep.service and the
     /// shutdown-ordering drop-in for directories in RAM).
     ///
@@ -354,6 +376,9 @@ pub enum CliError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Daemon(#[from] daemon::DaemonError),
+    /// `--host`, its token or its CA cannot be used.
+    #[error(transparent)]
+    Host(#[from] token::HostArgsError),
     /// A path given on the command line could not be made absolute.
     #[error("{}: {source}", path.display())]
     Path {
@@ -497,20 +522,41 @@ pub(crate) fn absolute_text(path: Option<&std::path::Path>) -> Result<Option<Str
         .transpose()
 }
 
-/// Runs a parsed command.
-pub fn run(cli: Cli) -> Result<(), CliError> {
+/// Where the command's daemon is: `--host` (with its token and CA) for
+/// client commands that name one, else the API socket.
+fn target(cli: &Cli) -> Result<Target, CliError> {
     let socket = cli
         .api_socket
         .clone()
         .unwrap_or_else(crate::paths::api_socket);
-    let client = || Client::new(&socket);
+    if matches!(
+        cli.command,
+        Command::Daemon(_) | Command::Completions { .. } | Command::Man { .. }
+    ) {
+        return Ok(Target::Unix(socket));
+    }
+    Ok(token::target(
+        socket,
+        cli.host.as_deref(),
+        cli.token_file.as_deref(),
+        cli.ca_cert.as_deref(),
+    )?)
+}
+
+/// `ramd daemon`, with the global `--api-socket` when it has none.
+fn run_daemon(mut args: DaemonArgs, api_socket: Option<PathBuf>) -> Result<(), CliError> {
+    if args.api_socket.is_none() {
+        args.api_socket = api_socket;
+    }
+    Ok(daemon::run(args)?)
+}
+
+/// Runs a parsed command.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    let target = target(&cli)?;
+    let client = || Client::to(target.clone());
     match cli.command {
-        Command::Daemon(mut args) => {
-            if args.api_socket.is_none() {
-                args.api_socket = cli.api_socket.clone();
-            }
-            daemon::run(args)?;
-        }
+        Command::Daemon(args) => run_daemon(args, cli.api_socket.clone())?,
         Command::Create {
             name,
             size,
@@ -573,7 +619,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Sync { name, out } => {
             // A cache's name syncs the cache; else the drive's.
             if !caches::sync_if_cache(&client(), &name, out.json)? {
-                persist::sync(&socket, &name, out.json)?
+                persist::sync(&client(), &name, out.json)?
             }
         }
         Command::Restore {
@@ -593,6 +639,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Dir(cmd) => dirs::run(&client(), cmd)?,
         Command::Tls(cmd) => tls::run(&client(), cmd)?,
+        Command::Token(cmd) => token::run(&client(), cmd)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => docs::completions(shell),
         Command::Man { into, dir } => docs::man(into.or(dir))?,

@@ -2,7 +2,7 @@
 //! flags, waiting for a restore with a progress bar, `ramd sync` with a
 //! progress bar, `ramd restore`, and what `delete` says about the data.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -191,10 +191,10 @@ pub fn after_delete(r: &Deleted) {
 
 /// `ramd sync NAME`: the sync runs in one request while this thread shows
 /// its progress from another.
-pub fn sync(socket: &Path, name: &str, json: bool) -> Result<(), CliError> {
+pub fn sync(watcher: &Client, name: &str, json: bool) -> Result<(), CliError> {
+    let target = watcher.target().clone();
     let result = std::thread::scope(|s| {
-        let worker = s.spawn(|| Client::new(socket).sync_drive(name));
-        let watcher = Client::new(socket);
+        let worker = s.spawn(|| Client::to(target).sync_drive(name));
         let bar = ProgressBar::new(0).with_style(bar_style());
         bar.set_message(format!("syncing {name}"));
         while !worker.is_finished() {

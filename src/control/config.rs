@@ -11,6 +11,7 @@
 //! nbd_socket = "/run/ramd/nbd.sock"
 //! state_dir = "/var/lib/ramd"
 //! nbd_listen = ["127.0.0.1:10809"]
+//! api_listen = "0.0.0.0:8443"  # the REST API over TCP: TLS + bearer tokens
 //! tls = "require"             # off | on | require (the TCP listeners)
 //! nbd_socket_tls = "on"       # off | on | require (the unix socket)
 //! tls_certificates = "/etc/ramd/pki"
@@ -138,6 +139,8 @@ pub struct DaemonSection {
     pub nbd_socket: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
     pub nbd_listen: Option<Vec<SocketAddr>>,
+    /// The REST API on TCP too (TLS and bearer tokens; docs/api.md).
+    pub api_listen: Option<SocketAddr>,
     /// TLS on every TCP listener (`nbd_listen` is a list of addresses, so
     /// the mode is daemon-wide; the unix socket has its own key).
     #[serde(default, deserialize_with = "de_tls_mode")]

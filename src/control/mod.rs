@@ -59,6 +59,7 @@
 //!  config.rs             the config file, parsed into the kinds' specs
 //! ```
 
+pub mod api_listen;
 pub mod caches;
 pub mod config;
 pub mod dirs;
@@ -69,6 +70,7 @@ mod logging;
 pub mod run;
 pub mod sampler;
 pub mod spec;
+pub mod tokens;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -123,6 +125,13 @@ pub struct DaemonArgs {
     /// Repeatable.
     #[arg(long = "nbd-listen", value_name = "ADDR")]
     pub nbd_listen: Vec<SocketAddr>,
+
+    /// Also serve the REST API on this TCP address (e.g. 0.0.0.0:8443),
+    /// over TLS with the --tls-certificates, every request needing a
+    /// bearer token (`ramd token create`). Plaintext only on a loopback
+    /// address with --tls off. See docs/api.md "Remote access".
+    #[arg(long, value_name = "ADDR")]
+    pub api_listen: Option<SocketAddr>,
 
     /// TLS on the TCP listeners: off, on (clients choose) or require
     /// (STARTTLS before anything else) [default: require with
@@ -340,6 +349,12 @@ pub enum DaemonError {
     /// plaintext on a network address not asked for).
     #[error("cannot start the NBD server: {0}")]
     Tls(#[from] crate::nbd::server::TlsSetupError),
+    /// The API tokens file cannot be used.
+    #[error(transparent)]
+    Tokens(#[from] tokens::TokenError),
+    /// `--api-listen` refused (no TLS, plaintext off loopback, the bind).
+    #[error(transparent)]
+    ApiListen(#[from] api_listen::ListenError),
     /// `--nbd-socket-group` names no group, or the socket could not be
     /// given it.
     #[error(transparent)]
@@ -385,6 +400,8 @@ pub struct Settings {
     pub nbd_socket: PathBuf,
     pub state_dir: PathBuf,
     pub nbd_listen: Vec<SocketAddr>,
+    /// `--api-listen`: the API over TCP too.
+    pub api_listen: Option<SocketAddr>,
     /// `--tls` (None: not given, see `ServerConfig::tls_mode`).
     pub tls_mode: Option<TlsMode>,
     /// `--nbd-socket-tls` (None: not given).
@@ -481,6 +498,7 @@ impl Settings {
             } else {
                 args.nbd_listen.clone()
             },
+            api_listen: args.api_listen.or(c.api_listen),
             tls_mode: args.tls.or(c.tls),
             unix_tls_mode: args.nbd_socket_tls.or(c.nbd_socket_tls),
             tls_certificates: args.tls_certificates.clone().or(c.tls_certificates.clone()),
@@ -555,6 +573,8 @@ pub struct Daemon {
     /// NBD clients refused so far, by reason (`ramd_nbd_refusals_total`),
     /// counted by the server.
     pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
+    /// Bearer tokens of the API over TCP (`--api-listen`).
+    pub tokens: Arc<tokens::Tokens>,
 }
 
 impl Daemon {

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::api_listen::{self, ApiTransport};
 use super::caches::{self, Caches};
 use super::dirs::Dirs;
 use super::drives::persistent::{self, drives_dir, probe, scan, Found, Stored};
@@ -15,6 +16,7 @@ use super::ledger::{now_unix_s, Ledger, Origin};
 use super::lock::PidLock;
 use super::logging;
 use super::sampler::Sampler;
+use super::tokens::Tokens;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
 use crate::fuse::Attachments;
 use crate::nbd::access::AccessTable;
@@ -272,6 +274,81 @@ fn log_tls(
     tracing::info!("NBD on {}: TLS {unix_mode}", settings.nbd_socket.display());
 }
 
+/// The API's TCP listener (`--api-listen`), bound, with its transport;
+/// refused (stopping the start) without TLS off loopback.
+fn bind_api_tcp(
+    settings: &Settings,
+    tls: Option<&Arc<TlsSettings>>,
+) -> Result<Option<(std::net::TcpListener, ApiTransport)>, DaemonError> {
+    let Some(addr) = settings.api_listen else {
+        return Ok(None);
+    };
+    let transport = api_listen::transport(addr, settings.tls_mode, tls)?;
+    let listener = api_listen::bind(addr)?;
+    let bound = listener.local_addr().map_err(DaemonError::Start)?;
+    match &transport {
+        ApiTransport::Tls(t) => tracing::info!(
+            "API also on https://{bound} (TLS, certificates {}; bearer tokens: ramd token create)",
+            t.dir().display()
+        ),
+        ApiTransport::Plaintext => tracing::warn!(
+            "API also on http://{bound}: plaintext (--tls off, loopback only); bearer tokens: ramd token create"
+        ),
+    }
+    Ok(Some((listener, transport)))
+}
+
+type ApiTcpTask = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// The daemon's async side: samplers, READY=1 once restored, the API on
+/// its unix socket and (`--api-listen`) on TCP, until `stop` says so;
+/// returns once both finished their requests.
+async fn serve_apis(
+    daemon: Arc<Daemon>,
+    api_listener: std::os::unix::net::UnixListener,
+    api_tcp: Option<(std::net::TcpListener, ApiTransport)>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let listener = tokio::net::UnixListener::from_std(api_listener)?;
+    tokio::spawn(daemon.sampler.clone().run(daemon.drives.clone()));
+    tokio::spawn(caches::sample_loop(daemon.caches.clone()));
+    // READY=1 once no drive is restoring (the API answers meanwhile).
+    let r = daemon.drives.clone();
+    tokio::task::spawn_blocking(move || notify_ready_when_restored(&r));
+    let remote = api_tcp.map(|tcp| spawn_api_tcp(tcp, &daemon, stop_rx.clone()));
+    let mut stop = stop_rx;
+    let served = crate::api::serve(listener, daemon.clone(), async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .await;
+    if let Some(remote) = remote {
+        join_api_tcp(remote).await;
+    }
+    served
+}
+
+/// Serves the API on TCP until `stop` says so.
+fn spawn_api_tcp(
+    (listener, transport): (std::net::TcpListener, ApiTransport),
+    daemon: &Arc<Daemon>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> ApiTcpTask {
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let serve = crate::api::server::tcp::serve(listener, transport, daemon.clone(), stopped);
+    tokio::spawn(serve)
+}
+
+/// Waits for the TCP API to finish its requests; logs its failure.
+async fn join_api_tcp(task: ApiTcpTask) {
+    match task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("API server on TCP failed: {e}"),
+        Err(e) => tracing::error!("API server on TCP panicked: {e}"),
+    }
+}
+
 /// The number of a group given by name or number.
 fn group_id(group: &str) -> Result<u32, super::SocketGroupError> {
     use super::SocketGroupError as E;
@@ -390,6 +467,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _lock = PidLock::acquire(&settings.api_socket)?;
     // Each narrowed mode is logged (WARN) where it is fixed.
     persistent::modes::secure_state_dir(&settings.state_dir)?;
+    let tokens = Arc::new(Tokens::load(&settings.state_dir)?);
 
     let budget = Arc::new(match settings.mem_budget_bytes {
         Some(b) => MemoryBudget::new(b),
@@ -415,6 +493,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     api_listener
         .set_nonblocking(true)
         .map_err(DaemonError::Start)?;
+    let api_tcp = bind_api_tcp(&settings, tls.as_ref())?;
     // Before the API serves and before READY=1: every directory is in RAM
     // (or listed as failed) before anything may use it. API requests made
     // meanwhile wait in the listen queue.
@@ -440,6 +519,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tls,
         tcp_tls_mode,
         nbd_refusals: nbd_handle.refusals(),
+        tokens,
     });
 
     let nbd_thread = std::thread::Builder::new()
@@ -458,19 +538,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     bound.serving = true;
     announce(&daemon);
-    let served = runtime.block_on(async {
-        let listener = tokio::net::UnixListener::from_std(api_listener)?;
-        tokio::spawn(daemon.sampler.clone().run(daemon.drives.clone()));
-        tokio::spawn(caches::sample_loop(daemon.caches.clone()));
-        // READY=1 once no drive is restoring (the API answers meanwhile).
-        let r = daemon.drives.clone();
-        tokio::task::spawn_blocking(move || notify_ready_when_restored(&r));
-        let mut stop = stop_rx;
-        crate::api::serve(listener, daemon.clone(), async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await
-    });
+    let served = runtime.block_on(serve_apis(daemon.clone(), api_listener, api_tcp, stop_rx));
     if let Err(e) = &served {
         tracing::error!("API server failed: {e}");
     }

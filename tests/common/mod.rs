@@ -48,6 +48,7 @@ fn package_for(tool: &str) -> &'static str {
         "mkfs.ext4" | "e2fsck" => "e2fsprogs",
         "fusermount3" => "fuse3",
         "sha256sum" | "cp" | "sync" => "coreutils",
+        "curl" => "curl",
         other => panic!("test bug: no package known for tool '{other}'"),
     }
 }

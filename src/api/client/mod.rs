@@ -1,7 +1,9 @@
 //! The blocking API client the CLI uses: one HTTP/1.1 request per call over
-//! the daemon's unix socket (hyper on a small current-thread runtime).
+//! the daemon's unix socket, or over TCP with TLS and a bearer token
+//! (`transport`: `--host`), with hyper on a small current-thread runtime.
 //!
-//! Invariant: it imports only `api::wire` (and std, serde, hyper, tokio):
+//! Invariant: it imports only `api::wire` (and std, serde, hyper, tokio,
+//! rustls):
 //! it knows the daemon only by its API, so it answers with wire types and
 //! [`ClientError`], whose `Api` variant carries the daemon's error code and
 //! message as the server sent them. `caches` holds the `/v1/caches` calls.
@@ -15,6 +17,7 @@ use hyper::{header, Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::api::wire::attachments::{AttachmentInfo, AttachmentList, CreateAttachment};
 use crate::api::wire::dirs::{
@@ -26,8 +29,12 @@ use crate::api::wire::health::Health;
 use crate::api::wire::persistence::{RestoreRequest, SyncResult};
 use crate::api::wire::stats::{DriveStats, StatsReport};
 use crate::api::wire::tls::TlsReloaded;
+use crate::api::wire::tokens::{CreateToken, CreatedToken, TokenList, TokenRevoked};
 
 pub mod caches;
+pub mod transport;
+
+pub use transport::{Host, HostError, Target};
 
 /// Longest wait for one API call (drive creation of a huge drive, a mount).
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -52,10 +59,14 @@ pub enum ClientError {
         code: String,
         message: String,
     },
+    /// Nothing answers at the `--host` address.
+    #[error("cannot reach the ramd API at {url}: {source} (is the daemon started with --api-listen, and --host right?)")]
+    Unreachable { url: String, source: std::io::Error },
     /// The exchange itself failed.
-    #[error("talking to the daemon at {}: {source}", socket.display())]
+    #[error("talking to the daemon at {at}: {source}")]
     Transport {
-        socket: PathBuf,
+        /// The socket path or URL.
+        at: String,
         #[source]
         source: TransportError,
     },
@@ -68,6 +79,13 @@ pub enum TransportError {
     /// "permission denied", which have their own [`ClientError`]s).
     #[error(transparent)]
     Connect(std::io::Error),
+    /// The TLS handshake with a `--host` failed (often: the daemon's
+    /// certificate is not signed by the CA trusted).
+    #[error("TLS: {0} (is --ca-cert the CA that signed the daemon's certificate, and does the certificate name the --host?)")]
+    Tls(std::io::Error),
+    /// A `--host` name that cannot be a certificate's name.
+    #[error("'{0}' is not a valid server name for TLS")]
+    ServerName(String),
     /// HTTP/1.1 on the connection.
     #[error(transparent)]
     Http(#[from] hyper::Error),
@@ -100,30 +118,34 @@ impl ClientError {
 
 /// A client of one daemon.
 pub struct Client {
-    socket: PathBuf,
+    target: Target,
     /// Runs hyper's futures; one thread, no workers.
     rt: tokio::runtime::Runtime,
 }
 
 impl Client {
+    /// A client of the daemon on the unix socket `socket`.
     pub fn new(socket: &Path) -> Client {
+        Client::to(Target::Unix(socket.to_owned()))
+    }
+
+    /// A client of the daemon at `target`.
+    pub fn to(target: Target) -> Client {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a current-thread runtime starts");
-        Client {
-            socket: socket.to_owned(),
-            rt,
-        }
+        Client { target, rt }
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// Where the daemon is (to make another client for another thread).
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     fn transport(&self, source: impl Into<TransportError>) -> ClientError {
         ClientError::Transport {
-            socket: self.socket.clone(),
+            at: self.target.describe(),
             source: source.into(),
         }
     }
@@ -146,48 +168,12 @@ impl Client {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Vec<u8>, ClientError> {
-        let socket = self.socket.clone();
         let fut = async {
-            let stream = tokio::net::UnixStream::connect(&socket)
-                .await
-                .map_err(|e| {
-                    use std::io::ErrorKind as K;
-                    match e.kind() {
-                        K::NotFound | K::ConnectionRefused => ClientError::NotRunning {
-                            socket: socket.clone(),
-                        },
-                        K::PermissionDenied => ClientError::PermissionDenied {
-                            socket: socket.clone(),
-                        },
-                        _ => self.transport(TransportError::Connect(e)),
-                    }
-                })?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| self.transport(e))?;
-            tokio::spawn(conn);
-            let mut req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header(header::HOST, "ramd");
-            if body.is_some() {
-                req = req.header(header::CONTENT_TYPE, "application/json");
+            let req = self.request(method, path, body)?;
+            match &self.target {
+                Target::Unix(socket) => self.exchange(connect_unix(socket).await?, req).await,
+                Target::Host(h) => self.exchange_tcp(h, req).await,
             }
-            let req = req
-                .body(Full::new(Bytes::from(body.unwrap_or_default())))
-                .map_err(|e| self.transport(e))?;
-            let res = sender
-                .send_request(req)
-                .await
-                .map_err(|e| self.transport(e))?;
-            let status = res.status();
-            let bytes = res
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| self.transport(e))?
-                .to_bytes();
-            Ok::<_, ClientError>((status, bytes))
         };
         let (status, bytes) = self
             .rt
@@ -208,6 +194,79 @@ impl Client {
                 message: String::from_utf8_lossy(&bytes).into_owned(),
             },
         })
+    }
+
+    /// The request, with the Host and, over TCP, the token.
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Request<Full<Bytes>>, ClientError> {
+        let mut req = Request::builder().method(method).uri(path);
+        match &self.target {
+            Target::Unix(_) => req = req.header(header::HOST, "ramd"),
+            Target::Host(h) => {
+                req = req.header(header::HOST, h.authority());
+                if let Some(token) = &h.token {
+                    req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+                }
+            }
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        req.body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| self.transport(e))
+    }
+
+    /// Connects to a `--host` (TLS unless `http://`) and exchanges `req`.
+    async fn exchange_tcp(
+        &self,
+        r: &Host,
+        req: Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
+        let tcp = tokio::net::TcpStream::connect(r.authority())
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                url: r.url.clone(),
+                source,
+            })?;
+        let Some(config) = &r.tls else {
+            return self.exchange(tcp, req).await;
+        };
+        let name = r
+            .server_name()
+            .ok_or_else(|| self.transport(TransportError::ServerName(r.host.clone())))?;
+        let tls = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| self.transport(TransportError::Tls(e)))?;
+        self.exchange(tls, req).await
+    }
+
+    /// One HTTP/1.1 exchange on a connected stream.
+    async fn exchange(
+        &self,
+        stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        req: Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.transport(e))?;
+        tokio::spawn(conn);
+        let res = sender
+            .send_request(req)
+            .await
+            .map_err(|e| self.transport(e))?;
+        let status = res.status();
+        let bytes = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.transport(e))?
+            .to_bytes();
+        Ok((status, bytes))
     }
 
     pub(crate) fn call<T: DeserializeOwned>(
@@ -392,11 +451,49 @@ impl Client {
         self.call(Method::POST, "/v1/tls/reload", None::<&()>)
     }
 
+    /// `GET /v1/tokens`.
+    pub fn tokens(&self) -> Result<TokenList, ClientError> {
+        self.call(Method::GET, "/v1/tokens", None::<&()>)
+    }
+
+    /// `POST /v1/tokens` (unix socket only): the secret, shown once.
+    pub fn create_token(&self, req: &CreateToken) -> Result<CreatedToken, ClientError> {
+        self.call(Method::POST, "/v1/tokens", Some(req))
+    }
+
+    /// `DELETE /v1/tokens/{name}` (unix socket only).
+    pub fn revoke_token(&self, name: &str) -> Result<TokenRevoked, ClientError> {
+        self.call(
+            Method::DELETE,
+            &format!("/v1/tokens/{}", enc(name)),
+            None::<&()>,
+        )
+    }
+
     /// `/metrics` as text.
     pub fn metrics_text(&self) -> Result<String, ClientError> {
         let bytes = self.send(Method::GET, "/metrics", None)?;
         String::from_utf8(bytes).map_err(|e| self.transport(e))
     }
+}
+
+/// Connects to the unix socket, naming the two usual failures.
+async fn connect_unix(socket: &Path) -> Result<tokio::net::UnixStream, ClientError> {
+    use std::io::ErrorKind as K;
+    tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| match e.kind() {
+            K::NotFound | K::ConnectionRefused => ClientError::NotRunning {
+                socket: socket.to_owned(),
+            },
+            K::PermissionDenied => ClientError::PermissionDenied {
+                socket: socket.to_owned(),
+            },
+            _ => ClientError::Transport {
+                at: socket.display().to_string(),
+                source: TransportError::Connect(e),
+            },
+        })
 }
 
 fn status_code_name(s: StatusCode) -> String {

@@ -1,9 +1,11 @@
-//! The server side of REST API v1 over the daemon's unix socket (axum on
-//! tokio): handlers, the route table and the mapping of errors to HTTP.
+//! The server side of REST API v1 over the daemon's unix socket and,
+//! with `--api-listen`, over TCP (`tcp`: TLS, every request behind a
+//! bearer token checked by `auth`) (axum on tokio): handlers, the route
+//! table and the mapping of errors to HTTP.
 //!
 //! One file per resource: `drives`, `persistence`, `stats`, `health`,
 //! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
-//! `tls` (certificate reload), `metrics` (Prometheus); `error` the one error shape, `counters` the
+//! `tls` (certificate reload), `tokens` (API tokens), `metrics` (Prometheus); `error` the one error shape, `counters` the
 //! conversion of metrics into wire counters. The JSON bodies are
 //! `api::wire`'s. The route table below is the single source of both the
 //! router and [`ROUTES`], which a test compares with docs/openapi.yaml.
@@ -12,6 +14,7 @@
 //! in `spawn_blocking`.
 
 pub mod attachments;
+pub mod auth;
 pub mod caches;
 pub mod counters;
 pub mod dir_wire;
@@ -22,12 +25,14 @@ pub mod health;
 pub mod metrics;
 pub mod persistence;
 pub mod stats;
+pub mod tcp;
 pub mod tls;
+pub mod tokens;
 
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::{MatchedPath, OriginalUri, Request};
+use axum::extract::{ConnectInfo, MatchedPath, OriginalUri, Request};
 use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::Router;
@@ -76,6 +81,9 @@ routes! {
     delete "/v1/dirs/{id}" => dirs::delete,
     post "/v1/dirs/{id}/sync" => dirs::sync,
     post "/v1/tls/reload" => tls::reload,
+    get "/v1/tokens" => tokens::list,
+    post "/v1/tokens" => tokens::create,
+    delete "/v1/tokens/{name}" => tokens::revoke,
     get "/metrics" => metrics::get,
 }
 
@@ -129,17 +137,38 @@ async fn refuse_unknown_query(
     next.run(req).await
 }
 
-/// The API router with its state.
-pub fn router(daemon: Arc<Daemon>) -> Router {
+/// The routes with their refusals (unknown route, method, query).
+fn app() -> Router<Arc<Daemon>> {
     routes()
         .route_layer(axum::middleware::from_fn(refuse_unknown_query))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+}
+
+/// The API router of the unix socket, with its state.
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    app()
         .layer(axum::middleware::from_fn(log_request))
         .with_state(daemon)
 }
 
-/// Logs each request at debug level, errors at info.
+/// The API router of the TCP listener: every route (unknown ones too)
+/// behind a bearer token (`auth`). Handlers that ask for the caller's
+/// uid get none, as from a socket whose peer the kernel did not name.
+pub fn tcp_router(daemon: Arc<Daemon>) -> Router {
+    let tokens = daemon.tokens.clone();
+    app()
+        .layer(axum::Extension(ConnectInfo(dirs::Peer { uid: None })))
+        .layer(axum::middleware::from_fn_with_state(
+            tokens,
+            auth::require_token,
+        ))
+        .layer(axum::middleware::from_fn(log_request))
+        .with_state(daemon)
+}
+
+/// Logs each request at debug level, errors at info: method and path
+/// only, never the query string nor a header (tokens travel in both).
 async fn log_request(req: Request, next: axum::middleware::Next) -> axum::response::Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let res = next.run(req).await;

@@ -9,7 +9,7 @@
 //!
 //! One file per resource, as in `api::server`: `drives`, `persistence`
 //! (sync, restore, a drive's `persist`), `health`, `stats`, `attachments`,
-//! `caches`, `dirs`, `tls`, and `error` (the one error body); `values` holds
+//! `caches`, `dirs`, `tls`, `tokens`, and `error` (the one error body); `values` holds
 //! sizes, durations and counters as several resources spell them. Request
 //! bodies reject unknown fields, so a typo is an error.
 
@@ -22,4 +22,5 @@ pub mod health;
 pub mod persistence;
 pub mod stats;
 pub mod tls;
+pub mod tokens;
 pub mod values;
