@@ -58,6 +58,7 @@ pub mod manifest;
 pub mod push;
 pub mod remote;
 pub mod restore;
+pub mod source;
 
 pub use chunk::{Address, DEFAULT_CHUNK_BYTES};
 pub use codec::Keys;
@@ -70,3 +71,4 @@ pub use remote::{Credentials, Remote, RemoteConfig, RemoteError, RemoteUrl};
 pub use restore::{
     list_snapshots, read_manifest, restore, BufferSink, ChunkSink, RestoreOptions, RestoreReport,
 };
+pub use source::{BackendSink, BackendSource};
