@@ -413,9 +413,7 @@ fn one_address_cannot_take_every_connection() {
     // A connection that ends gives its slot back.
     drop(held.pop());
     eventually("a slot for 127.0.0.1 again", || {
-        let mut s = tcp_from("127.0.0.1", to);
-        let ok = greet(&mut s).is_ok();
-        ok
+        greet(&mut tcp_from("127.0.0.1", to)).is_ok()
     });
     assert!(refusals.get(Reason::PerAddressLimit) >= 1);
     drop(unix);
