@@ -32,6 +32,8 @@ pub mod docs;
 pub mod drives;
 pub mod output;
 pub mod persist;
+pub mod remote;
+pub mod snapshot;
 pub mod stats;
 pub mod tls;
 pub mod token;
@@ -190,6 +192,16 @@ pub enum Command {
         /// Return at once instead of waiting with a progress bar.
         #[arg(long)]
         no_wait: bool,
+        /// Restore a snapshot from this remote into a new drive instead
+        /// (served once every chunk is verified): `ramd restore db --from s3`.
+        #[arg(long, value_name = "REMOTE", conflicts_with_all = ["force", "discard_journal", "key_file"])]
+        from: Option<String>,
+        /// With --from: this snapshot (`ramd snapshot list`) [default: the newest].
+        #[arg(long, value_name = "ID", requires = "from")]
+        snapshot: Option<String>,
+        /// With --from: the new drive's name [default: NAME].
+        #[arg(long = "as", value_name = "NEWNAME", requires = "from", value_parser = arg_name)]
+        as_name: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -337,6 +349,15 @@ pub enum Command {
     #[command(subcommand)]
     Tls(tls::TlsCommand),
 
+    /// Object storage for drive snapshots: add, list, remove (docs/snapshots.md).
+    #[command(subcommand)]
+    Remote(remote::RemoteCommand),
+
+    /// Drive snapshots in object storage: create, list, delete, prune,
+    /// status; restore with `ramd restore DRIVE --from REMOTE`.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
+
     /// Bearer tokens for the API over TCP (ramd daemon --api-listen):
     /// create, list, revoke. Through the unix socket only.
     #[command(subcommand)]
@@ -417,6 +438,9 @@ pub enum CliError {
     /// `ramd dir sync` (all) where some directories failed.
     #[error("{failed} of {total} directories failed to sync (see above)")]
     DirsFailedToSync { failed: usize, total: usize },
+    /// A snapshot push or restore failed in the daemon.
+    #[error(transparent)]
+    SnapshotJob(#[from] snapshot::JobFailed),
 }
 
 /// A value the command line refuses before any request (exit code 2).
@@ -552,6 +576,40 @@ fn run_daemon(mut args: DaemonArgs, api_socket: Option<PathBuf>) -> Result<(), C
 }
 
 /// Runs a parsed command.
+/// `ramd restore`: a persistent drive's restore, or (`--from`) a
+/// snapshot into a new drive.
+fn restore(client: &Client, c: Command) -> Result<(), CliError> {
+    let Command::Restore {
+        name,
+        force,
+        discard_journal,
+        key_file,
+        no_wait,
+        from,
+        snapshot,
+        as_name,
+        out,
+    } = c
+    else {
+        unreachable!("restore() is called with Command::Restore");
+    };
+    if let Some(remote) = from {
+        let req = crate::api::wire::snapshots::RestoreSnapshot {
+            remote,
+            drive: name,
+            snapshot,
+            as_name,
+        };
+        return snapshot::restore_from(client, &req, no_wait, out.json);
+    }
+    let req = RestoreRequest {
+        force,
+        discard_journal,
+        key_file: absolute_text(key_file.as_deref())?,
+    };
+    persist::restore(client, &name, &req, out.json, no_wait)
+}
+
 pub fn run(cli: Cli) -> Result<(), CliError> {
     let target = target(&cli)?;
     let client = || Client::to(target.clone());
@@ -622,23 +680,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 persist::sync(&client(), &name, out.json)?
             }
         }
-        Command::Restore {
-            name,
-            force,
-            discard_journal,
-            key_file,
-            no_wait,
-            out,
-        } => {
-            let req = RestoreRequest {
-                force,
-                discard_journal,
-                key_file: absolute_text(key_file.as_deref())?,
-            };
-            persist::restore(&client(), &name, &req, out.json, no_wait)?;
-        }
+        c @ Command::Restore { .. } => restore(&client(), c)?,
         Command::Dir(cmd) => dirs::run(&client(), cmd)?,
         Command::Tls(cmd) => tls::run(&client(), cmd)?,
+        Command::Remote(cmd) => remote::run(&client(), cmd)?,
+        Command::Snapshot(cmd) => snapshot::run(&client(), cmd)?,
         Command::Token(cmd) => token::run(&client(), cmd)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => docs::completions(shell),

@@ -41,6 +41,20 @@
 //! allow_identities = ["alice"]         # who may see it (certificate CN or first SAN)
 //! read_only_identities = ["bob"]       # ...and who may, read-only
 //! allow_networks = ["10.0.0.0/8", "unix"] # from where (CIDRs; "unix": the socket)
+//! snapshot_interval = "15m"   # push a snapshot every 15 minutes...
+//! snapshot_remote = "s3"      # ...to this [[remote]]
+//! snapshot_keep_last = 24     # then prune: keep the 24 newest...
+//! snapshot_keep_daily = 7     # ...and one per day for 7 days
+//! snapshot_encrypt = false    # encrypt with the remote's encrypt_key_file
+//! restore_from = "s3"         # no local state at start: restore the newest
+//!
+//! [[remote]]
+//! name = "s3"
+//! url = "s3://bucket/prefix"
+//! endpoint = "http://127.0.0.1:3900"   # S3-compatible server (none: AWS)
+//! region = "garage"
+//! credentials_file = "/etc/ramd/s3.toml" # 0600; else AWS_* in the environment
+//! encrypt_key_file = "/etc/ramd/s3.key"
 //!
 //! [[dir]]
 //! path = "/var/log"
@@ -72,6 +86,8 @@ use super::drives::spec::{
     DriveSpec, PersistOptions,
 };
 use super::ledger::{Kind, Ledger, LedgerError, Origin};
+use super::remotes::{RemoteEntry, RemoteSpec};
+use super::snapshots::{DrivePolicy, PolicyKeys};
 use crate::nbd::access::{AccessRules, Network};
 use crate::nbd::tls::{ClientCerts, TlsMode};
 use crate::size::Size;
@@ -126,6 +142,9 @@ pub struct ConfigFile {
     /// Directories kept in RAM (added or restored at start).
     #[serde(default, rename = "dir")]
     pub dirs: Vec<DirEntry>,
+    /// Object storage for drive snapshots.
+    #[serde(default, rename = "remote")]
+    pub remotes: Vec<RemoteEntry>,
 }
 
 /// `[daemon]`: each key matches a `ramd daemon` flag, which wins over it.
@@ -335,6 +354,35 @@ pub struct DriveEntry {
     /// Source networks it may be reached from: CIDRs, `"unix"`.
     #[serde(default)]
     pub allow_networks: Vec<Spanned<String>>,
+    /// Scheduled snapshot pushes (`control::snapshots::policy`).
+    pub snapshot_interval: Option<Spanned<String>>,
+    pub snapshot_remote: Option<String>,
+    pub snapshot_keep_last: Option<u64>,
+    pub snapshot_keep_daily: Option<u64>,
+    #[serde(default)]
+    pub snapshot_encrypt: bool,
+    /// Restore from this remote at start when the local state is missing.
+    pub restore_from: Option<String>,
+}
+
+/// The snapshot settings of a `[[drive]]` (None: it has none).
+fn drive_policy(
+    d: &DriveEntry,
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<Option<DrivePolicy>, ConfigError> {
+    let keys = PolicyKeys {
+        interval: d.snapshot_interval.as_ref().map(|v| v.get_ref().as_str()),
+        remote: d.snapshot_remote.as_deref(),
+        keep_last: d.snapshot_keep_last,
+        keep_daily: d.snapshot_keep_daily,
+        encrypt: d.snapshot_encrypt,
+        restore_from: d.restore_from.as_deref(),
+    };
+    let at = d
+        .snapshot_interval
+        .as_ref()
+        .map_or(d.name.span().start, |v| v.span().start);
+    DrivePolicy::from_keys(&keys).map_err(|e| invalid(at, e.to_string()))
 }
 
 /// The access rules of a `[[drive]]` (open: it has none); an error points
@@ -378,6 +426,10 @@ pub struct Config {
     pub caches: Vec<CacheSpec>,
     /// Directories to keep in RAM, each with where it is declared.
     pub dirs: Vec<DirSpec>,
+    /// Snapshot remotes (`[[remote]]`).
+    pub remotes: Vec<RemoteSpec>,
+    /// Snapshot settings of the drives that have some.
+    pub snapshot_policies: BTreeMap<String, DrivePolicy>,
     /// Line and column of each drive's and cache's `name`, so start-up
     /// refusals (a drive over the budget) can point at the declaration.
     pub declared_at: BTreeMap<String, (usize, usize)>,
@@ -477,6 +529,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         _ => None,
     };
     let mut drives: Vec<DriveSpec> = Vec::new();
+    let mut snapshot_policies = BTreeMap::new();
     for d in &file.drives {
         let name = d.name.get_ref();
         declared_at.insert(name.clone(), line_col(text, d.name.span().start));
@@ -488,7 +541,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         drives.push(drive_spec(d, &invalid)?);
+        if let Some(p) = drive_policy(d, &invalid)? {
+            snapshot_policies.insert(name.clone(), p);
+        }
     }
+    let remotes = config_remotes(&file.remotes, &invalid)?;
     let mut caches: Vec<CacheSpec> = Vec::new();
     for c in &file.caches {
         let spec = c.to_spec().map_err(|(offset, m)| invalid(offset, m))?;
@@ -538,8 +595,29 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         drives,
         caches,
         dirs,
+        remotes,
+        snapshot_policies,
         declared_at,
     })
+}
+
+/// The `[[remote]]`s, checked (names unique).
+fn config_remotes(
+    entries: &[RemoteEntry],
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<Vec<RemoteSpec>, ConfigError> {
+    let mut remotes: Vec<RemoteSpec> = Vec::new();
+    for r in entries {
+        let spec = r.to_spec().map_err(|(offset, m)| invalid(offset, m))?;
+        if remotes.iter().any(|o| o.name == spec.name) {
+            return Err(invalid(
+                r.name.span().start,
+                format!("remote '{}' is declared twice", spec.name),
+            ));
+        }
+        remotes.push(spec);
+    }
+    Ok(remotes)
 }
 
 /// Reads and parses a config file.

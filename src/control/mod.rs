@@ -67,8 +67,10 @@ pub mod drives;
 pub mod ledger;
 pub mod lock;
 mod logging;
+pub mod remotes;
 pub mod run;
 pub mod sampler;
+pub mod snapshots;
 pub mod spec;
 pub mod tokens;
 
@@ -359,6 +361,16 @@ pub enum DaemonError {
     /// given it.
     #[error(transparent)]
     SocketGroup(#[from] SocketGroupError),
+    /// Snapshot remotes or settings unusable, or a `restore_from` restore
+    /// failed (the drive is not served empty instead).
+    #[error(transparent)]
+    Snapshots(Box<snapshots::SnapshotsError>),
+}
+
+impl From<snapshots::SnapshotsError> for DaemonError {
+    fn from(e: snapshots::SnapshotsError) -> Self {
+        DaemonError::Snapshots(Box::new(e))
+    }
 }
 
 /// Why the NBD socket could not be given its group.
@@ -437,6 +449,10 @@ pub struct Settings {
     pub dirs: Vec<DirSpec>,
     /// Where the config declares each drive and cache (line, column).
     pub declared_at: std::collections::BTreeMap<String, (usize, usize)>,
+    /// Snapshot remotes from the config.
+    pub remotes: Vec<remotes::RemoteSpec>,
+    /// Per-drive snapshot settings, from the config.
+    pub snapshot_policies: std::collections::BTreeMap<String, snapshots::DrivePolicy>,
 }
 
 impl Settings {
@@ -526,6 +542,8 @@ impl Settings {
             runtime_dir: runtime,
             dirs: config.dirs,
             declared_at: config.declared_at,
+            remotes: config.remotes,
+            snapshot_policies: config.snapshot_policies,
         })
     }
 }
@@ -575,6 +593,8 @@ pub struct Daemon {
     pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
     /// Bearer tokens of the API over TCP (`--api-listen`).
     pub tokens: Arc<tokens::Tokens>,
+    /// Snapshot remotes, pushes, restores and their state.
+    pub snapshots: Arc<snapshots::Snapshots>,
 }
 
 impl Daemon {

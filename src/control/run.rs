@@ -16,6 +16,7 @@ use super::ledger::{now_unix_s, Ledger, Origin};
 use super::lock::PidLock;
 use super::logging;
 use super::sampler::Sampler;
+use super::snapshots::Snapshots;
 use super::tokens::Tokens;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
 use crate::fuse::Attachments;
@@ -163,6 +164,30 @@ fn create_declared(
             })?;
     }
     Ok((drives, caches))
+}
+
+/// What start-up creates before the listeners.
+type Declared = (Arc<Drives>, Arc<Caches>, Arc<Snapshots>);
+
+/// The declared drives and caches with the snapshot side: the remotes,
+/// the drives `restore_from` fills (restored here, before NBD binds, so
+/// they are never served empty) and the schedule.
+fn create_with_snapshots(
+    settings: &Settings,
+    ledger: &Arc<Ledger>,
+) -> Result<Declared, DaemonError> {
+    let persistent =
+        |name: &str| (settings.drives.iter()).any(|(d, _)| d.name == name && d.persist.is_some());
+    let (snapshots, restores_due) = super::snapshots::prepare(
+        settings.remotes.clone(),
+        settings.snapshot_policies.clone(),
+        &settings.state_dir,
+        &persistent,
+    )?;
+    let (drives, caches) = create_declared(settings, ledger)?;
+    snapshots.restore_at_start(&drives, &restores_due)?;
+    super::snapshots::schedule::start(&snapshots, &drives)?;
+    Ok((drives, caches, snapshots))
 }
 
 /// An error naming every cache whose dirty data did not reach its
@@ -475,7 +500,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     });
     let exports = Arc::new(ExportTable::new());
     let ledger = Arc::new(Ledger::new(exports.clone(), budget));
-    let (drives, caches) = create_declared(&settings, &ledger)?;
+    let (drives, caches, snapshots) = create_with_snapshots(&settings, &ledger)?;
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
@@ -520,6 +545,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tcp_tls_mode,
         nbd_refusals: nbd_handle.refusals(),
         tokens,
+        snapshots,
     });
 
     let nbd_thread = std::thread::Builder::new()

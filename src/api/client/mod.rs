@@ -32,6 +32,7 @@ use crate::api::wire::tls::TlsReloaded;
 use crate::api::wire::tokens::{CreateToken, CreatedToken, TokenList, TokenRevoked};
 
 pub mod caches;
+pub mod snapshots;
 pub mod transport;
 
 pub use transport::{Host, HostError, Target};

@@ -7,6 +7,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::cache::prometheus::{CacheCollector, CacheSample};
+use crate::control::snapshots::metrics::SnapshotCollector;
 use crate::control::Daemon;
 use crate::dirsync::metrics::DirsCollector;
 use crate::fuse::metrics::AttachCollector;
@@ -70,6 +71,10 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
                 Box::new(CacheCollector(caches)),
                 Box::new(AttachCollector(d.attachments.list())),
                 Box::new(RefusalCollector::of(&d.nbd_refusals)),
+                Box::new(SnapshotCollector {
+                    statuses: d.snapshots.statuses(),
+                    now_unix_ms: crate::snapshot::remote::now_ms(),
+                }),
             ],
         ),
     )

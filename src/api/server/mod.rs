@@ -5,7 +5,8 @@
 //!
 //! One file per resource: `drives`, `persistence`, `stats`, `health`,
 //! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
-//! `tls` (certificate reload), `tokens` (API tokens), `metrics` (Prometheus); `error` the one error shape, `counters` the
+//! `tls` (certificate reload), `tokens` (API tokens), `remotes` and
+//! `snapshots` (drive snapshots in object storage), `metrics` (Prometheus); `error` the one error shape, `counters` the
 //! conversion of metrics into wire counters. The JSON bodies are
 //! `api::wire`'s. The route table below is the single source of both the
 //! router and [`ROUTES`], which a test compares with docs/openapi.yaml.
@@ -24,6 +25,8 @@ pub mod error;
 pub mod health;
 pub mod metrics;
 pub mod persistence;
+pub mod remotes;
+pub mod snapshots;
 pub mod stats;
 pub mod tcp;
 pub mod tls;
@@ -64,6 +67,8 @@ routes! {
     post "/v1/drives/{name}/sync" => persistence::sync,
     post "/v1/drives/{name}/restore" => drives::restore,
     get "/v1/drives/{name}/stats" => stats::drive,
+    get "/v1/drives/{name}/snapshots" => snapshots::status,
+    post "/v1/drives/{name}/snapshots" => snapshots::create,
     get "/v1/stats" => stats::all,
     get "/v1/attachments" => attachments::list,
     post "/v1/attachments" => attachments::create,
@@ -84,6 +89,15 @@ routes! {
     get "/v1/tokens" => tokens::list,
     post "/v1/tokens" => tokens::create,
     delete "/v1/tokens/{name}" => tokens::revoke,
+    get "/v1/remotes" => remotes::list,
+    post "/v1/remotes" => remotes::add,
+    get "/v1/remotes/{name}" => remotes::get,
+    delete "/v1/remotes/{name}" => remotes::remove,
+    get "/v1/snapshots" => snapshots::list,
+    post "/v1/snapshots/prune" => snapshots::prune,
+    post "/v1/snapshots/restore" => snapshots::restore,
+    get "/v1/snapshots/jobs/{id}" => snapshots::job,
+    delete "/v1/snapshots/{remote}/{drive}/{id}" => snapshots::delete,
     get "/metrics" => metrics::get,
 }
 
@@ -112,6 +126,7 @@ pub const QUERY_ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/drives/{name}"),
     ("DELETE", "/v1/caches/{name}"),
     ("DELETE", "/v1/dirs/{id}"),
+    ("GET", "/v1/snapshots"),
 ];
 
 /// Refuses a query string on a route that takes none (400

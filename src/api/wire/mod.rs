@@ -20,6 +20,7 @@ pub mod drives;
 pub mod error;
 pub mod health;
 pub mod persistence;
+pub mod snapshots;
 pub mod stats;
 pub mod tls;
 pub mod tokens;

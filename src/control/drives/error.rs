@@ -81,6 +81,9 @@ pub enum NotReady {
         "drive '{name}' is restoring ({progress}); try again when it is ready (`ramd info {name}`)"
     )]
     Restoring { name: String, progress: String },
+    /// A resize while a snapshot push reads the drive.
+    #[error("drive '{name}' cannot be resized while a snapshot of it is being taken; try again when it is done (`ramd snapshot status {name}`)")]
+    SnapshotRunning { name: String },
 }
 
 /// Writing a persistent drive's data to disk failed; the drive keeps

@@ -45,6 +45,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+mod adopt;
 pub mod error;
 pub mod persistent;
 mod persistent_ops;
@@ -583,6 +584,7 @@ impl Drives {
         if let Some(new_size) = change.size_bytes {
             check_size(new_size)?;
         }
+        adopt::check_resize(&drive, change.size_bytes)?;
         if change.size_bytes.is_some() || change.mem_limit_bytes.is_some() {
             let overcommit = *drive.overcommit.lock();
             self.promise_change(&drive, &promise_for(size, limit, overcommit))?;

@@ -1,0 +1,282 @@
+//! `/v1/snapshots` and `/v1/drives/{name}/snapshots`: push a drive now
+//! (a background job), list, delete, prune, restore into a new drive (a
+//! job), follow a job, and a drive's push state.
+//!
+//! Pushes and restores answer 202 with the job at once; the client polls
+//! `GET /v1/snapshots/jobs/{id}` for progress and outcome.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+
+use super::ApiError;
+use crate::api::wire::snapshots::{
+    CreateSnapshot, Job as WireJob, JobProgress, PruneReport, PruneRequest, PushResult,
+    RemoteFailure, RestoreResult, RestoreSnapshot, SnapshotDeleted, SnapshotInfo, SnapshotList,
+    SnapshotQuery, SnapshotStatus, SnapshotStatusList,
+};
+use crate::control::snapshots::jobs::{Job, Outcome};
+use crate::control::snapshots::{PushRequest, RestoreRequest, SnapshotsError};
+use crate::control::Daemon;
+use crate::snapshot::{Retention, SnapshotError};
+
+impl From<SnapshotsError> for ApiError {
+    fn from(e: SnapshotsError) -> Self {
+        use crate::snapshot::RemoteError as R;
+        use SnapshotsError as S;
+        let (status, code) = match &e {
+            S::Remote(r) => super::remotes::status_code(r),
+            S::Drive(_) => {
+                let S::Drive(d) = e else { unreachable!() };
+                return d.into();
+            }
+            S::Engine(SnapshotError::Remote(r))
+            | S::Engine(SnapshotError::Lease(crate::snapshot::lease::LeaseError::Remote(r))) => {
+                match r {
+                    R::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "remote_unreachable"),
+                    R::BucketMissing { .. } => (StatusCode::BAD_GATEWAY, "bucket_missing"),
+                    R::AccessDenied { .. } => (StatusCode::BAD_GATEWAY, "remote_denied"),
+                    R::NotFound { .. } => (StatusCode::NOT_FOUND, "object_missing"),
+                    R::Config { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_remote"),
+                    R::Other { .. } => (StatusCode::BAD_GATEWAY, "remote_error"),
+                }
+            }
+            S::Engine(SnapshotError::NoSuchSnapshot { .. }) | S::NoSnapshot { .. } => {
+                (StatusCode::NOT_FOUND, "snapshot_not_found")
+            }
+            S::Engine(SnapshotError::Lease(_)) => (StatusCode::CONFLICT, "remote_busy"),
+            S::Engine(_) => (StatusCode::BAD_GATEWAY, "snapshot_failed"),
+            S::Busy(_) | S::Cut { .. } => (StatusCode::CONFLICT, "snapshot_running"),
+            S::DriveName(_) | S::BadId { .. } | S::KeepNothing => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
+            }
+            S::TargetExists(_) => (StatusCode::CONFLICT, "drive_exists"),
+            S::TooLarge { .. } => (StatusCode::CONFLICT, "snapshot_too_large"),
+            S::NoJob(_) => (StatusCode::NOT_FOUND, "job_not_found"),
+            S::Store(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
+            S::Runtime(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// The API view of a job.
+fn job_view(j: &Job) -> WireJob {
+    let p = *j.progress.lock();
+    let (outcome, finished) = j.outcome.lock().clone();
+    let mut w = WireJob {
+        id: j.id,
+        kind: j.kind.name().into(),
+        drive: j.drive.clone(),
+        remote: j.remote.clone(),
+        state: "running".into(),
+        error: None,
+        progress: JobProgress {
+            chunks_done: p.chunks_done,
+            chunks_total: p.chunks_total,
+            bytes_done: p.bytes_done,
+            bytes_total: p.bytes_total,
+            bytes_transferred: p.bytes_transferred,
+        },
+        push: None,
+        restore: None,
+        started_unix_ms: j.started_unix_ms,
+        finished_unix_ms: finished,
+    };
+    match outcome {
+        Outcome::Running => {}
+        Outcome::Failed(m) => {
+            w.state = "failed".into();
+            w.error = Some(m);
+        }
+        Outcome::Pushed { id, report: r } => {
+            w.state = "done".into();
+            let ratio = r.dedup_ratio();
+            w.push = Some(PushResult {
+                snapshot: id,
+                chunks_total: r.chunks_total,
+                chunks_uploaded: r.chunks_uploaded,
+                chunks_skipped: r.chunks_skipped,
+                chunks_deduped: r.chunks_deduped,
+                chunks_zero: r.chunks_zero,
+                bytes_data: r.bytes_data,
+                bytes_uploaded: r.bytes_uploaded,
+                dedup_ratio: ratio.is_finite().then_some(ratio),
+            });
+        }
+        Outcome::Restored {
+            id,
+            drive,
+            report: r,
+        } => {
+            w.state = "done".into();
+            w.restore = Some(RestoreResult {
+                snapshot: id,
+                drive,
+                chunks_fetched: r.chunks_fetched,
+                chunks_zero: r.chunks_zero,
+                bytes_downloaded: r.bytes_downloaded,
+                bytes_written: r.bytes_written,
+            });
+        }
+    }
+    w
+}
+
+fn accepted(j: &Job) -> impl IntoResponse {
+    (
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, format!("/v1/snapshots/jobs/{}", j.id))],
+        Json(job_view(j)),
+    )
+}
+
+/// `POST /v1/drives/{name}/snapshots`: push now.
+pub async fn create(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    body: Result<Json<CreateSnapshot>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let Json(req) = body?;
+    let req = PushRequest {
+        drive: name,
+        remote: req.remote,
+        label: req.label.unwrap_or_default(),
+        encrypt: req.encrypt,
+    };
+    let (job, _) = d.snapshots.start_push(&d.drives, &req)?;
+    Ok(accepted(&job))
+}
+
+/// `GET /v1/drives/{name}/snapshots`: the drive's push state per remote.
+pub async fn status(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+) -> Result<Json<SnapshotStatusList>, ApiError> {
+    d.drives.get(&name)?;
+    Ok(Json(status_of(&d, &name)))
+}
+
+/// A drive's push state (also part of its info).
+pub(crate) fn status_of(d: &Daemon, name: &str) -> SnapshotStatusList {
+    let policy = d.snapshots.policies().get(name);
+    let statuses = d
+        .snapshots
+        .statuses()
+        .into_iter()
+        .filter(|(dr, _, _)| dr == name)
+        .map(|(drive, remote, s)| SnapshotStatus {
+            interval_ms: policy
+                .filter(|p| p.remote.as_deref() == Some(remote.as_str()))
+                .and_then(|p| p.interval_ms),
+            drive,
+            remote,
+            running: s.running,
+            last_snapshot: s.last_snapshot,
+            last_success_unix_ms: s.last_success_unix_ms,
+            last_error: s.last_error,
+            last_error_unix_ms: s.last_error_unix_ms,
+            pushes_total: s.pushes_total,
+            failures_total: s.failures_total,
+            bytes_uploaded_total: s.bytes_uploaded_total,
+            last_dedup_ratio: s.last_dedup_ratio,
+        })
+        .collect();
+    SnapshotStatusList {
+        statuses,
+        restore_from: policy.and_then(|p| p.restore_from.clone()),
+    }
+}
+
+/// `GET /v1/snapshots?drive=&remote=`.
+pub async fn list(
+    State(d): State<Arc<Daemon>>,
+    query: Result<Query<SnapshotQuery>, QueryRejection>,
+) -> Result<Json<SnapshotList>, ApiError> {
+    let Query(q) = query?;
+    let (found, failed) = d
+        .snapshots
+        .list(q.remote.as_deref(), q.drive.as_deref())
+        .await?;
+    Ok(Json(SnapshotList {
+        snapshots: found
+            .into_iter()
+            .map(|(remote, id)| SnapshotInfo {
+                id: id.to_string(),
+                drive: id.drive.clone(),
+                remote,
+                created_unix_ms: id.created_ms,
+            })
+            .collect(),
+        failed: failed
+            .into_iter()
+            .map(|(remote, message)| RemoteFailure { remote, message })
+            .collect(),
+    }))
+}
+
+/// `DELETE /v1/snapshots/{remote}/{drive}/{id}`.
+pub async fn delete(
+    State(d): State<Arc<Daemon>>,
+    Path((remote, drive, id)): Path<(String, String, String)>,
+) -> Result<Json<SnapshotDeleted>, ApiError> {
+    let id = d.snapshots.delete(&remote, &drive, &id).await?;
+    Ok(Json(SnapshotDeleted {
+        remote,
+        id: id.to_string(),
+    }))
+}
+
+/// `POST /v1/snapshots/prune`.
+pub async fn prune(
+    State(d): State<Arc<Daemon>>,
+    body: Result<Json<PruneRequest>, JsonRejection>,
+) -> Result<Json<PruneReport>, ApiError> {
+    let Json(req) = body?;
+    let retention = Retention {
+        keep_last: req.keep_last.map(|n| n as usize),
+        keep_daily: req.keep_daily.map(|n| n as usize),
+    };
+    let r = d
+        .snapshots
+        .prune(&req.remote, retention, req.grace_ms)
+        .await?;
+    Ok(Json(PruneReport {
+        remote: req.remote,
+        snapshots_kept: r.snapshots_kept,
+        snapshots_deleted: r.snapshots_deleted,
+        chunks_referenced: r.chunks_referenced,
+        chunks_young: r.chunks_young,
+        chunks_deleted: r.chunks_deleted,
+        bytes_freed: r.bytes_freed,
+    }))
+}
+
+/// `POST /v1/snapshots/restore`: into a new drive, served once verified.
+pub async fn restore(
+    State(d): State<Arc<Daemon>>,
+    body: Result<Json<RestoreSnapshot>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let Json(req) = body?;
+    let req = RestoreRequest {
+        remote: req.remote,
+        drive: req.drive,
+        snapshot: req.snapshot,
+        target: req.as_name,
+    };
+    let job = d.snapshots.start_restore(d.drives.clone(), &req)?;
+    Ok(accepted(&job))
+}
+
+/// `GET /v1/snapshots/jobs/{id}`.
+pub async fn job(
+    State(d): State<Arc<Daemon>>,
+    Path(id): Path<u64>,
+) -> Result<Json<WireJob>, ApiError> {
+    let j = d.snapshots.jobs.get(id).ok_or(SnapshotsError::NoJob(id))?;
+    Ok(Json(job_view(&j)))
+}

@@ -1,0 +1,62 @@
+//! Drives made from data filled elsewhere first (a snapshot restore), and
+//! the one rule a snapshot push imposes on the drives (no resize while a
+//! cut is open).
+//!
+//! [`Drives::adopt_ram`] registers a RAM drive around a store the caller
+//! already filled and verified, so the drive is served only once its data
+//! is complete (`control::snapshots` invariants). The name and budget are
+//! claimed here, at the end: a name taken meanwhile fails the adoption
+//! and the store is dropped.
+
+use std::sync::Arc;
+
+use super::error::NotReady;
+use super::spec::{check_name, DriveSpec};
+use super::{check_size, promise_for, Drive, DriveData, DriveError, DriveKind, DriveState, Drives};
+use crate::control::ledger::{now_unix_s, Kind, Origin};
+use crate::size::format_size;
+use crate::store::RamStore;
+
+impl Drives {
+    /// Registers a RAM drive over `store` (filled by the caller, of
+    /// `spec.size_bytes`) and serves it.
+    pub fn adopt_ram(
+        self: &Arc<Self>,
+        spec: &DriveSpec,
+        origin: Origin,
+        store: Arc<RamStore>,
+    ) -> Result<Arc<Drive>, DriveError> {
+        check_name(&spec.name)?;
+        check_size(spec.size_bytes)?;
+        debug_assert_eq!(store.size(), spec.size_bytes);
+        let mut drives = self.drives.lock();
+        let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
+        let claim = self
+            .ledger
+            .claim(Kind::Drive, &spec.name, origin, &promise)?;
+        let drive = self.assemble(
+            spec,
+            claim,
+            DriveKind::Ram,
+            DriveState::Ready,
+            DriveData::Ram(store),
+            None,
+            None,
+            now_unix_s(),
+        );
+        self.insert(&mut drives, &drive)?;
+        tracing::info!(drive = %spec.name, size = %format_size(spec.size_bytes), "drive created from restored data");
+        Ok(drive)
+    }
+}
+
+/// Refuses a resize of `drive` while a snapshot push reads it.
+pub(super) fn check_resize(drive: &Drive, new_size: Option<u64>) -> Result<(), DriveError> {
+    if new_size.is_some_and(|s| s != drive.size_bytes()) && drive.export.is_cut_open() {
+        return Err(NotReady::SnapshotRunning {
+            name: drive.name.clone(),
+        }
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Why a snapshot operation of the control plane was refused or failed.
+
+use crate::control::drives::DriveError;
+use crate::control::remotes::RemotesError;
+use crate::snapshot::manifest::BadSnapshotId;
+use crate::snapshot::SnapshotError;
+
+/// A snapshot request the daemon refused, or a failed run.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotsError {
+    /// A remote that is unknown, unusable or badly given.
+    #[error(transparent)]
+    Remote(#[from] RemotesError),
+    /// The drive is missing or not ready.
+    #[error(transparent)]
+    Drive(#[from] DriveError),
+    /// The engine failed (its message names the remote and object).
+    #[error(transparent)]
+    Engine(#[from] SnapshotError),
+    /// A push of this drive is already running.
+    #[error("a snapshot of drive '{0}' is already being taken; wait for it to finish (see `ramd snapshot status {0}`)")]
+    Busy(String),
+    /// The cut layer refused.
+    #[error("drive '{drive}': {source}")]
+    Cut {
+        drive: String,
+        source: crate::block::cut::CutError,
+    },
+    /// The drive name cannot name snapshots.
+    #[error("drive name '{0}' cannot name snapshots")]
+    DriveName(String),
+    /// Not a snapshot id.
+    #[error("'{text}': {source}")]
+    BadId { text: String, source: BadSnapshotId },
+    /// The remote holds no snapshot of the drive.
+    #[error("remote '{remote}' holds no snapshot of drive '{drive}' (see `ramd snapshot list --remote {remote}`)")]
+    NoSnapshot { remote: String, drive: String },
+    /// The target drive exists already.
+    #[error(
+        "drive '{0}' already exists: restore into a new name with --as NAME, or delete it first"
+    )]
+    TargetExists(String),
+    /// The snapshot is larger than the drive that should take it.
+    #[error("snapshot {id} is {snapshot_bytes} bytes, larger than drive '{drive}' ({drive_bytes} bytes): make the drive at least that large")]
+    TooLarge {
+        id: String,
+        drive: String,
+        snapshot_bytes: u64,
+        drive_bytes: u64,
+    },
+    /// No such job.
+    #[error("no snapshot job {0} (jobs are kept for an hour after they end)")]
+    NoJob(u64),
+    /// A retention that keeps nothing.
+    #[error("keep_last / keep_daily of 0 would delete every snapshot: give at least 1")]
+    KeepNothing,
+    /// The new drive's memory could not be had.
+    #[error("cannot make the restored drive: {0}")]
+    Store(#[from] crate::block::backend::Error),
+    /// Restores at start need a runtime.
+    #[error("cannot start the snapshot runtime: {0}")]
+    Runtime(std::io::Error),
+}

@@ -1,0 +1,512 @@
+//! Drive snapshots through the daemon, end to end: a real `ramd daemon`,
+//! a single-node Garage on loopback (tests/common/garage.rs), the `ramd`
+//! CLI, and nbdcopy writing and reading the drives.
+//!
+//! - a snapshot restores byte for byte into a second daemon with its own
+//!   state directory; an incremental push after changing 1% of the drive
+//!   uploads about 1%;
+//! - writes made after the push started are not in the snapshot;
+//! - kill -9 in the middle of a push: the previous snapshot restores
+//!   exactly, and the next push finishes (skipping what made it);
+//! - Garage stopped mid-push: the push fails naming the remote, the drive
+//!   keeps serving, and once Garage is back a push succeeds;
+//! - wrong secret, missing bucket, a credentials file others may read:
+//!   refused with a precise message; the secret is never in the daemon's
+//!   log nor in any API or CLI output;
+//! - scheduled pushes show in /metrics, and `restore_from` fills a drive
+//!   of a new daemon before it is served.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::garage::Garage;
+use common::{random_bytes, require, run, tool, wait_until, Daemon, Output};
+
+const MIB: usize = 1 << 20;
+
+/// One test at a time: each runs a Garage and daemons moving hundreds of
+/// MiB, and two at once on a small machine make Garage answer 503.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A credentials file (0600) for the Garage key; `secret` overrides it.
+fn creds_file(dir: &Path, g: &Garage, secret: Option<&str>) -> PathBuf {
+    let path = dir.join(format!("creds-{}.toml", secret.map_or("ok", |_| "bad")));
+    std::fs::write(
+        &path,
+        format!(
+            "access_key_id = \"{}\"\nsecret_access_key = \"{}\"\n",
+            g.key_id,
+            secret.unwrap_or(&g.secret)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// `ramd ARGS` against `d`, with its output checked to hold no secret.
+#[track_caller]
+fn cli(d: &Daemon, g: &Garage, args: &[&str]) -> Output {
+    let out = run(d.cli().args(args));
+    assert!(
+        !out.stdout.contains(&g.secret) && !out.stderr.contains(&g.secret),
+        "the secret key appears in the output of ramd {args:?}"
+    );
+    out
+}
+
+/// `ramd remote add NAME s3://BUCKET/PREFIX` for Garage.
+#[track_caller]
+fn add_remote(d: &Daemon, g: &Garage, name: &str, bucket: &str, creds: &Path) {
+    let url = format!("s3://{bucket}/ramd");
+    cli(
+        d,
+        g,
+        &[
+            "remote",
+            "add",
+            name,
+            &url,
+            "--endpoint",
+            &g.endpoint,
+            "--region",
+            &g.region,
+            "--credentials-file",
+            creds.to_str().unwrap(),
+        ],
+    )
+    .ok();
+}
+
+/// Writes `data` at the start of drive `name` with nbdcopy.
+#[track_caller]
+fn write_drive(d: &Daemon, name: &str, data: &[u8]) {
+    let file = d.dir().join(format!("in-{name}.img"));
+    std::fs::write(&file, data).unwrap();
+    run(tool("nbdcopy").arg(&file).arg(d.uri(name))).ok();
+}
+
+/// The whole drive `name`, read with nbdcopy.
+#[track_caller]
+fn read_drive(d: &Daemon, name: &str) -> Vec<u8> {
+    let file = d.dir().join(format!("out-{name}.img"));
+    run(tool("nbdcopy").arg(d.uri(name)).arg(&file)).ok();
+    std::fs::read(&file).unwrap()
+}
+
+/// The JSON a `--json` command printed.
+#[track_caller]
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// Pushes `drive` to `remote` and waits; the job's JSON.
+#[track_caller]
+fn push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Value {
+    let out = cli(
+        d,
+        g,
+        &["snapshot", "create", drive, "--to", remote, "--json"],
+    )
+    .ok();
+    let job = json(&out);
+    assert_eq!(job["state"], "done", "{job}");
+    job
+}
+
+/// Polls a job until it is no longer running.
+#[track_caller]
+fn wait_job(d: &Daemon, id: u64) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    wait_until("the snapshot job to end", Duration::from_secs(300), || {
+        let (status, body) = d.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
+        assert_eq!(status, 200, "{body}");
+        last = serde_json::from_str(&body).unwrap();
+        last["state"] != "running"
+    });
+    last
+}
+
+/// Starts a push without waiting; the job's JSON (the cut is taken).
+#[track_caller]
+fn start_push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Value {
+    let out = cli(
+        d,
+        g,
+        &[
+            "snapshot",
+            "create",
+            drive,
+            "--to",
+            remote,
+            "--no-wait",
+            "--json",
+        ],
+    )
+    .ok();
+    json(&out)
+}
+
+#[track_caller]
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: sizes differ");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first difference at byte {i}");
+    }
+}
+
+#[test]
+fn snapshot_restores_exactly_and_pushes_are_incremental_and_point_in_time() {
+    let _serial = serial();
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let Some(g) = Garage::start() else { return };
+    let a = Daemon::start(&["db=100M"]);
+    let creds = creds_file(a.dir(), &g, None);
+    add_remote(&a, &g, "g", &g.bucket, &creds);
+    let listed = json(&cli(&a, &g, &["remote", "list", "--json"]).ok());
+    assert_eq!(
+        listed["remotes"][0]["credentials"],
+        format!("file {}", creds.display())
+    );
+
+    let mut data = random_bytes(100 * MIB, 1);
+    write_drive(&a, "db", &data);
+    let first = push(&a, &g, "db", "g");
+    let full = first["push"]["bytes_uploaded"].as_u64().unwrap();
+    assert!(full >= 100 * MIB as u64, "{first}");
+
+    // 1% of the drive changes: about 1% goes up (one chunk + manifest).
+    let changed = random_bytes(MIB, 2);
+    data[10 * MIB..11 * MIB].copy_from_slice(&changed);
+    write_drive(&a, "db", &data);
+    let second = push(&a, &g, "db", "g");
+    let inc = second["push"]["bytes_uploaded"].as_u64().unwrap();
+    assert!(
+        inc >= MIB as u64 && inc < 3 * MIB as u64,
+        "incremental push uploaded {inc} bytes: {second}"
+    );
+    assert_eq!(second["push"]["chunks_uploaded"], 1, "{second}");
+
+    // Point in time: once the push has started (the command returned),
+    // what is written is not in the snapshot.
+    let job = start_push(&a, &g, "db", "g");
+    write_drive(&a, "db", &random_bytes(100 * MIB, 3));
+    let third = wait_job(&a, job["id"].as_u64().unwrap());
+    assert_eq!(third["state"], "done", "{third}");
+    let third_id = third["push"]["snapshot"].as_str().unwrap().to_owned();
+
+    // A second daemon, its own state directory, restores it exactly.
+    let b = Daemon::launch(&["serve".into(), "--no-default-drive".into()], &[]);
+    add_remote(&b, &g, "g", &g.bucket, &creds);
+    let snaps = json(
+        &cli(
+            &b,
+            &g,
+            &["snapshot", "list", "db", "--remote", "g", "--json"],
+        )
+        .ok(),
+    );
+    assert_eq!(snaps["snapshots"].as_array().unwrap().len(), 3, "{snaps}");
+    let id = third_id.split('/').nth(1).unwrap();
+    cli(
+        &b,
+        &g,
+        &[
+            "restore",
+            "db",
+            "--from",
+            "g",
+            "--snapshot",
+            id,
+            "--as",
+            "copy",
+        ],
+    )
+    .ok();
+    assert_same(
+        &read_drive(&b, "copy"),
+        &data,
+        "restored point-in-time snapshot",
+    );
+    // Without --snapshot: the newest.
+    cli(&b, &g, &["restore", "db", "--from", "g"]).ok();
+    assert_same(&read_drive(&b, "db"), &data, "restored newest snapshot");
+    // The name is taken now: refused, nothing changes.
+    let again = cli(&b, &g, &["restore", "db", "--from", "g"]).failed();
+    assert!(again.stderr.contains("already exists"), "{again}");
+
+    for d in [&a, &b] {
+        assert!(
+            !d.log().contains(&g.secret),
+            "the secret is in the daemon log"
+        );
+        let (_, metrics) = d.http("GET", "/metrics", None);
+        assert!(!metrics.contains(&g.secret));
+    }
+    let (_, m) = a.http("GET", "/metrics", None);
+    assert!(
+        m.contains("ramd_snapshot_pushes_total{drive=\"db\",remote=\"g\"} 3"),
+        "{m}"
+    );
+}
+
+#[test]
+fn kill9_mid_push_keeps_the_previous_snapshot_and_the_next_push_resumes() {
+    let _serial = serial();
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let Some(g) = Garage::start() else { return };
+    let mut a = Daemon::start(&["big=384M"]);
+    let creds = creds_file(a.dir(), &g, None);
+    add_remote(&a, &g, "g", &g.bucket, &creds);
+    let old = random_bytes(8 * MIB, 10);
+    write_drive(&a, "big", &old);
+    push(&a, &g, "big", "g");
+
+    let new = random_bytes(384 * MIB, 11);
+    write_drive(&a, "big", &new);
+    let job = start_push(&a, &g, "big", "g");
+    let id = job["id"].as_u64().unwrap();
+    // Some chunks up, not all: then the crash.
+    wait_until(
+        "the push to upload something",
+        Duration::from_secs(120),
+        || {
+            let (_, body) = a.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
+            let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(j["state"], "running", "the push ended before the kill: {j}");
+            j["progress"]["bytes_transferred"].as_u64().unwrap() > 0
+        },
+    );
+    a.kill9();
+    a.restart();
+
+    // The remote lists only the complete snapshot; it restores exactly.
+    let snaps = json(
+        &cli(
+            &a,
+            &g,
+            &["snapshot", "list", "big", "--remote", "g", "--json"],
+        )
+        .ok(),
+    );
+    assert_eq!(snaps["snapshots"].as_array().unwrap().len(), 1, "{snaps}");
+    // (The restarted daemon made an empty "big" from its --drive flag.)
+    cli(&a, &g, &["restore", "big", "--from", "g", "--as", "before"]).ok();
+    let mut want = old.clone();
+    want.resize(384 * MIB, 0);
+    assert_same(
+        &read_drive(&a, "before"),
+        &want,
+        "the snapshot before the crash",
+    );
+
+    // The next push finishes, skipping the chunks the killed one sent.
+    write_drive(&a, "big", &new);
+    let next = push(&a, &g, "big", "g");
+    assert!(
+        next["push"]["chunks_skipped"].as_u64().unwrap() > 0,
+        "the push did not resume: {next}"
+    );
+}
+
+#[test]
+fn a_remote_going_down_fails_the_push_but_not_the_drive() {
+    let _serial = serial();
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let Some(mut g) = Garage::start() else { return };
+    let a = Daemon::start(&["db=256M"]);
+    let creds = creds_file(a.dir(), &g, None);
+    add_remote(&a, &g, "g", &g.bucket, &creds);
+    let data = random_bytes(256 * MIB, 20);
+    write_drive(&a, "db", &data);
+
+    let job = start_push(&a, &g, "db", "g");
+    g.stop();
+    let failed = wait_job(&a, job["id"].as_u64().unwrap());
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains(&g.endpoint) || error.contains("s3://"),
+        "{error}"
+    );
+    // The drive served all along, unchanged.
+    assert_same(
+        &read_drive(&a, "db"),
+        &data,
+        "the drive after a failed push",
+    );
+    let status = json(&cli(&a, &g, &["snapshot", "status", "db", "--json"]).ok());
+    assert_eq!(status["statuses"][0]["failures_total"], 1, "{status}");
+    assert!(status["statuses"][0]["last_error"].is_string(), "{status}");
+
+    g.restart();
+    // Garage may answer 503 for a moment after its restart: the first
+    // push that goes through must be whole.
+    let mut ok = serde_json::Value::Null;
+    wait_until(
+        "a push once Garage is back",
+        Duration::from_secs(120),
+        || {
+            let out = run(a
+                .cli()
+                .args(["snapshot", "create", "db", "--to", "g", "--json"]));
+            ok = json(&out);
+            ok["state"] == "done"
+        },
+    );
+    assert!(ok["push"]["snapshot"].is_string(), "{ok}");
+    let status = json(&cli(&a, &g, &["snapshot", "status", "db", "--json"]).ok());
+    assert!(status["statuses"][0]["last_error"].is_null(), "{status}");
+}
+
+#[test]
+fn bad_credentials_and_missing_buckets_are_named() {
+    let _serial = serial();
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let Some(g) = Garage::start() else { return };
+    let a = Daemon::start(&["db=8M"]);
+    write_drive(&a, "db", &random_bytes(8 * MIB, 30));
+    let wrong = creds_file(
+        a.dir(),
+        &g,
+        Some("0000000000000000000000000000000000000000000000000000000000000000"),
+    );
+    add_remote(&a, &g, "wrong", &g.bucket, &wrong);
+    let out = cli(&a, &g, &["snapshot", "create", "db", "--to", "wrong"]).failed();
+    assert!(out.stderr.contains("access denied"), "{out}");
+
+    let creds = creds_file(a.dir(), &g, None);
+    add_remote(&a, &g, "nobucket", "no-such-bucket", &creds);
+    let out = cli(&a, &g, &["snapshot", "create", "db", "--to", "nobucket"]).failed();
+    assert!(
+        out.stderr.contains("no-such-bucket") && out.stderr.contains("does not exist"),
+        "{out}"
+    );
+
+    // A credentials file others may read is refused before any request.
+    let open = a.dir().join("open.toml");
+    std::fs::copy(&creds, &open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    add_remote(&a, &g, "open", &g.bucket, &open);
+    let out = cli(&a, &g, &["snapshot", "create", "db", "--to", "open"]).failed();
+    assert!(out.stderr.contains("chmod 600"), "{out}");
+
+    // The remotes file is private.
+    let mode = std::fs::metadata(a.state_dir().join("remotes.json"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let listed = cli(&a, &g, &["remote", "list", "--json"]).ok();
+    assert!(!listed.stdout.contains("secret"), "{listed}");
+    assert!(!a.log().contains(&g.secret));
+}
+
+#[test]
+fn scheduled_pushes_show_in_metrics_and_restore_from_fills_a_new_daemon() {
+    let _serial = serial();
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let Some(g) = Garage::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = |restore: bool| {
+        let path = dir.path().join(if restore { "b.toml" } else { "a.toml" });
+        let drive = if restore {
+            "restore_from = \"g\"\n".to_owned()
+        } else {
+            "snapshot_interval = \"10s\"\nsnapshot_remote = \"g\"\nsnapshot_keep_last = 2\n"
+                .to_owned()
+        };
+        std::fs::write(
+            &path,
+            format!(
+                "[[remote]]\nname = \"g\"\nurl = \"s3://{}/sched\"\nendpoint = \"{}\"\nregion = \"{}\"\n\n[[drive]]\nname = \"db\"\nsize = \"16M\"\n{drive}",
+                g.bucket, g.endpoint, g.region
+            ),
+        )
+        .unwrap();
+        path
+    };
+    // Credentials from the daemon's environment.
+    let env = [
+        ("AWS_ACCESS_KEY_ID", g.key_id.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", g.secret.as_str()),
+    ];
+    let a_config = config(false);
+    let a = Daemon::launch(
+        &[
+            "serve".into(),
+            "--config".into(),
+            a_config.display().to_string(),
+        ],
+        &env,
+    );
+    let data = random_bytes(16 * MIB, 40);
+    write_drive(&a, "db", &data);
+    wait_until(
+        "a scheduled push after the write",
+        Duration::from_secs(120),
+        || {
+            let (_, m) = a.http("GET", "/metrics", None);
+            let pushed = m
+                .lines()
+                .find(|l| l.starts_with("ramd_snapshot_pushes_total{drive=\"db\""))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            pushed >= 2
+                && m.contains(
+                    "ramd_snapshot_last_success_timestamp_seconds{drive=\"db\",remote=\"g\"}",
+                )
+        },
+    );
+    let (_, m) = a.http("GET", "/metrics", None);
+    for family in [
+        "ramd_snapshot_age_seconds{",
+        "ramd_snapshot_uploaded_bytes_total{",
+        "ramd_snapshot_failures_total{",
+    ] {
+        assert!(m.contains(family), "{family} missing:\n{m}");
+    }
+    let status = json(&run(a.cli().args(["snapshot", "status", "db", "--json"])).ok());
+    assert_eq!(status["statuses"][0]["interval_ms"], 10_000, "{status}");
+
+    // A new daemon (its own state directory) with restore_from: the
+    // drive holds the data when it is first served.
+    let b_config = config(true);
+    let b = Daemon::launch(
+        &[
+            "serve".into(),
+            "--config".into(),
+            b_config.display().to_string(),
+        ],
+        &env,
+    );
+    assert_same(&read_drive(&b, "db"), &data, "restore_from at start");
+    assert!(
+        b.log().contains("restore_from: drive restored"),
+        "{}",
+        b.log()
+    );
+    for d in [&a, &b] {
+        assert!(
+            !d.log().contains(&g.secret),
+            "the secret is in the daemon log"
+        );
+    }
+}
