@@ -181,6 +181,10 @@ pub struct DaemonSection {
     pub poll_us: Option<u32>,
     pub keep_cpu_awake: Option<bool>,
     pub metrics: Option<bool>,
+    /// Memory is short below this much available (control::pressure).
+    pub pressure_min_available: Option<Size>,
+    /// Memory is short at this `full avg10` of /proc/pressure/memory (%).
+    pub pressure_full_avg10: Option<f64>,
     #[serde(default, deserialize_with = "de_log")]
     pub log: Option<String>,
     pub log_format: Option<LogFormat>,

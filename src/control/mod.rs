@@ -67,6 +67,7 @@ pub mod drives;
 pub mod ledger;
 pub mod lock;
 mod logging;
+pub mod pressure;
 pub mod remotes;
 pub mod run;
 pub mod sampler;
@@ -434,6 +435,8 @@ pub struct Settings {
     pub poll_us: u32,
     pub keep_cpu_awake: bool,
     pub metrics: bool,
+    /// When host memory counts as short (`control::pressure`).
+    pub pressure: pressure::Thresholds,
     pub log: Option<String>,
     pub log_format: LogFormat,
     /// Drives to create at start, with where each was declared.
@@ -534,6 +537,7 @@ impl Settings {
                 .unwrap_or(crate::nbd::server::DEFAULT_POLL_US),
             keep_cpu_awake: args.keep_cpu_awake.or(c.keep_cpu_awake).unwrap_or(false),
             metrics: args.metrics.or(c.metrics).unwrap_or(true),
+            pressure: pressure_thresholds(c),
             log: args.log.clone().or(c.log.clone()),
             log_format: args.log_format.or(c.log_format).unwrap_or_default(),
             drives,
@@ -595,6 +599,22 @@ pub struct Daemon {
     pub tokens: Arc<tokens::Tokens>,
     /// Snapshot remotes, pushes, restores and their state.
     pub snapshots: Arc<snapshots::Snapshots>,
+    /// The memory-pressure watcher's state.
+    pub pressure: Arc<pressure::Pressure>,
+}
+
+/// The pressure thresholds: the config's, else the defaults for this host.
+fn pressure_thresholds(c: &config::DaemonSection) -> pressure::Thresholds {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let total = pressure::meminfo_field(&meminfo, "MemTotal").unwrap_or(0);
+    let mut t = pressure::Thresholds::defaults(total);
+    if let Some(s) = c.pressure_min_available {
+        t.min_available_bytes = s.0;
+    }
+    if let Some(pct) = c.pressure_full_avg10 {
+        t.full_avg10_pct = pct;
+    }
+    t
 }
 
 impl Daemon {

@@ -4,6 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,6 +16,7 @@ use super::drives::Drives;
 use super::ledger::{now_unix_s, Ledger, Origin};
 use super::lock::PidLock;
 use super::logging;
+use super::pressure::{self, Pressure};
 use super::sampler::Sampler;
 use super::snapshots::Snapshots;
 use super::tokens::Tokens;
@@ -498,6 +500,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Some(b) => MemoryBudget::new(b),
         None => MemoryBudget::default_daemon(),
     });
+    let (pressure, pressure_stop) = start_pressure(&settings, &budget)?;
     let exports = Arc::new(ExportTable::new());
     let ledger = Arc::new(Ledger::new(exports.clone(), budget));
     let (drives, caches, snapshots) = create_with_snapshots(&settings, &ledger)?;
@@ -546,6 +549,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         nbd_refusals: nbd_handle.refusals(),
         tokens,
         snapshots,
+        pressure,
     });
 
     let nbd_thread = std::thread::Builder::new()
@@ -579,6 +583,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Err(_) => tracing::error!("NBD server thread panicked"),
     }
     daemon.attachments.shutdown();
+    pressure_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // No client can write any more: save every persistent drive, and
     // write every cache back (bounded, loud).
     drives.shutdown_persistent();
@@ -590,6 +595,24 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     cache_shutdown_result(&outcomes)?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the memory-pressure watcher over the daemon-wide budget; it
+/// stops when the returned flag is set.
+fn start_pressure(
+    settings: &Settings,
+    budget: &Arc<MemoryBudget>,
+) -> Result<(Arc<Pressure>, Arc<AtomicBool>), DaemonError> {
+    let pressure = Arc::new(Pressure::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    pressure::spawn(
+        pressure.clone(),
+        settings.pressure,
+        budget.clone(),
+        stop.clone(),
+    )
+    .map_err(DaemonError::Start)?;
+    Ok((pressure, stop))
 }
 
 /// The sockets a start has bound, removed again when the start is

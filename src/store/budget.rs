@@ -5,6 +5,14 @@
 //! exceeds it, whatever the interleaving. Only page *allocations* and *frees*
 //! touch a budget; overwrites and reads never do, so the shared counter is off
 //! the hot path of an allocated drive.
+//!
+//! A budget also has a host cap ([`MemoryBudget::set_host_cap_bytes`]),
+//! below its limit when the host has less room than the limit promises:
+//! the daemon's memory-pressure watcher (`control::pressure`) sets it on
+//! the daemon-wide budget every second to what is in use plus the host's
+//! room above its reserve, and to what is in use while memory is short.
+//! New pages then get ENOSPC before the host would swap or call the OOM
+//! killer, even between two readings. Frees are always taken.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,11 +21,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// system (page cache, the programs using the drive) must keep room.
 pub const DEFAULT_BUDGET_PERCENT: u64 = 75;
 
+/// What a refused reservation says while the host is short of memory.
+pub const PRESSURE_REFUSAL: &str =
+    "the host is short of memory (see `ramd info`: memory pressure), so ramd \
+     refuses new pages until it recovers; free memory elsewhere, trim or delete drives, or \
+     change the thresholds (docs/memory.md, \"Memory pressure\")";
+
 /// A byte counter with a hard limit.
 #[derive(Debug)]
 pub struct MemoryBudget {
     limit_bytes: AtomicU64,
     used_bytes: AtomicU64,
+    /// The host cap (`u64::MAX`: none).
+    host_cap_bytes: AtomicU64,
+    /// Reservations the host cap refused (the limit alone would not have).
+    refused_under_pressure: AtomicU64,
 }
 
 impl MemoryBudget {
@@ -26,6 +44,8 @@ impl MemoryBudget {
         MemoryBudget {
             limit_bytes: AtomicU64::new(limit_bytes),
             used_bytes: AtomicU64::new(0),
+            host_cap_bytes: AtomicU64::new(u64::MAX),
+            refused_under_pressure: AtomicU64::new(0),
         }
     }
 
@@ -40,11 +60,20 @@ impl MemoryBudget {
     #[inline]
     pub fn try_reserve(&self, bytes: u64) -> bool {
         let limit = self.limit_bytes.load(Ordering::Relaxed);
-        self.used_bytes
+        let cap = self.host_cap_bytes.load(Ordering::Relaxed);
+        let mut capped = false;
+        let ok = self
+            .used_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&n| n <= limit)
+                let n = used.checked_add(bytes).filter(|&n| n <= limit)?;
+                capped = n > cap;
+                (!capped).then_some(n)
             })
-            .is_ok()
+            .is_ok();
+        if capped {
+            self.refused_under_pressure.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
     }
 
     /// Gives back `bytes` reserved earlier.
@@ -62,6 +91,28 @@ impl MemoryBudget {
     /// The limit in bytes (`u64::MAX` when unlimited).
     pub fn limit_bytes(&self) -> u64 {
         self.limit_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets the host cap; see the module docs.
+    pub fn set_host_cap_bytes(&self, cap: u64) {
+        self.host_cap_bytes.store(cap, Ordering::Relaxed);
+    }
+
+    /// The host cap (`u64::MAX`: none).
+    pub fn host_cap_bytes(&self) -> u64 {
+        self.host_cap_bytes.load(Ordering::Relaxed)
+    }
+
+    /// True when the host cap, not the limit, is what stops a reservation
+    /// of `bytes` now (for the refusal's message).
+    pub fn is_host_capped(&self, bytes: u64) -> bool {
+        let n = self.used_bytes().saturating_add(bytes);
+        n > self.host_cap_bytes() && n <= self.limit_bytes()
+    }
+
+    /// Reservations the host cap refused since the start.
+    pub fn refused_under_pressure(&self) -> u64 {
+        self.refused_under_pressure.load(Ordering::Relaxed)
     }
 
     /// Changes the limit. Memory already in use above a lowered limit stays;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 
-use crate::api::wire::health::{Budget, Health};
+use crate::api::wire::health::{Budget, Health, MemoryPressure};
 use crate::control::Daemon;
 
 pub(crate) fn budget(d: &Daemon) -> Budget {
@@ -33,5 +33,22 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> Json<Health> {
         metrics_enabled: d.drives.metrics_enabled(),
         drives: d.drives.list().len() as u64,
         memory_budget: budget(&d),
+        memory_pressure: pressure(&d),
     })
+}
+
+pub(crate) fn pressure(d: &Daemon) -> MemoryPressure {
+    let s = d.pressure.status();
+    let t = s.thresholds.unwrap_or(d.settings.pressure);
+    MemoryPressure {
+        short: s.short,
+        episodes: s.episodes,
+        refused_allocations: d.drives.budget().refused_under_pressure(),
+        available_bytes: s.reading.available_bytes,
+        min_available_bytes: t.min_available_bytes,
+        full_avg10_pct: s.reading.full_avg10_pct,
+        max_full_avg10_pct: t.full_avg10_pct,
+        some_avg10_pct: s.reading.some_avg10_pct,
+        cgroup_limit_bytes: s.reading.cgroup_limit_bytes,
+    }
 }

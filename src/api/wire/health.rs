@@ -14,6 +14,30 @@ pub struct Budget {
     pub committed_bytes: u64,
 }
 
+/// The host's memory as the pressure watcher last read it (docs/memory.md,
+/// "Memory pressure").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryPressure {
+    /// True while memory is short: new drive pages get ENOSPC.
+    pub short: bool,
+    /// Times memory ran short since the daemon started.
+    pub episodes: u64,
+    /// New pages refused because memory was short.
+    pub refused_allocations: u64,
+    /// The smaller of MemAvailable and the memory cgroup's room.
+    pub available_bytes: u64,
+    /// Short below this.
+    pub min_available_bytes: u64,
+    /// `full avg10` of /proc/pressure/memory (None: no PSI here).
+    pub full_avg10_pct: Option<f64>,
+    /// Short at or above this `full avg10`.
+    pub max_full_avg10_pct: f64,
+    /// `some avg10`.
+    pub some_avg10_pct: Option<f64>,
+    /// The daemon's memory cgroup limit, when it has one.
+    pub cgroup_limit_bytes: Option<u64>,
+}
+
 /// `GET /v1/health`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Health {
@@ -31,4 +55,6 @@ pub struct Health {
     pub metrics_enabled: bool,
     pub drives: u64,
     pub memory_budget: Budget,
+    #[serde(default)]
+    pub memory_pressure: MemoryPressure,
 }
