@@ -16,6 +16,8 @@ pub(crate) struct CreateArgs {
     pub name: String,
     pub size: Option<String>,
     pub mem_limit: Option<String>,
+    /// `lz4`, `zstd[:LEVEL]` or `off` (checked by the daemon).
+    pub compress: Option<String>,
     pub read_only: bool,
     pub overcommit: bool,
     pub persist: persist::PersistArgs,
@@ -75,6 +77,7 @@ pub(crate) fn create_from(c: &Client, a: CreateArgs) -> Result<(), CliError> {
         name: a.name,
         size: a.size.as_deref().map(size_value),
         mem_limit: a.mem_limit.as_deref().map(size_value),
+        compress: a.compress,
         read_only: a.read_only,
         overcommit: a.overcommit,
         persist: a.persist.persist,
@@ -97,9 +100,13 @@ fn create(c: &Client, req: &CreateDrive, json: bool, no_wait: bool) -> Result<()
         return print_json(&d);
     }
     println!(
-        "created {} ({}{}) at {}",
+        "created {} ({}{}{}) at {}",
         d.name,
         format_size(d.size_bytes),
+        match &d.compression {
+            Some(c) => format!(", compressed {}", c.algorithm),
+            None => String::new(),
+        },
         if d.read_only { ", read-only" } else { "" },
         d.uri
     );

@@ -141,6 +141,12 @@ pub enum Command {
         /// Most memory the drive may hold; writes past it fail with ENOSPC.
         #[arg(long, value_name = "SIZE", value_parser = arg_mem_limit)]
         mem_limit: Option<String>,
+        /// Keep pages compressed: lz4, zstd, zstd:LEVEL or off (default).
+        /// The drive is promised min(size, mem-limit) of the budget, so
+        /// give --mem-limit below --size to hold more than its memory.
+        /// RAM only (not with --persist). See docs/compression.md.
+        #[arg(long, value_name = "ALGO")]
+        compress: Option<String>,
         /// Refuse writes from the start (unlock with `ramd unlock`).
         #[arg(long)]
         read_only: bool,
@@ -619,6 +625,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             name,
             size,
             mem_limit,
+            compress,
             read_only,
             overcommit,
             persist,
@@ -629,6 +636,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 name,
                 size,
                 mem_limit,
+                compress,
                 read_only,
                 overcommit,
                 persist,

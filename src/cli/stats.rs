@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use super::{caches, dirs, output, print_json, CliError};
 use crate::api::client::{Client, ClientError};
+use crate::api::wire::drives::CompressionInfo;
+use crate::api::wire::stats::StatsReport;
+use crate::size::format_size;
 
 /// `ramd info [NAME]`: a drive, else a cache of that name; the daemon
 /// without a name.
@@ -45,7 +48,53 @@ pub(crate) fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), Cli
         }
     }
     print!("{}", output::drive_info(&d));
+    if let Some(z) = &d.compression {
+        print!("{}", compression_lines(z));
+    }
     Ok(())
+}
+
+/// A compressed drive's figures, for `ramd info` (zram's `mm_stat`).
+fn compression_lines(z: &CompressionInfo) -> String {
+    format!(
+        "compression:     {} (ratio {:.2})\n  data:          {} in {} compressed, {} used ({} slabs + {} metadata)\n  pages:         {} compressed, {} same-filled, {} incompressible\n  compaction:    {} runs, {} objects moved, {} freed\n",
+        z.algorithm,
+        z.ratio,
+        format_size(z.orig_data_bytes),
+        format_size(z.compr_data_bytes),
+        format_size(z.mem_used_bytes),
+        format_size(z.slab_bytes),
+        format_size(z.metadata_bytes),
+        z.compressed_pages,
+        z.same_pages,
+        z.huge_pages,
+        z.compact_runs,
+        z.compact_moved_objects,
+        format_size(z.compact_freed_bytes),
+    )
+}
+
+/// `ramd stats`' section of compressed drives (empty when none).
+fn compression_section(report: &StatsReport) -> String {
+    let mut out = String::new();
+    for d in &report.drives {
+        let Some(z) = &d.compression else { continue };
+        if out.is_empty() {
+            out.push_str("\ncompressed drives: data / used = ratio (same-filled, incompressible pages; compaction moves)\n");
+        }
+        out.push_str(&format!(
+            "  {:<16} {} {} / {} = {:.2}x ({} same, {} huge; {} moved)\n",
+            d.name,
+            z.algorithm,
+            format_size(z.orig_data_bytes),
+            format_size(z.mem_used_bytes),
+            z.ratio,
+            z.same_pages,
+            z.huge_pages,
+            z.compact_moved_objects,
+        ));
+    }
+    out
 }
 
 /// `ramd stats`: one report, or one a second with `--watch`.
@@ -90,6 +139,7 @@ pub(crate) fn stats(
             let caches = caches::stats_section(&report.caches);
             let _ = write!(out, "{}", output::stats(&report, &caches));
             let _ = write!(out, "{}", output::persist_stats(&report));
+            let _ = write!(out, "{}", compression_section(&report));
             if name.is_none() {
                 let _ = write!(out, "{}", dirs::stats_section(client));
             }

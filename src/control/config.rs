@@ -31,6 +31,7 @@
 //! name = "ram0"
 //! size = "1G"
 //! mem_limit = "512M"
+//! compress = "lz4"            # lz4 | zstd | zstd:LEVEL | off (RAM-only drives)
 //! read_only = false
 //! overcommit = false
 //! persist = true              # keep it in STATE_DIR/drives/NAME
@@ -82,8 +83,8 @@ use toml::Spanned;
 use super::caches::{CacheConfigEntry, CacheSpec};
 use super::dirs::{DirEntry, DirSpec};
 use super::drives::spec::{
-    check_mem_limit, check_name, parse_drive_size, parse_durability, parse_sync_interval_ms,
-    DriveSpec, PersistOptions,
+    check_compress, check_mem_limit, check_name, parse_compress, parse_drive_size,
+    parse_durability, parse_sync_interval_ms, DriveSpec, PersistOptions,
 };
 use super::ledger::{Kind, Ledger, LedgerError, Origin};
 use super::remotes::{RemoteEntry, RemoteSpec};
@@ -335,6 +336,8 @@ pub struct DriveEntry {
     pub name: Spanned<String>,
     pub size: Spanned<Size>,
     pub mem_limit: Option<Spanned<Size>>,
+    /// `lz4`, `zstd`, `zstd:LEVEL` or `off` (`store::compressed`).
+    pub compress: Option<Spanned<String>>,
     #[serde(default)]
     pub read_only: bool,
     #[serde(default)]
@@ -497,7 +500,13 @@ fn drive_spec(
                 .replace("--encrypt", "encrypt = true"),
         )
     })?;
-    Ok(DriveSpec {
+    let compress = match &d.compress {
+        Some(v) => {
+            parse_compress(v.get_ref()).map_err(|e| invalid(v.span().start, e.to_string()))?
+        }
+        None => None,
+    };
+    let spec = DriveSpec {
         name: name.clone(),
         size_bytes: size,
         mem_limit_bytes,
@@ -505,7 +514,24 @@ fn drive_spec(
         overcommit: d.overcommit,
         persist,
         access: drive_access(d, invalid)?,
-    })
+        compress,
+    };
+    if let Err(e) = check_compress(&spec) {
+        let at = d
+            .compress
+            .as_ref()
+            .map_or(d.name.span().start, |v| v.span().start);
+        return Err(invalid(
+            at,
+            e.to_string()
+                .replace("--persist (config: persist)", "persist")
+                .replace(
+                    "--compress (compress = \"off\")",
+                    "compress (compress = \"off\")",
+                ),
+        ));
+    }
+    Ok(spec)
 }
 
 /// Parses config text; `path` is used in messages.
@@ -657,6 +683,7 @@ log_format = "json"
 name = "a"
 size = "1G"
 mem_limit = 1048576
+compress = "zstd:3"
 
 [[drive]]
 name = "b"
@@ -669,6 +696,11 @@ read_only = true
         assert_eq!(c.daemon.log_format, Some(LogFormat::Json));
         assert_eq!(c.drives.len(), 2);
         assert_eq!(c.drives[0].mem_limit_bytes, Some(1 << 20));
+        assert_eq!(
+            c.drives[0].compress,
+            Some(crate::store::compressed::Algorithm::Zstd { level: 3 })
+        );
+        assert_eq!(c.drives[1].compress, None);
         assert!(c.drives[1].read_only);
     }
 

@@ -1,6 +1,9 @@
 //! Once a second, a snapshot of every drive's metrics, so `ramd stats` can
 //! show rates (IOPS, MiB/s) and the latency of the last second without
-//! making clients sample twice.
+//! making clients sample twice. The same tick compacts compressed drives
+//! whose slabs hold much free space ([`compact_drives`]): writes and trims
+//! compact incrementally, but a drive that stops changing after a large
+//! trim keeps its partly empty blocks until something frees them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +16,32 @@ use crate::metrics::Totals;
 
 /// How often drives are sampled.
 pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// A compressed drive is compacted when its slab slack (free slots and
+/// rounding) is at least this many bytes...
+pub const COMPACT_SLACK_MIN_BYTES: u64 = 1 << 20;
+/// ...and at least this fraction (1/N) of its slab bytes.
+pub const COMPACT_SLACK_FRACTION: u64 = 4;
+
+/// Compacts every compressed drive whose slack is large (see the
+/// thresholds above); the store counts the runs, moves and bytes freed
+/// (`ramd_drive_compaction_*`). Returns the bytes released.
+pub fn compact_drives(drives: &Drives) -> u64 {
+    let mut freed = 0;
+    for d in drives.list() {
+        let Some(c) = d.compressed() else { continue };
+        let s = c.stats();
+        let slack = s.slack_bytes();
+        if slack >= COMPACT_SLACK_MIN_BYTES && slack >= s.slab_bytes / COMPACT_SLACK_FRACTION {
+            let n = c.compact();
+            if n > 0 {
+                tracing::debug!(drive = %d.name, freed_bytes = n, "compacted");
+            }
+            freed += n;
+        }
+    }
+    freed
+}
 
 /// The last completed interval of one drive.
 #[derive(Debug, Clone)]
@@ -95,7 +124,11 @@ impl Sampler {
             tick.tick().await;
             let (s, r) = (self.clone(), drives.clone());
             // Snapshots lock per-drive mutexes briefly: off the async threads.
-            let _ = tokio::task::spawn_blocking(move || s.tick(&r)).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                s.tick(&r);
+                compact_drives(&r);
+            })
+            .await;
         }
     }
 }

@@ -34,6 +34,7 @@
 //! - A closing connection's counts move from `live` to `retired` under the
 //!   drive mutex, so a snapshot never counts them twice or loses them.
 
+pub mod compressed;
 pub mod histogram;
 pub mod persist;
 pub mod prometheus;

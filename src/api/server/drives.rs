@@ -14,15 +14,16 @@ use axum::Json;
 use super::persistence::{interval_ms, key_path, persist_info};
 use super::{blocking, ApiError};
 use crate::api::wire::drives::{
-    AccessPatch, CreateDrive, DeleteQuery, Deleted, DriveAccess, DriveInfo, DriveList, PatchDrive,
+    AccessPatch, CompressionInfo, CreateDrive, DeleteQuery, Deleted, DriveAccess, DriveInfo,
+    DriveList, PatchDrive,
 };
 use crate::api::wire::persistence::RestoreRequest;
 use crate::api::wire::values::SizeValue;
 use crate::control::drives::persistent::settings::{self, Given};
 use crate::control::drives::persistent::{probe, Found};
 use crate::control::drives::spec::{
-    check_name, parse_access, parse_drive_size, parse_durability, parse_mem_limit, parse_networks,
-    AccessError, DriveSpec, PersistOptions, SpecError,
+    check_compress, check_name, parse_access, parse_compress, parse_drive_size, parse_durability,
+    parse_mem_limit, parse_networks, AccessError, DriveSpec, PersistOptions, SpecError,
 };
 use crate::control::drives::{AccessChange, Drive, DriveChange, DriveState};
 use crate::control::ledger::Origin;
@@ -61,7 +62,30 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
             DriveState::Failed(e) => Some(e),
             _ => None,
         },
+        compression: compression_info(drive),
     }
+}
+
+/// A compressed drive's figures as the API shows them (also in
+/// `/v1/drives/{name}/stats`).
+pub(crate) fn compression_info(drive: &Drive) -> Option<CompressionInfo> {
+    let c = drive.compressed()?;
+    let s = c.stats();
+    Some(CompressionInfo {
+        algorithm: c.algorithm().to_string(),
+        orig_data_bytes: s.orig_data_bytes,
+        compr_data_bytes: s.compr_data_bytes,
+        slab_bytes: s.slab_bytes,
+        metadata_bytes: s.metadata_bytes,
+        mem_used_bytes: s.mem_used_bytes(),
+        same_pages: s.same_pages,
+        huge_pages: s.huge_pages,
+        compressed_pages: s.compressed_pages,
+        compact_runs: s.compact_runs,
+        compact_moved_objects: s.compact_moved_objects,
+        compact_freed_bytes: s.compact_freed_bytes,
+        ratio: s.ratio(),
+    })
 }
 
 /// Access rules as the API shows them.
@@ -176,7 +200,14 @@ pub async fn create(
         overcommit: req.overcommit,
         persist,
         access,
+        compress: req
+            .compress
+            .as_deref()
+            .map(parse_compress)
+            .transpose()?
+            .flatten(),
     };
+    check_compress(&spec)?;
     // Settings not given explicitly come from its drive.json (an unusable
     // one fails the drive in the registry, never silently rewritten).
     let notice = match &existing {

@@ -61,6 +61,7 @@ impl From<SpecError> for ApiError {
             SpecError::Malformed(_) => "invalid_request",
             SpecError::Persist(_) => "invalid_persistence",
             SpecError::Access(_) => "invalid_access",
+            SpecError::Compress(_) => "invalid_compression",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
     }

@@ -11,9 +11,34 @@ use crate::control::snapshots::metrics::SnapshotCollector;
 use crate::control::Daemon;
 use crate::dirsync::metrics::DirsCollector;
 use crate::fuse::metrics::AttachCollector;
+use crate::metrics::compressed::{CompressedCollector, CompressedSample};
 use crate::metrics::persist::PersistCollector;
 use crate::metrics::prometheus::{encode_with, DaemonSample, DriveSample, CONTENT_TYPE};
 use crate::nbd::access::RefusalCollector;
+
+/// The compressed drives' figures (zram's `mm_stat`).
+fn compressed_samples(d: &Daemon) -> Vec<CompressedSample> {
+    d.drives
+        .list()
+        .iter()
+        .filter_map(|x| {
+            let s = x.compression_stats()?;
+            Some(CompressedSample {
+                name: x.name.clone(),
+                orig_data_bytes: s.orig_data_bytes,
+                compr_data_bytes: s.compr_data_bytes,
+                mem_used_bytes: s.mem_used_bytes(),
+                same_pages: s.same_pages,
+                huge_pages: s.huge_pages,
+                compressed_pages: s.compressed_pages,
+                compact_runs: s.compact_runs,
+                compact_moved_objects: s.compact_moved_objects,
+                compact_freed_bytes: s.compact_freed_bytes,
+                ratio: s.ratio(),
+            })
+        })
+        .collect()
+}
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let drives = d
@@ -68,9 +93,14 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
             vec![
                 Box::new(DirsCollector(dirs)),
                 Box::new(PersistCollector(persist)),
+                Box::new(CompressedCollector(compressed_samples(&d))),
                 Box::new(CacheCollector(caches)),
                 Box::new(AttachCollector(d.attachments.list())),
                 Box::new(RefusalCollector::of(&d.nbd_refusals)),
+                Box::new(crate::control::pressure::PressureCollector {
+                    status: d.pressure.status(),
+                    refused_allocations: d.drives.budget().refused_under_pressure(),
+                }),
                 Box::new(SnapshotCollector {
                     statuses: d.snapshots.statuses(),
                     now_unix_ms: crate::snapshot::remote::now_ms(),

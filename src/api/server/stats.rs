@@ -25,6 +25,7 @@ pub(crate) fn drive_stats(d: &Daemon, drive: &Drive) -> DriveStats {
         persist: drive
             .persistent()
             .map(|pd| super::persistence::status_info(&pd.status())),
+        compression: super::drives::compression_info(drive),
     }
 }
 

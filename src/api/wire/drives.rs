@@ -20,6 +20,10 @@ pub struct CreateDrive {
     pub size: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<SizeValue>,
+    /// `lz4`, `zstd`, `zstd:LEVEL` or `off` (absent: off). A compressed
+    /// drive is RAM only; its promise is `min(size, mem_limit)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<String>,
     #[serde(default)]
     pub read_only: bool,
     #[serde(default)]
@@ -157,6 +161,41 @@ pub struct DriveInfo {
     /// Why a failed drive failed (the precise error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A compressed drive's memory figures; absent for raw drives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionInfo>,
+}
+
+/// A compressed drive's memory figures, like zram's `mm_stat` (each shard
+/// is read in turn, so concurrent writes may skew sums by a few pages).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompressionInfo {
+    /// `lz4` or `zstd:LEVEL`.
+    pub algorithm: String,
+    /// Logical bytes of every page that is not a hole (`orig_data_size`).
+    pub orig_data_bytes: u64,
+    /// Sum of the stored objects' lengths (`compr_data_size`).
+    pub compr_data_bytes: u64,
+    /// Slab blocks held: what the memory limit and budget are charged.
+    pub slab_bytes: u64,
+    /// Page tables and slab bookkeeping (not charged).
+    pub metadata_bytes: u64,
+    /// `slab_bytes + metadata_bytes` (`mem_used_total`).
+    pub mem_used_bytes: u64,
+    /// Same-filled pages, zero pages included (no bytes stored).
+    pub same_pages: u64,
+    /// Pages that do not compress below 3/4 of a page, kept raw.
+    pub huge_pages: u64,
+    /// Pages kept compressed.
+    pub compressed_pages: u64,
+    /// Compaction passes run.
+    pub compact_runs: u64,
+    /// Objects compaction moved.
+    pub compact_moved_objects: u64,
+    /// Bytes of blocks compaction released.
+    pub compact_freed_bytes: u64,
+    /// `orig_data_bytes / mem_used_bytes`; 0 when the drive holds nothing.
+    pub ratio: f64,
 }
 
 /// `GET /v1/drives`.

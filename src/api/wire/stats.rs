@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::caches::CacheInfo;
+use super::drives::CompressionInfo;
 use super::health::Budget;
 use super::persistence::PersistStatusInfo;
 use super::values::{StatsRates, StatsTotals};
@@ -25,6 +26,9 @@ pub struct DriveStats {
     /// A ready persistent drive's persistence figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persist: Option<PersistStatusInfo>,
+    /// A compressed drive's memory figures (zram's `mm_stat`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionInfo>,
 }
 
 /// `GET /v1/stats`.

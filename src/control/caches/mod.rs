@@ -780,6 +780,7 @@ mod tests {
                 overcommit: false,
                 persist: None,
                 access: Default::default(),
+                compress: None,
             },
             Origin::Api,
         )
@@ -807,6 +808,7 @@ mod tests {
                 overcommit: false,
                 persist: None,
                 access: Default::default(),
+                compress: None,
             },
             Origin::Api,
         )

@@ -59,6 +59,7 @@ use crate::metrics::DriveMetrics;
 use crate::nbd::access::{AccessRules, AccessTable, Network};
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
+use crate::store::compressed::{CompressedStats, CompressedStore};
 use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
 pub use error::DriveError;
 use persistent::{DiskDrive, Offline, Persistence};
@@ -110,6 +111,8 @@ pub enum DriveData {
     Ram(Arc<RamStore>),
     /// A RAM store with a state directory.
     Persistent(Arc<DiskDrive>),
+    /// A compressed RAM store (`--compress`; RAM only).
+    Compressed(Arc<CompressedStore>),
     /// Nothing in memory: the drive is restoring or failed.
     Offline {
         /// Its size as far as known (0 when even that is unreadable).
@@ -167,8 +170,26 @@ impl Drive {
         match &self.data {
             DriveData::Ram(s) => Some(s),
             DriveData::Persistent(p) => Some(p.store()),
-            DriveData::Offline { .. } => None,
+            DriveData::Compressed(_) | DriveData::Offline { .. } => None,
         }
+    }
+
+    /// The compressed store, for a compressed drive.
+    pub fn compressed(&self) -> Option<&Arc<CompressedStore>> {
+        match &self.data {
+            DriveData::Compressed(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A compressed drive's memory figures (zram's `mm_stat`).
+    pub fn compression_stats(&self) -> Option<CompressedStats> {
+        self.compressed().map(|c| c.stats())
+    }
+
+    /// True when the drive's data is in memory (not restoring or failed).
+    fn has_data(&self) -> bool {
+        !matches!(self.data, DriveData::Offline { .. })
     }
 
     /// The persistent drive, when ready.
@@ -182,6 +203,7 @@ impl Drive {
     pub fn size_bytes(&self) -> u64 {
         match (&self.data, self.store()) {
             (DriveData::Offline { size_bytes, .. }, _) => *size_bytes,
+            (DriveData::Compressed(c), _) => c.size(),
             (_, Some(s)) => s.size(),
             _ => 0,
         }
@@ -189,7 +211,10 @@ impl Drive {
 
     /// Memory the drive holds now.
     pub fn allocated_bytes(&self) -> u64 {
-        self.store().map_or(0, |s| s.allocated_bytes())
+        match &self.data {
+            DriveData::Compressed(c) => c.allocated_bytes(),
+            _ => self.store().map_or(0, |s| s.allocated_bytes()),
+        }
     }
 
     /// The drive's own memory limit, None when unlimited.
@@ -201,6 +226,7 @@ impl Drive {
                 },
                 _,
             ) => *mem_limit_bytes,
+            (DriveData::Compressed(c), _) => Some(c.mem_limit_bytes()).filter(|&l| l != u64::MAX),
             (_, Some(s)) => Some(s.mem_limit_bytes()).filter(|&l| l != u64::MAX),
             _ => None,
         }
@@ -222,6 +248,7 @@ impl Drive {
             overcommit: *self.overcommit.lock(),
             persist: self.persist.as_ref().map(|p| p.spec.lock().clone()),
             access: self.access.lock().clone(),
+            compress: self.compressed().map(|c| c.algorithm()),
         }
     }
 
@@ -390,7 +417,7 @@ impl Drives {
     /// A drive that serves I/O (not restoring or failed).
     pub fn get_ready(&self, name: &str) -> Result<Arc<Drive>, DriveError> {
         let d = self.get(name)?;
-        if d.store().is_none() {
+        if !d.has_data() {
             return Err(not_ready(&d));
         }
         Ok(d)
@@ -424,6 +451,7 @@ impl Drives {
     ) -> Result<Arc<Drive>, DriveError> {
         check_name(&spec.name)?;
         check_size(spec.size_bytes)?;
+        spec::check_compress(spec)?;
         if let Some(p) = &spec.persist {
             return self.create_persistent(spec, p, origin);
         }
@@ -432,20 +460,25 @@ impl Drives {
         let claim = self
             .ledger
             .claim(Kind::Drive, &spec.name, origin, &promise)?;
-        let store =
-            match RamStore::new(spec.size_bytes, spec.mem_limit_bytes, self.budget().clone()) {
-                Ok(s) => Arc::new(s),
-                Err(e) => {
-                    self.ledger.release(&claim);
-                    return Err(e.into());
-                }
-            };
+        let (limit, budget) = (spec.mem_limit_bytes, self.budget().clone());
+        let data = match spec.compress {
+            None => RamStore::new(spec.size_bytes, limit, budget).map(|s| DriveData::Ram(s.into())),
+            Some(a) => CompressedStore::new(spec.size_bytes, a, limit, budget)
+                .map(|s| DriveData::Compressed(s.into())),
+        };
+        let data = match data {
+            Ok(d) => d,
+            Err(e) => {
+                self.ledger.release(&claim);
+                return Err(e.into());
+            }
+        };
         let drive = self.assemble(
             spec,
             claim,
             DriveKind::Ram,
             DriveState::Ready,
-            DriveData::Ram(store),
+            data,
             None,
             None,
             now_unix_s(),
@@ -455,6 +488,7 @@ impl Drives {
             drive = %spec.name,
             size = %format_size(spec.size_bytes),
             read_only = spec.read_only,
+            compress = %spec.compress.map_or("off".to_owned(), |a| a.to_string()),
             "drive created"
         );
         Ok(drive)
@@ -479,6 +513,7 @@ impl Drives {
         let (backend, size): (Arc<dyn Backend>, u64) = match &data {
             DriveData::Ram(s) => (s.clone(), s.size()),
             DriveData::Persistent(p) => (p.clone(), p.size()),
+            DriveData::Compressed(c) => (c.clone(), c.size()),
             DriveData::Offline { size_bytes, .. } => (
                 Arc::new(Offline {
                     size_bytes: *size_bytes,
@@ -487,7 +522,14 @@ impl Drives {
             ),
         };
         let desc = match (&state, &persist) {
-            (DriveState::Ready, None) => format!("ramd RAM drive, {}", format_size(size)),
+            (DriveState::Ready, None) => match &data {
+                DriveData::Compressed(c) => format!(
+                    "ramd RAM drive, {}, compressed ({})",
+                    format_size(size),
+                    c.algorithm()
+                ),
+                _ => format!("ramd RAM drive, {}", format_size(size)),
+            },
             (DriveState::Ready, Some(p)) => format!(
                 "ramd persistent drive, {}, durability {}",
                 format_size(size),
@@ -576,9 +618,9 @@ impl Drives {
     pub fn change(&self, name: &str, change: &DriveChange) -> Result<Arc<Drive>, DriveError> {
         let drives = self.drives.lock();
         let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
-        let Some(store) = drive.store() else {
+        if !drive.has_data() {
             return Err(not_ready(&drive));
-        };
+        }
         let size = change.size_bytes.unwrap_or(drive.size_bytes());
         let limit = change.mem_limit_bytes.unwrap_or(drive.mem_limit_bytes());
         if let Some(new_size) = change.size_bytes {
@@ -591,7 +633,7 @@ impl Drives {
         }
         let old_size = drive.size_bytes();
         if size < old_size && !change.force {
-            let end = data_end(store, size, old_size);
+            let end = data_end(&*drive.export.backend, size, old_size);
             if !matches!(end, Ok(None)) {
                 // Nothing changes: the promise goes back to what it was.
                 self.recommit(&drive);
@@ -606,7 +648,11 @@ impl Drives {
             }
         }
         if let Some(l) = change.mem_limit_bytes {
-            store.set_mem_limit_bytes(l);
+            match (drive.store(), drive.compressed()) {
+                (Some(s), _) => s.set_mem_limit_bytes(l),
+                (None, Some(c)) => c.set_mem_limit_bytes(l),
+                (None, None) => {}
+            }
         }
         if let Some(ro) = change.read_only {
             drive.export.set_read_only(ro);
@@ -615,10 +661,13 @@ impl Drives {
         // Outside the map lock: a resize may wait for a running sync. The
         // promise stays the larger of the two sizes until it is done.
         drop(drives);
-        let resized = if size != old_size {
-            store.resize(size)
-        } else {
-            Ok(())
+        let resized: Result<(), DriveError> = match (size != old_size, &drive.data) {
+            (false, _) => Ok(()),
+            (true, DriveData::Compressed(c)) => c.resize(size).map_err(Into::into),
+            (true, _) => match drive.store() {
+                Some(s) => s.resize(size).map_err(Into::into),
+                None => Ok(()),
+            },
         };
         self.recommit(&drive);
         resized?;
@@ -784,7 +833,7 @@ fn not_ready(drive: &Drive) -> DriveError {
 
 /// The end of the last byte of data in `[from, to)`, or None when that
 /// range holds no data (only holes).
-fn data_end(store: &RamStore, from: u64, to: u64) -> Result<Option<u64>, DriveError> {
+fn data_end(store: &dyn Backend, from: u64, to: u64) -> Result<Option<u64>, DriveError> {
     let mut pos = from;
     let mut last = None;
     while pos < to {
@@ -831,6 +880,7 @@ mod tests {
             overcommit: false,
             persist: None,
             access: AccessRules::default(),
+            compress: None,
         }
     }
 

@@ -208,6 +208,7 @@ impl Drives {
             overcommit: false,
             persist: Some(PersistSpec::default()),
             access: Default::default(),
+            compress: None,
         };
         let p = Arc::new(Persistence::new(
             dir,

@@ -1,4 +1,5 @@
 //! Drive specs: `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
+//! [,compress=lz4|zstd[:LEVEL]|off]
 //! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]
 //! [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]`, and
 //! the drive fields of the config file and the API (pure parsing, shared by
@@ -12,6 +13,7 @@ use crate::control::spec::{self as values, IntervalError, IntervalUse};
 use crate::nbd::access::{AccessRules, BadNetwork, EmptyIdentity, Network};
 use crate::persist::Durability;
 use crate::size::{format_size, parse as parse_size};
+use crate::store::compressed::{Algorithm, ParseAlgorithmError};
 
 /// Default background sync interval of a persistent drive.
 pub const DEFAULT_DRIVE_SYNC_INTERVAL_MS: u64 = 60_000;
@@ -34,6 +36,38 @@ pub enum SpecError {
     /// Access rules that do not parse.
     #[error(transparent)]
     Access(#[from] AccessError),
+    /// A compression that does not parse or does not fit the drive.
+    #[error(transparent)]
+    Compress(#[from] CompressError),
+}
+
+/// Why a drive's compression was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompressError {
+    /// Not `lz4`, `zstd`, `zstd:LEVEL` or `off`.
+    #[error("{0} (or off for an uncompressed drive)")]
+    Unknown(#[from] ParseAlgorithmError),
+    /// Compression with persistence: the state directory code saves and
+    /// restores raw stores only.
+    #[error("a compressed drive cannot be persistent yet: drop --persist (config: persist) or --compress (compress = \"off\")")]
+    WithPersist,
+}
+
+/// Parses a drive's compression: `lz4`, `zstd`, `zstd:LEVEL` or `off`
+/// (None: the raw store).
+pub fn parse_compress(text: &str) -> Result<Option<Algorithm>, SpecError> {
+    match text.trim() {
+        "off" | "none" => Ok(None),
+        t => Ok(Some(t.parse().map_err(CompressError::from)?)),
+    }
+}
+
+/// Checks that a spec's compression fits its other options.
+pub fn check_compress(spec: &DriveSpec) -> Result<(), SpecError> {
+    if spec.compress.is_some() && spec.persist.is_some() {
+        return Err(CompressError::WithPersist.into());
+    }
+    Ok(())
 }
 
 /// Why access rules were refused.
@@ -97,7 +131,7 @@ pub enum MalformedSpec {
     #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
     NoSize { spec: String },
     /// An option this parser does not know.
-    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
+    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, compress=lz4|zstd[:LEVEL]|off, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
     UnknownOption { spec: String, option: String },
 }
 
@@ -168,6 +202,10 @@ pub struct DriveSpec {
     pub persist: Option<PersistSpec>,
     /// Who may see it over NBD (`nbd::access`; default: everyone).
     pub access: AccessRules,
+    /// Keep its pages compressed (`store::compressed`; None: the raw
+    /// store). Its promise is still `min(size, mem_limit)`: give a memory
+    /// limit below the size for compression to pay off.
+    pub compress: Option<Algorithm>,
 }
 
 /// How a persistent drive keeps its data on disk.
@@ -261,7 +299,7 @@ impl PersistOptions {
     }
 }
 
-/// Parses `NAME=SIZE[,mem-limit=SIZE][,read-only][,overcommit][,persist]
+/// Parses `NAME=SIZE[,mem-limit=SIZE][,compress=ALGO][,read-only][,overcommit][,persist]
 /// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]
 /// [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]` (a
 /// key file turns encryption on; the access keys repeat, one value each).
@@ -284,6 +322,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
         overcommit: false,
         persist: None,
         access: AccessRules::default(),
+        compress: None,
     };
     let mut p = PersistOptions::default();
     let (mut ids, mut ro_ids, mut nets) = (Vec::new(), Vec::new(), Vec::new());
@@ -293,6 +332,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
             Some(("read-only-identity", v)) => ro_ids.push(v.to_owned()),
             Some(("allow-network", v)) => nets.push(v.to_owned()),
             Some(("mem-limit", v)) => d.mem_limit_bytes = Some(parse_mem_limit(v)?),
+            Some(("compress", v)) => d.compress = parse_compress(v)?,
             Some(("durability", v)) => p.durability = Some(parse_durability(v)?),
             Some(("sync-interval", v)) => p.sync_interval_ms = Some(parse_sync_interval_ms(v)?),
             Some(("key-file", v)) => {
@@ -313,6 +353,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
     }
     d.persist = p.into_spec()?;
     d.access = parse_access(&ids, &ro_ids, &nets)?;
+    check_compress(&d)?;
     Ok(d)
 }
 
@@ -340,6 +381,14 @@ mod tests {
             ("db", 4 << 30, Some(1 << 30), true)
         );
         assert!(parse_drive_spec("x=1G,overcommit").unwrap().overcommit);
+        let c = parse_drive_spec("x=16G,mem-limit=1G,compress=zstd:3").unwrap();
+        assert_eq!(c.compress, Some(Algorithm::Zstd { level: 3 }));
+        assert_eq!(
+            parse_drive_spec("x=1G,compress=off").unwrap().compress,
+            None
+        );
+        let e = parse_drive_spec("x=1G,compress=lz4,persist").unwrap_err();
+        assert!(e.to_string().contains("cannot be persistent yet"), "{e}");
         let p = parse_drive_spec("x=1G,persist,durability=flush,sync-interval=10s,key-file=/k")
             .unwrap()
             .persist
@@ -381,6 +430,8 @@ mod tests {
             "x=1G,key-file=/k",
             "x=1G,allow-network=lan",
             "x=1G,allow-identity=",
+            "x=1G,compress=gzip",
+            "x=1G,compress=zstd:99",
         ] {
             assert!(parse_drive_spec(bad).is_err(), "{bad}");
         }

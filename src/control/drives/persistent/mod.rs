@@ -506,6 +506,7 @@ pub fn scan(drives_dir: &Path, declared: &[String]) -> Vec<Stored> {
                     overcommit: false,
                     persist: Some(PersistSpec::default()),
                     access: Default::default(),
+                    compress: None,
                 }));
             }
             Ok(None) => {
@@ -540,6 +541,7 @@ mod tests {
                 ..PersistSpec::default()
             }),
             access: Default::default(),
+            compress: None,
         }
     }
 

@@ -204,6 +204,7 @@ impl DriveSettings {
                 key_file: self.key_file.clone(),
             }),
             access: self.access.rules()?,
+            compress: None,
         })
     }
 }
@@ -367,6 +368,7 @@ mod tests {
                 read_only_identities: vec![],
                 networks: vec!["10.0.0.0/8".parse().unwrap()],
             },
+            compress: None,
         }
     }
 

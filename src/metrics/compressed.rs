@@ -1,0 +1,135 @@
+//! `/metrics` families of compressed drives (pure: the daemon gathers a
+//! [`CompressedSample`] per compressed drive, this encodes them). The
+//! figures are zram's `mm_stat` (see `store::compressed::CompressedStats`).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `ramd_drive_orig_data_bytes` | gauge | `drive` (logical bytes of pages that are not holes) |
+//! | `ramd_drive_compressed_bytes` | gauge | `drive` (sum of the stored objects) |
+//! | `ramd_drive_mem_used_bytes` | gauge | `drive` (slabs + metadata) |
+//! | `ramd_drive_compression_ratio` | gauge | `drive` (orig / mem used; 0 when empty) |
+//! | `ramd_drive_same_pages`, `ramd_drive_huge_pages`, `ramd_drive_compressed_pages` | gauge | `drive` |
+//! | `ramd_drive_compaction_runs_total`, `ramd_drive_compaction_moves_total` | counter | `drive` |
+//! | `ramd_drive_compaction_freed_bytes_total` | counter | `drive` |
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Unit;
+
+use super::prometheus::{family, Labels};
+
+/// One compressed drive at the moment of the scrape.
+#[derive(Debug, Clone, Default)]
+pub struct CompressedSample {
+    pub name: String,
+    pub orig_data_bytes: u64,
+    pub compr_data_bytes: u64,
+    pub mem_used_bytes: u64,
+    pub same_pages: u64,
+    pub huge_pages: u64,
+    pub compressed_pages: u64,
+    pub compact_runs: u64,
+    pub compact_moved_objects: u64,
+    pub compact_freed_bytes: u64,
+    pub ratio: f64,
+}
+
+/// The collector `/metrics` registers next to the drive families.
+#[derive(Debug)]
+pub struct CompressedCollector(pub Vec<CompressedSample>);
+
+impl Collector for CompressedCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let label = |s: &CompressedSample| -> Labels { vec![("drive", s.name.clone())] };
+        let gauge = |f: &dyn Fn(&CompressedSample) -> u64| -> Vec<(Labels, ConstGauge)> {
+            self.0
+                .iter()
+                .map(|s| (label(s), ConstGauge::new(f(s) as i64)))
+                .collect()
+        };
+        let counter = |f: &dyn Fn(&CompressedSample) -> u64| -> Vec<(Labels, ConstCounter<u64>)> {
+            self.0
+                .iter()
+                .map(|s| (label(s), ConstCounter::new(f(s))))
+                .collect()
+        };
+        let bytes = Some(Unit::Bytes);
+        let e = &mut enc;
+        family(
+            e,
+            "ramd_drive_orig_data",
+            "Logical bytes of a compressed drive's pages that are not holes",
+            bytes.clone(),
+            gauge(&|s| s.orig_data_bytes),
+        )?;
+        family(
+            e,
+            "ramd_drive_compressed",
+            "Bytes of a compressed drive's stored objects",
+            bytes.clone(),
+            gauge(&|s| s.compr_data_bytes),
+        )?;
+        family(
+            e,
+            "ramd_drive_mem_used",
+            "Memory a compressed drive uses: slab blocks plus metadata",
+            bytes.clone(),
+            gauge(&|s| s.mem_used_bytes),
+        )?;
+        family(
+            e,
+            "ramd_drive_compression_ratio",
+            "Logical bytes per byte of memory used (0 when empty)",
+            None,
+            self.0
+                .iter()
+                .map(|s| (label(s), ConstGauge::new(s.ratio)))
+                .collect(),
+        )?;
+        family(
+            e,
+            "ramd_drive_same_pages",
+            "Same-filled pages (zeroes included), stored as one word",
+            None,
+            gauge(&|s| s.same_pages),
+        )?;
+        family(
+            e,
+            "ramd_drive_huge_pages",
+            "Pages that do not compress below 3/4 of a page, kept raw",
+            None,
+            gauge(&|s| s.huge_pages),
+        )?;
+        family(
+            e,
+            "ramd_drive_compressed_pages",
+            "Pages kept compressed",
+            None,
+            gauge(&|s| s.compressed_pages),
+        )?;
+        family(
+            e,
+            "ramd_drive_compaction_runs",
+            "Slab compaction passes (each releases one block)",
+            None,
+            counter(&|s| s.compact_runs),
+        )?;
+        family(
+            e,
+            "ramd_drive_compaction_moves",
+            "Objects slab compaction moved",
+            None,
+            counter(&|s| s.compact_moved_objects),
+        )?;
+        family(
+            e,
+            "ramd_drive_compaction_freed",
+            "Bytes of slab blocks compaction released",
+            bytes,
+            counter(&|s| s.compact_freed_bytes),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,302 @@
+//! Compressed drives (`--compress`, `store::compressed`) in a real daemon,
+//! driven by real clients: created by the CLI, the `--drive` flag and the
+//! config file; qemu-img round trips of a mixed image; fio with crc32c
+//! verification; ENOSPC once the compressed data fills the memory limit of
+//! a drive larger than its limit; trims that give memory back; the
+//! `compression` figures in the API and in /metrics agreeing.
+//!
+//! A missing tool fails its test (see `common::require`); set
+//! RAMD_SKIP_MISSING_TOOLS=1 to skip instead.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{random_bytes, require, run, tool, try_run, Daemon};
+use serde_json::Value;
+
+const MIB: usize = 1 << 20;
+
+/// GET a drive's JSON from the API.
+#[track_caller]
+fn drive_json(d: &Daemon, name: &str) -> Value {
+    let (status, body) = d.http("GET", &format!("/v1/drives/{name}"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The `compression` object of `/v1/drives/NAME/stats`.
+#[track_caller]
+fn compression(d: &Daemon, name: &str) -> Value {
+    let (status, body) = d.http("GET", &format!("/v1/drives/{name}/stats"), None);
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["compression"].clone()
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// 48 MiB: 16 MiB of zeroes, 16 MiB of text, 8 MiB of random bytes, 8 MiB
+/// of zeroes again.
+fn mixed_image() -> Vec<u8> {
+    let mut data = vec![0u8; 48 * MIB];
+    let text = b"ramd keeps drives in memory; compressed drives keep more of them. ";
+    for (i, b) in data[16 * MIB..32 * MIB].iter_mut().enumerate() {
+        *b = text[i % text.len()];
+    }
+    data[32 * MIB..40 * MIB].copy_from_slice(&random_bytes(8 * MIB, 19));
+    data
+}
+
+#[track_caller]
+fn qemu_img_in_and_compare(d: &Daemon, drive: &str, src: &Path) {
+    let uri = d.uri(drive);
+    run(tool("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(src)
+        .arg(&uri))
+    .ok();
+    run(tool("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(src)
+        .arg(&uri))
+    .ok();
+}
+
+/// The value of an unlabelled-but-for-`drive` series in /metrics.
+fn metric(text: &str, name: &str, drive: &str) -> Option<f64> {
+    let pat = format!("{name}{{drive=\"{drive}\"}} ");
+    let line = text.lines().find(|l| l.starts_with(&pat))?;
+    line[pat.len()..].trim().parse().ok()
+}
+
+#[test]
+fn cli_compressed_drive_holds_more_than_its_limit_round_trips_and_reports() {
+    if !require(&["qemu-img", "qemu-io"]) {
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let out = run(d.cli().args([
+        "create",
+        "z",
+        "--size",
+        "64M",
+        "--mem-limit",
+        "16M",
+        "--compress",
+        "lz4",
+    ]))
+    .ok();
+    assert!(out.stdout.contains("compressed lz4"), "{out}");
+    let src = d.dir().join("mixed.img");
+    std::fs::write(&src, mixed_image()).unwrap();
+    qemu_img_in_and_compare(&d, "z", &src);
+
+    // More logical data than the limit, held within it.
+    let z = compression(&d, "z");
+    assert_eq!(z["algorithm"], "lz4");
+    let orig = u(&z, "orig_data_bytes");
+    assert!(orig > 16 * MIB as u64, "holds {orig} bytes: {z}");
+    assert!(u(&z, "slab_bytes") <= 16 * MIB as u64, "{z}");
+    assert!(u(&z, "huge_pages") >= (8 * MIB / 4096) as u64, "{z}");
+    let used = u(&z, "mem_used_bytes");
+    assert_eq!(used, u(&z, "slab_bytes") + u(&z, "metadata_bytes"), "{z}");
+    let ratio = z["ratio"].as_f64().unwrap();
+    assert!((ratio - orig as f64 / used as f64).abs() < 1e-9, "{z}");
+    assert!(ratio > 1.0, "{z}");
+    // The drive view carries the same object, and the allocation is the
+    // slabs (what the limit counts).
+    let info = drive_json(&d, "z");
+    assert_eq!(info["compression"]["orig_data_bytes"], z["orig_data_bytes"]);
+    assert_eq!(u(&info, "allocated_bytes"), u(&z, "slab_bytes"));
+
+    // /metrics agrees (nothing writes in between).
+    let (status, text) = d.http("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let m = |n| metric(&text, n, "z").unwrap_or_else(|| panic!("{n} missing:\n{text}"));
+    assert_eq!(m("ramd_drive_orig_data_bytes"), orig as f64);
+    assert_eq!(m("ramd_drive_mem_used_bytes"), used as f64);
+    assert!((m("ramd_drive_compression_ratio") - ratio).abs() < 1e-6);
+    assert_eq!(m("ramd_drive_huge_pages"), u(&z, "huge_pages") as f64);
+    assert_eq!(m("ramd_drive_same_pages"), u(&z, "same_pages") as f64);
+    assert!(text.contains("ramd_drive_compaction_moves_total{drive=\"z\"}"));
+
+    // `ramd info` and `ramd stats` show it.
+    let info = run(d.cli().args(["info", "z"])).ok();
+    assert!(
+        info.stdout.contains("compression:     lz4 (ratio"),
+        "{info}"
+    );
+    let stats = run(d.cli().args(["stats", "z"])).ok();
+    assert!(stats.stdout.contains("compressed drives"), "{stats}");
+
+    // A trim gives the memory back.
+    run(tool("qemu-io")
+        .args(["-f", "raw", "-c", "discard 0 64M"])
+        .arg(d.uri("z")))
+    .ok();
+    let after = compression(&d, "z");
+    assert_eq!(u(&after, "orig_data_bytes"), 0, "{after}");
+    assert!(
+        u(&after, "slab_bytes") < u(&z, "slab_bytes") / 4,
+        "{z} -> {after}"
+    );
+
+    // Resize works on a compressed drive.
+    run(d.cli().args(["resize", "z", "128M"])).ok();
+    assert_eq!(u(&drive_json(&d, "z"), "size_bytes"), 128 << 20);
+
+    // Compression with persistence is refused with the reason.
+    let e = run(d.cli().args([
+        "create",
+        "p",
+        "--size",
+        "16M",
+        "--compress",
+        "zstd",
+        "--persist",
+    ]))
+    .failed();
+    assert!(e.stderr.contains("cannot be persistent yet"), "{e}");
+    let e = run(d
+        .cli()
+        .args(["create", "q", "--size", "16M", "--compress", "gzip"]))
+    .failed();
+    assert!(e.stderr.contains("unknown compression"), "{e}");
+}
+
+#[test]
+fn drive_flag_zstd_drive_gets_enospc_when_compressed_data_fills_the_limit() {
+    if !require(&["qemu-img"]) {
+        return;
+    }
+    let mut d = Daemon::start(&["big=64M,mem-limit=8M,compress=zstd"]);
+    let info = drive_json(&d, "big");
+    assert_eq!(info["compression"]["algorithm"], "zstd:3");
+    // Text beyond the limit fits, compressed.
+    let text = d.dir().join("text.img");
+    let line = b"0123456789 the quick brown fox jumps over the lazy dog\n";
+    std::fs::write(
+        &text,
+        line.iter()
+            .cycle()
+            .take(24 * MIB)
+            .copied()
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    qemu_img_in_and_compare(&d, "big", &text);
+    let z = compression(&d, "big");
+    assert!(u(&z, "orig_data_bytes") >= 24 * MIB as u64, "{z}");
+    // Random data does not compress: ENOSPC past the limit, no dead
+    // connection.
+    let rnd = d.dir().join("random.img");
+    std::fs::write(&rnd, random_bytes(16 * MIB, 5)).unwrap();
+    let out = try_run(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&rnd)
+            .arg(d.uri("big")),
+        Duration::from_secs(120),
+    )
+    .expect("qemu-img ran");
+    assert!(!out.status.success(), "qemu-img should fail: {out}");
+    assert!(
+        out.stderr.contains("No space left on device"),
+        "qemu-img should report ENOSPC: {out}"
+    );
+    let z = compression(&d, "big");
+    assert!(u(&z, "slab_bytes") <= 8 * MIB as u64, "{z}");
+    assert!(d.is_running(), "ramd died:\n{}", d.log());
+}
+
+#[test]
+fn fio_crc32c_verify_on_an_lz4_drive() {
+    if !require(&["fio"]) {
+        return;
+    }
+    let d = Daemon::start(&["z=64M,mem-limit=48M,compress=lz4"]);
+    let out = run(tool("fio")
+        .current_dir(d.dir())
+        .args([
+            "--ioengine=nbd",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--name=randrw",
+            "--rw=randrw",
+            "--bs=4k",
+            "--verify=crc32c",
+            "--numjobs=2",
+            "--iodepth=16",
+            "--size=8M",
+            "--offset_increment=8M",
+            "--buffer_compress_percentage=50",
+            "--refill_buffers",
+        ])
+        .arg(format!("--uri={}", d.uri("z"))))
+    .ok();
+    assert_eq!(out.stdout.matches("err= 0").count(), 2, "{out}");
+    assert!(
+        !out.stdout.contains("verify") && !out.stderr.contains("verify"),
+        "{out}"
+    );
+    let z = compression(&d, "z");
+    assert!(u(&z, "compressed_pages") > 0, "{z}");
+}
+
+#[test]
+fn config_file_compressed_drive() {
+    if !require(&["qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ramd.toml");
+    std::fs::write(
+        &config,
+        "[[drive]]\nname = \"c\"\nsize = \"32M\"\nmem_limit = \"8M\"\ncompress = \"zstd:1\"\n",
+    )
+    .unwrap();
+    let d = Daemon::launch(
+        &[
+            "serve".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+        &[],
+    );
+    let info = drive_json(&d, "c");
+    assert_eq!(info["compression"]["algorithm"], "zstd:1");
+    assert_eq!(u(&info, "mem_limit_bytes"), 8 << 20);
+    let src = d.dir().join("mixed.img");
+    let mut img = mixed_image();
+    img.truncate(32 * MIB);
+    std::fs::write(&src, img).unwrap();
+    qemu_img_in_and_compare(&d, "c", &src);
+
+    // A bad value names its line.
+    std::fs::write(
+        &config,
+        "[[drive]]\nname = \"c\"\nsize = \"32M\"\ncompress = \"brotli\"\n",
+    )
+    .unwrap();
+    // Refused at start, before any socket is made.
+    let sock = dir.path().join("x.sock");
+    let e = try_run(
+        common::ramd()
+            .args(["serve", "--config", &config.display().to_string()])
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--api-socket")
+            .arg(dir.path().join("api.sock")),
+        Duration::from_secs(30),
+    )
+    .expect("ramd ran");
+    assert!(!e.status.success(), "{e}");
+    assert!(e.stderr.contains("ramd.toml:4:"), "{e}");
+    assert!(e.stderr.contains("unknown compression"), "{e}");
+}
