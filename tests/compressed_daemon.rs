@@ -111,6 +111,11 @@ fn cli_compressed_drive_holds_more_than_its_limit_round_trips_and_reports() {
     assert!(ratio > 1.0, "{z}");
     // The drive view carries the same object, and the allocation is the
     // slabs (what the limit counts).
+    let spec = common::openapi::Spec::load();
+    let (status, body) = d.http("GET", "/v1/drives/z", None);
+    spec.check("GET", "/v1/drives/{name}", status, &body);
+    let (status, body) = d.http("GET", "/v1/drives/z/stats", None);
+    spec.check("GET", "/v1/drives/{name}/stats", status, &body);
     let info = drive_json(&d, "z");
     assert_eq!(info["compression"]["orig_data_bytes"], z["orig_data_bytes"]);
     assert_eq!(u(&info, "allocated_bytes"), u(&z, "slab_bytes"));
@@ -134,6 +139,8 @@ fn cli_compressed_drive_holds_more_than_its_limit_round_trips_and_reports() {
     );
     let stats = run(d.cli().args(["stats", "z"])).ok();
     assert!(stats.stdout.contains("compressed drives"), "{stats}");
+    let watch = run(d.cli().args(["stats", "z", "--watch", "--count", "2"])).ok();
+    assert_eq!(watch.stdout.matches("x (").count(), 2, "{watch}");
 
     // A trim gives the memory back.
     run(tool("qemu-io")
@@ -299,4 +306,104 @@ fn config_file_compressed_drive() {
     assert!(!e.status.success(), "{e}");
     assert!(e.stderr.contains("ramd.toml:4:"), "{e}");
     assert!(e.stderr.contains("unknown compression"), "{e}");
+}
+
+/// Loop device and mount on an attached file, torn down (best effort) on
+/// drop so a failing test leaves nothing mounted.
+struct Loop {
+    dev: String,
+    mnt: std::path::PathBuf,
+    mounted: bool,
+}
+
+impl Loop {
+    fn new(file: &Path, mnt: &Path) -> Loop {
+        let out = run(tool("losetup").args(["-f", "--show"]).arg(file)).ok();
+        Loop {
+            dev: out.stdout.trim().to_owned(),
+            mnt: mnt.to_owned(),
+            mounted: false,
+        }
+    }
+    fn mount(&mut self) {
+        run(tool("mount").arg(&self.dev).arg(&self.mnt)).ok();
+        self.mounted = true;
+    }
+    fn umount(&mut self) {
+        run(tool("umount").arg(&self.mnt)).ok();
+        self.mounted = false;
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = try_run(tool("umount").arg("-l").arg(&self.mnt), TIMEOUT);
+        }
+        let _ = try_run(tool("losetup").args(["-d", &self.dev]), TIMEOUT);
+    }
+}
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// ext4 through `ramd attach` + loop on a compressed drive larger than its
+/// limit: files survive a remount and fsck, fstrim gives memory back.
+#[test]
+fn ext4_on_an_attached_compressed_drive() {
+    if !require(&[
+        "losetup",
+        "mount",
+        "umount",
+        "mkfs.ext4",
+        "e2fsck",
+        "sha256sum",
+        "fstrim",
+        "fusermount3",
+    ]) || !common::require_root_block_devices()
+    {
+        return;
+    }
+    let d = Daemon::start(&["z=256M,mem-limit=64M,compress=lz4"]);
+    let (fuse, mnt) = (d.dir().join("fuse"), d.dir().join("mnt"));
+    std::fs::create_dir_all(&fuse).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    run(d.cli().arg("attach").arg("z").arg(&fuse)).ok();
+    let mut lo = Loop::new(&fuse.join("z"), &mnt);
+    run(tool("mkfs.ext4").args(["-q", "-F", &lo.dev])).ok();
+    lo.mount();
+    let text: Vec<u8> = b"a line of text that compresses well, again and again\n"
+        .iter()
+        .cycle()
+        .take(96 * MIB)
+        .copied()
+        .collect();
+    std::fs::write(mnt.join("text.txt"), &text).unwrap();
+    std::fs::write(mnt.join("random.bin"), random_bytes(8 * MIB, 3)).unwrap();
+    run(&mut tool("sync")).ok();
+    let sums = |dir: &Path| {
+        run(tool("sha256sum")
+            .args(["text.txt", "random.bin"])
+            .current_dir(dir))
+        .ok()
+        .stdout
+    };
+    let before = sums(&mnt);
+    let z = compression(&d, "z");
+    assert!(u(&z, "orig_data_bytes") > 64 * MIB as u64, "{z}");
+    lo.umount();
+    run(tool("e2fsck").args(["-f", "-n", &lo.dev])).ok();
+    lo.mount();
+    assert_eq!(sums(&mnt), before, "files changed across a remount");
+    std::fs::remove_file(mnt.join("text.txt")).unwrap();
+    // The freed blocks are trimmable once the journal commits them.
+    run(&mut tool("sync")).ok();
+    run(tool("fstrim").arg(&mnt)).ok();
+    let after = compression(&d, "z");
+    assert!(
+        u(&after, "orig_data_bytes") < u(&z, "orig_data_bytes") / 2,
+        "{z} -> {after}"
+    );
+    lo.umount();
+    drop(lo);
+    run(d.cli().arg("detach").arg(&fuse)).ok();
 }
