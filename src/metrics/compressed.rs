@@ -133,3 +133,54 @@ impl Collector for CompressedCollector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::prometheus::{encode_with, DaemonSample};
+    use super::*;
+
+    fn daemon() -> DaemonSample {
+        DaemonSample {
+            budget_used_bytes: 0,
+            budget_limit_bytes: 1 << 30,
+            uptime_seconds: 1.0,
+            metrics_enabled: true,
+            connection_buffer_bytes: 0,
+            drives: vec![],
+        }
+    }
+
+    #[test]
+    fn encodes_each_family_with_its_unit_and_type() {
+        let s = CompressedSample {
+            name: "z".into(),
+            orig_data_bytes: 8 << 20,
+            compr_data_bytes: 3 << 20,
+            mem_used_bytes: 4 << 20,
+            same_pages: 5,
+            huge_pages: 7,
+            compressed_pages: 9,
+            compact_runs: 1,
+            compact_moved_objects: 11,
+            compact_freed_bytes: 4096,
+            ratio: 2.0,
+        };
+        let text = encode_with(daemon(), vec![Box::new(CompressedCollector(vec![s]))]);
+        for line in [
+            "ramd_drive_orig_data_bytes{drive=\"z\"} 8388608\n",
+            "ramd_drive_compressed_bytes{drive=\"z\"} 3145728\n",
+            "ramd_drive_mem_used_bytes{drive=\"z\"} 4194304\n",
+            "ramd_drive_compression_ratio{drive=\"z\"} 2.0\n",
+            "ramd_drive_same_pages{drive=\"z\"} 5\n",
+            "ramd_drive_huge_pages{drive=\"z\"} 7\n",
+            "ramd_drive_compaction_moves_total{drive=\"z\"} 11\n",
+            "ramd_drive_compaction_freed_bytes_total{drive=\"z\"} 4096\n",
+            "# TYPE ramd_drive_compaction_runs counter\n",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        // No compressed drive: no family at all.
+        let none = encode_with(daemon(), vec![Box::new(CompressedCollector(vec![]))]);
+        assert!(!none.contains("compression_ratio"), "{none}");
+    }
+}

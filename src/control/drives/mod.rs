@@ -915,6 +915,69 @@ mod tests {
     }
 
     #[test]
+    fn compressed_drives_are_promised_their_limit_and_change_like_raw_ones() {
+        use crate::store::compressed::Algorithm;
+        let r = registry(100 << 20);
+        let mut z = spec("z", 1 << 30);
+        z.compress = Some(Algorithm::Lz4);
+        // Larger than the budget without a limit: promised its size.
+        assert!(matches!(
+            r.create(&z, Origin::Api),
+            Err(DriveError::Ledger(LedgerError::OverBudget(_)))
+        ));
+        z.mem_limit_bytes = Some(32 << 20);
+        let d = r.create(&z, Origin::Api).unwrap();
+        assert!(d.claim.promised_bytes() < 40 << 20);
+        assert_eq!(d.spec().compress, Some(Algorithm::Lz4));
+        let text: Vec<u8> = b"compressible "
+            .iter()
+            .cycle()
+            .take(1 << 20)
+            .copied()
+            .collect();
+        for i in 0..64u64 {
+            d.export.backend.write(i << 20, &text, false).unwrap();
+        }
+        let s = d.compression_stats().unwrap();
+        assert_eq!(s.orig_data_bytes, 64 << 20);
+        assert_eq!(d.allocated_bytes(), s.slab_bytes);
+        assert!(s.slab_bytes < 32 << 20);
+        // Shrinking below the data needs force; growing and the limit work.
+        let shrink = DriveChange {
+            size_bytes: Some(16 << 20),
+            ..Default::default()
+        };
+        assert!(matches!(
+            r.change("z", &shrink),
+            Err(DriveError::DataBeyondSize(_))
+        ));
+        let grow = DriveChange {
+            size_bytes: Some(2 << 30),
+            mem_limit_bytes: Some(Some(48 << 20)),
+            ..Default::default()
+        };
+        let d = r.change("z", &grow).unwrap();
+        assert_eq!(
+            (d.size_bytes(), d.mem_limit_bytes()),
+            (2 << 30, Some(48 << 20))
+        );
+        // Trimming every other MiB leaves slack the sampler's pass compacts.
+        for i in (0..64u64).step_by(2) {
+            d.export.backend.trim(i << 20, 1 << 20).unwrap();
+        }
+        crate::control::sampler::compact_drives(&r);
+        let after = d.compression_stats().unwrap();
+        assert_eq!(after.orig_data_bytes, 32 << 20);
+        assert!(after.slab_bytes < s.slab_bytes, "{s:?} -> {after:?}");
+        d.compressed().unwrap().check().unwrap();
+        // With persistence: refused, saying why.
+        let mut p = persistent("p", 1 << 20);
+        p.compress = Some(Algorithm::Lz4);
+        let e = r.create(&p, Origin::Api).unwrap_err();
+        assert!(e.to_string().contains("cannot be persistent yet"), "{e}");
+    }
+
+    #[test]
     fn shrink_below_data_needs_force() {
         let r = registry(1 << 30);
         let d = r.create(&spec("a", 4 << 20), Origin::Api).unwrap();
