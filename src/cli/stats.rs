@@ -57,12 +57,12 @@ pub(crate) fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), Cli
 /// A compressed drive's figures, for `ramd info` (zram's `mm_stat`).
 fn compression_lines(z: &CompressionInfo) -> String {
     format!(
-        "compression:     {} (ratio {:.2})\n  data:          {} in {} compressed, {} used ({} slabs + {} metadata)\n  pages:         {} compressed, {} same-filled, {} incompressible\n  compaction:    {} runs, {} objects moved, {} freed\n",
+        "compression  {}, ratio {:.2} ({} of data in {} of memory)\n  stored     {} compressed in {} of slabs + {} metadata\n  pages      {} compressed, {} same-filled, {} incompressible\n  compaction {} runs, {} objects moved, {} freed\n",
         z.algorithm,
         z.ratio,
         format_size(z.orig_data_bytes),
-        format_size(z.compr_data_bytes),
         format_size(z.mem_used_bytes),
+        format_size(z.compr_data_bytes),
         format_size(z.slab_bytes),
         format_size(z.metadata_bytes),
         z.compressed_pages,
