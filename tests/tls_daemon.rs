@@ -412,16 +412,28 @@ fn socket_group_lets_its_members_in() {
     ]
     .map(String::from)
     .to_vec();
-    let d = Daemon::launch(&args, &[]);
+    let mut d = Daemon::launch(&args, &[]);
+    // A private socket directory (as the 0700 runtime directory): the
+    // daemon lets the group through at its next start.
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    d.terminate();
+    std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    d.restart();
     let meta = std::fs::metadata(d.socket()).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o660);
     assert_eq!(meta.uid(), 0);
     let getent = run(Command::new("getent").args(["group", &acc.group])).ok();
     let gid: u32 = getent.stdout.split(':').nth(2).unwrap().parse().unwrap();
     assert_eq!(meta.gid(), gid);
-    // Everyone may reach the socket's directory; the socket decides.
-    std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The socket's directory (the test's own, 0700) lets the group pass,
+    // and nobody else.
+    let dir_meta = std::fs::metadata(d.dir()).unwrap();
+    assert_eq!(
+        dir_meta.mode() & 0o777,
+        0o710,
+        "the daemon lets its group through"
+    );
+    assert_eq!(dir_meta.gid(), gid);
     let as_user = |user: &str| {
         let mut cmd = tool("runuser");
         cmd.args(["-u", user, "--", "nbdinfo", "--size", &d.uri("ram0")]);

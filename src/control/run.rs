@@ -423,6 +423,32 @@ fn give_socket_group(path: &Path, gid: u32, group: &str) -> Result<(), DaemonErr
     rustix::fs::chown(path, None, Some(gid)).map_err(|e| err(e.into()))?;
     rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(0o660)).map_err(|e| err(e.into()))?;
     tracing::info!("NBD socket {}: group {group}, mode 0660", path.display());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let_group_through(dir, gid, group).map_err(|e| err(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Lets the socket's group pass through the socket's directory (search
+/// only, mode g+x: members can open the socket by name but not list or
+/// change the directory) when it is ours and the group could not pass
+/// yet, as the 0700 runtime directory the daemon makes for itself.
+/// Directories others may already pass (o+x, such as /tmp) stay as they are.
+fn let_group_through(dir: &Path, gid: rustix::fs::Gid, group: &str) -> rustix::io::Result<()> {
+    let st = rustix::fs::stat(dir)?;
+    let mode = st.st_mode & 0o7777;
+    let ours = st.st_uid == rustix::process::geteuid().as_raw();
+    let group_passes = st.st_gid == gid.as_raw() && mode & 0o010 != 0;
+    if !ours || mode & 0o001 != 0 || group_passes {
+        return Ok(());
+    }
+    rustix::fs::chown(dir, None, Some(gid))?;
+    rustix::fs::chmod(dir, rustix::fs::Mode::from_raw_mode(mode | 0o010))?;
+    tracing::info!(
+        "{}: group {group} may pass through it (mode {:04o}) to reach the NBD socket",
+        dir.display(),
+        mode | 0o010
+    );
     Ok(())
 }
 
