@@ -370,6 +370,16 @@ fn a_remote_going_down_fails_the_push_but_not_the_drive() {
     assert!(ok["push"]["snapshot"].is_string(), "{ok}");
     let status = json(&cli(&a, &g, &["snapshot", "status", "db", "--json"]).ok());
     assert!(status["statuses"][0]["last_error"].is_null(), "{status}");
+    // `ramd info` shows the same state: the last snapshot and the failure
+    // that came before it.
+    let info = json(&cli(&a, &g, &["info", "db", "--json"]).ok());
+    let snap = &info["snapshots"][0];
+    assert_eq!(snap["remote"], "g", "{info}");
+    assert_eq!(snap["last_snapshot"], ok["push"]["snapshot"], "{info}");
+    assert!(snap["failures_total"].as_u64().unwrap() >= 1, "{info}");
+    let text = cli(&a, &g, &["info", "db"]).ok();
+    assert!(text.stdout.contains("snapshots to g"), "{text}");
+    assert!(text.stdout.contains(" failed"), "{text}");
 }
 
 #[test]

@@ -6,6 +6,7 @@ use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 use crate::api::wire::drives::{DriveAccess, DriveInfo};
 use crate::api::wire::health::Health;
 use crate::api::wire::persistence::PersistInfo;
+use crate::api::wire::snapshots::SnapshotStatus;
 use crate::api::wire::stats::{DriveStats, StatsReport};
 use crate::api::wire::values::{Latency, StatsRates, StatsTotals};
 use crate::size::format_size;
@@ -345,7 +346,49 @@ pub fn drive_info(d: &DriveInfo) -> String {
             row(&k, v);
         }
     }
+    for s in &d.snapshots {
+        row(&format!("snapshots to {}", s.remote), snapshot_text(s));
+    }
     render(&t)
+}
+
+/// One remote's snapshot state of a drive, on one line.
+fn snapshot_text(s: &SnapshotStatus) -> String {
+    let last = match (&s.last_snapshot, s.last_success_unix_ms) {
+        (Some(id), Some(ms)) => format!("last {id} ({})", ago_text(ms)),
+        _ => "none yet".to_owned(),
+    };
+    let mut text = format!(
+        "{last}; {} pushes, {} failed, {} uploaded",
+        s.pushes_total,
+        s.failures_total,
+        format_size(s.bytes_uploaded_total)
+    );
+    if let Some(ms) = s.interval_ms {
+        text += &format!(
+            "; every {}",
+            humantime::format_duration(std::time::Duration::from_millis(ms))
+        );
+    }
+    if s.running {
+        text += "; pushing now";
+    }
+    if let Some(e) = &s.last_error {
+        text += &format!("; last error: {e}");
+    }
+    text
+}
+
+/// How long ago a unix-ms moment was, for people.
+fn ago_text(unix_ms: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let s = now.saturating_sub(unix_ms) / 1000;
+    format!(
+        "{} ago",
+        humantime::format_duration(std::time::Duration::from_secs(s))
+    )
 }
 
 /// `ramd stats`: the persistence of each persistent drive (empty when

@@ -63,6 +63,7 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
             _ => None,
         },
         compression: compression_info(drive),
+        snapshots: super::snapshots::status_of(d, &drive.name).statuses,
     }
 }
 

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::persistence::PersistInfo;
+use super::snapshots::SnapshotStatus;
 use super::values::{DurationValue, SizeValue};
 
 /// `POST /v1/drives`.
@@ -164,6 +165,10 @@ pub struct DriveInfo {
     /// A compressed drive's memory figures; absent for raw drives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<CompressionInfo>,
+    /// Snapshot pushes of this drive, per remote (absent when none ran and
+    /// none is scheduled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotStatus>,
 }
 
 /// A compressed drive's memory figures, like zram's `mm_stat` (each shard

@@ -214,7 +214,7 @@ pub struct Job {
 }
 
 /// One drive's pushes to one remote.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotStatus {
     pub drive: String,
     pub remote: String,
