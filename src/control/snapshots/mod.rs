@@ -5,7 +5,6 @@
 //!
 //! ```text
 //!  policy.rs    [[drive]] snapshot keys (pure)
-//!  source.rs    drive <-> engine: a cut as ChunkSource, a backend as ChunkSink
 //!  jobs.rs      background pushes/restores the API reports (progress, outcome)
 //!  service.rs   Snapshots: push, list, delete, prune, restore; per drive+remote state
 //!  schedule.rs  scheduled pushes (one task per drive)
@@ -21,7 +20,6 @@ pub mod metrics;
 pub mod policy;
 pub mod schedule;
 pub mod service;
-pub mod source;
 
 pub use error::SnapshotsError;
 pub use policy::{DrivePolicy, PolicyKeys};

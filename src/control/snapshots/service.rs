@@ -27,13 +27,13 @@ use parking_lot::Mutex;
 use super::error::SnapshotsError;
 use super::jobs::{Job, JobKind, Jobs, Outcome};
 use super::policy::DrivePolicy;
-use super::source::{BackendSink, CutSource};
 use crate::block::cut::CutError;
 use crate::control::drives::spec::parse_drive_spec;
 use crate::control::drives::Drives;
 use crate::control::ledger::Origin;
 use crate::control::remotes::{RemoteSpec, Remotes, RemotesError};
 use crate::snapshot::remote::now_ms;
+use crate::snapshot::source::BackendSink;
 use crate::snapshot::{
     self, GcOptions, GcReport, Keys, Manifest, Progress, PushOptions, PushReport, Remote,
     RestoreOptions, RestoreReport, Retention, SnapshotError, SnapshotId, DEFAULT_CHUNK_BYTES,
@@ -174,7 +174,8 @@ impl Snapshots {
         opts.keys = keys;
         let (me, j, req) = (self.clone(), job.clone(), req.clone());
         let handle = tokio::spawn(async move {
-            let mut source = CutSource { cut };
+            // A cut is the engine's ChunkSource (snapshot::source).
+            let mut source = cut;
             let progress = j.clone();
             let mut on_progress = move |p: &Progress| *progress.progress.lock() = *p;
             let result = snapshot::push(&remote, &mut source, &opts, &mut on_progress).await;
@@ -409,9 +410,7 @@ impl Snapshots {
             });
         }
         tracing::info!(drive = %drive, snapshot = %id, remote = %remote, "restore_from: restoring the drive before serving it");
-        let mut sink = BackendSink {
-            backend: backend.clone(),
-        };
+        let mut sink = BackendSink(&*backend);
         let opts = RestoreOptions {
             keys,
             ..RestoreOptions::default()
@@ -496,16 +495,13 @@ async fn restore_new(
     let (manifest, keys) = manifest_with_keys(r, spec, &id).await?;
     let size = manifest.geometry.size_bytes;
     let store = Arc::new(RamStore::new(size, None, drives.budget().clone())?);
-    let mut sink = BackendSink {
-        backend: store.clone(),
-    };
+    let mut sink = BackendSink(&*store);
     let opts = RestoreOptions {
         keys,
         ..RestoreOptions::default()
     };
     let mut on_progress = |p: &Progress| *job.progress.lock() = *p;
     let report = snapshot::restore(r, &id, &mut sink, &opts, &mut on_progress).await?;
-    drop(sink);
     // Through the spec parser, so every other setting takes its default.
     let drive_spec = parse_drive_spec(&format!("{target}={size}"))
         .map_err(|e| SnapshotsError::Drive(e.into()))?;
