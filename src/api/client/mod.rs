@@ -31,6 +31,7 @@ use crate::api::wire::stats::{DriveStats, StatsReport};
 use crate::api::wire::tls::TlsReloaded;
 use crate::api::wire::tokens::{CreateToken, CreatedToken, TokenList, TokenRevoked};
 
+pub mod bench;
 pub mod caches;
 pub mod snapshots;
 pub mod transport;

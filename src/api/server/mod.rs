@@ -6,7 +6,8 @@
 //! One file per resource: `drives`, `persistence`, `stats`, `health`,
 //! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
 //! `tls` (certificate reload), `tokens` (API tokens), `remotes` and
-//! `snapshots` (drive snapshots in object storage), `metrics` (Prometheus); `error` the one error shape, `counters` the
+//! `snapshots` (drive snapshots in object storage), `bench` (the last
+//! `ramd bench` report), `metrics` (Prometheus); `error` the one error shape, `counters` the
 //! conversion of metrics into wire counters. The JSON bodies are
 //! `api::wire`'s. The route table below is the single source of both the
 //! router and [`ROUTES`], which a test compares with docs/openapi.yaml.
@@ -16,6 +17,7 @@
 
 pub mod attachments;
 pub mod auth;
+pub mod bench;
 pub mod caches;
 pub mod counters;
 pub mod dir_wire;
@@ -98,6 +100,8 @@ routes! {
     post "/v1/snapshots/restore" => snapshots::restore,
     get "/v1/snapshots/jobs/{id}" => snapshots::job,
     delete "/v1/snapshots/{remote}/{drive}/{id}" => snapshots::delete,
+    get "/v1/bench/latest" => bench::get,
+    put "/v1/bench/latest" => bench::put,
     get "/metrics" => metrics::get,
 }
 
