@@ -1,8 +1,10 @@
 //! Memory pressure (issue 19): a daemon in a memory cgroup with a limit
 //! far below its drive's size stops taking new pages at its reserve, so
 //! the client gets ENOSPC and the daemon lives, instead of the kernel's
-//! OOM killer ending it (with every drive). Real pressure from a real
-//! cgroup (v1's memory controller here; v2 where that is what is mounted).
+//! OOM killer ending it (with every drive); and while another process in
+//! the cgroup needs memory, caches give back their clean blocks first.
+//! Real pressure from a real cgroup (v1's memory controller here; v2 where
+//! that is what is mounted).
 
 mod common;
 
@@ -19,8 +21,8 @@ struct Cgroup(PathBuf);
 
 impl Cgroup {
     #[track_caller]
-    fn new(limit_bytes: u64) -> Cgroup {
-        let name = format!("ramd-pressure-{}", std::process::id());
+    fn new(test: &str, limit_bytes: u64) -> Cgroup {
+        let name = format!("ramd-pressure-{}-{test}", std::process::id());
         let v1 = Path::new("/sys/fs/cgroup/memory");
         let v2 = Path::new("/sys/fs/cgroup");
         let (dir, limit_file) = if v1.is_dir() {
@@ -88,7 +90,7 @@ fn a_drive_in_a_small_cgroup_gets_enospc_at_the_reserve_and_the_daemon_lives() {
     if !require(&["nbdsh"]) || !require_python_module("nbd", "python3-libnbd") {
         return;
     }
-    let cgroup = Cgroup::new(LIMIT_BYTES);
+    let cgroup = Cgroup::new("drive", LIMIT_BYTES);
     let cfg = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(cfg.path(), "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
     let args: Vec<String> = [
@@ -132,6 +134,139 @@ fn a_drive_in_a_small_cgroup_gets_enospc_at_the_reserve_and_the_daemon_lives() {
     python(trim, &[&d.uri("big")]).ok();
     wait_until("writes to be taken again", Duration::from_secs(15), || {
         write(&d, 64 << 20)["error"].is_null()
+    });
+    assert!(d.is_running());
+}
+
+/// Takes memory in the cgroup gradually (4 MiB every 100 ms, touched),
+/// like a process starting up beside the daemon: waits for a line on
+/// stdin, prints "ok" with the total once it holds it all, then holds it
+/// until stdin closes.
+const HOG: &str = r#"
+import sys, time
+total = int(sys.argv[1])
+sys.stdin.readline()
+held = []
+while len(held) * (4 << 20) < total:
+    b = bytearray(4 << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    held.append(b)
+    time.sleep(0.1)
+print("ok", len(held) * (4 << 20), flush=True)
+sys.stdin.readline()
+"#;
+
+fn cache_stats(d: &Daemon) -> serde_json::Value {
+    let (status, body) = d.http("GET", "/v1/caches/c", None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["stats"].clone()
+}
+
+#[test]
+fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
+    use std::io::{BufRead, Write};
+    if !require(&["nbdcopy", "cmp"]) {
+        return;
+    }
+    let cgroup = Cgroup::new("cache", LIMIT_BYTES);
+    let tmp = tempfile::Builder::new()
+        .prefix("ramd-pressure-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let backing = tmp.path().join("backing.img");
+    std::fs::write(&backing, random_bytes(448 << 20, 19)).unwrap();
+    let cfg = tmp.path().join("ramd.toml");
+    std::fs::write(&cfg, "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
+    let args: Vec<String> = ["daemon", "--config", cfg.to_str().unwrap()]
+        .map(String::from)
+        .to_vec();
+    let mut d = Daemon::launch(&args, &[]);
+    cgroup.add(d.pid());
+    run(d
+        .cli()
+        .args(["cache", "create", "c", "--size", "384M", "--mode"])
+        .args([
+            "writethrough",
+            "--block-size",
+            "64K",
+            "--sequential-cutoff",
+            "0",
+            "--backing",
+            backing.to_str().unwrap(),
+        ]))
+    .ok();
+    wait_until(
+        "the watcher to see the cgroup",
+        Duration::from_secs(10),
+        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
+    );
+    // Fill the cache with clean blocks: 384 of the cgroup's 640 MiB.
+    run(tool("nbdcopy").arg(d.uri("c")).arg("null:")).ok();
+    let full = cache_stats(&d);
+    assert!(
+        full["memory_bytes"].as_u64().unwrap() >= 380 << 20,
+        "{full}"
+    );
+    assert_eq!(full["given_back_bytes"], 0, "{full}");
+
+    // Another process in the cgroup takes 320 MiB: without the cache's
+    // memory it would not fit above the reserve.
+    let mut hog = tool("/usr/bin/python3")
+        .args(["-c", HOG, &(320u64 << 20).to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    cgroup.add(hog.id());
+    let mut hog_in = hog.stdin.take().unwrap();
+    writeln!(hog_in, "go").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(hog.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("ok"),
+        "the other process did not get its memory: '{line}'"
+    );
+    assert!(d.is_running(), "the daemon must live; log:\n{}", d.log());
+
+    let after = cache_stats(&d);
+    let given = after["given_back_bytes"].as_u64().unwrap();
+    assert!(given >= 64 << 20, "{after}");
+    assert!(
+        after["memory_bytes"].as_u64().unwrap() <= (384 << 20) - given + (64 << 10),
+        "{after}"
+    );
+    let h = health(&d)["memory_pressure"].clone();
+    assert!(h["given_back_bytes"].as_u64().unwrap() >= given, "{h}");
+    assert!(h["episodes"].as_u64().unwrap() >= 1, "{h}");
+    let (_, metrics) = d.http("GET", "/metrics", None);
+    for family in [
+        "ramd_memory_pressure_given_back_bytes_total",
+        "ramd_cache_given_back_bytes_total",
+        "ramd_cache_memory_bytes",
+    ] {
+        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
+    assert!(
+        d.log().contains("caches gave back clean blocks"),
+        "{}",
+        d.log()
+    );
+
+    // Nothing was lost: the cache still reads as its backing.
+    let copy = tmp.path().join("copy.img");
+    run(tool("nbdcopy").arg(d.uri("c")).arg(&copy)).ok();
+    run(tool("cmp").arg(&backing).arg(&copy)).ok();
+    std::fs::remove_file(&copy).unwrap();
+
+    // The other process ends: the cache grows back as it is read.
+    drop(hog_in);
+    let _ = hog.wait();
+    wait_until("the cache to grow back", Duration::from_secs(30), || {
+        run(tool("nbdcopy").arg(d.uri("c")).arg("null:")).ok();
+        cache_stats(&d)["memory_bytes"].as_u64().unwrap() >= 300 << 20
     });
     assert!(d.is_running());
 }

@@ -122,15 +122,29 @@ pub(crate) struct Slot {
 }
 
 /// Slot allocation state: the policy plus slots not in it.
-struct Alloc {
-    policy: Policy,
-    /// Slots that were used and emptied (invalidated, failed fills).
-    free: Vec<u32>,
+pub(super) struct Alloc {
+    pub(super) policy: Policy,
+    /// Slots that were used and emptied (invalidated, failed fills); their
+    /// memory is committed and charged.
+    pub(super) free: Vec<u32>,
+    /// Slots whose memory was given back under memory pressure
+    /// (reclaim.rs): neither committed nor charged, like fresh ones.
+    pub(super) released: Vec<u32>,
     /// Slots `fresh_next..nslots` were never used (no memory committed).
-    fresh_next: u32,
-    /// The memory budget refused a fresh slot: stop trying, reuse instead.
+    pub(super) fresh_next: u32,
+    /// The memory budget refused a slot: reuse resident ones instead, and
+    /// ask the budget again only after `budget_retry_ms`.
     budget_full: bool,
+    /// When (ms since the cache started) to ask the budget again.
+    budget_retry_ms: u64,
+    /// The "limited by the budget" warning was logged.
+    warned_full: bool,
 }
+
+/// How long a cache that the budget refused waits before asking again
+/// (memory given back elsewhere, or the end of a pressure episode, lets it
+/// grow again).
+pub(super) const BUDGET_RETRY_MS: u64 = 1000;
 
 /// Wakes the flusher.
 #[derive(Default)]
@@ -169,23 +183,23 @@ pub(crate) struct Inner {
     pub nslots: u32,
     pub slots: Box<[Slot]>,
     /// Slot data: slot `s` at `s * bs`.
-    data: Region,
+    pub(super) data: Region,
     pub index: Index,
-    alloc: Mutex<Alloc>,
+    pub(super) alloc: Mutex<Alloc>,
     /// Lock-free hit counters for S3-FIFO.
     pub marks: HitMarks,
     /// Dirty slots (the flusher's work list).
     pub dirty: AtomicBitmap,
     pub dirty_count: AtomicU64,
     /// Slots holding a block.
-    resident: AtomicU64,
+    pub(super) resident: AtomicU64,
     pub stats: Counters,
     pub health: Health,
     pub seq: SeqDetector,
     /// Where slot memory is charged (None: not charged).
-    budget: Option<Arc<MemoryBudget>>,
+    pub(super) budget: Option<Arc<MemoryBudget>>,
     /// Bytes charged to `budget`, given back on drop.
-    charged: AtomicU64,
+    pub(super) charged: AtomicU64,
     epoch: Instant,
     /// Requests pass through it; closed by close/crash, after which every
     /// request fails.
@@ -252,8 +266,11 @@ impl Inner {
             alloc: Mutex::new(Alloc {
                 policy: Policy::new(cfg.policy, nslots as usize),
                 free: Vec::new(),
+                released: Vec::new(),
                 fresh_next: 0,
                 budget_full: false,
+                budget_retry_ms: 0,
+                warned_full: false,
             }),
             marks: HitMarks::new(nslots as usize),
             dirty: AtomicBitmap::new(nslots as usize),
@@ -533,19 +550,14 @@ impl Inner {
         if found.is_some() {
             return found;
         }
-        if a.fresh_next < self.nslots && !a.budget_full {
-            if self.charge_slot() {
-                let s = a.fresh_next;
-                a.fresh_next += 1;
-                // Never in the index: nobody else can hold its lock.
-                return Some((s, self.slots[s as usize].meta.write()));
+        if let Some(s) = self.uncharged_slot(&mut a) {
+            // Not in the index (never used, or emptied when its memory was
+            // given back); a stale lookup may still hold its lock a moment:
+            // then it waits on the free list (charged now) like any other.
+            match self.slots[s as usize].meta.try_write() {
+                Some(g) => return Some((s, g)),
+                None => a.free.push(s),
             }
-            a.budget_full = true;
-            tracing::warn!(
-                "cache memory limited by the daemon's memory budget to {} of {} blocks",
-                a.fresh_next,
-                self.nslots
-            );
         }
         let mut guard = None;
         let slots = &self.slots;
@@ -560,6 +572,39 @@ impl Inner {
             },
         );
         victim.map(|s| (s, guard.expect("evict returned an accepted slot")))
+    }
+
+    /// A slot without memory (given back, or never used), charged to the
+    /// budget now; None when there is none or the budget says no.
+    fn uncharged_slot(&self, a: &mut Alloc) -> Option<u32> {
+        let next = match a.released.last() {
+            Some(&s) => s,
+            None if a.fresh_next < self.nslots => a.fresh_next,
+            None => return None,
+        };
+        if a.budget_full && self.now_ms() < a.budget_retry_ms {
+            return None;
+        }
+        if !self.charge_slot() {
+            a.budget_full = true;
+            a.budget_retry_ms = self.now_ms() + BUDGET_RETRY_MS;
+            if !a.warned_full {
+                a.warned_full = true;
+                tracing::warn!(
+                    "cache memory limited by the daemon's memory budget to {} of {} blocks",
+                    a.fresh_next as usize - a.released.len(),
+                    self.nslots
+                );
+            }
+            return None;
+        }
+        a.budget_full = false;
+        if a.released.last() == Some(&next) {
+            a.released.pop();
+        } else {
+            a.fresh_next += 1;
+        }
+        Some(next)
     }
 
     /// Claims a slot for block `b`: evicts what it held, maps `b` to it.

@@ -60,6 +60,7 @@ mod index;
 pub mod policy;
 pub mod prometheus;
 mod read;
+mod reclaim;
 pub mod seq;
 pub mod stats;
 mod write;
@@ -230,6 +231,7 @@ impl Cache {
             size_bytes: i.size,
             capacity_bytes: i.nslots as u64 * i.bs,
             resident_bytes: i.resident_bytes(),
+            memory_bytes: i.memory_bytes(),
             dirty_bytes: i.dirty_bytes(),
             read_hits: c.get(ReadHits),
             read_misses: c.get(ReadMisses),
@@ -248,8 +250,16 @@ impl Cache {
             bypassed_bytes: c.get(BypassedBytes),
             backing_read_bytes: c.get(BackingReadBytes),
             backing_write_bytes: c.get(BackingWriteBytes),
+            given_back_bytes: c.get(GivenBackBytes),
             backing: i.health.snapshot(),
         }
+    }
+
+    /// Gives back up to `bytes` of RAM under host memory pressure: empty
+    /// slots, then clean blocks the policy would evict next; never dirty
+    /// data. Returns what was given back (see reclaim.rs).
+    pub fn give_back(&self, bytes: u64) -> u64 {
+        self.inner.give_back(bytes)
     }
 
     /// Writes back every dirty block and flushes the backing now (what

@@ -146,6 +146,7 @@ mod tests {
             size_bytes: 1 << 30,
             capacity_bytes: 1 << 20,
             resident_bytes: 8192,
+            memory_bytes: 12288,
             dirty_bytes: 4096,
             read_hits: 3,
             read_misses: 1,
@@ -160,6 +161,7 @@ mod tests {
             bypassed_bytes: 0,
             backing_read_bytes: 4096,
             backing_write_bytes: 0,
+            given_back_bytes: 0,
             backing: HealthSnapshot {
                 failing: true,
                 write_errors: 2,

@@ -40,9 +40,11 @@ pub enum Ctr {
     BackingReadBytes,
     /// Bytes written to the backing.
     BackingWriteBytes,
+    /// Slot memory given back to the host under memory pressure.
+    GivenBackBytes,
 }
 
-const COUNTERS: usize = 11;
+const COUNTERS: usize = 12;
 const STRIPES: usize = 16;
 
 #[repr(align(128))]
@@ -110,6 +112,9 @@ pub struct CacheStats {
     pub capacity_bytes: u64,
     /// RAM holding cached blocks now.
     pub resident_bytes: u64,
+    /// RAM the cache holds now: slots in use plus empty ones it keeps
+    /// (less than capacity before it fills, or after giving memory back).
+    pub memory_bytes: u64,
     /// Cached data not yet written back (write-back mode).
     pub dirty_bytes: u64,
     pub read_hits: u64,
@@ -127,6 +132,8 @@ pub struct CacheStats {
     pub bypassed_bytes: u64,
     pub backing_read_bytes: u64,
     pub backing_write_bytes: u64,
+    /// Memory given back to the host under memory pressure.
+    pub given_back_bytes: u64,
     /// Errors from the backing and whether it is failing now.
     pub backing: HealthSnapshot,
 }
@@ -177,6 +184,12 @@ const METRICS: &[(&str, &str, MetricKind, ReadMetric)] = {
         ("resident_bytes", "RAM holding cached blocks", Gauge, |s| {
             s.resident_bytes as f64
         }),
+        (
+            "memory_bytes",
+            "RAM the cache holds (cached blocks and empty slots it keeps)",
+            Gauge,
+            |s| s.memory_bytes as f64,
+        ),
         (
             "dirty_bytes",
             "Cached data not yet written back",
@@ -274,6 +287,12 @@ const METRICS: &[(&str, &str, MetricKind, ReadMetric)] = {
             |s| s.backing_write_bytes as f64,
         ),
         (
+            "given_back_bytes_total",
+            "Memory given back to the host under memory pressure",
+            Counter,
+            |s| s.given_back_bytes as f64,
+        ),
+        (
             "backing_failing",
             "1 while the backing is failing",
             Gauge,
@@ -352,6 +371,7 @@ mod tests {
             size_bytes: 1 << 30,
             capacity_bytes: 1 << 20,
             resident_bytes: 4096,
+            memory_bytes: 8192,
             dirty_bytes: 0,
             read_hits: 3,
             read_misses: 1,
@@ -366,6 +386,7 @@ mod tests {
             bypassed_bytes: 0,
             backing_read_bytes: 0,
             backing_write_bytes: 0,
+            given_back_bytes: 0,
             backing: HealthSnapshot::default(),
         };
         let m = s.metrics();

@@ -25,8 +25,18 @@
 //! the state, the readings and the counters are in `ramd info` (health)
 //! and /metrics.
 //!
-//! Invariant: the watcher only flips the budget's refusing switch; it
-//! never frees or moves data, so what drives hold stays intact.
+//! While memory is short, the caches give back clean memory first
+//! ([`GiveBack`]): each reading asks them for what recovery needs
+//! (1.5x the reserve minus what is available, at least
+//! [`MIN_GIVE_BACK_BYTES`] when only stalls count), taken from empty slots
+//! and clean blocks in eviction order; their data is on the backing, so
+//! nothing is lost, only hit ratio. The amount is logged (at most every 10
+//! seconds), counted in `ramd_memory_pressure_given_back_bytes_total` and
+//! per cache in `ramd_cache_given_back_bytes_total`.
+//!
+//! Invariant: the watcher flips the budget's refusing switch and asks
+//! caches for clean memory; it never frees dirty cache blocks or drive
+//! pages, so every byte a client wrote stays intact.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +53,27 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_FULL_AVG10_PCT: f64 = 10.0;
 /// Smallest default `pressure_min_available`.
 pub const MIN_DEFAULT_AVAILABLE_BYTES: u64 = 256 << 20;
+/// What caches are asked to give back per reading while memory is short
+/// with room left (stalls only), or the least they are asked for.
+pub const MIN_GIVE_BACK_BYTES: u64 = 64 << 20;
+
+/// Whatever can give memory back while the host is short (the caches'
+/// clean blocks).
+pub trait GiveBack: Send + Sync {
+    /// Gives back up to `bytes`; returns what was given back.
+    fn give_back(&self, bytes: u64) -> u64;
+}
+
+/// What the caches are asked to give back for a reading while short: what
+/// recovery needs (1.5x the reserve, the hysteresis' exit) minus what is
+/// available, at least [`MIN_GIVE_BACK_BYTES`].
+pub fn give_back_target(r: &Reading, t: &Thresholds) -> u64 {
+    let exit = t
+        .min_available_bytes
+        .saturating_add(t.min_available_bytes / 2);
+    exit.saturating_sub(r.available_bytes)
+        .max(MIN_GIVE_BACK_BYTES)
+}
 
 /// The thresholds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -194,13 +225,26 @@ pub fn read_host(cgroup: Option<&Path>) -> Reading {
 }
 
 /// What the watcher saw and did, for `ramd info` and /metrics.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Pressure {
     short: AtomicBool,
     /// Times memory ran short since the start.
     episodes: AtomicU64,
     last: Mutex<Reading>,
     thresholds: Mutex<Option<Thresholds>>,
+    /// Asked for memory while short; set once the caches exist (the
+    /// watcher starts before them).
+    give_back: Mutex<Option<Arc<dyn GiveBack>>>,
+    /// Bytes the caches gave back since the start.
+    given_back_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for Pressure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pressure")
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A copy of [`Pressure`]'s state.
@@ -210,6 +254,8 @@ pub struct PressureStatus {
     pub episodes: u64,
     pub reading: Reading,
     pub thresholds: Option<Thresholds>,
+    /// Bytes the caches gave back while memory was short.
+    pub given_back_bytes: u64,
 }
 
 impl Pressure {
@@ -219,6 +265,32 @@ impl Pressure {
             episodes: self.episodes.load(Ordering::Relaxed),
             reading: *self.last.lock(),
             thresholds: *self.thresholds.lock(),
+            given_back_bytes: self.given_back_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Who gives memory back while it is short (the caches).
+    pub fn set_give_back(&self, g: Arc<dyn GiveBack>) {
+        *self.give_back.lock() = Some(g);
+    }
+
+    /// Asks for memory back while short; logs (rate-limited) what came.
+    fn relieve(&self, r: &Reading, t: &Thresholds) {
+        static GAVE: crate::ratelog::RateLimit = crate::ratelog::RateLimit::per_10s();
+        let Some(g) = self.give_back.lock().clone() else {
+            return;
+        };
+        let given = g.give_back(give_back_target(r, t));
+        if given == 0 {
+            return;
+        }
+        self.given_back_bytes.fetch_add(given, Ordering::Relaxed);
+        if let Some(more) = GAVE.admit() {
+            tracing::info!(
+                given_back_bytes = given,
+                available_bytes = r.available_bytes,
+                "host memory is short: caches gave back clean blocks{more}"
+            );
         }
     }
 
@@ -229,6 +301,9 @@ impl Pressure {
         *self.thresholds.lock() = Some(*t);
         let was = self.short.load(Ordering::Relaxed);
         let now = short_of_memory(&r, t, was);
+        if now {
+            self.relieve(&r, t);
+        }
         budget.set_host_cap_bytes(host_cap(budget.used_bytes(), &r, t, now));
         if now == was {
             return;
@@ -336,6 +411,13 @@ impl prometheus_client::collector::Collector for PressureCollector {
             "New drive pages refused while memory was short",
             None,
             count(self.refused_allocations),
+        )?;
+        family(
+            &mut enc,
+            "ramd_memory_pressure_given_back",
+            "Cache memory given back to the host while memory was short",
+            Some(Unit::Bytes),
+            count(s.given_back_bytes),
         )
     }
 }

@@ -75,6 +75,7 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
             stats = Some(CacheCounters {
                 capacity_bytes: s.capacity_bytes,
                 resident_bytes: s.resident_bytes,
+                memory_bytes: s.memory_bytes,
                 dirty_bytes: s.dirty_bytes,
                 read_hits: s.read_hits,
                 read_misses: s.read_misses,
@@ -92,6 +93,7 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
                 bypassed_bytes: s.bypassed_bytes,
                 backing_read_bytes: s.backing_read_bytes,
                 backing_write_bytes: s.backing_write_bytes,
+                given_back_bytes: s.given_back_bytes,
             });
             io = Some(CacheIo {
                 totals: live
@@ -138,6 +140,7 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
         settings: settings(&e.spec),
         stats,
         io,
+        snapshots: super::snapshots::status_of(d, &e.name).statuses,
         notice,
     }
 }

@@ -44,6 +44,7 @@ pub(crate) fn pressure(d: &Daemon) -> MemoryPressure {
         short: s.short,
         episodes: s.episodes,
         refused_allocations: d.drives.budget().refused_under_pressure(),
+        given_back_bytes: s.given_back_bytes,
         available_bytes: s.reading.available_bytes,
         min_available_bytes: t.min_available_bytes,
         full_avg10_pct: s.reading.full_avg10_pct,

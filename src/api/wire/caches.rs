@@ -132,6 +132,10 @@ pub struct CacheCounters {
     pub capacity_bytes: u64,
     /// RAM holding cached blocks now.
     pub resident_bytes: u64,
+    /// RAM the cache holds now (cached blocks plus empty slots it keeps;
+    /// drops when memory is given back under pressure).
+    #[serde(default)]
+    pub memory_bytes: u64,
     /// Cached data not yet written back (write-back mode).
     pub dirty_bytes: u64,
     pub read_hits: u64,
@@ -157,6 +161,10 @@ pub struct CacheCounters {
     pub bypassed_bytes: u64,
     pub backing_read_bytes: u64,
     pub backing_write_bytes: u64,
+    /// Memory given back to the host under memory pressure (clean blocks
+    /// dropped, empty slots released).
+    #[serde(default)]
+    pub given_back_bytes: u64,
 }
 
 /// The NBD requests the cache's export served (as for drives).
@@ -195,6 +203,10 @@ pub struct CacheInfo {
     pub stats: Option<CacheCounters>,
     /// Null until the backing is open.
     pub io: Option<CacheIo>,
+    /// Snapshot pushes of this cache's logical image, per remote (absent
+    /// when none ran and none is scheduled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<super::snapshots::SnapshotStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }

@@ -24,6 +24,10 @@ pub struct MemoryPressure {
     pub episodes: u64,
     /// New pages refused because memory was short.
     pub refused_allocations: u64,
+    /// Cache memory (clean blocks, empty slots) given back to the host
+    /// while memory was short.
+    #[serde(default)]
+    pub given_back_bytes: u64,
     /// The smaller of MemAvailable and the memory cgroup's room.
     pub available_bytes: u64,
     /// Short below this.
