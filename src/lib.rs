@@ -46,6 +46,9 @@
 //! as FUSE files: its own FUSE server, no libfuse), `metrics`
 //! (per-connection counters that `nbd::conn` records into).
 //!
+//! `bench` is `ramd bench`: its load generators (NBD, io_uring, pread,
+//! small files), fio's figures, the report and its SVG/HTML plots.
+//!
 //! `snapshot` pushes point-in-time images of drives to S3-compatible
 //! object storage (chunked, deduplicated, compressed, optionally
 //! encrypted) and restores them, verified.
@@ -66,6 +69,7 @@
 //! dev-dependency on itself; the shipped library and binary leave it out.
 
 pub mod api;
+pub mod bench;
 pub mod block;
 pub mod cache;
 pub mod cli;

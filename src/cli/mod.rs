@@ -11,7 +11,8 @@
 //! One file per command family: `drives` (create, list, resize, lock,
 //! unlock, delete), `persist` (sync, restore, persistent drives' flags),
 //! `attach` (attach, detach), `stats` (stats, info), `caches`, `dirs`,
-//! `tls` (tls reload), `token` (API tokens, `--host`), `units` (install-units), `docs` (man, completions), `daemon`; `output`
+//! `tls` (tls reload), `token` (API tokens, `--host`), `bench` (the
+//! benchmark: the one file that imports the `bench` engine, a seam), `units` (install-units), `docs` (man, completions), `daemon`; `output`
 //! renders tables.
 //!
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
@@ -25,6 +26,7 @@
 //! sockets and stderr must never kill it).
 
 pub mod attach;
+pub mod bench;
 pub mod caches;
 pub mod daemon;
 pub mod dirs;
@@ -369,6 +371,27 @@ pub enum Command {
     #[command(subcommand)]
     Token(token::TokenCommand),
 
+    /// Measure a drive against the disks it replaces: IOPS, MiB/s and
+    /// latency (fio's figures), a table with ratios, a plot.
+    ///
+    /// Examples:
+    ///   ramd create bench --size 2G
+    ///   ramd bench bench --compare /var/tmp              # the quick profile, < 1 min
+    ///   ramd bench bench --compare /var/tmp --profile full --plot bench.svg
+    ///   ramd bench --compare /mnt/ssd --compare /dev/shm --test randread-4k-qd1
+    ///   ramd bench bench --json > results.json
+    ///
+    /// The drive must hold no data (or give --destructive); what the bench
+    /// writes is trimmed afterwards. A directory gets a scratch file and
+    /// directory inside, removed afterwards; a block device, a file holding
+    /// data or a cache is written only with --destructive. Files are opened
+    /// with O_DIRECT where the filesystem allows it; the table's notes say
+    /// when the page cache is in play. The report of a run with a drive is
+    /// kept by the daemon for the dashboard (GET /v1/bench/latest). Ctrl-C
+    /// stops it and cleans up. See docs/bench.md.
+    #[command(verbatim_doc_comment)]
+    Bench(bench::BenchArgs),
+
     /// Install the systemd units (ramd.service, ramd-sleep.service and the
     /// shutdown-ordering drop-in for directories in RAM).
     ///
@@ -447,6 +470,9 @@ pub enum CliError {
     /// A snapshot push or restore failed in the daemon.
     #[error(transparent)]
     SnapshotJob(#[from] snapshot::JobFailed),
+    /// `ramd bench` failed or refused a target.
+    #[error(transparent)]
+    Bench(#[from] bench::BenchFailed),
 }
 
 /// A value the command line refuses before any request (exit code 2).
@@ -694,6 +720,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Remote(cmd) => remote::run(&client(), cmd)?,
         Command::Snapshot(cmd) => snapshot::run(&client(), cmd)?,
         Command::Token(cmd) => token::run(&client(), cmd)?,
+        Command::Bench(args) => bench::run(&client(), args)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => docs::completions(shell),
         Command::Man { into, dir } => docs::man(into.or(dir))?,

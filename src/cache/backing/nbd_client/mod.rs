@@ -461,6 +461,28 @@ impl NbdClient {
     }
 }
 
+/// One negotiated plaintext connection, for a client that pipelines its
+/// own requests (`ramd bench`'s load generator): the socket right after
+/// NBD_OPT_GO (simple replies, no structured replies negotiated), in
+/// blocking mode with the options' timeouts, and what the export is. The
+/// caller speaks the transmission phase with `nbd::proto`.
+pub fn connect_plain(
+    uri: &NbdUri,
+    opts: &ClientOptions,
+) -> Result<(std::os::fd::OwnedFd, ExportInfo), ClientError> {
+    if uri.tls.is_some() {
+        return Err(ClientError::BadUri {
+            uri: uri.to_string(),
+            why: "this client speaks plaintext NBD only".into(),
+        });
+    }
+    match handshake::open(uri, opts, None)? {
+        (Stream::Plain(transport::Socket::Unix(s)), info) => Ok((s.into(), info)),
+        (Stream::Plain(transport::Socket::Tcp(s)), info) => Ok((s.into(), info)),
+        (Stream::Tls(_), _) => unreachable!("no TLS client was given"),
+    }
+}
+
 impl Drop for NbdClient {
     /// Says goodbye on every idle connection (NBD_CMD_DISC), as a polite
     /// client does; the server then closes without logging a dropped client.
