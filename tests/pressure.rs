@@ -157,6 +157,25 @@ print("ok", len(held) * (4 << 20), flush=True)
 sys.stdin.readline()
 "#;
 
+/// Whether two files hold the same bytes (read 1 MiB at a time).
+fn same_files(a: &Path, b: &Path) -> bool {
+    use std::io::Read;
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let n = fa.read(&mut ba).unwrap();
+        if n == 0 {
+            return fb.read(&mut bb).unwrap() == 0;
+        }
+        if fb.read_exact(&mut bb[..n]).is_err() || ba[..n] != bb[..n] {
+            return false;
+        }
+    }
+}
+
 fn cache_stats(d: &Daemon) -> serde_json::Value {
     let (status, body) = d.http("GET", "/v1/caches/c", None);
     assert_eq!(status, 200, "{body}");
@@ -166,7 +185,7 @@ fn cache_stats(d: &Daemon) -> serde_json::Value {
 #[test]
 fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
     use std::io::{BufRead, Write};
-    if !require(&["nbdcopy", "cmp"]) {
+    if !require(&["nbdcopy"]) {
         return;
     }
     let cgroup = Cgroup::new("cache", LIMIT_BYTES);
@@ -258,7 +277,7 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
     // Nothing was lost: the cache still reads as its backing.
     let copy = tmp.path().join("copy.img");
     run(tool("nbdcopy").arg(d.uri("c")).arg(&copy)).ok();
-    run(tool("cmp").arg(&backing).arg(&copy)).ok();
+    assert!(same_files(&backing, &copy), "the cache lost data");
     std::fs::remove_file(&copy).unwrap();
 
     // The other process ends: the cache grows back as it is read.
