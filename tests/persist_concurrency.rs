@@ -1,7 +1,8 @@
 //! Syncs run while writers keep going: the writers are never blocked by a
 //! sync, and what the sync saves is one consistent point in time. Plus the
 //! background scheduler (interval, retries, recovery). No timing asserts:
-//! progress is proven by gates and bounded waits.
+//! progress is proven by gates and bounded waits. The sync tests run over
+//! the raw store and over a compressed one (lz4).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,13 +10,14 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ramd::block::backend::Backend;
+use ramd::block::backend::{self, Backend};
 use ramd::persist::{
     Durability, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress, Storage,
     StorageFile, SyncScheduler, SyncState,
 };
 use ramd::sim::{Faults, SimDisk, SimFileHandle};
-use ramd::store::{MemoryBudget, RamStore, StoreOptions, PAGES_PER_CHUNK};
+use ramd::store::compressed::{Algorithm, CompressedStore};
+use ramd::store::{MemoryBudget, RamStore, StoreOptions, SyncCut, SyncStore, PAGES_PER_CHUNK};
 
 const PAGE: u64 = 4096;
 
@@ -29,6 +31,14 @@ fn store_opts() -> StoreOptions {
 
 fn budget() -> Arc<MemoryBudget> {
     Arc::new(MemoryBudget::new(u64::MAX))
+}
+
+fn raw(size: u64) -> backend::Result<RamStore> {
+    RamStore::with_options(size, store_opts(), budget())
+}
+
+fn lz4(size: u64) -> backend::Result<CompressedStore> {
+    CompressedStore::new(size, Algorithm::Lz4, None, budget())
 }
 
 /// A simulated disk whose first journal write waits at a gate: the sync is
@@ -106,6 +116,15 @@ impl StorageFile for GatedFile {
 
 #[test]
 fn writers_keep_completing_while_a_large_sync_runs() {
+    writers_keep_completing(raw);
+}
+
+#[test]
+fn writers_keep_completing_while_a_large_sync_of_a_compressed_drive_runs() {
+    writers_keep_completing(lz4);
+}
+
+fn writers_keep_completing<M: SyncStore>(make: impl Fn(u64) -> backend::Result<M>) {
     let sim = SimDisk::new(1);
     let (reached_tx, reached_rx) = channel();
     let (open_tx, open_rx) = channel();
@@ -116,20 +135,22 @@ fn writers_keep_completing_while_a_large_sync_runs() {
     };
     let size = 64 << 20;
     let d = Arc::new(
-        PersistentDrive::create(
+        PersistentDrive::create_with(
             disk.clone(),
-            size,
+            make(size).unwrap(),
             None,
             PersistConfig::default(),
-            store_opts(),
-            budget(),
         )
         .unwrap(),
     );
-    // 32 MiB of dirty data, the state the sync must save.
+    // 32 MiB of dirty data, the state the sync must save (each page
+    // distinct, so a compressed store keeps objects, not words).
     for i in 0..(32 << 20) / (1 << 20) {
-        d.write(i * (1 << 20), &vec![(i as u8) | 1; 1 << 20], false)
-            .unwrap();
+        let mut mib = vec![(i as u8) | 1; 1 << 20];
+        for (p, page) in mib.chunks_mut(PAGE as usize).enumerate() {
+            page[..8].copy_from_slice(&(i * 256 + p as u64).to_le_bytes());
+        }
+        d.write(i * (1 << 20), &mib, false).unwrap();
     }
     let at_cut = {
         let mut v = vec![0u8; size as usize];
@@ -164,14 +185,13 @@ fn writers_keep_completing_while_a_large_sync_runs() {
     });
     // What the sync saved is the state at its cut, not a mix.
     drop(d);
-    let r = PersistentDrive::open(
+    let r = PersistentDrive::open_with(
         sim.after_crash(1, 0.0),
         None,
         RestoreOptions::default(),
         &RestoreProgress::new(),
         PersistConfig::default(),
-        store_opts(),
-        budget(),
+        make,
     )
     .unwrap()
     .0;
@@ -188,10 +208,19 @@ fn writers_keep_completing_while_a_large_sync_runs() {
 /// writes: if it shows counter k, it shows every write before k too.
 #[test]
 fn snapshots_are_consistent_cuts_under_concurrent_writers() {
+    consistent_cuts(raw);
+}
+
+#[test]
+fn cuts_of_a_compressed_drive_are_consistent_under_concurrent_writers() {
+    consistent_cuts(lz4);
+}
+
+fn consistent_cuts<M: SyncStore>(make: impl Fn(u64) -> backend::Result<M>) {
     const WRITERS: u64 = 3;
     const PAGES_EACH: u64 = 40; // spread over several chunks
     let pages = WRITERS * PAGES_EACH;
-    let store = Arc::new(RamStore::with_options(pages * PAGE, store_opts(), budget()).unwrap());
+    let store = Arc::new(make(pages * PAGE).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let written: Vec<Arc<AtomicU64>> = (0..WRITERS).map(|_| Arc::new(AtomicU64::new(0))).collect();
     // The image the snapshots build up, page -> contents.
@@ -218,8 +247,8 @@ fn snapshots_are_consistent_cuts_under_concurrent_writers() {
             });
         }
         for round in 0..40 {
-            let mut snap = store.snapshot();
-            while let Some(c) = snap.next_chunk() {
+            let mut snap = store.cut();
+            while let Some(c) = snap.next_chunk().unwrap() {
                 for (p, data) in c.pages() {
                     image.insert(p, data.map(|d| d.to_vec()).unwrap_or_default());
                 }

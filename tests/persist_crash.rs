@@ -15,17 +15,23 @@
 //! - the recovered drive keeps working: one more write and sync, a second
 //!   crash losing everything unsynced, and the drive equals that sync.
 //!
-//! `RAMD_CRASH_CASES=N` sets the number of cases (default 10,000);
-//! `RAMD_CRASH_SEED=S` replays one case. A failure prints its seed.
+//! The same cases run over the raw store and over compressed stores (lz4
+//! and zstd, with data that mixes same-filled, text-like and random
+//! pages): one engine, one set of invariants.
+//!
+//! `RAMD_CRASH_CASES=N` sets the number of cases per store (default
+//! 10,000); `RAMD_CRASH_SEED=S` replays one case (`RAMD_CRASH_STORE=raw|
+//! lz4|zstd` picks the store, raw by default). A failure prints its seed.
 
 use std::sync::Arc;
 
-use ramd::block::backend::Backend;
+use ramd::block::backend::{self, Backend};
 use ramd::persist::{
     Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
 };
 use ramd::sim::{Faults, Rng, SimDisk};
-use ramd::store::{MemoryBudget, StoreOptions};
+use ramd::store::compressed::{Algorithm, CompressedStore};
+use ramd::store::{MemoryBudget, RamStore, StoreOptions, SyncStore};
 
 const PAGE: u64 = 4096;
 
@@ -59,19 +65,55 @@ fn diff(a: &[u8], b: &[u8]) -> String {
     }
 }
 
-fn open(
+/// Which store a case runs over.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Raw,
+    Compressed(Algorithm),
+}
+
+impl Kind {
+    fn parse(s: &str) -> Kind {
+        match s {
+            "raw" => Kind::Raw,
+            a => Kind::Compressed(a.parse().expect("RAMD_CRASH_STORE: raw, lz4 or zstd")),
+        }
+    }
+}
+
+/// Makes a store of a size (a `PersistentDrive` creates or restores into it).
+trait Make: SyncStore + Sized {
+    fn make(kind: Kind, size: u64) -> backend::Result<Self>;
+}
+
+impl Make for RamStore {
+    fn make(_: Kind, size: u64) -> backend::Result<Self> {
+        RamStore::with_options(size, store_opts(), budget())
+    }
+}
+
+impl Make for CompressedStore {
+    fn make(kind: Kind, size: u64) -> backend::Result<Self> {
+        let Kind::Compressed(algo) = kind else {
+            unreachable!("a compressed kind")
+        };
+        CompressedStore::new(size, algo, None, budget())
+    }
+}
+
+fn open<M: Make>(
+    kind: Kind,
     disk: SimDisk,
     key: Option<&Key>,
     cfg: PersistConfig,
-) -> ramd::persist::Result<PersistentDrive<SimDisk>> {
-    PersistentDrive::open(
+) -> ramd::persist::Result<PersistentDrive<SimDisk, M>> {
+    PersistentDrive::open_with(
         disk,
         key,
         RestoreOptions::default(),
         &RestoreProgress::new(),
         cfg,
-        store_opts(),
-        budget(),
+        |size| M::make(kind, size),
     )
     .map(|(d, report)| {
         if std::env::var("RAMD_CRASH_SEED").is_ok() {
@@ -81,8 +123,38 @@ fn open(
     })
 }
 
+/// Bytes for a write of `len`: for the raw store one byte value (the
+/// first byte differs, to catch misplaced pages); for compressed stores a
+/// mix of same-filled, text-like and random bytes, so pages are stored
+/// as words, compressed objects and raw (huge) pages.
+fn data(rng: &mut Rng, kind: Kind, len: usize) -> Vec<u8> {
+    let byte = 1 + rng.below(255) as u8;
+    let mut data = vec![byte; len];
+    match (kind, rng.below(3)) {
+        (Kind::Raw, _) | (_, 0) => {}
+        (_, 1) => {
+            let words = [&b"ramd "[..], b"page ", b"sync ", b"crash ", b"journal "];
+            let mut at = 0;
+            while at < len {
+                let w = words[rng.below(words.len() as u64) as usize];
+                let n = w.len().min(len - at);
+                data[at..at + n].copy_from_slice(&w[..n]);
+                at += n;
+            }
+        }
+        _ => data.iter_mut().for_each(|b| *b = rng.below(256) as u8),
+    }
+    data[0] = byte.wrapping_add(1) | 1;
+    data
+}
+
 /// One random change to both the drive and the oracle.
-fn random_change(rng: &mut Rng, d: &PersistentDrive<SimDisk>, mem: &mut [u8]) {
+fn random_change<M: SyncStore>(
+    rng: &mut Rng,
+    kind: Kind,
+    d: &PersistentDrive<SimDisk, M>,
+    mem: &mut [u8],
+) {
     let size = mem.len() as u64;
     if size == 0 {
         return;
@@ -96,10 +168,7 @@ fn random_change(rng: &mut Rng, d: &PersistentDrive<SimDisk>, mem: &mut [u8]) {
     }
     match op {
         0..=6 => {
-            let byte = 1 + rng.below(255) as u8;
-            let mut data = vec![byte; l];
-            // Not all bytes equal: catches misplaced pages.
-            data[0] = byte.wrapping_add(1) | 1;
+            let data = data(rng, kind, l);
             d.write(off, &data, false).expect("write to RAM");
             mem[o..o + l].copy_from_slice(&data);
         }
@@ -114,8 +183,8 @@ fn random_change(rng: &mut Rng, d: &PersistentDrive<SimDisk>, mem: &mut [u8]) {
     }
 }
 
-/// Runs case `seed`; Err describes the failure.
-fn case(seed: u64) -> Result<(), String> {
+/// Runs case `seed` over a store of `kind`; Err describes the failure.
+fn case<M: Make>(kind: Kind, seed: u64) -> Result<(), String> {
     let mut rng = Rng::seed(seed);
     let flush_mode = rng.below(2) == 0;
     let encrypted = rng.below(4) == 0;
@@ -149,14 +218,8 @@ fn case(seed: u64) -> Result<(), String> {
     let mut mem = vec![0u8; size as usize];
     let mut clean_close = false;
 
-    if let Ok(d) = PersistentDrive::create(
-        disk.clone(),
-        size,
-        key.as_ref(),
-        cfg,
-        store_opts(),
-        budget(),
-    ) {
+    let made = M::make(kind, size).map_err(|e| format!("store: {e}"))?;
+    if let Ok(d) = PersistentDrive::create_with(disk.clone(), made, key.as_ref(), cfg) {
         {
             created = true;
             let ops = 5 + rng.below(40);
@@ -168,12 +231,12 @@ fn case(seed: u64) -> Result<(), String> {
                 if verbose {
                     eprintln!("step {} status {:?}", disk.steps(), d.status().last_error);
                 }
-                let kind = rng.below(12);
-                if verbose && kind > 8 {
-                    eprintln!("op kind {kind}");
+                let op = rng.below(12);
+                if verbose && op > 8 {
+                    eprintln!("op kind {op}");
                 }
-                match kind {
-                    0..=6 => random_change(&mut rng, &d, &mut mem),
+                match op {
+                    0..=6 => random_change(&mut rng, kind, &d, &mut mem),
                     7 | 8 => {
                         candidates.push(mem.clone());
                         let r = d.sync();
@@ -236,7 +299,7 @@ fn case(seed: u64) -> Result<(), String> {
     disk.crash_now();
     let keep = [0.0, 0.5, 1.0][rng.below(3) as usize];
     let after = disk.after_crash(seed.wrapping_mul(31), keep);
-    let restored = match open(after.clone(), key.as_ref(), cfg) {
+    let restored = match open::<M>(kind, after.clone(), key.as_ref(), cfg) {
         Ok(d) => d,
         Err(ramd::persist::Error::NotFound(_)) if !created => return Ok(()),
         Err(e) => {
@@ -257,13 +320,14 @@ fn case(seed: u64) -> Result<(), String> {
     }
     // The recovered drive keeps working across another crash.
     let mut mem = got;
-    random_change(&mut rng, &restored, &mut mem);
+    random_change(&mut rng, kind, &restored, &mut mem);
     restored
         .sync()
         .map_err(|e| format!("sync after recovery: {e}"))?;
     after.crash_now();
     let again = after.after_crash(seed ^ 0x55, 0.0);
-    let d2 = open(again, key.as_ref(), cfg).map_err(|e| format!("second restore: {e}"))?;
+    let d2 =
+        open::<M>(kind, again, key.as_ref(), cfg).map_err(|e| format!("second restore: {e}"))?;
     let got2 = contents(&d2);
     if got2 != mem {
         return Err(format!(
@@ -274,11 +338,21 @@ fn case(seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn crash_recovery_matches_a_durable_state() {
+/// Runs case `seed` over the store `kind` names.
+fn run(kind: Kind, seed: u64) -> Result<(), String> {
+    match kind {
+        Kind::Raw => case::<RamStore>(kind, seed),
+        Kind::Compressed(_) => case::<CompressedStore>(kind, seed),
+    }
+}
+
+/// Runs `RAMD_CRASH_CASES` cases (or the one `RAMD_CRASH_SEED` names) on
+/// two threads; `kind(seed)` picks each case's store.
+fn fuzz(name: &str, kind: impl Fn(u64) -> Kind + Sync) {
     if let Ok(s) = std::env::var("RAMD_CRASH_SEED") {
         let seed: u64 = s.parse().expect("RAMD_CRASH_SEED is a number");
-        case(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let k = Kind::parse(&std::env::var("RAMD_CRASH_STORE").unwrap_or("raw".into()));
+        run(k, seed).unwrap_or_else(|e| panic!("seed {seed} ({k:?}): {e}"));
         return;
     }
     let cases: u64 = std::env::var("RAMD_CRASH_CASES")
@@ -286,6 +360,7 @@ fn crash_recovery_matches_a_durable_state() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
     let threads = 2u64;
+    let kind = &kind;
     let failures: Vec<String> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -293,11 +368,12 @@ fn crash_recovery_matches_a_durable_state() {
                     let mut fails = Vec::new();
                     let mut seed = t;
                     while seed < cases {
-                        let r = std::panic::catch_unwind(|| case(seed));
+                        let k = kind(seed);
+                        let r = std::panic::catch_unwind(|| run(k, seed));
                         match r {
                             Ok(Ok(())) => {}
-                            Ok(Err(e)) => fails.push(format!("seed {seed}: {e}")),
-                            Err(_) => fails.push(format!("seed {seed}: panicked")),
+                            Ok(Err(e)) => fails.push(format!("seed {seed} ({k:?}): {e}")),
+                            Err(_) => fails.push(format!("seed {seed} ({k:?}): panicked")),
                         }
                         if fails.len() >= 5 {
                             break;
@@ -315,9 +391,24 @@ fn crash_recovery_matches_a_durable_state() {
     });
     assert!(
         failures.is_empty(),
-        "{} failing case(s); replay one with RAMD_CRASH_SEED=<seed> cargo test --test persist_crash:\n{}",
+        "{} failing case(s); replay one with RAMD_CRASH_SEED=<seed> RAMD_CRASH_STORE=<store> cargo test --test persist_crash {name}:\n{}",
         failures.len(),
         failures.join("\n")
     );
     println!("{cases} crash cases passed");
+}
+
+#[test]
+fn crash_recovery_matches_a_durable_state() {
+    fuzz("crash_recovery_matches_a_durable_state", |_| Kind::Raw);
+}
+
+/// The same over compressed drives, lz4 and zstd (level 1 or 3) by turns.
+#[test]
+fn compressed_crash_recovery_matches_a_durable_state() {
+    fuzz("compressed_crash_recovery", |seed| match seed % 3 {
+        0 => Kind::Compressed(Algorithm::Lz4),
+        1 => Kind::Compressed(Algorithm::Zstd { level: 1 }),
+        _ => Kind::Compressed(Algorithm::Zstd { level: 3 }),
+    });
 }

@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
-use ramd::block::backend::Backend;
+use ramd::block::backend::{self, Backend};
 use ramd::persist::{
     DirStorage, Durability, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
     Storage,
 };
 use ramd::sim::{Faults, Rng, SimDisk};
-use ramd::store::{MemoryBudget, StoreOptions};
+use ramd::store::compressed::{Algorithm, CompressedStore};
+use ramd::store::{MemoryBudget, RamStore, StoreOptions, SyncStore};
 
 const PAGE: u64 = 4096;
 
@@ -106,15 +107,34 @@ fn encrypted_partial_last_page_trim() {
 /// Random writes, trims and resizes; close (clean shutdown) and reopen
 /// `rounds` times, comparing with the oracle each time.
 fn reopen_many<S: Storage>(
-    mut storage: S,
+    storage: S,
     reopen: impl Fn(S) -> S,
     key: Option<&Key>,
     rounds: u32,
     seed: u64,
 ) {
+    let raw = |size| RamStore::with_options(size, store_opts(), budget());
+    reopen_many_with(storage, reopen, key, rounds, seed, raw);
+}
+
+/// [`reopen_many`] over the stores `make` makes.
+fn reopen_many_with<S: Storage, M: SyncStore>(
+    mut storage: S,
+    reopen: impl Fn(S) -> S,
+    key: Option<&Key>,
+    rounds: u32,
+    seed: u64,
+    make: impl Fn(u64) -> backend::Result<M>,
+) {
     let mut rng = Rng::seed(seed);
     let mut mem = vec![0u8; (64 * PAGE + 123) as usize];
-    let mut d = create(storage, mem.len() as u64, key);
+    let mut d = PersistentDrive::create_with(
+        storage,
+        make(mem.len() as u64).unwrap(),
+        key,
+        PersistConfig::default(),
+    )
+    .unwrap();
     for round in 0..rounds {
         for _ in 0..1 + rng.below(20) {
             let size = mem.len() as u64;
@@ -143,8 +163,16 @@ fn reopen_many<S: Storage>(
             }
         }
         d.close().unwrap();
-        storage = reopen(drop_into_storage(d));
-        let (nd, report) = open_with(storage, key, RestoreOptions::default()).unwrap();
+        storage = reopen(d.into_storage());
+        let (nd, report) = PersistentDrive::open_with(
+            storage,
+            key,
+            RestoreOptions::default(),
+            &RestoreProgress::new(),
+            PersistConfig::default(),
+            &make,
+        )
+        .unwrap();
         assert!(report.torn_tail.is_none(), "round {round}: {report:?}");
         assert!(
             contents(&nd) == mem,
@@ -152,11 +180,6 @@ fn reopen_many<S: Storage>(
         );
         d = nd;
     }
-}
-
-/// A drive is closed; its storage goes back to the test.
-fn drop_into_storage<S: Storage>(d: PersistentDrive<S>) -> S {
-    d.into_storage()
 }
 
 #[test]
@@ -174,6 +197,75 @@ fn reopen_many_times_on_the_simulated_disk() {
             seed,
         );
     }
+}
+
+/// Compressed drives (lz4, zstd) saved and restored through the same
+/// engine: the image is raw, so a drive may even come back with another
+/// algorithm, or none.
+#[test]
+fn compressed_drives_reopen_many_times() {
+    let zstd = |size| CompressedStore::new(size, Algorithm::Zstd { level: 3 }, None, budget());
+    let lz4 = |size| CompressedStore::new(size, Algorithm::Lz4, None, budget());
+    let key = Key::from_bytes([9; 32]);
+    for seed in 0..6 {
+        let k = (seed % 2 == 1).then_some(&key);
+        let disk = SimDisk::new(seed);
+        let reopen = |d: SimDisk| d.after_crash(seed, 0.0);
+        if seed % 3 == 0 {
+            reopen_many_with(disk, reopen, k, 20, seed, zstd);
+        } else {
+            reopen_many_with(disk, reopen, k, 20, seed, lz4);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = DirStorage::create_dir(&dir.path().join("z")).unwrap();
+    let reopen = |s: DirStorage| DirStorage::open_dir(s.path()).unwrap();
+    reopen_many_with(s, reopen, None, 10, 99, lz4);
+}
+
+/// A drive saved compressed comes back raw and the other way round: the
+/// state directory holds raw pages either way.
+#[test]
+fn a_drive_changes_store_across_a_restart() {
+    let disk = SimDisk::new(5);
+    let lz4 = |size| CompressedStore::new(size, Algorithm::Lz4, None, budget());
+    let d = PersistentDrive::create_with(
+        disk.clone(),
+        lz4(64 * PAGE).unwrap(),
+        None,
+        PersistConfig::default(),
+    )
+    .unwrap();
+    let text: Vec<u8> = b"persistent compressed pages "
+        .iter()
+        .cycle()
+        .take(20 * PAGE as usize + 77)
+        .copied()
+        .collect();
+    d.write(3 * PAGE + 5, &text, false).unwrap();
+    d.write(40 * PAGE, &[0xAB; 4096], false).unwrap();
+    d.close().unwrap();
+    let want = contents(&d);
+    let raw = open(disk.after_crash(1, 0.0), None);
+    assert!(contents(&raw) == want);
+    raw.write(50 * PAGE, &[7; 100], false).unwrap();
+    raw.close().unwrap();
+    let want = contents(&raw);
+    let storage = raw.into_storage();
+    let (z, _) = PersistentDrive::open_with(
+        storage.after_crash(2, 0.0),
+        None,
+        RestoreOptions::default(),
+        &RestoreProgress::new(),
+        PersistConfig::default(),
+        lz4,
+    )
+    .unwrap();
+    assert!(contents(&z) == want);
+    let stats = z.store().stats();
+    assert_eq!(stats.same_pages, 1, "{stats:?}");
+    assert!(stats.compressed_pages >= 20, "{stats:?}");
+    z.store().check().unwrap();
 }
 
 #[test]

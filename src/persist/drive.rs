@@ -27,7 +27,7 @@ use super::status::{PersistStatus, SyncState};
 use super::storage::Storage;
 use super::{now_unix_ms, Error, Result};
 use crate::block::backend::{self, Backend, Caps, Extent};
-use crate::store::{MemoryBudget, RamStore, StoreOptions, PAGE_BYTES};
+use crate::store::{MemoryBudget, RamStore, StoreOptions, SyncStore, PAGE_BYTES};
 
 /// How failed background syncs are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,10 +108,12 @@ struct Tracking {
     last_error_unix_ms: Option<u64>,
 }
 
-/// A RAM drive persisted to a state directory. See the module docs.
-pub struct PersistentDrive<S: Storage> {
+/// A RAM drive persisted to a state directory. See the module docs. `M`
+/// is the RAM store: the raw one, or any other that offers the engine
+/// its dirty set and cuts (`store::SyncStore`, e.g. a compressed store).
+pub struct PersistentDrive<S: Storage, M: SyncStore = RamStore> {
     /// The data.
-    store: RamStore,
+    store: M,
     /// The state directory; its lock also serialises syncs.
     engine: Mutex<Engine<S>>,
     /// Settings (changed rarely, read by the scheduler).
@@ -164,12 +166,43 @@ fn to_backend(e: Error) -> backend::Error {
 }
 
 impl<S: Storage> PersistentDrive<S> {
+    /// Creates a new drive of `size_bytes` in `storage` (which must hold no
+    /// drive), encrypted when `key` is given.
+    pub fn create(
+        storage: S,
+        size_bytes: u64,
+        key: Option<&Key>,
+        config: PersistConfig,
+        store_opts: StoreOptions,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<PersistentDrive<S>> {
+        let store = RamStore::with_options(size_bytes, store_opts, global_mem)?;
+        PersistentDrive::create_with(storage, store, key, config)
+    }
+
+    /// Restores the drive in `storage`; see `restore.rs`. `progress` may be
+    /// watched from another thread meanwhile.
+    pub fn open(
+        storage: S,
+        key: Option<&Key>,
+        opts: RestoreOptions,
+        progress: &RestoreProgress,
+        config: PersistConfig,
+        store_opts: StoreOptions,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<(PersistentDrive<S>, RestoreReport)> {
+        let make = |size| RamStore::with_options(size, store_opts, global_mem);
+        PersistentDrive::open_with(storage, key, opts, progress, config, make)
+    }
+}
+
+impl<S: Storage, M: SyncStore> PersistentDrive<S, M> {
     fn assemble(
-        store: RamStore,
+        store: M,
         engine: Engine<S>,
         config: PersistConfig,
         restore_duration: Option<Duration>,
-    ) -> PersistentDrive<S> {
+    ) -> PersistentDrive<S, M> {
         let durable_ms = if engine.durable_gen() > 0 {
             Some(engine.meta().updated_unix_ms)
         } else {
@@ -196,36 +229,32 @@ impl<S: Storage> PersistentDrive<S> {
         }
     }
 
-    /// Creates a new drive of `size_bytes` in `storage` (which must hold no
-    /// drive), encrypted when `key` is given.
-    pub fn create(
+    /// Creates a new drive in `storage` (which must hold none) over the
+    /// empty `store`, its size the store's, encrypted when `key` is given.
+    pub fn create_with(
         storage: S,
-        size_bytes: u64,
+        store: M,
         key: Option<&Key>,
         config: PersistConfig,
-        store_opts: StoreOptions,
-        global_mem: Arc<MemoryBudget>,
-    ) -> Result<PersistentDrive<S>> {
-        let store = RamStore::with_options(size_bytes, store_opts, global_mem)?;
-        let engine = Engine::create(storage, size_bytes, key)?;
+    ) -> Result<PersistentDrive<S, M>> {
+        let engine = Engine::create(storage, store.size(), key)?;
         // Everything is on disk (nothing): start with a clean dirty set.
-        store.take_dirty();
+        store.clear_dirty();
         Ok(PersistentDrive::assemble(store, engine, config, None))
     }
 
-    /// Restores the drive in `storage`; see `restore.rs`. `progress` may be
+    /// Restores the drive in `storage` into a store `make_store` makes
+    /// (called with the drive size); see `restore.rs`. `progress` may be
     /// watched from another thread meanwhile.
-    pub fn open(
+    pub fn open_with(
         storage: S,
         key: Option<&Key>,
         opts: RestoreOptions,
         progress: &RestoreProgress,
         config: PersistConfig,
-        store_opts: StoreOptions,
-        global_mem: Arc<MemoryBudget>,
-    ) -> Result<(PersistentDrive<S>, RestoreReport)> {
-        let make = |size| RamStore::with_options(size, store_opts, global_mem);
-        let (engine, store, report) = restore(storage, key, opts, progress, make)?;
+        make_store: impl FnOnce(u64) -> backend::Result<M>,
+    ) -> Result<(PersistentDrive<S, M>, RestoreReport)> {
+        let (engine, store, report) = restore(storage, key, opts, progress, make_store)?;
         let drive = PersistentDrive::assemble(store, engine, config, Some(report.duration));
         Ok((drive, report))
     }
@@ -237,7 +266,7 @@ impl<S: Storage> PersistentDrive<S> {
     }
 
     /// The RAM store (for stats and direct access).
-    pub fn store(&self) -> &RamStore {
+    pub fn store(&self) -> &M {
         &self.store
     }
 
@@ -363,7 +392,7 @@ impl<S: Storage> PersistentDrive<S> {
     /// Grows or shrinks the drive; waits for a running sync. The next sync
     /// records the new size.
     pub fn resize(&self, size_bytes: u64) -> Result<()> {
-        self.store.resize(size_bytes)?;
+        SyncStore::resize(&self.store, size_bytes)?;
         Ok(())
     }
 
@@ -401,7 +430,7 @@ impl<S: Storage> PersistentDrive<S> {
             max_sync_duration: t.max_sync_duration,
             dirty_bytes: self.store.dirty_pages() * PAGE_BYTES,
             journal_bytes: p.journal_bytes.load(Ordering::Relaxed),
-            snapshot_copy_bytes: self.store.snapshot_copy_bytes(),
+            snapshot_copy_bytes: self.store.cut_copy_bytes(),
             syncs_ok: t.syncs_ok,
             syncs_failed: t.syncs_failed,
             consecutive_failures: t.consecutive_failures,
@@ -414,7 +443,7 @@ impl<S: Storage> PersistentDrive<S> {
     }
 }
 
-impl<S: Storage> Backend for PersistentDrive<S> {
+impl<S: Storage, M: SyncStore> Backend for PersistentDrive<S, M> {
     fn size(&self) -> u64 {
         self.store.size()
     }

@@ -26,7 +26,7 @@ use super::journal::{read_payload, GenInfo, JournalWriter, MAX_RECORD_PAGES};
 use super::names;
 use super::storage::{Storage, StorageFile};
 use super::{io_err, now_unix_ms, Error, Result};
-use crate::store::StoreState;
+use crate::store::{SyncCut, SyncStore};
 
 /// What one sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -392,19 +392,19 @@ impl<S: Storage> Engine<S> {
     /// the last successful sync: returns once it is durable (committed in
     /// the journal). Writers keep running meanwhile. On failure nothing of
     /// this attempt counts and its pages stay dirty for the next one.
-    pub fn sync(&mut self, store: &StoreState) -> Result<SyncReport> {
+    pub fn sync<M: SyncStore>(&mut self, store: &M) -> Result<SyncReport> {
         self.sync_with_progress(store, &SyncProgress::default())
     }
 
     /// [`Engine::sync`], publishing its progress into `progress`.
-    pub fn sync_with_progress(
+    pub fn sync_with_progress<M: SyncStore>(
         &mut self,
-        store: &StoreState,
+        store: &M,
         progress: &SyncProgress,
     ) -> Result<SyncReport> {
         let started = Instant::now();
         progress.start(store.dirty_pages() * PAGE_BYTES as u64);
-        let mut snap = store.snapshot();
+        let mut snap = store.cut();
         let size = snap.size_bytes();
         let min_size = snap.min_size_bytes();
         let size_pages = size.div_ceil(PAGE_BYTES as u64);
@@ -415,7 +415,7 @@ impl<S: Storage> Engine<S> {
         let jpath = || jp.clone();
         let before = self.journal.committed_bytes();
         let result = (|| -> Result<Option<GenInfo>> {
-            while let Some(chunk) = snap.next_chunk() {
+            while let Some(chunk) = snap.next_chunk()? {
                 if !begun {
                     self.journal
                         .begin(self.next_gen)

@@ -30,8 +30,7 @@ use super::image::Image;
 use super::journal::{read_payload, scan, GenInfo, JournalWriter, ScanEnd};
 use super::storage::{Storage, StorageFile};
 use super::{crc, io_err, names, Error, Result};
-use crate::block::backend::Backend;
-use crate::store::RamStore;
+use crate::store::SyncStore;
 
 /// Choices for a restore that found damage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -207,13 +206,13 @@ const READ_RUN_BYTES: u64 = 8 << 20;
 
 /// Opens the drive in `storage` into a new RAM store made by `make_store`
 /// (called with the drive size), verifying everything; see the module docs.
-pub fn restore<S: Storage>(
+pub fn restore<S: Storage, M: SyncStore>(
     storage: S,
     key: Option<&Key>,
     opts: RestoreOptions,
     progress: &RestoreProgress,
-    make_store: impl FnOnce(u64) -> crate::block::backend::Result<RamStore>,
-) -> Result<(Engine<S>, RamStore, RestoreReport)> {
+    make_store: impl FnOnce(u64) -> crate::block::backend::Result<M>,
+) -> Result<(Engine<S>, M, RestoreReport)> {
     let started = Instant::now();
     progress.set_phase(RestorePhase::Verifying);
     let dir = storage.describe("");
@@ -285,7 +284,7 @@ pub fn restore<S: Storage>(
     report.drive_size = store.size();
     let durable_size = store.size();
     // What was loaded is on disk: nothing is dirty.
-    store.take_dirty();
+    store.clear_dirty();
     // Pages loaded despite failing verification get rewritten (with fresh
     // checksums) by the first sync.
     rewrite_pages(&store, &report.forced_bad_pages);
@@ -411,16 +410,16 @@ fn scan_journal<F: StorageFile>(
 }
 
 /// Replays journal generations into the store, verifying every page.
-struct Replay<'a, F> {
+struct Replay<'a, F, M> {
     journal: &'a F,
     jpath: &'a str,
     entry_bytes: usize,
     cipher: Option<&'a Cipher>,
-    store: &'a RamStore,
+    store: &'a M,
     progress: &'a RestoreProgress,
 }
 
-impl<F: StorageFile> Replay<'_, F> {
+impl<F: StorageFile, M: SyncStore> Replay<'_, F, M> {
     /// One generation: its size changes, then its records in order.
     fn generation(&self, g: &GenInfo, report: &mut RestoreReport) -> Result<()> {
         self.store.resize(g.min_size.min(g.drive_size))?;
@@ -489,7 +488,7 @@ fn verify_page(cipher: Option<&Cipher>, page: u64, entry: &[u8], data: &mut [u8]
 }
 
 /// Marks pages dirty by writing their current contents back.
-fn rewrite_pages(store: &RamStore, pages: &[u64]) {
+fn rewrite_pages<M: SyncStore>(store: &M, pages: &[u64]) {
     let mut buf = vec![0u8; PAGE_BYTES];
     for &p in pages {
         let off = p * PAGE_BYTES as u64;
@@ -551,7 +550,7 @@ const LOAD_WORKERS: usize = 2;
 type BadPage = (u64, String);
 
 /// What the load workers share.
-struct LoadShared<'a, F> {
+struct LoadShared<'a, F, M> {
     image: &'a F,
     /// Bytes of the image file that belong to the drive.
     image_len: u64,
@@ -562,7 +561,7 @@ struct LoadShared<'a, F> {
     cipher: Option<&'a Cipher>,
     covered: &'a Covered,
     force: bool,
-    store: &'a RamStore,
+    store: &'a M,
     progress: &'a RestoreProgress,
     /// Set when a worker met an error that ends the restore: the others stop.
     stop: std::sync::atomic::AtomicBool,
@@ -570,7 +569,7 @@ struct LoadShared<'a, F> {
     loaded_bytes: AtomicU64,
 }
 
-impl<F: StorageFile> LoadShared<'_, F> {
+impl<F: StorageFile, M: SyncStore> LoadShared<'_, F, M> {
     /// Loads one run straight into the drive's memory: `pread` into the
     /// pages themselves (under their chunk locks, via `write_with`), then
     /// verifies (or decrypts) each page in place. No staging buffer, so
@@ -588,7 +587,7 @@ impl<F: StorageFile> LoadShared<'_, F> {
         while pos < whole_end {
             let stored = self
                 .store
-                .write_with(pos, (whole_end - pos) as usize, &mut |dst| {
+                .load_with(pos, (whole_end - pos) as usize, &mut |dst| {
                     let got = self.read_full(dst, pos)?;
                     dst[got..].fill(0);
                     for (k, pd) in dst.chunks_mut(PAGE_BYTES).enumerate() {
@@ -671,14 +670,14 @@ impl<F: StorageFile> LoadShared<'_, F> {
 /// thread walks the page table window by window and hands runs of data
 /// pages to `LOAD_WORKERS` threads that read them straight into the drive.
 #[allow(clippy::too_many_arguments)]
-fn load_image<S: Storage>(
+fn load_image<S: Storage, M: SyncStore>(
     storage: &S,
     image: &Image<S::File>,
     meta: &Meta,
     cipher: Option<&Cipher>,
     covered: &Covered,
     force: bool,
-    store: &RamStore,
+    store: &M,
     progress: &RestoreProgress,
     report: &mut RestoreReport,
 ) -> Result<()> {

@@ -24,6 +24,7 @@ use super::drive::PersistentDrive;
 use super::durability::{Durability, SyncCause};
 use super::priority::lower_thread_priority;
 use super::storage::Storage;
+use crate::store::SyncStore;
 
 #[derive(Default)]
 struct Flags {
@@ -45,8 +46,8 @@ pub struct SyncScheduler {
 
 impl SyncScheduler {
     /// Starts the thread for `drive`.
-    pub fn spawn<S: Storage>(
-        drive: Arc<PersistentDrive<S>>,
+    pub fn spawn<S: Storage, M: SyncStore>(
+        drive: Arc<PersistentDrive<S, M>>,
         name: &str,
     ) -> std::io::Result<SyncScheduler> {
         let shared = Arc::new(Shared {
@@ -89,7 +90,7 @@ impl Drop for SyncScheduler {
     }
 }
 
-fn run<S: Storage>(drive: Arc<PersistentDrive<S>>, shared: Arc<Shared>) {
+fn run<S: Storage, M: SyncStore>(drive: Arc<PersistentDrive<S, M>>, shared: Arc<Shared>) {
     let mut failures = 0u32;
     let mut delay = Duration::from_millis(drive.config().sync_interval_ms);
     loop {

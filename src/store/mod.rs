@@ -67,11 +67,13 @@
 pub mod bitmap;
 pub mod budget;
 pub mod compressed;
+pub mod cut;
 mod huge;
 mod ntcopy;
 mod prefault;
 pub mod region;
 pub mod snapshot;
+pub mod sync_store;
 
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -89,6 +91,7 @@ use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
 pub use snapshot::{CapturedChunk, Snapshot, PAGES_PER_CHUNK};
+pub use sync_store::{SyncCut, SyncStore};
 use snapshot::{CowOutcome, SnapState};
 
 /// Bytes per page: the unit of allocation, trim and the bitmaps.
@@ -345,7 +348,7 @@ impl RamStore {
             global_mem,
             resize_lock: Mutex::new(()),
             fill_end: AtomicU64::new(u64::MAX),
-            snap: SnapState::new(),
+            snap: SnapState::default(),
             min_size: AtomicU64::new(0),
             huge: HugeState::new(opts.huge_pages),
         });
@@ -559,7 +562,7 @@ impl StoreState {
                     // A running snapshot: save this chunk's pre-cut pages
                     // before changing it (one atomic load when none runs).
                     loop {
-                        let e = self.snap.active.load(Ordering::Acquire);
+                        let e = self.snap.active();
                         if e == 0 {
                             break;
                         }

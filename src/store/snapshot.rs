@@ -66,17 +66,14 @@
 //! - One snapshot at a time: a snapshot holds the store's resize lock, so a
 //!   resize waits for a running sync to end.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 
+pub use super::cut::COPY_MARGIN_BYTES;
+use super::cut::{CutState, SideCopy};
 use super::{Segment, StoreState, CHUNKS_PER_SEGMENT, CHUNK_BYTES, PAGE_BYTES, SEGMENT_BYTES};
-
-/// Headroom of the daemon's memory budget that copies never use (the same
-/// margin the prefaulter keeps).
-pub const COPY_MARGIN_BYTES: u64 = super::prefault::MARGIN_BYTES;
 
 /// Pages per chunk (16): a chunk's dirty bits fit a `u16`.
 pub const PAGES_PER_CHUNK: usize = (CHUNK_BYTES / PAGE_BYTES) as usize;
@@ -126,47 +123,15 @@ impl CapturedChunk {
     }
 }
 
-/// The store's snapshot state.
-pub(super) struct SnapState {
-    /// The running snapshot's epoch, 0 when none runs. Writers load it under
-    /// each chunk lock they take (the only cost on the data path).
-    pub(super) active: AtomicU32,
-    /// Set when `shared.urgent` is non-empty, so the walk can check cheaply.
-    urgent_flag: AtomicBool,
-    /// Bytes of copies in the side table now (for stats and the budget).
-    cow_bytes: AtomicU64,
-    /// Everything that is not on the data path's fast path.
-    shared: Mutex<SnapShared>,
-    /// Wakes writers waiting for the sync thread to capture their chunk.
-    captured_cv: Condvar,
-}
-
-#[derive(Default)]
-struct SnapShared {
-    /// Epoch of the most recent snapshot (the next one is this + 1).
-    last_epoch: u32,
-    /// Chunks captured by writers, waiting for the walk to take them.
-    side: BTreeMap<u64, CapturedChunk>,
-    /// Chunks whose writers could not afford a copy: capture these next.
-    urgent: Vec<u64>,
-}
-
-impl SnapState {
-    pub(super) fn new() -> SnapState {
-        SnapState {
-            active: AtomicU32::new(0),
-            urgent_flag: AtomicBool::new(false),
-            cow_bytes: AtomicU64::new(0),
-            shared: Mutex::new(SnapShared::default()),
-            captured_cv: Condvar::new(),
-        }
-    }
-
-    /// Bytes currently copied aside for the running snapshot.
-    pub(super) fn cow_bytes(&self) -> u64 {
-        self.cow_bytes.load(Ordering::Relaxed)
+impl SideCopy for CapturedChunk {
+    fn charged_bytes(&self) -> u64 {
+        self.data_bytes()
     }
 }
+
+/// The store's snapshot state: the shared cut bookkeeping (`cut.rs`) over
+/// copies of whole chunks.
+pub(super) type SnapState = CutState<CapturedChunk>;
 
 /// What a writer must do before changing a chunk.
 pub(super) enum CowOutcome {
@@ -229,28 +194,18 @@ impl StoreState {
             return CowOutcome::Proceed;
         }
         let captured = copy_pages(seg, ci, chunk, mask);
-        let bytes = captured.data_bytes();
         // Copies never take the budget's last COPY_MARGIN_BYTES: that room
         // stays for writes that need new pages, which must not fail with
         // ENOSPC just because a sync runs.
-        let g = &self.global_mem;
-        let room = g.limit_bytes().saturating_sub(g.used_bytes());
-        if bytes > 0 && (room < bytes + COPY_MARGIN_BYTES || !g.try_reserve(bytes)) {
+        if !self.snap.charge(&self.global_mem, captured.data_bytes()) {
             return CowOutcome::Wait;
         }
-        {
-            let mut sh = self.snap.shared.lock();
-            if self.snap.active.load(Ordering::Acquire) != e {
-                // The snapshot ended meanwhile: the pages stay dirty for
-                // the next one.
-                drop(sh);
-                self.global_mem.release(bytes);
-                return CowOutcome::Proceed;
-            }
-            // Insert before clearing the bits: the walk reads bits, then
-            // the side table, so it always sees the chunk in one of them.
-            sh.side.insert(chunk, captured);
-            self.snap.cow_bytes.fetch_add(bytes, Ordering::Relaxed);
+        // Inserted before the bits are cleared: the walk reads bits, then
+        // the side table, so it always sees the chunk in one of them.
+        if !self.snap.insert(&self.global_mem, e, chunk, captured) {
+            // The snapshot ended meanwhile: the pages stay dirty for the
+            // next one.
+            return CowOutcome::Proceed;
         }
         seg.dirty.clear_bits16(start, mask);
         seg.epochs[ci].store(e, Ordering::Release);
@@ -270,7 +225,7 @@ impl StoreState {
     ) -> Option<(usize, u64, u32)> {
         let chunk = CHUNK_BYTES as usize;
         for ci in so / chunk..(so + n).div_ceil(chunk) {
-            let e = self.snap.active.load(Ordering::Acquire);
+            let e = self.snap.active();
             if e == 0 {
                 return None;
             }
@@ -285,19 +240,13 @@ impl StoreState {
     /// Asks the sync thread to capture `chunk` next and waits until it has
     /// (or the snapshot `e` ended). Called with no chunk lock held.
     pub(super) fn wait_captured(&self, seg: &Segment, ci: usize, chunk: u64, e: u32) {
-        let mut sh = self.snap.shared.lock();
-        sh.urgent.push(chunk);
-        self.snap.urgent_flag.store(true, Ordering::Release);
-        while self.snap.active.load(Ordering::Acquire) == e
-            && seg.epochs[ci].load(Ordering::Acquire) < e
-        {
-            self.snap.captured_cv.wait(&mut sh);
-        }
+        self.snap
+            .wait_captured(chunk, e, || seg.epochs[ci].load(Ordering::Acquire) >= e);
     }
 
     /// Bytes of pre-cut pages copied aside for the running sync (0 when none).
     pub fn snapshot_copy_bytes(&self) -> u64 {
-        self.snap.cow_bytes()
+        self.snap.copy_bytes()
     }
 
     /// Starts a point-in-time snapshot of the pages changed since the last
@@ -308,14 +257,8 @@ impl StoreState {
         let segs = self.segments.load_full();
         let size = self.size();
         let min_size = self.min_size.swap(size, Ordering::AcqRel).min(size);
-        let epoch = {
-            let mut sh = self.snap.shared.lock();
-            debug_assert!(sh.side.is_empty() && sh.urgent.is_empty());
-            sh.last_epoch += 1;
-            sh.last_epoch
-        };
         // The cut.
-        self.snap.active.store(epoch, Ordering::SeqCst);
+        let epoch = self.snap.begin();
         Snapshot {
             state: self,
             _resize_guard: resize_guard,
@@ -392,13 +335,7 @@ impl Snapshot<'_> {
             seg.epochs[ci].store(self.epoch, Ordering::Release);
             return (mask != 0).then(|| copy_pages(seg, ci, chunk, mask));
         }
-        let c = self.state.snap.shared.lock().side.remove(&chunk)?;
-        self.state.global_mem.release(c.data_bytes());
-        self.state
-            .snap
-            .cow_bytes
-            .fetch_sub(c.data_bytes(), Ordering::Relaxed);
-        Some(c)
+        self.state.snap.take(&self.state.global_mem, chunk)
     }
 
     /// First chunk at or after `from` that has dirty bits or a side-table
@@ -418,8 +355,7 @@ impl Snapshot<'_> {
             }
             c = c - ci as u64 + CHUNKS_PER_SEGMENT as u64;
         }
-        let sh = self.state.snap.shared.lock();
-        let from_side = sh.side.range(from..).next().map(|(&k, _)| k);
+        let from_side = self.state.snap.first_copy_from(from);
         match (from_bits, from_side) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -431,22 +367,13 @@ impl Snapshot<'_> {
     /// asked for urgently (it had no memory for a copy), which come first.
     pub fn next_chunk(&mut self) -> Option<CapturedChunk> {
         loop {
-            while self.state.snap.urgent_flag.load(Ordering::Acquire) {
-                let urgent = {
-                    let mut sh = self.state.snap.shared.lock();
-                    let c = sh.urgent.pop();
-                    if sh.urgent.is_empty() {
-                        self.state.snap.urgent_flag.store(false, Ordering::Release);
-                    }
-                    c
-                };
-                let Some(chunk) = urgent else { break };
+            while let Some(chunk) = self.state.snap.pop_urgent() {
                 let got = if chunk < self.n_chunks() {
                     self.take_chunk(chunk)
                 } else {
                     None
                 };
-                self.state.snap.captured_cv.notify_all();
+                self.state.snap.notify_captured();
                 if let Some(c) = got {
                     self.captured.push((c.chunk, c.mask));
                     return Some(c);
@@ -472,27 +399,14 @@ impl Drop for Snapshot<'_> {
     fn drop(&mut self) {
         // End the snapshot under the shared lock: a writer inserts its copy
         // only while the snapshot it saw is still active (see `cow_chunk`).
-        let side = {
-            let mut sh = self.state.snap.shared.lock();
-            self.state.snap.active.store(0, Ordering::SeqCst);
-            sh.urgent.clear();
-            std::mem::take(&mut sh.side)
-        };
-        self.state.snap.urgent_flag.store(false, Ordering::Release);
-        self.state.snap.captured_cv.notify_all();
-        let bytes: u64 = side.values().map(|c| c.data_bytes()).sum();
-        self.state.global_mem.release(bytes);
-        self.state
-            .snap
-            .cow_bytes
-            .fetch_sub(bytes, Ordering::Relaxed);
+        let side = self.state.snap.end(&self.state.global_mem);
         // Copies still in the side table were never handed out. Even after
         // a complete walk there can be some: a change that began before the
         // cut may set its dirty bits only after the walk passed its chunk
         // (so it is out of this snapshot), and a later writer may then
         // capture those bits. Their pages go to the next snapshot, like
         // the change's bits would have had no writer captured them.
-        let mut unsaved: Vec<(u64, u16)> = side.values().map(|c| (c.chunk, c.mask)).collect();
+        let mut unsaved: Vec<(u64, u16)> = side.iter().map(|c| (c.chunk, c.mask)).collect();
         if !self.finished {
             self.state
                 .min_size

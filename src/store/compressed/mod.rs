@@ -89,23 +89,29 @@
 //! bounds-checked decoding. `zstd`: the same crate and version the
 //! snapshots use.
 
+mod marks;
 mod page;
 mod shard;
 mod slab;
 mod stats;
+mod sync;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use super::budget::MemoryBudget;
+use super::cut::CutState;
 use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
+use marks::Marks;
 pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
 use page::{PageError, PACK_BUF_BYTES};
 use shard::{Entry, Placing, Shard, GROUP_PAGES};
 use slab::{Charge, SlabFull};
 pub use stats::CompressedStats;
+use sync::CapturedGroup;
+pub use sync::CompressedCut;
 
 /// Shards per drive (see the module docs).
 pub const SHARDS: usize = 16;
@@ -166,8 +172,17 @@ pub struct CompressedStore {
     size: AtomicU64,
     shards: Box<[Padded]>,
     mem: DriveMem,
-    /// Serialises resizes (never taken on the data path).
+    /// Serialises resizes and sync cuts (never taken on the data path).
     resize_lock: Mutex<()>,
+    /// Pages changed since the last sync cut, and the groups' epochs
+    /// (`marks.rs`, `sync.rs`).
+    marks: Marks,
+    /// The running sync cut, if any (`store::cut`).
+    cut: CutState<CapturedGroup>,
+    /// Smallest size since the last cut began (a sync must record a
+    /// shrink even when the drive grew back before it). Changed under
+    /// `resize_lock`.
+    min_size: AtomicU64,
 }
 
 /// Where page `p` lives: its shard and shard-local page index.
@@ -225,8 +240,12 @@ impl CompressedStore {
                 global: global_mem,
             },
             resize_lock: Mutex::new(()),
+            marks: Marks::default(),
+            cut: CutState::default(),
+            min_size: AtomicU64::new(0),
         };
         s.resize(size_bytes)?;
+        s.min_size.store(size_bytes, Ordering::Release);
         Ok(s)
     }
 
@@ -270,7 +289,8 @@ impl CompressedStore {
             });
         }
         total.metadata_bytes += (std::mem::size_of::<CompressedStore>()
-            + SHARDS * std::mem::size_of::<Padded>()) as u64;
+            + SHARDS * std::mem::size_of::<Padded>()) as u64
+            + self.marks.metadata_bytes();
         total
     }
 
@@ -306,6 +326,22 @@ impl CompressedStore {
 
     fn shard(&self, i: usize) -> &RwLock<Shard> {
         &self.shards[i].0
+    }
+
+    /// The exclusive lock of shard `si` for a change to group `g`. While a
+    /// sync cut runs, the group's pre-cut pages are saved first (waiting,
+    /// lock released, for the cut to capture them when there is no memory
+    /// for a copy): one atomic load when no cut runs.
+    fn lock_change(&self, si: usize, g: u64) -> RwLockWriteGuard<'_, Shard> {
+        loop {
+            let shard = self.shard(si).write();
+            let e = self.cut.active();
+            if e == 0 || self.cow_group(&shard, g, e) {
+                return shard;
+            }
+            drop(shard);
+            self.cut.wait_captured(g, e, || self.marks.epoch(g) >= e);
+        }
     }
 
     fn out_of_range(&self, offset: u64, len: u64) -> Error {
@@ -370,7 +406,7 @@ impl CompressedStore {
             _ => None,
         };
         let (si, local) = locate(p);
-        let mut shard = self.shard(si).write();
+        let mut shard = self.lock_change(si, p / GROUP_PAGES as u64);
         if p * PAGE + (at + n) as u64 > self.size() {
             return Err(self.out_of_range(p * PAGE + at as u64, n as u64));
         }
@@ -389,7 +425,11 @@ impl CompressedStore {
                 shard.place(local, Placing::new(pk, &buf, &pg), &self.mem)
             }
         };
-        freed_or_full.map(drop).map_err(|f| self.no_space(f))
+        freed_or_full.map_err(|f| self.no_space(f))?;
+        // Under the lock, after the change: a cut either captured the
+        // group before (this change is after the cut) or sees the bit.
+        self.marks.set_dirty(p);
+        Ok(())
     }
 
     /// Applies `src` to `[offset, offset+len)` page by page.
@@ -419,10 +459,12 @@ impl CompressedStore {
         let _guard = self.resize_lock.lock();
         let old_size = self.size();
         if new_size >= old_size {
+            self.marks.grow(new_size.div_ceil(GROUP_BYTES));
             self.size.store(new_size, Ordering::Release);
             return Ok(());
         }
         self.cut_end_page(new_size)?;
+        self.min_size.fetch_min(new_size, Ordering::AcqRel);
         let first = new_size.div_ceil(PAGE);
         let first_group = first.div_ceil(GROUP_PAGES as u64);
         for (si, sh) in self.shards.iter().enumerate() {
@@ -440,6 +482,8 @@ impl CompressedStore {
                 .div_ceil(SHARDS as u64);
             s.truncate_groups(keep as usize);
         }
+        // Beyond the end nothing is dirty: those pages no longer exist.
+        self.marks.shrink(first);
         Ok(())
     }
 
@@ -459,6 +503,8 @@ impl CompressedStore {
             shard
                 .place(local, Placing::new(pk, &buf, &pg), &self.mem)
                 .map_err(|f| self.no_space(f))?;
+            // Its tail became zero: changed.
+            self.marks.set_dirty(p);
         }
         self.size.store(new_size, Ordering::Release);
         Ok(())
