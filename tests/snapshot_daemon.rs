@@ -19,148 +19,15 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::garage::Garage;
-use common::{random_bytes, require, run, tool, wait_until, Daemon, Output};
+use common::garage::{
+    add_remote, assert_same, cli, creds_file, json, push, read_drive, serial, start_push, wait_job,
+    write_drive, Garage,
+};
+use common::{random_bytes, require, run, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
-
-/// One test at a time: each runs a Garage and daemons moving hundreds of
-/// MiB, and two at once on a small machine make Garage answer 503.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A credentials file (0600) for the Garage key; `secret` overrides it.
-fn creds_file(dir: &Path, g: &Garage, secret: Option<&str>) -> PathBuf {
-    let path = dir.join(format!("creds-{}.toml", secret.map_or("ok", |_| "bad")));
-    std::fs::write(
-        &path,
-        format!(
-            "access_key_id = \"{}\"\nsecret_access_key = \"{}\"\n",
-            g.key_id,
-            secret.unwrap_or(&g.secret)
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    path
-}
-
-/// `ramd ARGS` against `d`, with its output checked to hold no secret.
-#[track_caller]
-fn cli(d: &Daemon, g: &Garage, args: &[&str]) -> Output {
-    let out = run(d.cli().args(args));
-    assert!(
-        !out.stdout.contains(&g.secret) && !out.stderr.contains(&g.secret),
-        "the secret key appears in the output of ramd {args:?}"
-    );
-    out
-}
-
-/// `ramd remote add NAME s3://BUCKET/PREFIX` for Garage.
-#[track_caller]
-fn add_remote(d: &Daemon, g: &Garage, name: &str, bucket: &str, creds: &Path) {
-    let url = format!("s3://{bucket}/ramd");
-    cli(
-        d,
-        g,
-        &[
-            "remote",
-            "add",
-            name,
-            &url,
-            "--endpoint",
-            &g.endpoint,
-            "--region",
-            &g.region,
-            "--credentials-file",
-            creds.to_str().unwrap(),
-        ],
-    )
-    .ok();
-}
-
-/// Writes `data` at the start of drive `name` with nbdcopy.
-#[track_caller]
-fn write_drive(d: &Daemon, name: &str, data: &[u8]) {
-    let file = d.dir().join(format!("in-{name}.img"));
-    std::fs::write(&file, data).unwrap();
-    run(tool("nbdcopy").arg(&file).arg(d.uri(name))).ok();
-}
-
-/// The whole drive `name`, read with nbdcopy.
-#[track_caller]
-fn read_drive(d: &Daemon, name: &str) -> Vec<u8> {
-    let file = d.dir().join(format!("out-{name}.img"));
-    run(tool("nbdcopy").arg(d.uri(name)).arg(&file)).ok();
-    std::fs::read(&file).unwrap()
-}
-
-/// The JSON a `--json` command printed.
-#[track_caller]
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
-/// Pushes `drive` to `remote` and waits; the job's JSON.
-#[track_caller]
-fn push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Value {
-    let out = cli(
-        d,
-        g,
-        &["snapshot", "create", drive, "--to", remote, "--json"],
-    )
-    .ok();
-    let job = json(&out);
-    assert_eq!(job["state"], "done", "{job}");
-    job
-}
-
-/// Polls a job until it is no longer running.
-#[track_caller]
-fn wait_job(d: &Daemon, id: u64) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    wait_until("the snapshot job to end", Duration::from_secs(300), || {
-        let (status, body) = d.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
-        assert_eq!(status, 200, "{body}");
-        last = serde_json::from_str(&body).unwrap();
-        last["state"] != "running"
-    });
-    last
-}
-
-/// Starts a push without waiting; the job's JSON (the cut is taken).
-#[track_caller]
-fn start_push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Value {
-    let out = cli(
-        d,
-        g,
-        &[
-            "snapshot",
-            "create",
-            drive,
-            "--to",
-            remote,
-            "--no-wait",
-            "--json",
-        ],
-    )
-    .ok();
-    json(&out)
-}
-
-#[track_caller]
-fn assert_same(got: &[u8], want: &[u8], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: sizes differ");
-    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!("{what}: first difference at byte {i}");
-    }
-}
 
 #[test]
 fn snapshot_restores_exactly_and_pushes_are_incremental_and_point_in_time() {

@@ -408,6 +408,12 @@ pub fn info(c: &CacheInfo) -> String {
         &c.uri,
         &c.tcp_uris,
     );
+    for s in &c.snapshots {
+        row(
+            &format!("snapshots to {}", s.remote),
+            super::output::snapshot_text(s),
+        );
+    }
     render(&t)
 }
 

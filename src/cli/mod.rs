@@ -194,7 +194,8 @@ pub enum Command {
         /// empty the journal (the syncs since then are lost).
         #[arg(long)]
         discard_journal: bool,
-        /// Use this key file from now on (an encrypted drive).
+        /// Use this key file from now on (an encrypted drive). With
+        /// --from --persist --encrypt: the new drive's key.
         #[arg(long, value_name = "FILE")]
         key_file: Option<PathBuf>,
         /// Return at once instead of waiting with a progress bar.
@@ -202,7 +203,7 @@ pub enum Command {
         no_wait: bool,
         /// Restore a snapshot from this remote into a new drive instead
         /// (served once every chunk is verified): `ramd restore db --from s3`.
-        #[arg(long, value_name = "REMOTE", conflicts_with_all = ["force", "discard_journal", "key_file"])]
+        #[arg(long, value_name = "REMOTE", conflicts_with_all = ["force", "discard_journal"])]
         from: Option<String>,
         /// With --from: this snapshot (`ramd snapshot list`) [default: the newest].
         #[arg(long, value_name = "ID", requires = "from")]
@@ -211,6 +212,21 @@ pub enum Command {
         #[arg(long = "as", value_name = "NEWNAME", requires = "from", value_parser = arg_name)]
         as_name: Option<String>,
         #[command(flatten)]
+        /// With --from: make the new drive persistent (STATE_DIR/drives/NAME,
+        /// which must hold no drive). It is served only once its state
+        /// directory holds the whole snapshot, durably: a crash or a full
+        /// disk during the restore leaves no drive behind.
+        #[arg(long, requires = "from")]
+        persist: bool,
+        /// With --from --persist: none | periodic | flush [default: periodic].
+        #[arg(long, value_name = "MODE", requires = "persist")]
+        durability: Option<String>,
+        /// With --from --persist: time between background syncs [default: 60s].
+        #[arg(long, value_name = "DURATION", requires = "persist")]
+        sync_interval: Option<String>,
+        /// With --from --persist: encrypt the state directory with --key-file.
+        #[arg(long, requires_all = ["persist", "key_file"])]
+        encrypt: bool,
         out: JsonFlag,
     },
 
@@ -635,6 +651,10 @@ fn restore(client: &Client, c: Command) -> Result<(), CliError> {
         return snapshot::restore_from(client, &req, no_wait, out.json);
     }
     let req = RestoreRequest {
+        persist,
+        durability,
+        sync_interval,
+        encrypt,
         force,
         discard_journal,
         key_file: absolute_text(key_file.as_deref())?,
@@ -646,6 +666,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     let target = target(&cli)?;
     let client = || Client::to(target.clone());
     match cli.command {
+            persist,
+            durability,
+            sync_interval: sync_interval.map(crate::api::wire::values::DurationValue::Text),
+            encrypt,
+            key_file: absolute_text(key_file.as_deref())?,
         Command::Daemon(args) => run_daemon(args, cli.api_socket.clone())?,
         Command::Create {
             name,

@@ -353,7 +353,7 @@ pub fn drive_info(d: &DriveInfo) -> String {
 }
 
 /// One remote's snapshot state of a drive, on one line.
-fn snapshot_text(s: &SnapshotStatus) -> String {
+pub fn snapshot_text(s: &SnapshotStatus) -> String {
     let last = match (&s.last_snapshot, s.last_success_unix_ms) {
         (Some(id), Some(ms)) => format!("last {id} ({})", ago_text(ms)),
         _ => "none yet".to_owned(),

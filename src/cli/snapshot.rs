@@ -1,6 +1,7 @@
 //! `ramd snapshot create|list|delete|prune|status` and `ramd restore
-//! DRIVE --from REMOTE`: drive snapshots in object storage (thin client
-//! of /v1/snapshots). Pushes and restores run in the daemon as jobs; the
+//! DRIVE --from REMOTE`: snapshots of drives and caches in object storage
+//! (thin client of /v1/snapshots; a name that is no drive's is tried as a
+//! cache's). Pushes and restores run in the daemon as jobs; the
 //! command follows its job with a progress bar (drive bytes done, bytes
 //! sent or received) and prints how it ended. Ctrl-C stops waiting, not
 //! the job.
@@ -19,16 +20,19 @@ use crate::size::format_size;
 /// `ramd snapshot ...`
 #[derive(Subcommand, Debug)]
 pub enum SnapshotCommand {
-    /// Push a point-in-time snapshot of a drive to a remote; the drive
-    /// keeps serving (writes made meanwhile are not in the snapshot).
+    /// Push a point-in-time snapshot of a drive (or a cache) to a remote;
+    /// it keeps serving (writes made meanwhile are not in the snapshot).
     ///
     /// Examples:
     ///   ramd snapshot create db --to s3
     ///   ramd snapshot create db --to s3 --label "before upgrade" --encrypt
+    ///   ramd snapshot create dbcache --to s3     # a cache: written back first
     ///
     /// Only chunks the remote lacks are sent (incremental, deduplicated,
     /// compressed). A push cut short leaves earlier snapshots intact and the
-    /// next one resumes.
+    /// next one resumes. A cache's snapshot is its logical image (the
+    /// backing with its dirty data written back, read through the cache);
+    /// it restores as a drive.
     #[command(verbatim_doc_comment)]
     Create {
         #[arg(value_parser = arg_name)]
@@ -92,7 +96,8 @@ pub enum SnapshotCommand {
         out: JsonFlag,
     },
 
-    /// A drive's pushes: schedule, last snapshot, last error, totals.
+    /// A drive's (or cache's) pushes: schedule, last snapshot, last
+    /// error, totals.
     Status {
         #[arg(value_parser = arg_name)]
         drive: String,
@@ -129,7 +134,16 @@ pub fn run(client: &Client, cmd: SnapshotCommand) -> Result<(), CliError> {
                 label,
                 encrypt,
             };
-            let job = client.create_snapshot(&drive, &req)?;
+            let job = match client.create_snapshot(&drive, &req) {
+                // Not a drive: a cache of that name, if there is one.
+                Err(e) if e.code() == Some("drive_not_found") => {
+                    match client.create_cache_snapshot(&drive, &req) {
+                        Err(c) if c.code() == Some("cache_not_found") => return Err(e.into()),
+                        r => r?,
+                    }
+                }
+                r => r?,
+            };
             finish(client, job, no_wait, out.json)
         }
         SnapshotCommand::List { drive, remote, out } => {
@@ -214,7 +228,15 @@ fn list(
 }
 
 fn status(client: &Client, drive: &str, json: bool) -> Result<(), CliError> {
-    let s = client.snapshot_status(drive)?;
+    let s = match client.snapshot_status(drive) {
+        Err(e) if e.code() == Some("drive_not_found") => {
+            match client.cache_snapshot_status(drive) {
+                Err(c) if c.code() == Some("cache_not_found") => return Err(e.into()),
+                r => r?,
+            }
+        }
+        r => r?,
+    };
     if json {
         return print_json(&s);
     }
@@ -222,9 +244,7 @@ fn status(client: &Client, drive: &str, json: bool) -> Result<(), CliError> {
         println!("restore_from: {r}");
     }
     if s.statuses.is_empty() {
-        println!(
-            "drive '{drive}' has no snapshot pushes yet (ramd snapshot create {drive} --to REMOTE)"
-        );
+        println!("'{drive}' has no snapshot pushes yet (ramd snapshot create {drive} --to REMOTE)");
     }
     for st in &s.statuses {
         let every = st.interval_ms.map_or("on request".to_owned(), |ms| {
@@ -252,7 +272,8 @@ fn status(client: &Client, drive: &str, json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `ramd restore DRIVE --from REMOTE [--snapshot ID] [--as NAME]`.
+/// `ramd restore DRIVE --from REMOTE [--snapshot ID] [--as NAME]
+/// [--persist ...]`.
 pub fn restore_from(
     client: &Client,
     req: &RestoreSnapshot,
@@ -320,12 +341,17 @@ fn print_job(job: &Job) {
         );
     } else if let Some(r) = &job.restore {
         println!(
-            "drive '{}' restored from snapshot {} on '{}': {} written, {} downloaded; serving it",
+            "drive '{}' restored from snapshot {} on '{}': {} written, {} downloaded; serving it{}",
             r.drive,
             r.snapshot,
             job.remote,
             format_size(r.bytes_written),
-            format_size(r.bytes_downloaded)
+            format_size(r.bytes_downloaded),
+            if r.persistent {
+                " (persistent: its state directory was durable before it was served)"
+            } else {
+                ""
+            }
         );
     } else if job.state == "running" {
         println!(

@@ -395,6 +395,27 @@ fn drive_policy(
 /// The access rules of a `[[drive]]` (open: it has none); an error points
 /// at the network that does not parse, or the identity list with an empty
 /// name.
+/// The snapshot settings of a `[[cache]]` (None: it has none).
+fn cache_policy(
+    c: &CacheConfigEntry,
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<Option<DrivePolicy>, ConfigError> {
+    let keys = PolicyKeys {
+        interval: c.snapshot_interval.as_ref().map(|v| v.get_ref().as_str()),
+        remote: c.snapshot_remote.as_deref(),
+        keep_last: c.snapshot_keep_last,
+        keep_daily: c.snapshot_keep_daily,
+        encrypt: c.snapshot_encrypt,
+        restore_from: None,
+    };
+    let at = c
+        .snapshot_interval
+        .as_ref()
+        .map_or(c.name.span().start, |v| v.span().start);
+    DrivePolicy::for_cache(&keys)
+        .map_err(|e| invalid(at, format!("cache '{}': {e}", c.name.get_ref())))
+}
+
 fn drive_access(
     d: &DriveEntry,
     invalid: &impl Fn(usize, String) -> ConfigError,
@@ -594,6 +615,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         caches.push(spec);
     }
     let mut dirs: Vec<DirSpec> = Vec::new();
+        if let Some(p) = cache_policy(c, &invalid)? {
+            snapshot_policies.insert(name.clone(), p);
+        }
     for d in &file.dirs {
         let at = |offset: usize| {
             let (line, column) = line_col(text, offset);

@@ -67,6 +67,9 @@ pub struct RemoteSpec {
     /// The snapshot key (32 bytes or 64 hex digits, 0600) for `--encrypt`
     /// pushes and for restoring encrypted snapshots.
     pub encrypt_key_file: Option<PathBuf>,
+    /// The chunk size of pushes to it as given (None: the default, see
+    /// [`RemoteSpec::chunk_bytes`]).
+    pub chunk_size: Option<u64>,
     pub origin: RemoteOrigin,
     /// Inline credentials from the config (never from the API).
     inline: Option<Credentials>,
@@ -129,6 +132,9 @@ pub enum RemotesError {
     /// Encryption asked for, but the remote has no key.
     #[error("remote '{0}' has no encrypt_key_file: add one to encrypt its snapshots")]
     NoKey(String),
+    /// Not a chunk size the format takes.
+    #[error("chunk_size '{text}': {reason}")]
+    ChunkSize { text: String, reason: String },
     /// The key file could not be loaded.
     #[error("remote '{remote}': {source}")]
     Key {
@@ -151,6 +157,9 @@ pub struct RemoteEntry {
     /// Inline credentials (keep the config file private then).
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<Spanned<String>>,
+    /// The chunk size of pushes: `"256K"`, `"1M"` (a power of two, 64 KiB
+    /// to 64 MiB).
+    pub chunk_size: Option<Spanned<String>>,
 }
 
 /// What `ramd remote add` sends (and `remotes.json` keeps): no secrets.
@@ -166,6 +175,19 @@ pub struct StoredRemote {
     pub credentials_file: Option<PathBuf>,
     #[serde(default)]
     pub encrypt_key_file: Option<PathBuf>,
+    /// The chunk size of pushes in bytes (None: the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_bytes: Option<u64>,
+}
+
+/// Parses a chunk size (`256K`, `1M`, bytes) and checks it.
+pub fn parse_chunk_size(text: &str) -> Result<u64, RemotesError> {
+    let bad = |reason: String| RemotesError::ChunkSize {
+        text: text.to_owned(),
+        reason,
+    };
+    let bytes = crate::size::parse(text).map_err(|e| bad(e.to_string()))?;
+    crate::snapshot::chunk::check_chunk_bytes(bytes).map_err(|e| bad(e.to_string()))
 }
 
 /// The name rule (the drives' rule: one kind of name for the user).
@@ -211,6 +233,10 @@ impl StoredRemote {
         }
         check_absolute("credentials_file", &self.credentials_file)?;
         check_absolute("encrypt_key_file", &self.encrypt_key_file)?;
+        let chunk_size = self
+            .chunk_bytes
+            .map(|n| parse_chunk_size(&n.to_string()))
+            .transpose()?;
         Ok(RemoteSpec {
             name: self.name.clone(),
             url,
@@ -218,6 +244,7 @@ impl StoredRemote {
             region: self.region.clone(),
             credentials_file: self.credentials_file.clone(),
             encrypt_key_file: self.encrypt_key_file.clone(),
+            chunk_size,
             origin,
             inline: None,
         })
@@ -227,6 +254,12 @@ impl StoredRemote {
 impl RemoteEntry {
     /// The spec, or (byte offset of the bad key, message).
     pub fn to_spec(&self) -> Result<RemoteSpec, (usize, String)> {
+        let chunk_bytes = match &self.chunk_size {
+            Some(c) => {
+                Some(parse_chunk_size(c.get_ref()).map_err(|e| (c.span().start, e.to_string()))?)
+            }
+            None => None,
+        };
         let stored = StoredRemote {
             name: self.name.get_ref().clone(),
             url: self.url.get_ref().clone(),
@@ -234,6 +267,7 @@ impl RemoteEntry {
             region: self.region.clone(),
             credentials_file: self.credentials_file.as_ref().map(|p| p.get_ref().clone()),
             encrypt_key_file: self.encrypt_key_file.as_ref().map(|p| p.get_ref().clone()),
+            chunk_bytes,
         };
         let at = |e: RemotesError| {
             let offset = match &e {
@@ -296,7 +330,15 @@ impl RemoteSpec {
             region: self.region.clone(),
             credentials_file: self.credentials_file.clone(),
             encrypt_key_file: self.encrypt_key_file.clone(),
+            chunk_bytes: self.chunk_size,
         }
+    }
+
+    /// The chunk size of pushes to it (`snapshot::chunk`; a restore reads
+    /// any). Drives pushed with the same size share their chunks.
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_size
+            .unwrap_or(crate::snapshot::DEFAULT_CHUNK_BYTES)
     }
 
     /// A client for it, with its credentials resolved now.
@@ -469,6 +511,7 @@ mod tests {
             region: None,
             credentials_file: None,
             encrypt_key_file: None,
+            chunk_bytes: None,
         }
     }
 
@@ -511,6 +554,19 @@ mod tests {
         s.url = "s3://bucket".into();
         s.credentials_file = Some("rel/creds".into());
         assert!(s.to_spec(RemoteOrigin::Api).is_err());
+        s.credentials_file = None;
+        s.chunk_bytes = Some(100_000);
+        assert!(matches!(
+            s.to_spec(RemoteOrigin::Api),
+            Err(RemotesError::ChunkSize { .. })
+        ));
+        s.chunk_bytes = Some(256 << 10);
+        assert_eq!(
+            s.to_spec(RemoteOrigin::Api).unwrap().chunk_bytes(),
+            256 << 10
+        );
+        assert_eq!(parse_chunk_size("4M").unwrap(), 4 << 20);
+        assert!(parse_chunk_size("32K").is_err());
     }
 
     #[test]

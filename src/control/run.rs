@@ -173,7 +173,7 @@ type Declared = (Arc<Drives>, Arc<Caches>, Arc<Snapshots>);
 
 /// The declared drives and caches with the snapshot side: the remotes,
 /// the drives `restore_from` fills (restored here, before NBD binds, so
-/// they are never served empty) and the schedule.
+/// they are never served empty or partial) and the schedule.
 fn create_with_snapshots(
     settings: &Settings,
     ledger: &Arc<Ledger>,
@@ -186,9 +186,17 @@ fn create_with_snapshots(
         &settings.state_dir,
         &persistent,
     )?;
+    // Persistent drives' state directories first (crash-safe, staged),
+    // so those drives are created from them; RAM drives once created.
+    snapshots.restore_to_disk_at_start(
+        &settings.drives,
+        &restores_due,
+        &settings.state_dir,
+        ledger.budget(),
+    )?;
     let (drives, caches) = create_declared(settings, ledger)?;
     snapshots.restore_at_start(&drives, &restores_due)?;
-    super::snapshots::schedule::start(&snapshots, &drives)?;
+    super::snapshots::schedule::start(&snapshots, &drives, &caches)?;
     Ok((drives, caches, snapshots))
 }
 

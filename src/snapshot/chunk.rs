@@ -127,6 +127,16 @@ impl fmt::Debug for Addresser {
 #[error("chunk size {0} bytes is not a power of two between 64 KiB and 64 MiB")]
 pub struct BadChunkSize(pub u64);
 
+/// Checks a chunk size: a power of two from `MIN_CHUNK_BYTES` to
+/// `MAX_CHUNK_BYTES`.
+pub fn check_chunk_bytes(chunk_bytes: u64) -> Result<u64, BadChunkSize> {
+    if !chunk_bytes.is_power_of_two() || !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&chunk_bytes)
+    {
+        return Err(BadChunkSize(chunk_bytes));
+    }
+    Ok(chunk_bytes)
+}
+
 /// The chunk grid of one drive size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
@@ -139,11 +149,7 @@ pub struct Geometry {
 impl Geometry {
     /// The grid, checking the chunk size.
     pub fn new(size_bytes: u64, chunk_bytes: u64) -> Result<Geometry, BadChunkSize> {
-        if !chunk_bytes.is_power_of_two()
-            || !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&chunk_bytes)
-        {
-            return Err(BadChunkSize(chunk_bytes));
-        }
+        check_chunk_bytes(chunk_bytes)?;
         Ok(Geometry {
             size_bytes,
             chunk_bytes,

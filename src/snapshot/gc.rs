@@ -152,7 +152,7 @@ pub struct GcReport {
 /// Applies retention and deletes unreferenced chunks (see the module docs).
 pub async fn gc(remote: &Remote, opts: &GcOptions) -> Result<GcReport, SnapshotError> {
     remote.check().await?;
-    let mut lease = Lease::acquire(remote, LeaseKind::Gc, opts.lease).await?;
+    let mut lease = Lease::acquire(remote, LeaseKind::Gc, opts.lease.clone()).await?;
     let result = collect(remote, opts, &mut lease).await;
     let released = lease.release().await;
     let report = result?;

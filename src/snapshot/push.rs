@@ -199,12 +199,13 @@ pub async fn push<S: ChunkSource + ?Sized>(
     let geometry = Geometry::new(source.size_bytes(), opts.chunk_bytes)?;
     let created_ms = now_ms();
     remote.check().await?;
-    let mut lease = Lease::acquire(remote, LeaseKind::Push, opts.lease).await?;
-    let result = upload_all(remote, source, opts, geometry, &mut lease, progress).await;
+    let mut lease = Lease::acquire(remote, LeaseKind::Push, opts.lease.clone()).await?;
+    let result = upload_all(remote, source, opts, geometry, progress).await;
     let (entries, mut report) = match result {
         Ok(r) => r,
         Err(e) => {
-            // Best effort: a lease left behind only delays GC until stale.
+            // Best effort: a lease left behind only delays GC until it
+            // goes stale (or this owner's next lease deletes it).
             let _ = lease.release().await;
             return Err(e);
         }
@@ -244,7 +245,6 @@ async fn upload_all<S: ChunkSource + ?Sized>(
     source: &mut S,
     opts: &PushOptions,
     geometry: Geometry,
-    lease: &mut Lease,
     progress: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<(Vec<Entry>, PushReport), SnapshotError> {
     let ctx = Ctx {
@@ -304,7 +304,6 @@ async fn upload_all<S: ChunkSource + ?Sized>(
         p.bytes_done += len;
         p.bytes_transferred = report.bytes_uploaded;
         progress(&p);
-        lease.refresh_if_due().await?;
     }
     Ok((entries, report))
 }

@@ -8,11 +8,14 @@
 //! found on PATH or in ~/.cargo/bin.
 
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{prerequisite_missing, try_run, wait_timeout, wait_until, KillOnDrop, Output};
+use super::{
+    prerequisite_missing, run, tool, try_run, wait_timeout, wait_until, Daemon, KillOnDrop, Output,
+};
 
 /// How long Garage may take to come up (it is quick; the machine may not be).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -209,5 +212,194 @@ api_bind_addr = "127.0.0.1:{admin}"
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("garage.log")).unwrap_or_default()
+    }
+
+    /// `curl` with SigV4 against the bucket: `method` on `key` (under the
+    /// bucket), the body from `upload` when given; the response body goes
+    /// to `output`. For tests that go around ramd (an object replaced).
+    #[track_caller]
+    pub fn s3_curl(&self, method: &str, key: &str, upload: Option<&Path>, output: &Path) {
+        // The key pair in a config file, not on the command line (which a
+        // failing run prints).
+        let auth = self.dir.path().join("curl-auth");
+        std::fs::write(
+            &auth,
+            format!("user = \"{}:{}\"\n", self.key_id, self.secret),
+        )
+        .unwrap();
+        std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut cmd = tool("curl");
+        cmd.args(["-sS", "--fail", "-X", method])
+            .arg("-K")
+            .arg(&auth)
+            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+            .args(["--aws-sigv4", &format!("aws:amz:{}:s3", self.region)])
+            .arg("-o")
+            .arg(output);
+        if let Some(f) = upload {
+            cmd.arg("--data-binary").arg(format!("@{}", f.display()));
+        }
+        cmd.arg(format!("{}/{}/{key}", self.endpoint, self.bucket));
+        run(&mut cmd).ok();
+    }
+
+    /// Every file under the data directory (where Garage keeps object
+    /// data as content-addressed blocks; small objects live in the
+    /// metadata database instead).
+    pub fn data_files(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.dir.path().join("data"), &mut out);
+        out.sort();
+        out
+    }
+}
+
+// ---------------------------------------------------------------------
+// Helpers of the daemon-level snapshot tests (tests/snapshot_*.rs): a
+// remote for this Garage, the CLI with its output checked to hold no
+// secret, nbdcopy in and out of drives, jobs followed to their end.
+
+/// One test at a time: each runs a Garage and daemons moving hundreds of
+/// MiB, and two at once on a small machine make Garage answer 503.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A credentials file (0600) for the Garage key; `secret` overrides it.
+pub fn creds_file(dir: &Path, g: &Garage, secret: Option<&str>) -> PathBuf {
+    let path = dir.join(format!("creds-{}.toml", secret.map_or("ok", |_| "bad")));
+    std::fs::write(
+        &path,
+        format!(
+            "access_key_id = \"{}\"\nsecret_access_key = \"{}\"\n",
+            g.key_id,
+            secret.unwrap_or(&g.secret)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// `ramd ARGS` against `d`, with its output checked to hold no secret.
+#[track_caller]
+pub fn cli(d: &Daemon, g: &Garage, args: &[&str]) -> Output {
+    let out = run(d.cli().args(args));
+    assert!(
+        !out.stdout.contains(&g.secret) && !out.stderr.contains(&g.secret),
+        "the secret key appears in the output of ramd {args:?}"
+    );
+    out
+}
+
+/// `ramd remote add NAME s3://BUCKET/PREFIX` for Garage.
+#[track_caller]
+pub fn add_remote(d: &Daemon, g: &Garage, name: &str, bucket: &str, creds: &Path) {
+    let url = format!("s3://{bucket}/ramd");
+    cli(
+        d,
+        g,
+        &[
+            "remote",
+            "add",
+            name,
+            &url,
+            "--endpoint",
+            &g.endpoint,
+            "--region",
+            &g.region,
+            "--credentials-file",
+            creds.to_str().unwrap(),
+        ],
+    )
+    .ok();
+}
+
+/// Writes `data` at the start of drive `name` with nbdcopy.
+#[track_caller]
+pub fn write_drive(d: &Daemon, name: &str, data: &[u8]) {
+    let file = d.dir().join(format!("in-{name}.img"));
+    std::fs::write(&file, data).unwrap();
+    run(tool("nbdcopy").arg(&file).arg(d.uri(name))).ok();
+}
+
+/// The whole drive `name`, read with nbdcopy.
+#[track_caller]
+pub fn read_drive(d: &Daemon, name: &str) -> Vec<u8> {
+    let file = d.dir().join(format!("out-{name}.img"));
+    run(tool("nbdcopy").arg(d.uri(name)).arg(&file)).ok();
+    std::fs::read(&file).unwrap()
+}
+
+/// The JSON a `--json` command printed.
+#[track_caller]
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// Pushes `drive` to `remote` and waits; the job's JSON.
+#[track_caller]
+pub fn push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Value {
+    let out = cli(
+        d,
+        g,
+        &["snapshot", "create", drive, "--to", remote, "--json"],
+    )
+    .ok();
+    let job = json(&out);
+    assert_eq!(job["state"], "done", "{job}");
+    job
+}
+
+/// Polls a job until it is no longer running.
+#[track_caller]
+pub fn wait_job(d: &Daemon, id: u64) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    wait_until("the snapshot job to end", Duration::from_secs(300), || {
+        let (status, body) = d.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
+        assert_eq!(status, 200, "{body}");
+        last = serde_json::from_str(&body).unwrap();
+        last["state"] != "running"
+    });
+    last
+}
+
+/// Starts a push without waiting; the job's JSON (the cut is taken).
+#[track_caller]
+pub fn start_push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Value {
+    let out = cli(
+        d,
+        g,
+        &[
+            "snapshot",
+            "create",
+            drive,
+            "--to",
+            remote,
+            "--no-wait",
+            "--json",
+        ],
+    )
+    .ok();
+    json(&out)
+}
+
+#[track_caller]
+pub fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: sizes differ");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first difference at byte {i}");
     }
 }

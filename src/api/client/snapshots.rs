@@ -1,5 +1,5 @@
-//! The API client's calls for `/v1/remotes`, `/v1/snapshots` and
-//! `/v1/drives/{name}/snapshots` (used by `ramd remote ...`,
+//! The API client's calls for `/v1/remotes`, `/v1/snapshots`,
+//! `/v1/drives/{name}/snapshots` and `/v1/caches/{name}/snapshots` (used by `ramd remote ...`,
 //! `ramd snapshot ...` and `ramd restore --from`).
 
 use std::time::Duration;
@@ -39,6 +39,27 @@ impl Client {
             Method::POST,
             &format!("/v1/drives/{}/snapshots", enc(drive)),
             Some(req),
+        )
+    }
+
+    /// Starts a push of cache `cache` (written back first).
+    pub fn create_cache_snapshot(
+        &self,
+        cache: &str,
+        req: &CreateSnapshot,
+    ) -> Result<Job, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/caches/{}/snapshots", enc(cache)),
+            Some(req),
+        )
+    }
+
+    pub fn cache_snapshot_status(&self, cache: &str) -> Result<SnapshotStatusList, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/caches/{}/snapshots", enc(cache)),
+            None::<&()>,
         )
     }
 

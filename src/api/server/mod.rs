@@ -84,6 +84,8 @@ routes! {
     post "/v1/dirs" => dirs::add,
     post "/v1/dirs/sync" => dirs::sync_all,
     get "/v1/dirs/{id}" => dirs::get,
+    get "/v1/caches/{name}/snapshots" => snapshots::status_cache,
+    post "/v1/caches/{name}/snapshots" => snapshots::create_cache,
     patch "/v1/dirs/{id}" => dirs::patch,
     delete "/v1/dirs/{id}" => dirs::delete,
     post "/v1/dirs/{id}/sync" => dirs::sync,

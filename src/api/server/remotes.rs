@@ -11,16 +11,19 @@ use axum::Json;
 
 use super::ApiError;
 use crate::api::wire::snapshots::{AddRemote, RemoteInfo, RemoteList, RemoteRemoved};
-use crate::control::remotes::{RemoteSpec, RemotesError, StoredRemote};
+use crate::control::remotes::{parse_chunk_size, RemoteSpec, RemotesError, StoredRemote};
 use crate::control::Daemon;
 
 /// The status and code of a remote's refusal.
 pub(crate) fn status_code(e: &RemotesError) -> (StatusCode, &'static str) {
     use RemotesError as R;
     match e {
-        R::Name(_) | R::Url(_) | R::Endpoint(_) | R::RelativePath { .. } | R::Open { .. } => {
-            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_remote")
-        }
+        R::Name(_)
+        | R::Url(_)
+        | R::Endpoint(_)
+        | R::RelativePath { .. }
+        | R::Open { .. }
+        | R::ChunkSize { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_remote"),
         R::Exists(_) => (StatusCode::CONFLICT, "remote_exists"),
         R::NotFound(_) => (StatusCode::NOT_FOUND, "remote_not_found"),
         R::FromConfig(_) => (StatusCode::CONFLICT, "remote_from_config"),
@@ -46,6 +49,7 @@ pub(crate) fn info(s: &RemoteSpec) -> RemoteInfo {
         region: s.region.clone(),
         credentials: s.credentials_source(),
         encrypt_key_file: s.encrypt_key_file.as_ref().map(|p| p.display().to_string()),
+        chunk_bytes: s.chunk_bytes(),
         origin: s.origin.name().to_owned(),
     }
 }
@@ -61,6 +65,11 @@ pub async fn add(
     body: Result<Json<AddRemote>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
+    let chunk_bytes = req
+        .chunk_size
+        .as_ref()
+        .map(|c| parse_chunk_size(&c.as_text()))
+        .transpose()?;
     let stored = StoredRemote {
         name: req.name,
         url: req.url,
@@ -68,6 +77,7 @@ pub async fn add(
         region: req.region,
         credentials_file: req.credentials_file.map(Into::into),
         encrypt_key_file: req.encrypt_key_file.map(Into::into),
+        chunk_bytes,
     };
     let d2 = d.clone();
     // Writes the state file: off the async threads.

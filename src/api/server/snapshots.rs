@@ -1,6 +1,8 @@
-//! `/v1/snapshots` and `/v1/drives/{name}/snapshots`: push a drive now
-//! (a background job), list, delete, prune, restore into a new drive (a
-//! job), follow a job, and a drive's push state.
+//! `/v1/snapshots`, `/v1/drives/{name}/snapshots` and
+//! `/v1/caches/{name}/snapshots`: push a drive or a cache now (a
+//! background job), list, delete, prune, restore into a new RAM or
+//! persistent drive (a job), follow a job, and a drive's or cache's push
+//! state.
 //!
 //! Pushes and restores answer 202 with the job at once; the client polls
 //! `GET /v1/snapshots/jobs/{id}` for progress and outcome.
@@ -19,8 +21,9 @@ use crate::api::wire::snapshots::{
     RemoteFailure, RestoreResult, RestoreSnapshot, SnapshotDeleted, SnapshotInfo, SnapshotList,
     SnapshotQuery, SnapshotStatus, SnapshotStatusList,
 };
+use crate::control::drives::spec::{parse_durability, PersistOptions};
 use crate::control::snapshots::jobs::{Job, Outcome};
-use crate::control::snapshots::{PushRequest, RestoreRequest, SnapshotsError};
+use crate::control::snapshots::{PushRequest, RestoreRequest, SnapshotsError, Target};
 use crate::control::Daemon;
 use crate::snapshot::{Retention, SnapshotError};
 
@@ -33,6 +36,10 @@ impl From<SnapshotsError> for ApiError {
             S::Drive(_) => {
                 let S::Drive(d) = e else { unreachable!() };
                 return d.into();
+            }
+            S::Cache(_) => {
+                let S::Cache(c) = e else { unreachable!() };
+                return (*c).into();
             }
             S::Engine(SnapshotError::Remote(r))
             | S::Engine(SnapshotError::Lease(crate::snapshot::lease::LeaseError::Remote(r))) => {
@@ -54,7 +61,12 @@ impl From<SnapshotsError> for ApiError {
             S::DriveName(_) | S::BadId { .. } | S::KeepNothing => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
             }
-            S::TargetExists(_) => (StatusCode::CONFLICT, "drive_exists"),
+            S::TargetExists(_) | S::StateDirTaken { .. } => (StatusCode::CONFLICT, "drive_exists"),
+            S::Restoring(_) => (StatusCode::CONFLICT, "restore_running"),
+            S::Disk { .. } | S::NotLoaded { .. } => {
+                (StatusCode::INSUFFICIENT_STORAGE, "restore_disk")
+            }
+            S::Owner(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             S::TooLarge { .. } => (StatusCode::CONFLICT, "snapshot_too_large"),
             S::NoJob(_) => (StatusCode::NOT_FOUND, "job_not_found"),
             S::Store(_) => (StatusCode::INSUFFICIENT_STORAGE, "over_budget"),
@@ -112,6 +124,7 @@ fn job_view(j: &Job) -> WireJob {
             id,
             drive,
             report: r,
+            persistent,
         } => {
             w.state = "done".into();
             w.restore = Some(RestoreResult {
@@ -121,6 +134,7 @@ fn job_view(j: &Job) -> WireJob {
                 chunks_zero: r.chunks_zero,
                 bytes_downloaded: r.bytes_downloaded,
                 bytes_written: r.bytes_written,
+                persistent,
             });
         }
     }
@@ -148,7 +162,27 @@ pub async fn create(
         label: req.label.unwrap_or_default(),
         encrypt: req.encrypt,
     };
-    let (job, _) = d.snapshots.start_push(&d.drives, &req)?;
+    let target = Target::drive(&d.drives, &req.drive)?;
+    let (job, _) = d.snapshots.start_push(target, &req)?;
+    Ok(accepted(&job))
+}
+
+/// `POST /v1/caches/{name}/snapshots`: push a cache's logical image now
+/// (its dirty data written back first, in the job).
+pub async fn create_cache(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    body: Result<Json<CreateSnapshot>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let Json(req) = body?;
+    let req = PushRequest {
+        drive: name,
+        remote: req.remote,
+        label: req.label.unwrap_or_default(),
+        encrypt: req.encrypt,
+    };
+    let target = Target::cache(&d.caches, &req.drive)?;
+    let (job, _) = d.snapshots.start_push(target, &req)?;
     Ok(accepted(&job))
 }
 
@@ -161,6 +195,15 @@ pub async fn status(
     Ok(Json(status_of(&d, &name)))
 }
 
+/// `GET /v1/caches/{name}/snapshots`: the cache's push state per remote.
+pub async fn status_cache(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+) -> Result<Json<SnapshotStatusList>, ApiError> {
+    d.caches.get(&name)?;
+    Ok(Json(status_of(&d, &name)))
+}
+
 /// A drive's push state (also part of its info).
 pub(crate) fn status_of(d: &Daemon, name: &str) -> SnapshotStatusList {
     let policy = d.snapshots.policies().get(name);
@@ -170,6 +213,7 @@ pub(crate) fn status_of(d: &Daemon, name: &str) -> SnapshotStatusList {
         .into_iter()
         .filter(|(dr, _, _)| dr == name)
         .map(|(drive, remote, s)| SnapshotStatus {
+            kind: s.kind.name().into(),
             interval_ms: policy
                 .filter(|p| p.remote.as_deref() == Some(remote.as_str()))
                 .and_then(|p| p.interval_ms),
@@ -256,17 +300,39 @@ pub async fn prune(
     }))
 }
 
-/// `POST /v1/snapshots/restore`: into a new drive, served once verified.
+/// `POST /v1/snapshots/restore`: into a new drive (RAM, or persistent
+/// with `persist`), served once verified (and, persistent, durable).
 pub async fn restore(
     State(d): State<Arc<Daemon>>,
     body: Result<Json<RestoreSnapshot>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
+    let persist = PersistOptions {
+        persist: req.persist,
+        durability: req
+            .durability
+            .as_deref()
+            .map(parse_durability)
+            .transpose()?,
+        sync_interval_ms: req
+            .sync_interval
+            .as_ref()
+            .map(super::persistence::interval_ms)
+            .transpose()?,
+        encrypt: req.encrypt,
+        key_file: req
+            .key_file
+            .as_deref()
+            .map(super::persistence::key_path)
+            .transpose()?,
+    }
+    .into_spec()?;
     let req = RestoreRequest {
         remote: req.remote,
         drive: req.drive,
         snapshot: req.snapshot,
         target: req.as_name,
+        persist,
     };
     let job = d.snapshots.start_restore(d.drives.clone(), &req)?;
     Ok(accepted(&job))

@@ -18,6 +18,9 @@ pub struct RemoteInfo {
     /// `environment` or `missing`.
     pub credentials: String,
     pub encrypt_key_file: Option<String>,
+    /// The chunk size of pushes to it, in bytes.
+    #[serde(default)]
+    pub chunk_bytes: u64,
     /// `config` or `api`.
     pub origin: String,
 }
@@ -46,6 +49,10 @@ pub struct AddRemote {
     /// Absolute path of the snapshot key (32 bytes or 64 hex digits).
     #[serde(default)]
     pub encrypt_key_file: Option<String>,
+    /// The chunk size of pushes (bytes or "256K"; a power of two from
+    /// 64 KiB to 64 MiB) [default: the engine's].
+    #[serde(default)]
+    pub chunk_size: Option<super::values::SizeValue>,
 }
 
 /// `DELETE /v1/remotes/{name}`.
@@ -116,6 +123,22 @@ pub struct RestoreSnapshot {
     /// The new drive's name; none: `drive`.
     #[serde(default, rename = "as")]
     pub as_name: Option<String>,
+    /// Make the new drive persistent: its state directory is written (and
+    /// durable) before the drive is served.
+    #[serde(default)]
+    pub persist: bool,
+    /// `none`, `periodic` (default) or `flush`; needs `persist`.
+    #[serde(default)]
+    pub durability: Option<String>,
+    /// Background sync interval (default 60s); needs `persist`.
+    #[serde(default)]
+    pub sync_interval: Option<super::values::DurationValue>,
+    /// Encrypt the state directory (AES-256-GCM); needs `key_file`.
+    #[serde(default)]
+    pub encrypt: bool,
+    /// Absolute path of the state directory's key.
+    #[serde(default)]
+    pub key_file: Option<String>,
 }
 
 /// `POST /v1/snapshots/prune`: retention, then GC of unneeded chunks.
@@ -193,6 +216,10 @@ pub struct RestoreResult {
     pub chunks_zero: u64,
     pub bytes_downloaded: u64,
     pub bytes_written: u64,
+    /// The new drive is persistent (its state directory was durable
+    /// before it was served).
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 /// A push or restore running in the daemon (`GET /v1/snapshots/jobs/{id}`).
@@ -213,10 +240,14 @@ pub struct Job {
     pub finished_unix_ms: Option<u64>,
 }
 
-/// One drive's pushes to one remote.
+/// One drive's (or cache's) pushes to one remote.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotStatus {
+    /// The drive's or cache's name.
     pub drive: String,
+    /// `drive` or `cache`.
+    #[serde(default = "drive_kind")]
+    pub kind: String,
     pub remote: String,
     /// The scheduled interval, when the drive has one for this remote.
     pub interval_ms: Option<u64>,
@@ -232,7 +263,11 @@ pub struct SnapshotStatus {
     pub last_dedup_ratio: Option<f64>,
 }
 
-/// `GET /v1/drives/{name}/snapshots`.
+fn drive_kind() -> String {
+    "drive".into()
+}
+
+/// `GET /v1/drives/{name}/snapshots` (and `/v1/caches/{name}/snapshots`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotStatusList {
     pub statuses: Vec<SnapshotStatus>,

@@ -326,6 +326,13 @@ impl Caches {
     }
 
     /// Names in order, for messages.
+    /// The cache `name` and its engine, when it serves.
+    pub fn live(&self, name: &str) -> Result<(Arc<CacheEntry>, Live), CachesError> {
+        let entry = self.get(name)?;
+        let live = entry.live().ok_or_else(|| not_serving(&entry))?;
+        Ok((entry, live))
+    }
+
     pub fn names(&self) -> Vec<String> {
         self.map.lock().keys().cloned().collect()
     }

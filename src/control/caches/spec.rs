@@ -298,6 +298,14 @@ pub struct CacheEntry {
     pub nbd_connections: Option<Spanned<OptionText>>,
     pub nbd_timeout: Option<Spanned<OptionText>>,
     pub shutdown_timeout: Option<Spanned<OptionText>>,
+    /// Scheduled snapshot pushes of the cache's logical image (checked
+    /// with the drives' keys, `control::snapshots::policy`).
+    pub snapshot_interval: Option<Spanned<String>>,
+    pub snapshot_remote: Option<String>,
+    pub snapshot_keep_last: Option<u64>,
+    pub snapshot_keep_daily: Option<u64>,
+    #[serde(default)]
+    pub snapshot_encrypt: bool,
 }
 
 impl CacheEntry {

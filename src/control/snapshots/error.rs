@@ -1,5 +1,8 @@
 //! Why a snapshot operation of the control plane was refused or failed.
 
+use std::path::PathBuf;
+
+use crate::control::caches::CachesError;
 use crate::control::drives::DriveError;
 use crate::control::remotes::RemotesError;
 use crate::snapshot::manifest::BadSnapshotId;
@@ -14,6 +17,37 @@ pub enum SnapshotsError {
     /// The drive is missing or not ready.
     #[error(transparent)]
     Drive(#[from] DriveError),
+    /// The cache is missing or not serving, or its write-back failed
+    /// (boxed: it is large, and rare).
+    #[error(transparent)]
+    Cache(Box<CachesError>),
+    /// The lease owner id could not be had.
+    #[error(transparent)]
+    Owner(#[from] super::owner::OwnerError),
+    /// A restore into this name is running.
+    #[error("a restore into drive '{0}' is already running; wait for it to finish")]
+    Restoring(String),
+    /// The persistent drive's state directory holds data already.
+    #[error("the state directory {} of drive '{name}' is not empty: restore under another name with --as NAME, or delete the drive first (`ramd delete {name}`)", dir.display())]
+    StateDirTaken {
+        name: String,
+        dir: std::path::PathBuf,
+    },
+    /// Writing the restored drive's state directory failed; nothing of
+    /// it was kept.
+    #[error("cannot write the restored drive '{name}' into {}: {source}; nothing was kept (free space there, or restore without --persist)", dir.display())]
+    Disk {
+        name: String,
+        dir: std::path::PathBuf,
+        source: Box<StagingError>,
+    },
+    /// The restored drive did not load from its state directory.
+    #[error("drive '{name}' was restored into {} but did not load: {reason}", dir.display())]
+    NotLoaded {
+        name: String,
+        dir: std::path::PathBuf,
+        reason: String,
+    },
     /// The engine failed (its message names the remote and object).
     #[error(transparent)]
     Engine(#[from] SnapshotError),
@@ -60,4 +94,34 @@ pub enum SnapshotsError {
     /// Restores at start need a runtime.
     #[error("cannot start the snapshot runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+impl From<CachesError> for SnapshotsError {
+    fn from(e: CachesError) -> Self {
+        SnapshotsError::Cache(Box::new(e))
+    }
+}
+
+/// Why the staged copy could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum StagingError {
+    /// Creating the drive's files failed.
+    #[error(transparent)]
+    Create(#[from] crate::control::drives::persistent::DiskError),
+    /// Saving the restored data failed (a full disk: ENOSPC).
+    #[error(transparent)]
+    Save(#[from] crate::persist::Error),
+    /// The staged copy could not be moved into place.
+    #[error("cannot move {} to {}: {source}", from.display(), to.display())]
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
+    /// The drives directory could not be synced after the rename.
+    #[error("cannot sync {}: {source}", dir.display())]
+    SyncDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }

@@ -47,6 +47,8 @@ pub enum Outcome {
         id: String,
         drive: String,
         report: RestoreReport,
+        /// Into a persistent drive.
+        persistent: bool,
     },
     Failed(String),
 }

@@ -1,4 +1,5 @@
-//! The snapshot families of `/metrics`, per drive and remote.
+//! The snapshot families of `/metrics`, per drive (or cache) and remote:
+//! a drive's series carry `drive="NAME"`, a cache's `cache="NAME"`.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -18,8 +19,8 @@ pub struct SnapshotCollector {
 
 type Labels = Vec<(&'static str, String)>;
 
-fn labels(d: &str, r: &str) -> Labels {
-    vec![("drive", d.to_owned()), ("remote", r.to_owned())]
+fn labels(s: &PushStatus, d: &str, r: &str) -> Labels {
+    vec![(s.kind.name(), d.to_owned()), ("remote", r.to_owned())]
 }
 
 impl Collector for SnapshotCollector {
@@ -29,7 +30,7 @@ impl Collector for SnapshotCollector {
             all.iter()
                 .filter_map(|(d, r, s)| {
                     s.last_success_unix_ms
-                        .map(|ms| (labels(d, r), ConstGauge::new(f(ms))))
+                        .map(|ms| (labels(s, d, r), ConstGauge::new(f(ms))))
                 })
                 .collect()
         };
@@ -49,7 +50,7 @@ impl Collector for SnapshotCollector {
         )?;
         let counter = |f: &dyn Fn(&PushStatus) -> u64| -> Vec<(Labels, ConstCounter<u64>)> {
             all.iter()
-                .map(|(d, r, s)| (labels(d, r), ConstCounter::new(f(s))))
+                .map(|(d, r, s)| (labels(s, d, r), ConstCounter::new(f(s))))
                 .collect()
         };
         family(
@@ -81,7 +82,7 @@ impl Collector for SnapshotCollector {
             all.iter()
                 .filter_map(|(d, r, s)| {
                     s.last_dedup_ratio
-                        .map(|v| (labels(d, r), ConstGauge::new(v)))
+                        .map(|v| (labels(s, d, r), ConstGauge::new(v)))
                 })
                 .collect(),
         )

@@ -1,29 +1,42 @@
-//! Drive snapshots in object storage, as the daemon runs them: the
-//! remotes (`control::remotes`), pushes on request and on schedule,
-//! listings, prune, restores into new drives and at start, and their
-//! state for the API and /metrics. The engine is `crate::snapshot`.
+//! Snapshots of drives and caches in object storage, as the daemon runs
+//! them: the remotes (`control::remotes`), pushes on request and on
+//! schedule, listings, prune, restores into new RAM or persistent drives
+//! and at start, and their state for the API and /metrics. The engine is
+//! `crate::snapshot`.
 //!
 //! ```text
-//!  policy.rs    [[drive]] snapshot keys (pure)
-//!  jobs.rs      background pushes/restores the API reports (progress, outcome)
-//!  service.rs   Snapshots: push, list, delete, prune, restore; per drive+remote state
-//!  schedule.rs  scheduled pushes (one task per drive)
-//!  metrics.rs   /metrics families
-//!  error.rs     SnapshotsError
+//!  policy.rs      [[drive]] / [[cache]] snapshot keys (pure)
+//!  target.rs      what a push reads: a drive, or a cache (written back first)
+//!  ids.rs         snapshot ids as users type them (pure)
+//!  jobs.rs        background pushes/restores the API reports (progress, outcome)
+//!  service.rs     Snapshots: push, list, delete, prune; per name+remote state
+//!  restore.rs     restores: into new RAM or persistent drives, and at start
+//!  persistent.rs  a restore into a state directory, staged and renamed (crash-safe)
+//!  owner.rs       the daemon's lease owner id (frees its killed pushes' leases)
+//!  schedule.rs    scheduled pushes (one task per drive or cache)
+//!  metrics.rs     /metrics families
+//!  error.rs       SnapshotsError
 //! ```
 //!
-//! The invariants are in `service.rs`.
+//! The invariants are in `service.rs`, `restore.rs` and `persistent.rs`.
 
 pub mod error;
+pub mod ids;
 pub mod jobs;
 pub mod metrics;
+pub mod owner;
+pub mod persistent;
 pub mod policy;
+pub mod restore;
 pub mod schedule;
 pub mod service;
+pub mod target;
 
 pub use error::SnapshotsError;
-pub use policy::{DrivePolicy, PolicyKeys};
-pub use service::{PushRequest, PushStatus, RestoreRequest, Snapshots};
+pub use policy::{DrivePolicy, PolicyKeys, TargetKind};
+pub use restore::RestoreRequest;
+pub use service::{PushRequest, PushStatus, Snapshots};
+pub use target::Target;
 
 use std::path::Path;
 
@@ -69,5 +82,9 @@ pub fn prepare(
         persistent,
         &crate::control::drives::persistent::drives_dir(state_dir),
     );
-    Ok((std::sync::Arc::new(Snapshots::new(remotes, policies)), due))
+    let owner = owner::load_or_create(state_dir)?;
+    Ok((
+        std::sync::Arc::new(Snapshots::new(remotes, policies, owner)),
+        due,
+    ))
 }

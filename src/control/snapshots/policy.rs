@@ -1,7 +1,8 @@
-//! A drive's snapshot settings from its `[[drive]]` table (pure parsing):
-//! scheduled pushes (`snapshot_interval`, `snapshot_remote`, retention)
-//! and `restore_from` (fill the drive from its newest snapshot at start
-//! when its local state is missing).
+//! A drive's or a cache's snapshot settings from its `[[drive]]` or
+//! `[[cache]]` table (pure parsing): scheduled pushes
+//! (`snapshot_interval`, `snapshot_remote`, retention) and, for drives,
+//! `restore_from` (fill the drive from its newest snapshot at start when
+//! its local state is missing).
 
 use crate::snapshot::Retention;
 
@@ -9,9 +10,33 @@ use crate::snapshot::Retention;
 /// whole drive (hashing every chunk) even when little changed.
 pub const MIN_SNAPSHOT_INTERVAL_MS: u64 = 10_000;
 
-/// A drive's snapshot settings.
+/// What a snapshot is taken of. Drives and caches share one namespace of
+/// names (NBD export names), so a name says which one it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TargetKind {
+    /// A drive: its data as clients see it.
+    #[default]
+    Drive,
+    /// A cache: its logical image (the backing with the dirty data
+    /// written back, read through the cache).
+    Cache,
+}
+
+impl TargetKind {
+    /// `drive` or `cache` (also the label name in /metrics).
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetKind::Drive => "drive",
+            TargetKind::Cache => "cache",
+        }
+    }
+}
+
+/// A drive's (or a cache's) snapshot settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrivePolicy {
+    /// What the settings are of.
+    pub kind: TargetKind,
     /// Push every this often (None: no scheduled pushes).
     pub interval_ms: Option<u64>,
     /// Where scheduled pushes go.
@@ -43,6 +68,9 @@ pub enum PolicyError {
     /// A retention that keeps nothing.
     #[error("snapshot_keep_last / snapshot_keep_daily of 0 would delete every snapshot: give at least 1 (or leave it out to keep all)")]
     KeepNothing,
+    /// `restore_from` on a cache (its data lives in its backing).
+    #[error("restore_from applies to drives only: a cache's data is its backing (restore a cache's snapshot into a drive with `ramd restore NAME --from REMOTE --as DRIVE`)")]
+    RestoreIntoCache,
 }
 
 /// The raw keys as the config has them.
@@ -84,6 +112,7 @@ impl DrivePolicy {
             return Err(PolicyError::KeepNothing);
         }
         let p = DrivePolicy {
+            kind: TargetKind::Drive,
             interval_ms,
             remote: k.remote.map(str::to_owned),
             retention: Retention {
@@ -94,6 +123,17 @@ impl DrivePolicy {
             restore_from: k.restore_from.map(str::to_owned),
         };
         Ok((p != DrivePolicy::default()).then_some(p))
+    }
+
+    /// [`DrivePolicy::from_keys`] for a `[[cache]]`: no `restore_from`.
+    pub fn for_cache(k: &PolicyKeys<'_>) -> Result<Option<DrivePolicy>, PolicyError> {
+        if k.restore_from.is_some() {
+            return Err(PolicyError::RestoreIntoCache);
+        }
+        Ok(DrivePolicy::from_keys(k)?.map(|p| DrivePolicy {
+            kind: TargetKind::Cache,
+            ..p
+        }))
     }
 }
 
@@ -132,5 +172,16 @@ mod tests {
         };
         assert_eq!(DrivePolicy::from_keys(&zero), Err(PolicyError::KeepNothing));
         assert_eq!(DrivePolicy::from_keys(&PolicyKeys::default()), Ok(None));
+        let c = DrivePolicy::for_cache(&k).unwrap().unwrap();
+        assert_eq!((c.kind, c.interval_ms), (TargetKind::Cache, Some(900_000)));
+        let r = PolicyKeys {
+            restore_from: Some("s3"),
+            ..PolicyKeys::default()
+        };
+        assert_eq!(
+            DrivePolicy::for_cache(&r),
+            Err(PolicyError::RestoreIntoCache)
+        );
+        assert_eq!(DrivePolicy::for_cache(&PolicyKeys::default()), Ok(None));
     }
 }

@@ -1,23 +1,39 @@
-//! Scheduled pushes: one task per drive whose `[[drive]]` has
-//! `snapshot_interval` and `snapshot_remote`. Every interval it pushes the
-//! drive (a point-in-time cut; the drive keeps serving) and, when the
-//! drive sets a retention, prunes the remote after a successful push.
+//! Scheduled pushes: one task per drive or cache whose `[[drive]]` or
+//! `[[cache]]` has `snapshot_interval` and `snapshot_remote`. Every
+//! interval it pushes it (a point-in-time cut; it keeps serving; a cache
+//! is written back first, see `target.rs`) and, when a retention is set,
+//! prunes the remote after a successful push.
 //!
 //! A push that fails is recorded (`last_error`, the failures counter) and
-//! tried again at the next tick; a drive that is missing or not ready at
-//! a tick is skipped (logged at debug). Ticks missed while a push ran
-//! long are skipped, not queued, so a slow remote never piles up pushes.
+//! tried again at the next tick; a drive or cache that is missing or not
+//! ready at a tick is skipped (logged at debug). Ticks missed while a push
+//! ran long are skipped, not queued, so a slow remote never piles up
+//! pushes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::SnapshotsError;
+use super::policy::TargetKind;
 use super::service::{PushRequest, Snapshots};
+use super::target::Target;
+use crate::control::caches::Caches;
 use crate::control::drives::Drives;
 
+/// The drives and caches a push may name.
+#[derive(Clone)]
+struct Objects {
+    drives: Arc<Drives>,
+    caches: Arc<Caches>,
+}
+
 /// Starts the schedule on its own thread and runtime (so scheduled
-/// pushes never slow the API's), when any drive has one.
-pub fn start(snapshots: &Arc<Snapshots>, drives: &Arc<Drives>) -> Result<(), SnapshotsError> {
+/// pushes never slow the API's), when any drive or cache has one.
+pub fn start(
+    snapshots: &Arc<Snapshots>,
+    drives: &Arc<Drives>,
+    caches: &Arc<Caches>,
+) -> Result<(), SnapshotsError> {
     let scheduled = snapshots
         .policies()
         .values()
@@ -29,12 +45,18 @@ pub fn start(snapshots: &Arc<Snapshots>, drives: &Arc<Drives>) -> Result<(), Sna
         .enable_all()
         .build()
         .map_err(SnapshotsError::Runtime)?;
-    let (s, d) = (snapshots.clone(), drives.clone());
+    let (s, o) = (
+        snapshots.clone(),
+        Objects {
+            drives: drives.clone(),
+            caches: caches.clone(),
+        },
+    );
     std::thread::Builder::new()
         .name("snapshot-schedule".into())
         .spawn(move || {
             rt.block_on(async move {
-                spawn_all(&s, &d);
+                spawn_all(&s, &o);
                 std::future::pending::<()>().await
             })
         })
@@ -42,8 +64,8 @@ pub fn start(snapshots: &Arc<Snapshots>, drives: &Arc<Drives>) -> Result<(), Sna
     Ok(())
 }
 
-/// Spawns one task per scheduled drive on the current runtime.
-fn spawn_all(snapshots: &Arc<Snapshots>, drives: &Arc<Drives>) {
+/// Spawns one task per scheduled drive or cache on the current runtime.
+fn spawn_all(snapshots: &Arc<Snapshots>, objects: &Objects) {
     for (drive, policy) in snapshots.policies() {
         let (Some(interval_ms), Some(remote)) = (policy.interval_ms, &policy.remote) else {
             continue;
@@ -54,10 +76,11 @@ fn spawn_all(snapshots: &Arc<Snapshots>, drives: &Arc<Drives>) {
             label: "scheduled".into(),
             encrypt: policy.encrypt,
         };
-        tracing::info!(drive = %drive, remote = %remote, every_ms = interval_ms, "scheduled snapshots");
+        tracing::info!(name = %drive, kind = policy.kind.name(), remote = %remote, every_ms = interval_ms, "scheduled snapshots");
         tokio::spawn(run_one(
             snapshots.clone(),
-            drives.clone(),
+            objects.clone(),
+            policy.kind,
             req,
             Duration::from_millis(interval_ms),
             policy.retention,
@@ -67,7 +90,8 @@ fn spawn_all(snapshots: &Arc<Snapshots>, drives: &Arc<Drives>) {
 
 async fn run_one(
     snapshots: Arc<Snapshots>,
-    drives: Arc<Drives>,
+    objects: Objects,
+    kind: TargetKind,
     req: PushRequest,
     every: Duration,
     retention: crate::snapshot::Retention,
@@ -76,11 +100,14 @@ async fn run_one(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
-        if drives.get_ready(&req.drive).is_err() {
-            tracing::debug!(drive = %req.drive, "scheduled snapshot skipped: the drive is not ready");
-            continue;
-        }
-        let handle = match snapshots.start_push(&drives, &req) {
+        let target = match Target::find(kind, &objects.drives, &objects.caches, &req.drive) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(name = %req.drive, "scheduled snapshot skipped: {e}");
+                continue;
+            }
+        };
+        let handle = match snapshots.start_push(target, &req) {
             Ok((_, h)) => h,
             Err(e) => {
                 tracing::warn!(drive = %req.drive, remote = %req.remote, "scheduled snapshot not started: {e}");

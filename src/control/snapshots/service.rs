@@ -1,13 +1,19 @@
-//! The snapshot service: pushes of drives to remotes (on request and on
-//! schedule), listings, deletes, prune (retention + GC) and restores into
-//! new drives, with the per drive+remote state the API and /metrics show.
+//! The snapshot service: pushes of drives and caches to remotes (on
+//! request and on schedule), listings, deletes, prune (retention + GC),
+//! with the per name+remote state the API and /metrics show. Restores are
+//! in `restore.rs`.
 //!
 //! # Invariants
 //!
 //! - A push reads a point-in-time cut of the drive (`block::cut`): writes
 //!   made while it runs are not in the snapshot, and the drive serves
 //!   them all along. One push per drive at a time (the cut allows one);
-//!   a second is refused with [`SnapshotsError::Busy`].
+//!   a second is refused with [`SnapshotsError::Busy`]. A cache is pushed
+//!   the same way after its dirty data is written back (`target.rs`): its
+//!   cut is taken once the write-back is done.
+//! - Leases on the remote are tagged with this daemon's owner id
+//!   (`owner.rs`), so after a crash its next push or prune deletes the
+//!   leases its killed pushes left instead of waiting for them to expire.
 //! - A failed push changes nothing a client sees: the drive keeps
 //!   serving, earlier snapshots stay (the engine writes the manifest
 //!   last), the error is kept as the drive+remote's `last_error` and
@@ -25,20 +31,18 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::error::SnapshotsError;
+use super::ids::parse_id;
 use super::jobs::{Job, JobKind, Jobs, Outcome};
-use super::policy::DrivePolicy;
-use crate::block::cut::CutError;
-use crate::control::drives::spec::parse_drive_spec;
-use crate::control::drives::Drives;
-use crate::control::ledger::Origin;
-use crate::control::remotes::{RemoteSpec, Remotes, RemotesError};
+use super::policy::{DrivePolicy, TargetKind};
+use super::target::Target;
+use crate::block::cut::Cut;
+use crate::control::remotes::{Remotes, RemotesError};
+use crate::snapshot::lease::{LeaseConfig, LeaseOwner};
 use crate::snapshot::remote::now_ms;
-use crate::snapshot::source::BackendSink;
 use crate::snapshot::{
-    self, GcOptions, GcReport, Keys, Manifest, Progress, PushOptions, PushReport, Remote,
-    RestoreOptions, RestoreReport, Retention, SnapshotError, SnapshotId, DEFAULT_CHUNK_BYTES,
+    self, GcOptions, GcReport, Progress, PushOptions, PushReport, Remote, Retention, SnapshotError,
+    SnapshotId,
 };
-use crate::store::RamStore;
 
 /// The state of one drive's pushes to one remote.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +62,8 @@ pub struct PushStatus {
     pub last_dedup_ratio: Option<f64>,
     /// A push is running now.
     pub running: bool,
+    /// A drive's or a cache's.
+    pub kind: TargetKind,
 }
 
 /// A push asked for.
@@ -69,18 +75,6 @@ pub struct PushRequest {
     pub encrypt: bool,
 }
 
-/// A restore asked for.
-#[derive(Debug, Clone)]
-pub struct RestoreRequest {
-    pub remote: String,
-    /// The drive whose snapshot to restore.
-    pub drive: String,
-    /// The snapshot (full id or `MS-SUFFIX`); None: the newest.
-    pub snapshot: Option<String>,
-    /// The new drive's name (None: `drive`).
-    pub target: Option<String>,
-}
-
 /// The daemon's snapshot side.
 pub struct Snapshots {
     pub remotes: Remotes,
@@ -89,18 +83,28 @@ pub struct Snapshots {
     /// Per (drive, remote). A plain mutex: never held across `.await`.
     status: Mutex<BTreeMap<(String, String), PushStatus>>,
     pub jobs: Jobs,
-    /// Drives with a push running.
+    /// Drives and caches with a push running.
     running: Mutex<HashSet<String>>,
+    /// Names a restore is filling now (one restore per name).
+    pub(super) restoring: Mutex<HashSet<String>>,
+    /// Tags this daemon's leases on remotes (`owner.rs`).
+    pub(super) owner: Arc<LeaseOwner>,
 }
 
 impl Snapshots {
-    pub fn new(remotes: Remotes, policies: BTreeMap<String, DrivePolicy>) -> Snapshots {
+    pub fn new(
+        remotes: Remotes,
+        policies: BTreeMap<String, DrivePolicy>,
+        owner: Arc<LeaseOwner>,
+    ) -> Snapshots {
         let status = policies
             .iter()
             .filter_map(|(d, p)| {
-                p.remote
-                    .clone()
-                    .map(|r| ((d.clone(), r), PushStatus::default()))
+                let s = PushStatus {
+                    kind: p.kind,
+                    ..PushStatus::default()
+                };
+                p.remote.clone().map(|r| ((d.clone(), r), s))
             })
             .collect();
         Snapshots {
@@ -109,6 +113,8 @@ impl Snapshots {
             status: Mutex::new(status),
             jobs: Jobs::default(),
             running: Mutex::new(HashSet::new()),
+            restoring: Mutex::new(HashSet::new()),
+            owner,
         }
     }
 
@@ -132,12 +138,13 @@ impl Snapshots {
             .or_default());
     }
 
-    /// Starts a push in the background (on the current tokio runtime);
-    /// the checks that can fail at once (remote, key, drive, cut) are
-    /// made before it returns.
+    /// Starts a push of `target` in the background (on the current tokio
+    /// runtime); the checks that can fail at once (remote, key, name, a
+    /// push running, a drive's cut) are made before it returns. A cache is
+    /// written back first, in the job, and cut after.
     pub fn start_push(
         self: &Arc<Self>,
-        drives: &Drives,
+        target: Target,
         req: &PushRequest,
     ) -> Result<(Arc<Job>, tokio::task::JoinHandle<()>), SnapshotsError> {
         let spec = self.remotes.get(&req.remote)?;
@@ -147,39 +154,50 @@ impl Snapshots {
             (false, _) => None,
         };
         let remote = spec.open()?;
-        let drive = drives.get_ready(&req.drive)?;
         if !snapshot::manifest::valid_drive_name(&req.drive) {
             return Err(SnapshotsError::DriveName(req.drive.clone()));
         }
         if !self.running.lock().insert(req.drive.clone()) {
             return Err(SnapshotsError::Busy(req.drive.clone()));
         }
-        let cut = match drive.export.begin_cut(DEFAULT_CHUNK_BYTES) {
-            Ok(c) => c,
-            Err(e) => {
-                self.running.lock().remove(&req.drive);
-                return Err(match e {
-                    CutError::Busy => SnapshotsError::Busy(req.drive.clone()),
-                    e => SnapshotsError::Cut {
-                        drive: req.drive.clone(),
-                        source: e,
-                    },
-                });
+        let chunk_bytes = spec.chunk_bytes();
+        // A drive's cut is taken now, so the snapshot is the drive as of
+        // this answer; a cache's after its write-back.
+        let cut = if target.writes_back() {
+            None
+        } else {
+            match target.begin_cut(chunk_bytes) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    self.running.lock().remove(&req.drive);
+                    return Err(e);
+                }
             }
         };
-        self.update(&req.drive, &req.remote, |s| s.running = true);
+        let kind = target.kind();
+        self.update(&req.drive, &req.remote, |s| {
+            s.running = true;
+            s.kind = kind;
+        });
         let job = self.jobs.start(JobKind::Push, &req.drive, &req.remote);
         let mut opts = PushOptions::new(&req.drive);
         opts.label = req.label.clone();
         opts.keys = keys;
+        opts.chunk_bytes = chunk_bytes;
+        opts.lease = LeaseConfig::owned_by(self.owner.clone());
         let (me, j, req) = (self.clone(), job.clone(), req.clone());
         let handle = tokio::spawn(async move {
-            // A cut is the engine's ChunkSource (snapshot::source).
-            let mut source = cut;
             let progress = j.clone();
             let mut on_progress = move |p: &Progress| *progress.progress.lock() = *p;
-            let result = snapshot::push(&remote, &mut source, &opts, &mut on_progress).await;
-            drop(source);
+            let result = async {
+                // A cut is the engine's ChunkSource (snapshot::source).
+                let mut source = match cut {
+                    Some(c) => c,
+                    None => write_back_then_cut(target, chunk_bytes).await?,
+                };
+                Ok(snapshot::push(&remote, &mut source, &opts, &mut on_progress).await?)
+            }
+            .await;
             me.running.lock().remove(&req.drive);
             me.record_push(&j, &req, &remote, result);
         });
@@ -192,7 +210,7 @@ impl Snapshots {
         job: &Job,
         req: &PushRequest,
         remote: &Remote,
-        result: Result<PushReport, SnapshotError>,
+        result: Result<PushReport, SnapshotsError>,
     ) {
         let now = now_ms();
         match result {
@@ -222,7 +240,7 @@ impl Snapshots {
             }
             Err(e) => {
                 let msg = e.to_string();
-                tracing::warn!(drive = %req.drive, remote = %req.remote, "snapshot push failed (the drive keeps serving; the next push resumes): {msg}");
+                tracing::warn!(drive = %req.drive, remote = %req.remote, "snapshot push failed (the drive or cache keeps serving; the next push resumes): {msg}");
                 self.update(&req.drive, &req.remote, |s| {
                     s.running = false;
                     s.pushes_total += 1;
@@ -302,6 +320,7 @@ impl Snapshots {
         let mut opts = GcOptions {
             retention,
             keys: spec.keys()?,
+            lease: LeaseConfig::owned_by(self.owner.clone()),
             ..GcOptions::default()
         };
         if let Some(g) = grace_ms {
@@ -317,194 +336,16 @@ impl Snapshots {
         );
         Ok(report)
     }
-
-    /// Starts restoring a snapshot into a new drive (see the module
-    /// invariants); the target name is checked free now and claimed at
-    /// the end.
-    pub fn start_restore(
-        self: &Arc<Self>,
-        drives: Arc<Drives>,
-        req: &RestoreRequest,
-    ) -> Result<Arc<Job>, SnapshotsError> {
-        let spec = self.remotes.get(&req.remote)?;
-        let target = req.target.clone().unwrap_or_else(|| req.drive.clone());
-        crate::control::drives::spec::check_name(&target)
-            .map_err(|e| SnapshotsError::Drive(e.into()))?;
-        if drives.get(&target).is_ok() {
-            return Err(SnapshotsError::TargetExists(target));
-        }
-        let id = req
-            .snapshot
-            .as_deref()
-            .map(|s| parse_id(&req.drive, s))
-            .transpose()?;
-        let remote = spec.open()?;
-        let job = self.jobs.start(JobKind::Restore, &req.drive, &req.remote);
-        let (j, req) = (job.clone(), req.clone());
-        tokio::spawn(async move {
-            let outcome = restore_new(&drives, &spec, &remote, &req, id, &target, &j).await;
-            match outcome {
-                Ok((id, report)) => {
-                    tracing::info!(drive = %target, snapshot = %id, remote = %req.remote, bytes = report.bytes_written, "drive restored from snapshot; serving it");
-                    j.finish(Outcome::Restored {
-                        id: id.to_string(),
-                        drive: target,
-                        report,
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(drive = %target, remote = %req.remote, "restore from snapshot failed: {e}");
-                    j.finish(Outcome::Failed(e.to_string()));
-                }
-            }
-        });
-        Ok(job)
-    }
-
-    /// At start, before NBD serves: fills each `(drive, remote)` from the
-    /// newest snapshot of the drive (a remote without one leaves the drive
-    /// empty, logged). Runs its own runtime (the daemon's starts later).
-    pub fn restore_at_start(
-        &self,
-        drives: &Drives,
-        which: &[(String, String)],
-    ) -> Result<(), SnapshotsError> {
-        if which.is_empty() {
-            return Ok(());
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ramd-restore")
-            .enable_all()
-            .build()
-            .map_err(SnapshotsError::Runtime)?;
-        for (drive, remote) in which {
-            rt.block_on(self.restore_existing(drives, drive, remote))?;
-        }
-        Ok(())
-    }
-
-    async fn restore_existing(
-        &self,
-        drives: &Drives,
-        drive: &str,
-        remote: &str,
-    ) -> Result<(), SnapshotsError> {
-        let spec = self.remotes.get(remote)?;
-        let r = spec.open()?;
-        let Some(id) = snapshot::list_snapshots(&r, Some(drive)).await?.pop() else {
-            tracing::info!(drive = %drive, remote = %remote, "restore_from: the remote holds no snapshot of the drive yet; it starts empty");
-            return Ok(());
-        };
-        let d = drives.get_ready(drive)?;
-        // Through the export (whatever the drive's kind), before NBD
-        // serves: a read-only drive takes the restore's writes meanwhile.
-        let backend = d.export.backend.clone();
-        let (manifest, keys) = manifest_with_keys(&r, &spec, &id).await?;
-        if manifest.geometry.size_bytes > backend.size() {
-            return Err(SnapshotsError::TooLarge {
-                id: id.to_string(),
-                drive: drive.to_owned(),
-                snapshot_bytes: manifest.geometry.size_bytes,
-                drive_bytes: backend.size(),
-            });
-        }
-        tracing::info!(drive = %drive, snapshot = %id, remote = %remote, "restore_from: restoring the drive before serving it");
-        let mut sink = BackendSink(&*backend);
-        let opts = RestoreOptions {
-            keys,
-            ..RestoreOptions::default()
-        };
-        let read_only = d.export.is_read_only();
-        d.export.set_read_only(false);
-        let restored = snapshot::restore(&r, &id, &mut sink, &opts, &mut |_| {}).await;
-        let flushed = backend.flush();
-        d.export.set_read_only(read_only);
-        let report = restored?;
-        flushed?;
-        tracing::info!(drive = %drive, snapshot = %id, bytes = report.bytes_written, "restore_from: drive restored");
-        Ok(())
-    }
 }
 
-/// A snapshot id from the CLI: the full `DRIVE/MS-SUFFIX` or `MS-SUFFIX`
-/// of `drive`.
-pub fn parse_id(drive: &str, text: &str) -> Result<SnapshotId, SnapshotsError> {
-    let full = if text.contains('/') {
-        text.to_owned()
-    } else {
-        format!("{drive}/{text}")
-    };
-    let id: SnapshotId = full.parse().map_err(|source| SnapshotsError::BadId {
-        text: text.to_owned(),
-        source,
-    })?;
-    if id.drive != drive {
-        return Err(SnapshotsError::NoSnapshot {
-            remote: String::new(),
-            drive: drive.to_owned(),
-        });
-    }
-    Ok(id)
-}
-
-/// Reads a manifest with the remote's key when it has one, else (or when
-/// the snapshot is not encrypted) without: returns the keys that fit.
-async fn manifest_with_keys(
-    r: &Remote,
-    spec: &RemoteSpec,
-    id: &SnapshotId,
-) -> Result<(Manifest, Option<Arc<Keys>>), SnapshotsError> {
-    let keys = spec.keys()?;
-    if let Some(k) = &keys {
-        match snapshot::read_manifest(r, id, Some(k)).await {
-            Ok(m) => return Ok((m, keys)),
-            Err(SnapshotError::NoSuchSnapshot { .. }) | Err(SnapshotError::Remote(_)) => {}
-            Err(keyed) => {
-                return match snapshot::read_manifest(r, id, None).await {
-                    Ok(m) => Ok((m, None)),
-                    Err(_) => Err(keyed.into()),
-                }
-            }
-        }
-    }
-    Ok((snapshot::read_manifest(r, id, None).await?, None))
-}
-
-/// The body of a restore job: newest (or given) snapshot into a new store,
-/// then the drive registered with it.
-async fn restore_new(
-    drives: &Arc<Drives>,
-    spec: &RemoteSpec,
-    r: &Remote,
-    req: &RestoreRequest,
-    id: Option<SnapshotId>,
-    target: &str,
-    job: &Job,
-) -> Result<(SnapshotId, RestoreReport), SnapshotsError> {
-    let id = match id {
-        Some(id) => id,
-        None => snapshot::list_snapshots(r, Some(&req.drive))
-            .await?
-            .pop()
-            .ok_or_else(|| SnapshotsError::NoSnapshot {
-                remote: req.remote.clone(),
-                drive: req.drive.clone(),
-            })?,
-    };
-    let (manifest, keys) = manifest_with_keys(r, spec, &id).await?;
-    let size = manifest.geometry.size_bytes;
-    let store = Arc::new(RamStore::new(size, None, drives.budget().clone())?);
-    let mut sink = BackendSink(&*store);
-    let opts = RestoreOptions {
-        keys,
-        ..RestoreOptions::default()
-    };
-    let mut on_progress = |p: &Progress| *job.progress.lock() = *p;
-    let report = snapshot::restore(r, &id, &mut sink, &opts, &mut on_progress).await?;
-    // Through the spec parser, so every other setting takes its default.
-    let drive_spec = parse_drive_spec(&format!("{target}={size}"))
-        .map_err(|e| SnapshotsError::Drive(e.into()))?;
-    drives.adopt_ram(&drive_spec, Origin::Api, store)?;
-    Ok((id, report))
+/// A cache's write-back (off the async threads), then its cut.
+async fn write_back_then_cut(target: Target, chunk_bytes: u64) -> Result<Cut, SnapshotsError> {
+    let target = tokio::task::spawn_blocking(move || {
+        let bytes = target.write_back()?;
+        tracing::info!(cache = %target.name(), written_back_bytes = bytes, "cache written back before its snapshot");
+        Ok::<_, SnapshotsError>(target)
+    })
+    .await
+    .map_err(|e| SnapshotsError::Engine(e.into()))??;
+    target.begin_cut(chunk_bytes)
 }
