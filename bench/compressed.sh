@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Compressed drives over NBD (issue 19): serves raw, lz4, zstd:1 and zstd:3
-# drives from examples/compressed_bench.rs (the daemon does not create
-# compressed drives yet) and `nbdkit memory allocator=zstd`, then for each:
+# Compressed drives over NBD (issue 19), the older and smaller benchmark:
+# issue 19's corpus benchmark against zram is bench/compressed-corpus.sh.
+# Serves raw, lz4, zstd:1 and zstd:3 drives from examples/compressed_bench.rs
+# (written before the daemon created compressed drives) and
+# `nbdkit memory allocator=zstd`, then for each:
 # fills SIZE with 1 MiB writes, runs fio 4 KiB random writes, then random
 # reads, at QD32 x 2 jobs for RUNTIME seconds each, with buffers that
 # compress to about half (fio's buffer_compress_percentage=50, per 4 KiB).
