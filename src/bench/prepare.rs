@@ -382,9 +382,8 @@ fn describe(p: &mut Prepared, path: &Path) -> Result<(), BenchError> {
     if let Err(e) = uring {
         p.info.notes.push(format!("io_uring is not available ({e}): pread/pwrite, one I/O in flight per job, whatever the test's depth"));
     }
-    let in_ram = rustix::fs::statfs(path).map(|s| {
-        s.f_type == libc::TMPFS_MAGIC || s.f_type == RAMFS_MAGIC
-    });
+    let in_ram =
+        rustix::fs::statfs(path).map(|s| s.f_type == libc::TMPFS_MAGIC || s.f_type == RAMFS_MAGIC);
     if matches!(in_ram, Ok(true)) {
         p.info.page_cache = true;
         p.info.notes.push(

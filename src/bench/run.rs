@@ -53,8 +53,13 @@ pub fn run(
     let started_at = rfc3339(SystemTime::now());
     // Refusals first: nothing is written unless every target is accepted.
     for s in specs {
-        if let TargetSpec::Path(p) = s {
-            super::target::decide_path(p, prepare::facts(p)?, opts.destructive)?;
+        match s {
+            TargetSpec::Path(p) => {
+                super::target::decide_path(p, prepare::facts(p)?, opts.destructive)?;
+            }
+            TargetSpec::Export(e) => {
+                super::target::decide_export(e, opts.destructive, opts.working_set_bytes)?;
+            }
         }
     }
     let mut prepared = Vec::with_capacity(specs.len());

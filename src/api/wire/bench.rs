@@ -51,8 +51,8 @@ pub struct BenchReport {
     /// (target, test) pairs that did not run, and why.
     #[serde(default)]
     pub skipped: Vec<BenchSkipped>,
-    /// Every target against each other one, per test (the first target
-    /// is the one the table's ratio columns divide by).
+    /// The first target against each other one, per test (the table's
+    /// ratio columns).
     #[serde(default)]
     pub comparisons: Vec<BenchComparison>,
 }
