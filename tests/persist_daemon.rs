@@ -362,6 +362,44 @@ fn periodic_drive_is_one_point_in_time_no_older_than_its_last_sync() {
     );
 }
 
+/// The same crash cycles over compressed drives: every flushed write of
+/// an lz4 drive, one point in time of a periodic zstd drive.
+#[test]
+fn compressed_flush_drive_keeps_every_flushed_write_across_kill9() {
+    if !require(&["nbdcopy"]) || !require_python_module("nbd", "python3-libnbd") {
+        return;
+    }
+    let lowers = kill_cycles(
+        "fz",
+        "fz=2M,compress=lz4,persist,durability=flush,sync-interval=1h",
+        12,
+        8,
+        (20, 400),
+    );
+    assert!(
+        lowers.iter().filter(|&&l| l > 0).count() >= 6,
+        "too few cycles had acknowledged flushes to check: {lowers:?}"
+    );
+}
+
+#[test]
+fn compressed_periodic_drive_is_one_point_in_time() {
+    if !require(&["nbdcopy"]) || !require_python_module("nbd", "python3-libnbd") {
+        return;
+    }
+    let lowers = kill_cycles(
+        "pz",
+        "pz=2M,compress=zstd,persist,durability=periodic,sync-interval=100ms",
+        12,
+        0,
+        (150, 700),
+    );
+    assert!(
+        lowers.iter().filter(|&&l| l > 0).count() >= 6,
+        "too few cycles had a completed sync to check: {lowers:?}"
+    );
+}
+
 /// nbdsh snippets.
 fn nbd_write(uri: &str, offset: u64, data_seed: u64, len: usize, flush: bool) {
     let script = r#"

@@ -130,9 +130,13 @@ pub fn after_create(
                 return print_json(&d);
             }
             println!(
-                "created {} ({}, persistent: {}{}, sync every {}) at {}",
+                "created {} ({}{}, persistent: {}{}, sync every {}) at {}",
                 d.name,
                 format_size(d.size_bytes),
+                match &d.compression {
+                    Some(c) => format!(", compressed {}", c.algorithm),
+                    None => String::new(),
+                },
                 p.durability,
                 if p.encrypted { ", encrypted" } else { "" },
                 super::output::interval(p.sync_interval_ms),

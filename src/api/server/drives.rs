@@ -155,6 +155,7 @@ pub async fn create(
         read_only: req.read_only,
         overcommit: req.overcommit,
         access: req.access.is_some(),
+        compress: req.compress.is_some(),
     };
     let access = match &req.access {
         Some(a) => parse_access(

@@ -59,7 +59,7 @@ use crate::metrics::DriveMetrics;
 use crate::nbd::access::{AccessRules, AccessTable, Network};
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
-use crate::store::compressed::{CompressedStats, CompressedStore};
+use crate::store::compressed::{Algorithm, CompressedStats, CompressedStore};
 use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
 pub use error::DriveError;
 use persistent::{DiskDrive, Offline, Persistence};
@@ -109,9 +109,9 @@ impl DriveState {
 pub enum DriveData {
     /// A RAM store.
     Ram(Arc<RamStore>),
-    /// A RAM store with a state directory.
-    Persistent(Arc<DiskDrive>),
-    /// A compressed RAM store (`--compress`; RAM only).
+    /// A RAM store (raw or compressed) with a state directory.
+    Persistent(DiskDrive),
+    /// A compressed RAM store (`--compress`).
     Compressed(Arc<CompressedStore>),
     /// Nothing in memory: the drive is restoring or failed.
     Offline {
@@ -119,7 +119,21 @@ pub enum DriveData {
         size_bytes: u64,
         /// The memory limit it will get.
         mem_limit_bytes: Option<u64>,
+        /// The compression it will get (None: the raw store).
+        compress: Option<Algorithm>,
     },
+}
+
+impl DriveData {
+    /// The compression (None: the raw store).
+    fn compress(&self) -> Option<Algorithm> {
+        match self {
+            DriveData::Offline { compress, .. } => *compress,
+            DriveData::Compressed(c) => Some(c.algorithm()),
+            DriveData::Persistent(p) => p.compressed_store().map(|c| c.algorithm()),
+            DriveData::Ram(_) => None,
+        }
+    }
 }
 
 /// One drive.
@@ -169,17 +183,24 @@ impl Drive {
     pub fn store(&self) -> Option<&RamStore> {
         match &self.data {
             DriveData::Ram(s) => Some(s),
-            DriveData::Persistent(p) => Some(p.store()),
+            DriveData::Persistent(p) => p.raw_store(),
             DriveData::Compressed(_) | DriveData::Offline { .. } => None,
         }
     }
 
-    /// The compressed store, for a compressed drive.
-    pub fn compressed(&self) -> Option<&Arc<CompressedStore>> {
+    /// The compressed store, for a compressed drive (persistent or not).
+    pub fn compressed(&self) -> Option<&CompressedStore> {
         match &self.data {
             DriveData::Compressed(c) => Some(c),
+            DriveData::Persistent(p) => p.compressed_store(),
             _ => None,
         }
+    }
+
+    /// The drive's compression (None: the raw store), also while it is
+    /// restoring or failed.
+    pub fn compress(&self) -> Option<Algorithm> {
+        self.data.compress()
     }
 
     /// A compressed drive's memory figures (zram's `mm_stat`).
@@ -193,7 +214,7 @@ impl Drive {
     }
 
     /// The persistent drive, when ready.
-    pub fn persistent(&self) -> Option<&Arc<DiskDrive>> {
+    pub fn persistent(&self) -> Option<&DiskDrive> {
         match &self.data {
             DriveData::Persistent(p) => Some(p),
             _ => None,
@@ -201,35 +222,47 @@ impl Drive {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        match (&self.data, self.store()) {
-            (DriveData::Offline { size_bytes, .. }, _) => *size_bytes,
-            (DriveData::Compressed(c), _) => c.size(),
-            (_, Some(s)) => s.size(),
-            _ => 0,
+        match &self.data {
+            DriveData::Offline { size_bytes, .. } => *size_bytes,
+            DriveData::Ram(s) => s.size(),
+            DriveData::Persistent(p) => p.size(),
+            DriveData::Compressed(c) => c.size(),
         }
     }
 
     /// Memory the drive holds now.
     pub fn allocated_bytes(&self) -> u64 {
-        match &self.data {
-            DriveData::Compressed(c) => c.allocated_bytes(),
-            _ => self.store().map_or(0, |s| s.allocated_bytes()),
+        match (self.store(), self.compressed()) {
+            (Some(s), _) => s.allocated_bytes(),
+            (None, Some(c)) => c.allocated_bytes(),
+            (None, None) => 0,
+        }
+    }
+
+    /// Resizes the drive's data (nothing while restoring or failed).
+    fn resize_data(&self, size_bytes: u64) -> Result<(), DriveError> {
+        match (self.store(), self.compressed()) {
+            (Some(s), _) => Ok(s.resize(size_bytes)?),
+            (None, Some(c)) => Ok(c.resize(size_bytes)?),
+            (None, None) => Ok(()),
         }
     }
 
     /// The drive's own memory limit, None when unlimited.
     pub fn mem_limit_bytes(&self) -> Option<u64> {
-        match (&self.data, self.store()) {
+        let limit = match (&self.data, self.store(), self.compressed()) {
             (
                 DriveData::Offline {
                     mem_limit_bytes, ..
                 },
                 _,
-            ) => *mem_limit_bytes,
-            (DriveData::Compressed(c), _) => Some(c.mem_limit_bytes()).filter(|&l| l != u64::MAX),
-            (_, Some(s)) => Some(s.mem_limit_bytes()).filter(|&l| l != u64::MAX),
-            _ => None,
-        }
+                _,
+            ) => return *mem_limit_bytes,
+            (_, Some(s), _) => s.mem_limit_bytes(),
+            (_, None, Some(c)) => c.mem_limit_bytes(),
+            _ => return None,
+        };
+        Some(limit).filter(|&l| l != u64::MAX)
     }
 
     /// True when the drive serves I/O.
@@ -248,7 +281,7 @@ impl Drive {
             overcommit: *self.overcommit.lock(),
             persist: self.persist.as_ref().map(|p| p.spec.lock().clone()),
             access: self.access.lock().clone(),
-            compress: self.compressed().map(|c| c.algorithm()),
+            compress: self.compress(),
         }
     }
 
@@ -512,7 +545,7 @@ impl Drives {
             metrics.unwrap_or_else(|| self.metrics_enabled.then(|| Arc::new(DriveMetrics::new())));
         let (backend, size): (Arc<dyn Backend>, u64) = match &data {
             DriveData::Ram(s) => (s.clone(), s.size()),
-            DriveData::Persistent(p) => (p.clone(), p.size()),
+            DriveData::Persistent(p) => (p.backend(), p.size()),
             DriveData::Compressed(c) => (c.clone(), c.size()),
             DriveData::Offline { size_bytes, .. } => (
                 Arc::new(Offline {
@@ -531,9 +564,13 @@ impl Drives {
                 _ => format!("ramd RAM drive, {}", format_size(size)),
             },
             (DriveState::Ready, Some(p)) => format!(
-                "ramd persistent drive, {}, durability {}",
+                "ramd persistent drive, {}, durability {}{}",
                 format_size(size),
-                p.spec.lock().durability
+                p.spec.lock().durability,
+                match data.compress() {
+                    Some(a) => format!(", compressed ({a})"),
+                    None => String::new(),
+                }
             ),
             (s, _) => format!(
                 "ramd persistent drive, {} ({})",
@@ -661,13 +698,9 @@ impl Drives {
         // Outside the map lock: a resize may wait for a running sync. The
         // promise stays the larger of the two sizes until it is done.
         drop(drives);
-        let resized: Result<(), DriveError> = match (size != old_size, &drive.data) {
-            (false, _) => Ok(()),
-            (true, DriveData::Compressed(c)) => c.resize(size).map_err(Into::into),
-            (true, _) => match drive.store() {
-                Some(s) => s.resize(size).map_err(Into::into),
-                None => Ok(()),
-            },
+        let resized = match size != old_size {
+            true => drive.resize_data(size),
+            false => Ok(()),
         };
         self.recommit(&drive);
         resized?;
@@ -692,7 +725,7 @@ impl Drives {
     ) -> Result<(Arc<Drive>, usize), DriveError> {
         let drives = self.drives.lock();
         let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
-        if drive.persist.is_some() && drive.store().is_none() {
+        if drive.persist.is_some() && !drive.has_data() {
             // Its drive.json is the restore's to read (or broken): not
             // rewritten behind the user's back.
             return Err(not_ready(&drive));
@@ -970,11 +1003,65 @@ mod tests {
         assert_eq!(after.orig_data_bytes, 32 << 20);
         assert!(after.slab_bytes < s.slab_bytes, "{s:?} -> {after:?}");
         d.compressed().unwrap().check().unwrap();
-        // With persistence: refused, saying why.
-        let mut p = persistent("p", 1 << 20);
-        p.compress = Some(Algorithm::Lz4);
-        let e = r.create(&p, Origin::Api).unwrap_err();
-        assert!(e.to_string().contains("cannot be persistent yet"), "{e}");
+    }
+
+    #[test]
+    fn persistent_compressed_drives_come_back_compressed() {
+        use crate::store::compressed::Algorithm;
+        let state = tempfile::tempdir().unwrap();
+        let make =
+            || Arc::new(Drives::new(ledger(1 << 30), true).with_state_dir(state.path().to_owned()));
+        let r = make();
+        let mut z = persistent("z", 64 << 20);
+        z.compress = Some(Algorithm::Zstd { level: 1 });
+        z.mem_limit_bytes = Some(16 << 20);
+        let d = r.create(&z, Origin::Api).unwrap();
+        assert_eq!((d.kind, d.compress()), (DriveKind::Persistent, z.compress));
+        assert!(d.export.description.contains("compressed (zstd:1)"));
+        let text: Vec<u8> = b"persistent and compressed "
+            .iter()
+            .cycle()
+            .take(8 << 20)
+            .copied()
+            .collect();
+        d.export.backend.write(4 << 20, &text, false).unwrap();
+        d.export.backend.flush().unwrap();
+        let before = d.compression_stats().unwrap();
+        // A resize and a new limit go through the same paths as a raw
+        // drive's.
+        let change = DriveChange {
+            size_bytes: Some(96 << 20),
+            mem_limit_bytes: Some(Some(20 << 20)),
+            ..Default::default()
+        };
+        let d = r.change("z", &change).unwrap();
+        assert_eq!(d.mem_limit_bytes(), Some(20 << 20));
+        r.shutdown_persistent();
+        let dir = r.drive_dir("z").unwrap();
+        let stored = std::fs::read_to_string(dir.join("drive.json")).unwrap();
+        assert!(stored.contains("\"compress\": \"zstd:1\""), "{stored}");
+
+        // Back from its directory with its own settings: compressed again,
+        // with the same data and the same figures.
+        let r = make();
+        let stored = persistent::settings::read_checked(&dir, "z")
+            .unwrap()
+            .unwrap()
+            .to_spec()
+            .unwrap();
+        assert_eq!(stored.compress, z.compress);
+        r.create(&stored, Origin::Api).unwrap();
+        let d = wait_state(&r, "z");
+        assert!(d.is_ready(), "{:?}", d.state.lock());
+        assert_eq!((d.size_bytes(), d.compress()), (96 << 20, z.compress));
+        let mut back = vec![0u8; text.len()];
+        d.export.backend.read(4 << 20, &mut back).unwrap();
+        assert!(back == text);
+        let after = d.compression_stats().unwrap();
+        assert_eq!(after.orig_data_bytes, before.orig_data_bytes);
+        assert_eq!(after.compr_data_bytes, before.compr_data_bytes);
+        d.compressed().unwrap().check().unwrap();
+        r.shutdown_persistent();
     }
 
     #[test]

@@ -82,7 +82,6 @@ impl Drives {
             origin,
             RestoreRecord::None,
         ));
-        let pd = Arc::new(pd);
         let drive = self.assemble(
             spec,
             claim.clone(),
@@ -101,6 +100,7 @@ impl Drives {
             durability = %persist.durability,
             interval = %crate::control::spec::format_interval(persist.sync_interval_ms),
             encrypted = persist.key_file.is_some(),
+            compress = %spec.compress.map_or("off".to_owned(), |a| a.to_string()),
             dir = %dir.display(),
             "persistent drive created"
         );
@@ -134,6 +134,7 @@ impl Drives {
             DriveData::Offline {
                 size_bytes,
                 mem_limit_bytes: spec.mem_limit_bytes,
+                compress: spec.compress,
             },
             Some(p),
             None,
@@ -182,6 +183,7 @@ impl Drives {
             DriveData::Offline {
                 size_bytes: 0,
                 mem_limit_bytes: spec.mem_limit_bytes,
+                compress: spec.compress,
             },
             Some(p),
             None,
@@ -229,6 +231,7 @@ impl Drives {
             DriveData::Offline {
                 size_bytes: 0,
                 mem_limit_bytes: None,
+                compress: None,
             },
             Some(p),
             None,
@@ -278,12 +281,16 @@ impl Drives {
         *p.restore.lock() = RestoreRecord::Running(progress.clone());
         let pspec = p.spec.lock().clone();
         let started = Instant::now();
+        let memory = persistent::Memory {
+            mem_limit_bytes: placeholder.mem_limit_bytes(),
+            compress: placeholder.compress(),
+        };
         let result = persistent::open(
             &p.dir,
             &pspec,
             opts,
             &progress,
-            placeholder.mem_limit_bytes(),
+            memory,
             self.budget().clone(),
         );
         drop(turn);
@@ -310,7 +317,6 @@ impl Drives {
                 return;
             }
         };
-        let pd = Arc::new(pd);
         let mut spec = placeholder.spec();
         spec.size_bytes = pd.size();
         let drive = self.assemble(
@@ -339,8 +345,7 @@ impl Drives {
     /// the size its declaration asks for; otherwise keeps it and says why.
     /// Called with the drive map locked (the drive was just registered).
     fn apply_declared_size(&self, drive: &Arc<Drive>, want: u64) {
-        let Some(store) = drive.store() else { return };
-        let have = store.size();
+        let have = drive.size_bytes();
         let name = &drive.name;
         let promise = promise_for(want, drive.mem_limit_bytes(), *drive.overcommit.lock());
         if let Err(e) = self.promise_change(drive, &promise) {
@@ -348,7 +353,7 @@ impl Drives {
             return;
         }
         if want < have {
-            match data_end(store, want, have) {
+            match data_end(&*drive.export.backend, want, have) {
                 Ok(None) => {}
                 Ok(Some(end)) => {
                     tracing::warn!(
@@ -364,7 +369,7 @@ impl Drives {
                 }
             }
         }
-        let resized = store.resize(want);
+        let resized = drive.resize_data(want);
         self.recommit(drive);
         match resized {
             Ok(()) => tracing::info!(
@@ -396,6 +401,7 @@ impl Drives {
             DriveData::Offline {
                 size_bytes: placeholder.size_bytes(),
                 mem_limit_bytes: placeholder.mem_limit_bytes(),
+                compress: placeholder.compress(),
             },
             placeholder.persist.clone(),
             Some(placeholder.metrics.clone()),
@@ -494,6 +500,7 @@ impl Drives {
             DriveData::Offline {
                 size_bytes,
                 mem_limit_bytes: drive.mem_limit_bytes(),
+                compress: drive.compress(),
             },
             Some(p),
             Some(drive.metrics.clone()),
@@ -526,7 +533,7 @@ impl Drives {
         Ok((drive.clone(), r))
     }
 
-    fn ready_persistent<'a>(&self, drive: &'a Drive) -> Result<&'a Arc<DiskDrive>, DriveError> {
+    fn ready_persistent<'a>(&self, drive: &'a Drive) -> Result<&'a DiskDrive, DriveError> {
         if drive.persist.is_none() {
             return Err(DriveError::NotPersistent(drive.name.clone()));
         }
@@ -603,7 +610,7 @@ impl Drives {
     pub(super) fn final_save(
         &self,
         drive: &Arc<Drive>,
-        pd: &Arc<DiskDrive>,
+        pd: &DiskDrive,
         p: &Arc<Persistence>,
     ) -> Result<(), DriveError> {
         let deadline = Instant::now() + Duration::from_secs(30);

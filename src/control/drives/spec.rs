@@ -13,7 +13,7 @@ use crate::control::spec::{self as values, IntervalError, IntervalUse};
 use crate::nbd::access::{AccessRules, BadNetwork, EmptyIdentity, Network};
 use crate::persist::Durability;
 use crate::size::{format_size, parse as parse_size};
-use crate::store::compressed::{Algorithm, ParseAlgorithmError};
+use crate::store::compressed::{Algorithm, ParseAlgorithmError, MAX_COMPRESSED_DRIVE_BYTES};
 
 /// Default background sync interval of a persistent drive.
 pub const DEFAULT_DRIVE_SYNC_INTERVAL_MS: u64 = 60_000;
@@ -47,10 +47,9 @@ pub enum CompressError {
     /// Not `lz4`, `zstd`, `zstd:LEVEL` or `off`.
     #[error("{0} (or off for an uncompressed drive)")]
     Unknown(#[from] ParseAlgorithmError),
-    /// Compression with persistence: the state directory code saves and
-    /// restores raw stores only.
-    #[error("a compressed drive cannot be persistent yet: drop --persist (config: persist) or --compress (compress = \"off\")")]
-    WithPersist,
+    /// Larger than the largest compressed drive.
+    #[error("a compressed drive holds at most {} ({} asked): give a smaller size, or --compress off", format_size(*max), format_size(*size))]
+    TooLarge { size: u64, max: u64 },
 }
 
 /// Parses a drive's compression: `lz4`, `zstd`, `zstd:LEVEL` or `off`
@@ -62,10 +61,14 @@ pub fn parse_compress(text: &str) -> Result<Option<Algorithm>, SpecError> {
     }
 }
 
-/// Checks that a spec's compression fits its other options.
+/// Checks that a spec's compression fits its other options (the size:
+/// a compressed drive's page tables address at most 64 TiB). Persistence
+/// fits: a compressed drive's state directory is a raw drive's.
 pub fn check_compress(spec: &DriveSpec) -> Result<(), SpecError> {
-    if spec.compress.is_some() && spec.persist.is_some() {
-        return Err(CompressError::WithPersist.into());
+    let max = MAX_COMPRESSED_DRIVE_BYTES;
+    if spec.compress.is_some() && spec.size_bytes > max {
+        let size = spec.size_bytes;
+        return Err(CompressError::TooLarge { size, max }.into());
     }
     Ok(())
 }
@@ -387,8 +390,11 @@ mod tests {
             parse_drive_spec("x=1G,compress=off").unwrap().compress,
             None
         );
-        let e = parse_drive_spec("x=1G,compress=lz4,persist").unwrap_err();
-        assert!(e.to_string().contains("cannot be persistent yet"), "{e}");
+        let c = parse_drive_spec("x=1G,compress=lz4,persist,durability=flush").unwrap();
+        assert_eq!(c.compress, Some(Algorithm::Lz4));
+        assert_eq!(c.persist.unwrap().durability, Durability::Flush);
+        let e = parse_drive_spec("x=100T,compress=lz4").unwrap_err();
+        assert!(e.to_string().contains("at most 64 TiB"), "{e}");
         let p = parse_drive_spec("x=1G,persist,durability=flush,sync-interval=10s,key-file=/k")
             .unwrap()
             .persist

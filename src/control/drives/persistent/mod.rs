@@ -30,6 +30,7 @@
 //! when no drive is restoring any more: services ordered after ramd see
 //! their data, while `ramd list` / the API already show restore progress.
 
+pub mod disk;
 pub mod modes;
 pub mod settings;
 
@@ -45,10 +46,9 @@ use crate::persist::{
     names, DirStorage, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
     RestoreReport, SyncScheduler,
 };
+use crate::store::compressed::{Algorithm, CompressedStore};
 use crate::store::{MemoryBudget, StoreOptions};
-
-/// A persistent drive on a real disk.
-pub type DiskDrive = PersistentDrive<DirStorage>;
+pub use disk::DiskDrive;
 
 /// Where persistent drives live inside the daemon's state directory.
 pub fn drives_dir(state_dir: &Path) -> PathBuf {
@@ -192,14 +192,31 @@ pub fn create_new(
             dir,
             &settings::DriveSettings::from_spec(spec, persist, origin),
         )?;
-        Ok(PersistentDrive::create(
-            storage,
+        let (size, limit, cfg) = (
             spec.size_bytes,
-            key.as_ref(),
+            spec.mem_limit_bytes,
             engine_config(persist),
-            store_options(spec.mem_limit_bytes),
-            budget,
-        )?)
+        );
+        Ok(match spec.compress {
+            None => DiskDrive::Raw(Arc::new(PersistentDrive::create(
+                storage,
+                size,
+                key.as_ref(),
+                cfg,
+                store_options(limit),
+                budget,
+            )?)),
+            Some(algo) => {
+                let store = CompressedStore::new(size, algo, limit, budget)
+                    .map_err(crate::persist::Error::from)?;
+                DiskDrive::Compressed(Arc::new(PersistentDrive::create_with(
+                    storage,
+                    store,
+                    key.as_ref(),
+                    cfg,
+                )?))
+            }
+        })
     })();
     if result.is_err() && !existed {
         let _ = std::fs::remove_dir_all(dir);
@@ -207,27 +224,50 @@ pub fn create_new(
     result
 }
 
-/// Opens (restores) the drive in `dir`; see `persist::restore`. Errors are
-/// the engine's precise messages.
+/// How a drive's data is held in memory once restored.
+#[derive(Debug, Clone, Copy)]
+pub struct Memory {
+    /// The drive's own memory limit.
+    pub mem_limit_bytes: Option<u64>,
+    /// Its compression (None: the raw store). The state directory holds
+    /// raw pages either way, so this may differ from what saved them.
+    pub compress: Option<Algorithm>,
+}
+
+/// Opens (restores) the drive in `dir` into the store `memory` asks for;
+/// see `persist::restore`. Errors are the engine's precise messages.
 pub fn open(
     dir: &Path,
     persist: &PersistSpec,
     opts: RestoreOptions,
     progress: &RestoreProgress,
-    mem_limit_bytes: Option<u64>,
+    memory: Memory,
     budget: Arc<MemoryBudget>,
 ) -> Result<(DiskDrive, RestoreReport), DiskError> {
     let key = read_key(persist)?;
     let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
-    Ok(PersistentDrive::open(
-        storage,
-        key.as_ref(),
-        opts,
-        progress,
-        engine_config(persist),
-        store_options(mem_limit_bytes),
-        budget,
-    )?)
+    let (cfg, limit) = (engine_config(persist), memory.mem_limit_bytes);
+    Ok(match memory.compress {
+        None => {
+            let opts_store = store_options(limit);
+            let (d, r) = PersistentDrive::open(
+                storage,
+                key.as_ref(),
+                opts,
+                progress,
+                cfg,
+                opts_store,
+                budget,
+            )?;
+            (DiskDrive::Raw(Arc::new(d)), r)
+        }
+        Some(algo) => {
+            let make = |size| CompressedStore::new(size, algo, limit, budget);
+            let (d, r) =
+                PersistentDrive::open_with(storage, key.as_ref(), opts, progress, cfg, make)?;
+            (DiskDrive::Compressed(Arc::new(d)), r)
+        }
+    })
 }
 
 /// Where the last restore of a drive stands.
@@ -274,8 +314,8 @@ impl Persistence {
     }
 
     /// Starts the background sync thread for `drive`.
-    pub fn start_scheduler(&self, drive: &Arc<DiskDrive>, name: &str) {
-        match SyncScheduler::spawn(drive.clone(), name) {
+    pub fn start_scheduler(&self, drive: &DiskDrive, name: &str) {
+        match drive.spawn_scheduler(name) {
             Ok(s) => *self.scheduler.lock() = Some(s),
             Err(e) => tracing::error!(
                 drive = %name,

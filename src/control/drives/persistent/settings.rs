@@ -22,8 +22,11 @@
 //! ```
 //!
 //! `access` (the drive's NBD access rules, `nbd::access`) is written only
-//! when the drive has rules, so the files of open drives stay readable by
-//! daemons older than it; a file without it means no rules.
+//! when the drive has rules, and `compress` (`"lz4"`, `"zstd:3"`) only
+//! for a compressed drive, so the files of other drives stay readable by
+//! daemons older than them; a file without them means no rules and the
+//! raw store. The engine's files are the same either way (raw pages), so
+//! a drive re-created with another `--compress` loads into that store.
 //!
 //! Written atomically (temporary file, fsync, rename, fsync of the
 //! directory), so a crash leaves the old or the new file, never a torn one.
@@ -47,7 +50,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::control::drives::spec::{
-    check_sync_interval_ms, parse_access, DriveSpec, PersistSpec, SpecError,
+    check_sync_interval_ms, parse_access, parse_compress, DriveSpec, PersistSpec, SpecError,
 };
 use crate::nbd::access::AccessRules;
 
@@ -128,6 +131,9 @@ pub struct DriveSettings {
     /// NBD access rules (absent: none).
     #[serde(default, skip_serializing_if = "StoredAccess::is_open")]
     pub access: StoredAccess,
+    /// The compression (`lz4`, `zstd:LEVEL`; absent: the raw store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<String>,
 }
 
 /// A drive's access rules as `drive.json` keeps them (the API's names).
@@ -179,6 +185,7 @@ impl DriveSettings {
             read_only: spec.read_only,
             overcommit: spec.overcommit,
             access: StoredAccess::of(&spec.access),
+            compress: spec.compress.map(|a| a.to_string()),
         }
     }
 
@@ -204,7 +211,10 @@ impl DriveSettings {
                 key_file: self.key_file.clone(),
             }),
             access: self.access.rules()?,
-            compress: None,
+            compress: match &self.compress {
+                Some(c) => parse_compress(c)?,
+                None => None,
+            },
         })
     }
 }
@@ -219,6 +229,7 @@ pub struct Given {
     pub read_only: bool,
     pub overcommit: bool,
     pub access: bool,
+    pub compress: bool,
 }
 
 impl DriveSettings {
@@ -267,6 +278,10 @@ impl DriveSettings {
         if !given.access && !stored.access.is_open() {
             spec.access = stored.access;
             taken.push("access rules".into());
+        }
+        if let (false, Some(a)) = (given.compress, stored.compress) {
+            spec.compress = Some(a);
+            taken.push(format!("compression {a}"));
         }
         taken
     }
@@ -368,7 +383,7 @@ mod tests {
                 read_only_identities: vec![],
                 networks: vec!["10.0.0.0/8".parse().unwrap()],
             },
-            compress: None,
+            compress: Some("zstd:5".parse().unwrap()),
         }
     }
 
@@ -397,6 +412,7 @@ mod tests {
             read_only: false,
             persist: Some(PersistSpec::default()),
             access: AccessRules::default(),
+            compress: None,
             ..s.clone()
         };
         let given = Given {
@@ -411,9 +427,11 @@ mod tests {
                 "key file /k",
                 "memory limit 1 MiB",
                 "read-only",
-                "access rules"
+                "access rules",
+                "compression zstd:5"
             ]
         );
+        assert_eq!(fresh.compress, s.compress);
         assert_eq!(fresh.access, s.access);
         let p = fresh.persist.as_ref().unwrap();
         assert_eq!(p.durability, Durability::default());
