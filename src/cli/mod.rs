@@ -146,7 +146,8 @@ pub enum Command {
         /// Keep pages compressed: lz4, zstd, zstd:LEVEL or off (default).
         /// The drive is promised min(size, mem-limit) of the budget, so
         /// give --mem-limit below --size to hold more than its memory.
-        /// RAM only (not with --persist). See docs/compression.md.
+        /// With --persist, the state directory holds raw pages (a restart
+        /// restores it compressed). See docs/compression.md.
         #[arg(long, value_name = "ALGO")]
         compress: Option<String>,
         /// Refuse writes from the start (unlock with `ramd unlock`).
