@@ -23,18 +23,22 @@
 //! The state directory is the same as a raw drive's: a raw sparse image,
 //! a CRC-32C (or AES-GCM) entry per page, the redo journal. So the image
 //! of a compressed drive is readable by qemu-img or losetup like any
-//! other, encryption and every restore check work unchanged, and the
-//! crash fuzzer covers both stores with one engine. The price is CPU and
-//! disk bytes: a sync decompresses each dirty page (lz4 ~2-4 GB/s, zstd
-//! ~1 GB/s per core) and writes 4 KiB for it; a restore compresses every
-//! loaded page again (lz4 ~0.4-0.6 GB/s, zstd:3 ~0.15-0.3 GB/s per core,
-//! on two load threads). Measured on a 1 GiB mixed corpus (see
-//! docs/persistence.md, "Compressed drives", and `examples/persist_bench.rs
-//! compressed`), the sync is bound by the disk as for a raw drive and the
-//! restore by compression: a compressed image would save the disk bytes
-//! compression saves (~1.7-2x on that corpus) but not the compression
-//! work of a restore, and would need its own format, journal records and
-//! verification path.
+//! other, encryption and every restore check work unchanged, the crash
+//! fuzzer covers both stores with one engine and one format, and a drive
+//! may come back with another algorithm or none. The price is CPU: a sync
+//! decompresses each dirty page and writes 4 KiB for it; a restore
+//! compresses every loaded page again. Measured on the 1 GiB mixed corpus
+//! of bench/compressed-corpus.sh (`examples/compressed_persist_bench.rs`,
+//! 2 shared vCPUs; docs/persistence.md has the table): a sync commit took
+//! 0.57-0.68 s raw, 0.77 s lz4, 1.8 s zstd:3 (one core decompresses the
+//! corpus at 3.2 GB/s with lz4, 1.0 GB/s with zstd); a restore 1.1-2.6 s
+//! raw, 1.8 s lz4, 4.4 s zstd:3 (compressing at 0.73 / 0.31 GB/s per core
+//! on two load threads). A compressed image would move the 689 / 609 MiB
+//! the drive holds instead of 1 GiB and skip the restore's compression
+//! (a zstd restore near the disk's ~1.1 s read of 588 MiB), but it needs
+//! its own format, journal records and verification path, and ties the
+//! files to one algorithm: not worth it while a restore of a compressed
+//! drive stays within 2-4x of a raw one's.
 //!
 //! # Restore
 //!
