@@ -20,6 +20,7 @@ pub(crate) struct CreateArgs {
     pub compress: Option<String>,
     pub read_only: bool,
     pub overcommit: bool,
+    pub lock_memory: bool,
     pub persist: persist::PersistArgs,
     pub access: AccessArgs,
     pub json: bool,
@@ -80,6 +81,7 @@ pub(crate) fn create_from(c: &Client, a: CreateArgs) -> Result<(), CliError> {
         compress: a.compress,
         read_only: a.read_only,
         overcommit: a.overcommit,
+        lock_memory: a.lock_memory,
         persist: a.persist.persist,
         durability: a.persist.durability.clone(),
         sync_interval: a.persist.sync_interval.clone().map(DurationValue::Text),
@@ -100,13 +102,14 @@ fn create(c: &Client, req: &CreateDrive, json: bool, no_wait: bool) -> Result<()
         return print_json(&d);
     }
     println!(
-        "created {} ({}{}{}) at {}",
+        "created {} ({}{}{}{}) at {}",
         d.name,
         format_size(d.size_bytes),
         match &d.compression {
             Some(c) => format!(", compressed {}", c.algorithm),
             None => String::new(),
         },
+        if d.lock_memory { ", locked in RAM" } else { "" },
         if d.read_only { ", read-only" } else { "" },
         d.uri
     );

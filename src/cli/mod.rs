@@ -157,6 +157,13 @@ pub enum Command {
         /// past the budget then fail with ENOSPC).
         #[arg(long)]
         overcommit: bool,
+        /// Lock the drive's memory in RAM as it is written, so it is never
+        /// swapped (fast, and its data never reaches the swap device). The
+        /// daemon needs RLIMIT_MEMLOCK for it (a raw drive counts its whole
+        /// size, a compressed one min(size, mem-limit)): `ulimit -l`,
+        /// LimitMEMLOCK= in a systemd unit, or CAP_IPC_LOCK.
+        #[arg(long)]
+        lock_memory: bool,
         #[command(flatten)]
         persist: persist::PersistArgs,
         #[command(flatten)]
@@ -680,6 +687,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             compress,
             read_only,
             overcommit,
+            lock_memory,
             persist,
             access,
             out,
@@ -691,6 +699,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 compress,
                 read_only,
                 overcommit,
+                lock_memory,
                 persist,
                 access,
                 json: out.json,

@@ -303,11 +303,16 @@ pub fn drive_info(d: &DriveInfo) -> String {
     row(
         "memory",
         format!(
-            "{} allocated{}",
+            "{} allocated{}{}",
             format_size(d.allocated_bytes),
             d.mem_limit_bytes
                 .map(|l| format!(", limit {}", format_size(l)))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if d.lock_memory {
+                ", locked in RAM"
+            } else {
+                ""
+            }
         ),
     );
     row(

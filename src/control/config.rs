@@ -31,9 +31,10 @@
 //! name = "ram0"
 //! size = "1G"
 //! mem_limit = "512M"
-//! compress = "lz4"            # lz4 | zstd | zstd:LEVEL | off (RAM-only drives)
+//! compress = "lz4"            # lz4 | zstd | zstd:LEVEL | off
 //! read_only = false
 //! overcommit = false
+//! lock_memory = false          # lock its memory in RAM (never swapped; RLIMIT_MEMLOCK)
 //! persist = true              # keep it in STATE_DIR/drives/NAME
 //! durability = "flush"        # none | periodic | flush
 //! sync_interval = "60s"
@@ -342,6 +343,9 @@ pub struct DriveEntry {
     pub read_only: bool,
     #[serde(default)]
     pub overcommit: bool,
+    /// Lock its memory in RAM as it is written (never swapped).
+    #[serde(default)]
+    pub lock_memory: bool,
     /// Keep the drive in the state directory (restored at every start).
     pub persist: Option<Spanned<bool>>,
     /// `none`, `periodic` or `flush`.
@@ -536,6 +540,7 @@ fn drive_spec(
         persist,
         access: drive_access(d, invalid)?,
         compress,
+        lock_memory: d.lock_memory,
     };
     if let Err(e) = check_compress(&spec) {
         let at = d

@@ -91,8 +91,8 @@ use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
 pub use snapshot::{CapturedChunk, Snapshot, PAGES_PER_CHUNK};
-pub use sync_store::{SyncCut, SyncStore};
 use snapshot::{CowOutcome, SnapState};
+pub use sync_store::{SyncCut, SyncStore};
 
 /// Bytes per page: the unit of allocation, trim and the bitmaps.
 pub const PAGE_BYTES: u64 = 4096;
@@ -165,7 +165,7 @@ impl Segment {
         }
     }
 
-    fn new(huge: bool) -> std::io::Result<Segment> {
+    fn new(huge: bool) -> Result<Segment> {
         Ok(Segment {
             region: Region::new(SEGMENT_BYTES as usize, huge)?,
             allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
@@ -250,6 +250,8 @@ pub struct StoreState {
     min_size: AtomicU64,
     /// Collapsing full 2 MiB ranges into huge pages (see `huge.rs`).
     huge: HugeState,
+    /// Every segment's mapping is locked in RAM (`StoreOptions::lock_memory`).
+    lock: bool,
 }
 
 /// How a chunk is locked for an operation.
@@ -281,6 +283,10 @@ pub struct StoreOptions {
     /// Collapse fully written 2 MiB ranges into huge pages on that thread
     /// (see `huge.rs`); ignored where the system cannot.
     pub huge_pages: bool,
+    /// Lock the drive's pages in RAM as they are written (`--lock-memory`:
+    /// never swapped; `region.rs`). The kernel charges `RLIMIT_MEMLOCK`
+    /// the drive's whole size (in pages) at creation and on growth.
+    pub lock_memory: bool,
 }
 
 impl Default for StoreOptions {
@@ -289,6 +295,7 @@ impl Default for StoreOptions {
             mem_limit_bytes: None,
             prefault: true,
             huge_pages: true,
+            lock_memory: false,
         }
     }
 }
@@ -351,6 +358,7 @@ impl RamStore {
             snap: SnapState::default(),
             min_size: AtomicU64::new(0),
             huge: HugeState::new(opts.huge_pages),
+            lock: opts.lock_memory,
         });
         state.resize(size_bytes)?;
         state.min_size.store(size_bytes, Ordering::Release);
@@ -392,6 +400,21 @@ impl RamStore {
 }
 
 impl StoreState {
+    /// True when the drive's memory is locked in RAM.
+    pub fn is_locked(&self) -> bool {
+        self.lock
+    }
+
+    /// Bytes the kernel counts against `RLIMIT_MEMLOCK` for this drive:
+    /// its size in whole pages when locked, else 0.
+    pub fn locked_map_bytes(&self) -> u64 {
+        self.segments
+            .load()
+            .iter()
+            .map(|s| s.region.locked_len() as u64)
+            .sum()
+    }
+
     /// Bytes of memory this drive holds (allocated pages).
     pub fn allocated_bytes(&self) -> u64 {
         self.drive_mem.used_bytes()
@@ -451,11 +474,18 @@ impl StoreState {
         let want_segs = new_size.div_ceil(SEGMENT_BYTES) as usize;
         if new_size >= old_size {
             let old = self.segments.load_full();
-            if want_segs > old.len() {
-                let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
-                while segs.len() < want_segs {
-                    segs.push(Arc::new(Segment::new(self.huge.enabled())?));
+            let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
+            while segs.len() < want_segs {
+                segs.push(Arc::new(Segment::new(self.huge.enabled())?));
+            }
+            if self.lock {
+                if let Err(e) = lock_segments(&segs, new_size) {
+                    // Back to what the old size locked; the new segments go.
+                    let _ = lock_segments(&old, old_size);
+                    return Err(e);
                 }
+            }
+            if want_segs > old.len() {
                 self.segments.store(Arc::new(segs));
             }
             self.size.store(new_size, Ordering::Release);
@@ -466,6 +496,10 @@ impl StoreState {
             let segs = self.segments.load_full();
             if segs.len() > want_segs {
                 self.segments.store(Arc::new(segs[..want_segs].to_vec()));
+            }
+            if self.lock {
+                // Unlocking cannot fail for want of a limit.
+                let _ = lock_segments(&self.segments.load(), new_size);
             }
         }
         Ok(())
@@ -915,6 +949,33 @@ impl StoreState {
         }
         freed
     }
+}
+
+/// Locks the part of each segment in `segs` that a drive of `size` bytes
+/// covers (whole pages) and unlocks the rest (`region.rs`). The caller
+/// holds the resize lock.
+fn lock_segments(segs: &[Arc<Segment>], size: u64) -> Result<()> {
+    for (i, seg) in segs.iter().enumerate() {
+        let covered = size
+            .saturating_sub(i as u64 * SEGMENT_BYTES)
+            .min(SEGMENT_BYTES)
+            .next_multiple_of(PAGE_BYTES);
+        let before = seg.region.locked_len() as u64;
+        seg.region
+            .lock_to(covered as usize)
+            .map_err(|e| lock_error(e, covered.saturating_sub(before)))?;
+    }
+    Ok(())
+}
+
+/// Why locking a drive's memory failed, for people: the limit and how to
+/// raise it.
+pub fn lock_error(e: std::io::Error, bytes: u64) -> Error {
+    Error::NoSpace(format!(
+        "cannot lock {} more of the drive in RAM (mlock2: {e}): the daemon's RLIMIT_MEMLOCK does not cover it; \
+         raise it (`ulimit -l` before starting the daemon, LimitMEMLOCK= in its systemd unit) or give the daemon CAP_IPC_LOCK",
+        crate::size::format_size(bytes)
+    ))
 }
 
 /// The data path. `RamStore` exposes it as a [`Backend`], adding prefault

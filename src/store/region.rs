@@ -16,16 +16,31 @@
 //! bring huge pages, so there the mapping is marked `MADV_NOHUGEPAGE`
 //! (which also rules out collapsing).
 //!
+//! Locked regions (`--lock-memory`, [`Region::lock_to`]): `mlock2` with
+//! `MLOCK_ONFAULT` on a prefix of the mapping (the part a drive's size
+//! covers), so a page is locked in RAM (never swapped) as it is faulted in
+//! and nothing is committed ahead; `MADV_DONTFORK` and `MADV_DONTDUMP`
+//! keep the mapping out of forked children and core dumps. The kernel
+//! charges `RLIMIT_MEMLOCK` the whole locked range at `mlock2` time (its
+//! `locked_vm` counts locked ranges, not faulted pages), so the daemon
+//! checks that limit against a drive's size before creating it. A locked
+//! range refuses `MADV_DONTNEED`: `release` unlocks the range, drops it
+//! and locks it again (three calls instead of one, on trims only).
+//!
 //! The region hands out raw pointers; callers synchronise access (the store's
 //! chunk locks) and keep offsets in bounds.
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A mapping of `len` bytes.
 pub struct Region {
     base: NonNull<u8>,
     len: usize,
+    /// Bytes of the locked prefix (see the module docs); changed only by
+    /// `lock_to`, which its owner serialises (the store's resize lock).
+    locked_len: AtomicUsize,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; all access goes
@@ -77,7 +92,47 @@ impl Region {
         Ok(Region {
             base: NonNull::new(ptr).expect("mmap returned null"),
             len,
+            locked_len: AtomicUsize::new(0),
         })
+    }
+
+    /// Makes `[0, len)` (page aligned, at most the mapping) the locked
+    /// prefix: pages there are locked in RAM as they are faulted in, and
+    /// the mapping is kept out of forked children and core dumps (see the
+    /// module docs). Locking more fails (ENOMEM, EPERM) when
+    /// `RLIMIT_MEMLOCK` does not cover it and the process lacks
+    /// `CAP_IPC_LOCK`; the prefix is then as it was. Callers serialise it.
+    pub fn lock_to(&self, len: usize) -> io::Result<()> {
+        debug_assert!(len <= self.len && len % page_size() == 0);
+        let cur = self.locked_len.load(Ordering::Acquire);
+        let base = self.ptr(0).cast::<libc::c_void>();
+        if len > cur {
+            // SAFETY: `[cur, len)` lies inside our mapping; locking changes
+            // no contents and commits nothing (MLOCK_ONFAULT).
+            let rc = unsafe { libc::mlock2(self.ptr(cur).cast(), len - cur, libc::MLOCK_ONFAULT) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if cur == 0 {
+                // SAFETY: advisory flags on our own mapping; failing only
+                // leaves it in forked children or core dumps.
+                unsafe {
+                    libc::madvise(base, self.len, libc::MADV_DONTFORK);
+                    libc::madvise(base, self.len, libc::MADV_DONTDUMP);
+                }
+            }
+        } else if len < cur {
+            // SAFETY: `[len, cur)` lies inside our mapping; unlocking
+            // changes no contents.
+            unsafe { libc::munlock(self.ptr(len).cast(), cur - len) };
+        }
+        self.locked_len.store(len, Ordering::Release);
+        Ok(())
+    }
+
+    /// Bytes of the locked prefix (0: not locked).
+    pub fn locked_len(&self) -> usize {
+        self.locked_len.load(Ordering::Acquire)
     }
 
     /// Size of the mapping in bytes.
@@ -104,10 +159,27 @@ impl Region {
     pub fn release(&self, offset: usize, len: usize) {
         debug_assert!(offset + len <= self.len);
         debug_assert!(offset % page_size() == 0 && len % page_size() == 0);
+        let ptr = self.ptr(offset).cast::<libc::c_void>();
+        // The part of the range in the locked prefix.
+        let locked = self.locked_len().saturating_sub(offset).min(len);
+        if locked > 0 {
+            // SAFETY: the range is inside our mapping; the caller holds the
+            // chunk locks, so nobody uses it. Unlocking it is what lets
+            // MADV_DONTNEED drop it; it is locked again at once.
+            unsafe { libc::munlock(ptr, locked) };
+        }
         // SAFETY: the range is inside our mapping; the caller holds the chunk
         // locks so nobody reads or writes it concurrently.
-        let rc = unsafe { libc::madvise(self.ptr(offset).cast(), len, libc::MADV_DONTNEED) };
+        let rc = unsafe { libc::madvise(ptr, len, libc::MADV_DONTNEED) };
         debug_assert_eq!(rc, 0, "madvise(DONTNEED) failed");
+        // SAFETY: as above; MLOCK_ONFAULT commits nothing. The range was
+        // locked a moment ago, so the limit has room for it again.
+        if locked > 0 && unsafe { libc::mlock2(ptr, locked, libc::MLOCK_ONFAULT) } != 0 {
+            tracing::warn!(
+                "cannot lock {locked} bytes of a locked drive again after a trim: {}; those pages may be swapped",
+                io::Error::last_os_error()
+            );
+        }
     }
 
     /// Commits the pages of `[offset, offset+len)` in one call instead of one

@@ -44,6 +44,7 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
         mem_limit_bytes: drive.mem_limit_bytes(),
         allocated_bytes: drive.allocated_bytes(),
         overcommit: *drive.overcommit.lock(),
+        lock_memory: drive.lock_memory,
         connections: drive.connections() as u64,
         attachments: drive
             .attachments
@@ -156,6 +157,7 @@ pub async fn create(
         overcommit: req.overcommit,
         access: req.access.is_some(),
         compress: req.compress.is_some(),
+        lock_memory: req.lock_memory,
     };
     let access = match &req.access {
         Some(a) => parse_access(
@@ -208,6 +210,7 @@ pub async fn create(
             .map(parse_compress)
             .transpose()?
             .flatten(),
+        lock_memory: req.lock_memory,
     };
     check_compress(&spec)?;
     // Settings not given explicitly come from its drive.json (an unusable

@@ -81,6 +81,7 @@ impl From<DriveError> for ApiError {
                 (StatusCode::INTERNAL_SERVER_ERROR, "persist_error")
             }
             R::SyncFailed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sync_failed"),
+            R::Memlock(_) => (StatusCode::INSUFFICIENT_STORAGE, "memlock_limit"),
         };
         ApiError::new(status, code, e.to_string())
     }

@@ -22,13 +22,17 @@ pub struct CreateDrive {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<SizeValue>,
     /// `lz4`, `zstd`, `zstd:LEVEL` or `off` (absent: off). A compressed
-    /// drive is RAM only; its promise is `min(size, mem_limit)`.
+    /// drive's promise is `min(size, mem_limit)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<String>,
     #[serde(default)]
     pub read_only: bool,
     #[serde(default)]
     pub overcommit: bool,
+    /// Lock the drive's memory in RAM as it is written (never swapped);
+    /// refused when the daemon's RLIMIT_MEMLOCK is too low.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lock_memory: bool,
     /// Keep the drive in the daemon's state directory (restored when it
     /// holds one already).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -139,6 +143,9 @@ pub struct DriveInfo {
     /// Memory the drive holds now.
     pub allocated_bytes: u64,
     pub overcommit: bool,
+    /// Its memory is locked in RAM (`--lock-memory`).
+    #[serde(default)]
+    pub lock_memory: bool,
     /// Open NBD connections.
     pub connections: u64,
     /// Mountpoints where it is attached through FUSE.

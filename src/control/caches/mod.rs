@@ -788,6 +788,7 @@ mod tests {
                 persist: None,
                 access: Default::default(),
                 compress: None,
+                lock_memory: false,
             },
             Origin::Api,
         )
@@ -816,6 +817,7 @@ mod tests {
                 persist: None,
                 access: Default::default(),
                 compress: None,
+                lock_memory: false,
             },
             Origin::Api,
         )

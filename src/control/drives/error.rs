@@ -46,6 +46,9 @@ pub enum DriveError {
     /// A sync failed; the drive keeps serving from RAM.
     #[error(transparent)]
     SyncFailed(#[from] SyncFailed),
+    /// A locked drive does not fit the daemon's `RLIMIT_MEMLOCK`.
+    #[error(transparent)]
+    Memlock(#[from] super::memlock::MemlockTooLow),
 }
 
 /// A shrink would discard data stored beyond the new size.

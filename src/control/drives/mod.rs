@@ -47,6 +47,7 @@ use parking_lot::Mutex;
 
 mod adopt;
 pub mod error;
+pub mod memlock;
 pub mod persistent;
 mod persistent_ops;
 pub mod spec;
@@ -60,7 +61,7 @@ use crate::nbd::access::{AccessRules, AccessTable, Network};
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 use crate::store::compressed::{Algorithm, CompressedStats, CompressedStore};
-use crate::store::{MemoryBudget, RamStore, MAX_DRIVE_BYTES, SEGMENT_BYTES};
+use crate::store::{MemoryBudget, RamStore, StoreOptions, MAX_DRIVE_BYTES, SEGMENT_BYTES};
 pub use error::DriveError;
 use persistent::{DiskDrive, Offline, Persistence};
 use spec::{check_name, DriveSpec, SizeError, SpecError};
@@ -161,6 +162,8 @@ pub struct Drive {
     pub attachments: Mutex<Vec<PathBuf>>,
     /// Who may see it over NBD (see the module invariants).
     pub access: Mutex<AccessRules>,
+    /// Its memory is locked in RAM (`--lock-memory`; `memlock.rs`).
+    pub lock_memory: bool,
 }
 
 impl std::fmt::Debug for Drive {
@@ -282,12 +285,25 @@ impl Drive {
             persist: self.persist.as_ref().map(|p| p.spec.lock().clone()),
             access: self.access.lock().clone(),
             compress: self.compress(),
+            lock_memory: self.lock_memory,
         }
     }
 
     /// Open NBD connections.
     pub fn connections(&self) -> usize {
         self.export.connections()
+    }
+
+    /// What this drive counts against `RLIMIT_MEMLOCK` (0 unless locked).
+    fn locked_bytes(&self) -> u64 {
+        match self.lock_memory {
+            true => memlock::locked_bytes(
+                self.size_bytes(),
+                self.mem_limit_bytes(),
+                self.compress().is_some(),
+            ),
+            false => 0,
+        }
     }
 
     /// Budget this drive takes as it is now (see the module invariants).
@@ -302,6 +318,15 @@ impl Drive {
             )
             .bytes()
         }
+    }
+}
+
+/// The raw store's options for a drive.
+pub(crate) fn store_options(mem_limit_bytes: Option<u64>, lock_memory: bool) -> StoreOptions {
+    StoreOptions {
+        mem_limit_bytes,
+        lock_memory,
+        ..StoreOptions::default()
     }
 }
 
@@ -473,6 +498,32 @@ impl Drives {
         self.ledger.record(&drive.claim, drive.commitment());
     }
 
+    /// Checks that drive `name` of `spec`'s kind, locked in RAM with
+    /// `size` and `mem_limit`, fits the daemon's `RLIMIT_MEMLOCK` beside
+    /// the other locked drives in `drives` (`memlock.rs`). Nothing to check
+    /// for a drive that is not locked.
+    fn check_memlock(
+        &self,
+        drives: &BTreeMap<String, Arc<Drive>>,
+        spec: &DriveSpec,
+        size: u64,
+        mem_limit: Option<u64>,
+    ) -> Result<(), DriveError> {
+        if !spec.lock_memory {
+            return Ok(());
+        }
+        let others = drives
+            .values()
+            .filter(|d| d.name != spec.name)
+            .map(|d| d.locked_bytes())
+            .sum();
+        let compressed = spec.compress.is_some();
+        let want = memlock::locked_bytes(size, mem_limit, compressed);
+        let limit = memlock::MemlockLimit::current();
+        memlock::check(limit, &spec.name, compressed, want, others)?;
+        Ok(())
+    }
+
     /// Creates a drive and starts serving it. A persistent drive whose
     /// state directory already holds one is restored instead: it is
     /// registered as restoring at once and becomes ready (or failed) when
@@ -489,14 +540,17 @@ impl Drives {
             return self.create_persistent(spec, p, origin);
         }
         let mut drives = self.drives.lock();
+        self.check_memlock(&drives, spec, spec.size_bytes, spec.mem_limit_bytes)?;
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         let claim = self
             .ledger
             .claim(Kind::Drive, &spec.name, origin, &promise)?;
         let (limit, budget) = (spec.mem_limit_bytes, self.budget().clone());
+        let (size, lock) = (spec.size_bytes, spec.lock_memory);
         let data = match spec.compress {
-            None => RamStore::new(spec.size_bytes, limit, budget).map(|s| DriveData::Ram(s.into())),
-            Some(a) => CompressedStore::new(spec.size_bytes, a, limit, budget)
+            None => RamStore::with_options(size, store_options(limit, lock), budget)
+                .map(|s| DriveData::Ram(s.into())),
+            Some(a) => CompressedStore::with_lock(size, a, limit, budget, lock)
                 .map(|s| DriveData::Compressed(s.into())),
         };
         let data = match data {
@@ -522,6 +576,7 @@ impl Drives {
             size = %format_size(spec.size_bytes),
             read_only = spec.read_only,
             compress = %spec.compress.map_or("off".to_owned(), |a| a.to_string()),
+            lock_memory = spec.lock_memory,
             "drive created"
         );
         Ok(drive)
@@ -615,6 +670,7 @@ impl Drives {
             created_unix_s,
             attachments: Mutex::new(Vec::new()),
             access: Mutex::new(spec.access.clone()),
+            lock_memory: spec.lock_memory,
         })
     }
 
@@ -665,6 +721,7 @@ impl Drives {
         }
         adopt::check_resize(&drive, change.size_bytes)?;
         if change.size_bytes.is_some() || change.mem_limit_bytes.is_some() {
+            self.check_memlock(&drives, &drive.spec(), size, limit)?;
             let overcommit = *drive.overcommit.lock();
             self.promise_change(&drive, &promise_for(size, limit, overcommit))?;
         }
@@ -914,6 +971,7 @@ mod tests {
             persist: None,
             access: AccessRules::default(),
             compress: None,
+            lock_memory: false,
         }
     }
 
@@ -1015,6 +1073,8 @@ mod tests {
         let mut z = persistent("z", 64 << 20);
         z.compress = Some(Algorithm::Zstd { level: 1 });
         z.mem_limit_bytes = Some(16 << 20);
+        // Locked where the process may (root: CAP_IPC_LOCK).
+        z.lock_memory = memlock::MemlockLimit::current().allows(64 << 20);
         let d = r.create(&z, Origin::Api).unwrap();
         assert_eq!((d.kind, d.compress()), (DriveKind::Persistent, z.compress));
         assert!(d.export.description.contains("compressed (zstd:1)"));
@@ -1054,6 +1114,9 @@ mod tests {
         let d = wait_state(&r, "z");
         assert!(d.is_ready(), "{:?}", d.state.lock());
         assert_eq!((d.size_bytes(), d.compress()), (96 << 20, z.compress));
+        // Locked again, as it was.
+        assert_eq!(d.lock_memory, z.lock_memory);
+        assert_eq!(d.compressed().unwrap().is_locked(), z.lock_memory);
         let mut back = vec![0u8; text.len()];
         d.export.backend.read(4 << 20, &mut back).unwrap();
         assert!(back == text);

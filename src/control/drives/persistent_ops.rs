@@ -72,6 +72,7 @@ impl Drives {
         persist: &PersistSpec,
         claim: &Arc<Claim>,
     ) -> Result<Arc<Drive>, DriveError> {
+        self.check_memlock(&drives, spec, spec.size_bytes, spec.mem_limit_bytes)?;
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         self.ledger.repromise(claim, &promise)?;
         let origin = claim.origin.name();
@@ -118,6 +119,7 @@ impl Drives {
         claim: &Arc<Claim>,
         size_bytes: u64,
     ) -> Result<Arc<Drive>, DriveError> {
+        self.check_memlock(&drives, spec, size_bytes, spec.mem_limit_bytes)?;
         let promise = promise_for(size_bytes, spec.mem_limit_bytes, spec.overcommit);
         self.ledger.repromise(claim, &promise)?;
         let p = Arc::new(Persistence::new(
@@ -211,6 +213,7 @@ impl Drives {
             persist: Some(PersistSpec::default()),
             access: Default::default(),
             compress: None,
+            lock_memory: false,
         };
         let p = Arc::new(Persistence::new(
             dir,
@@ -284,6 +287,7 @@ impl Drives {
         let memory = persistent::Memory {
             mem_limit_bytes: placeholder.mem_limit_bytes(),
             compress: placeholder.compress(),
+            lock_memory: placeholder.lock_memory,
         };
         let result = persistent::open(
             &p.dir,

@@ -1,5 +1,5 @@
 //! Drive specs: `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
-//! [,compress=lz4|zstd[:LEVEL]|off]
+//! [,compress=lz4|zstd[:LEVEL]|off][,lock-memory]
 //! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]
 //! [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]`, and
 //! the drive fields of the config file and the API (pure parsing, shared by
@@ -134,7 +134,7 @@ pub enum MalformedSpec {
     #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
     NoSize { spec: String },
     /// An option this parser does not know.
-    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, compress=lz4|zstd[:LEVEL]|off, read-only, overcommit, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
+    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, compress=lz4|zstd[:LEVEL]|off, read-only, overcommit, lock-memory, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
     UnknownOption { spec: String, option: String },
 }
 
@@ -209,6 +209,9 @@ pub struct DriveSpec {
     /// store). Its promise is still `min(size, mem_limit)`: give a memory
     /// limit below the size for compression to pay off.
     pub compress: Option<Algorithm>,
+    /// Lock its memory in RAM as it is written: never swapped
+    /// (`--lock-memory`; `drives::memlock` checks `RLIMIT_MEMLOCK`).
+    pub lock_memory: bool,
 }
 
 /// How a persistent drive keeps its data on disk.
@@ -302,7 +305,7 @@ impl PersistOptions {
     }
 }
 
-/// Parses `NAME=SIZE[,mem-limit=SIZE][,compress=ALGO][,read-only][,overcommit][,persist]
+/// Parses `NAME=SIZE[,mem-limit=SIZE][,compress=ALGO][,read-only][,overcommit][,lock-memory][,persist]
 /// [,durability=MODE][,sync-interval=DURATION][,key-file=PATH]
 /// [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]` (a
 /// key file turns encryption on; the access keys repeat, one value each).
@@ -326,6 +329,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
         persist: None,
         access: AccessRules::default(),
         compress: None,
+        lock_memory: false,
     };
     let mut p = PersistOptions::default();
     let (mut ids, mut ro_ids, mut nets) = (Vec::new(), Vec::new(), Vec::new());
@@ -344,6 +348,7 @@ pub fn parse_drive_spec(spec: &str) -> Result<DriveSpec, SpecError> {
             }
             None if opt == "read-only" || opt == "ro" => d.read_only = true,
             None if opt == "overcommit" => d.overcommit = true,
+            None if opt == "lock-memory" => d.lock_memory = true,
             None if opt == "persist" => p.persist = true,
             _ => {
                 return Err(MalformedSpec::UnknownOption {
@@ -384,6 +389,11 @@ mod tests {
             ("db", 4 << 30, Some(1 << 30), true)
         );
         assert!(parse_drive_spec("x=1G,overcommit").unwrap().overcommit);
+        assert!(
+            parse_drive_spec("x=1G,lock-memory,persist")
+                .unwrap()
+                .lock_memory
+        );
         let c = parse_drive_spec("x=16G,mem-limit=1G,compress=zstd:3").unwrap();
         assert_eq!(c.compress, Some(Algorithm::Zstd { level: 3 }));
         assert_eq!(

@@ -89,6 +89,7 @@
 //! bounds-checked decoding. `zstd`: the same crate and version the
 //! snapshots use.
 
+mod arena;
 mod marks;
 mod page;
 mod shard;
@@ -104,11 +105,13 @@ use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use super::budget::MemoryBudget;
 use super::cut::CutState;
 use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
+pub use arena::region_bytes_for as locked_region_bytes_for;
+use arena::LockedArena;
 use marks::Marks;
 pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
 use page::{PageError, PACK_BUF_BYTES};
 use shard::{Entry, Placing, Shard, GROUP_PAGES};
-use slab::{Charge, SlabFull};
+use slab::{BlockMem, Charge, SlabFull};
 pub use stats::CompressedStats;
 use sync::CapturedGroup;
 pub use sync::CompressedCut;
@@ -130,15 +133,33 @@ const _: () = assert!(MAX_COMPRESSED_DRIVE_BYTES / PAGE / SHARDS as u64 <= u32::
 #[repr(align(128))]
 struct Padded(RwLock<Shard>);
 
-/// The two budgets a block is charged to.
+/// The two budgets a block is charged to, and where blocks come from.
 struct DriveMem {
     /// This drive's memory: `used` = slab bytes, `limit` = mem-limit.
     drive: MemoryBudget,
     /// The daemon-wide budget shared by all drives.
     global: Arc<MemoryBudget>,
+    /// Locked blocks, for a drive whose memory is locked in RAM
+    /// (`arena.rs`); None: heap blocks.
+    arena: Option<LockedArena>,
 }
 
 impl Charge for DriveMem {
+    fn new_block(&self, bytes: usize) -> std::io::Result<BlockMem> {
+        match &self.arena {
+            Some(a) => {
+                debug_assert_eq!(bytes, arena::LOCKED_BLOCK_BYTES);
+                Ok(BlockMem::Locked(a.alloc()?))
+            }
+            None => Ok(BlockMem::Heap(vec![0u8; bytes].into_boxed_slice())),
+        }
+    }
+    fn drop_block(&self, block: BlockMem) {
+        match (block, &self.arena) {
+            (BlockMem::Locked(b), Some(a)) => a.free(b),
+            (b, _) => drop(b),
+        }
+    }
     fn reserve(&self, bytes: u64) -> bool {
         if !self.drive.try_reserve(bytes) {
             return false;
@@ -229,15 +250,33 @@ impl CompressedStore {
         mem_limit_bytes: Option<u64>,
         global_mem: Arc<MemoryBudget>,
     ) -> Result<CompressedStore> {
+        CompressedStore::with_lock(size_bytes, algo, mem_limit_bytes, global_mem, false)
+    }
+
+    /// [`CompressedStore::new`], its slab memory locked in RAM with
+    /// `lock_memory` (`--lock-memory`: `arena.rs`).
+    pub fn with_lock(
+        size_bytes: u64,
+        algo: Algorithm,
+        mem_limit_bytes: Option<u64>,
+        global_mem: Arc<MemoryBudget>,
+        lock_memory: bool,
+    ) -> Result<CompressedStore> {
+        let shard = || match lock_memory {
+            true => Shard::locked(),
+            false => Shard::default(),
+        };
         let s = CompressedStore {
             algo,
             size: AtomicU64::new(0),
-            shards: (0..SHARDS)
-                .map(|_| Padded(RwLock::new(Shard::default())))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Padded(RwLock::new(shard()))).collect(),
             mem: DriveMem {
                 drive: MemoryBudget::new(mem_limit_bytes.unwrap_or(u64::MAX)),
                 global: global_mem,
+                arena: lock_memory.then(|| {
+                    let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
+                    LockedArena::new(arena::region_bytes_for(promise))
+                }),
             },
             resize_lock: Mutex::new(()),
             marks: Marks::default(),
@@ -252,6 +291,17 @@ impl CompressedStore {
     /// The drive's compressor.
     pub fn algorithm(&self) -> Algorithm {
         self.algo
+    }
+
+    /// True when the drive's memory is locked in RAM.
+    pub fn is_locked(&self) -> bool {
+        self.mem.arena.is_some()
+    }
+
+    /// Bytes the kernel counts against `RLIMIT_MEMLOCK` for this drive:
+    /// its locked mappings (0 when not locked).
+    pub fn locked_map_bytes(&self) -> u64 {
+        self.mem.arena.as_ref().map_or(0, |a| a.mapped_bytes())
     }
 
     /// Bytes charged to the budgets (slab blocks held).
@@ -354,6 +404,11 @@ impl CompressedStore {
 
     fn no_space(&self, full: SlabFull) -> Error {
         let (d, g) = (&self.mem.drive, &self.mem.global);
+        if full.lock_failed {
+            let e = std::io::Error::from_raw_os_error(libc::ENOMEM);
+            let region = self.mem.arena.as_ref().map_or(0, |a| a.region_bytes());
+            return super::lock_error(e, region as u64);
+        }
         if d.used_bytes().saturating_add(full.block_bytes) > d.limit_bytes() {
             Error::NoSpace(format!(
                 "drive memory limit of {} bytes reached ({} in use)",

@@ -77,6 +77,14 @@ impl<'a> Placing<'a> {
 }
 
 impl Shard {
+    /// A shard of a locked drive (its slabs use locked 32 KiB blocks).
+    pub fn locked() -> Shard {
+        Shard {
+            slab: Slab::locked(),
+            ..Shard::default()
+        }
+    }
+
     /// The entry of a local page.
     #[inline]
     pub fn entry(&self, local: u32) -> Entry {

@@ -36,10 +36,18 @@
 //! lock the caller already holds): the least-used block's objects move
 //! into free slots of other blocks of the class, and the emptied block is
 //! released. Moving into existing slots needs no new memory, so it works
-//! with the budget full. Each pass frees one block and stops below the
+//! with the budget full.
+//!
+//! # Locked drives
+//!
+//! A drive whose memory is locked in RAM (`--lock-memory`) takes its blocks
+//! from a locked arena (`arena.rs`) through [`Charge::new_block`], and every
+//! class uses 32 KiB blocks there ([`Slab::locked`]), for the reasons that
+//! module gives. Each pass frees one block and stops below the
 //! threshold again, so at least a block's worth of frees separates two
 //! passes: at most one move per free, amortised.
 
+use super::arena::{LockedBlock, LOCKED_BLOCK_BYTES};
 use super::page::{HUGE_MIN_BYTES, PAGE_BYTES};
 
 /// Distance between size classes.
@@ -108,24 +116,60 @@ pub struct Handle {
 }
 
 /// Charges and releases the memory of blocks (the drive's limit and the
-/// daemon's budget).
+/// daemon's budget), and provides it.
 pub trait Charge {
     /// Reserves `bytes`; false when a limit would be passed.
     fn reserve(&self, bytes: u64) -> bool;
     /// Gives back `bytes` reserved earlier.
     fn release(&self, bytes: u64);
+    /// Memory for a new block of `bytes` (reserved already), all zero: a
+    /// heap allocation unless the drive is locked.
+    fn new_block(&self, bytes: usize) -> std::io::Result<BlockMem> {
+        Ok(BlockMem::Heap(vec![0u8; bytes].into_boxed_slice()))
+    }
+    /// Takes back the memory of a released block.
+    fn drop_block(&self, block: BlockMem) {
+        drop(block)
+    }
 }
 
-/// No class has a free slot for the object and no new block can be charged.
+/// The memory of one block.
+pub enum BlockMem {
+    /// A heap allocation.
+    Heap(Box<[u8]>),
+    /// A block of a locked arena (`arena.rs`).
+    Locked(LockedBlock),
+}
+
+impl BlockMem {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            BlockMem::Heap(b) => b,
+            BlockMem::Locked(b) => b.bytes(),
+        }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            BlockMem::Heap(b) => b,
+            BlockMem::Locked(b) => b.bytes_mut(),
+        }
+    }
+}
+
+/// No class has a free slot for the object and no new block can be charged
+/// (or, on a locked drive, locked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("no memory for a new {block_bytes}-byte slab block")]
 pub struct SlabFull {
     /// The block that could not be charged.
     pub block_bytes: u64,
+    /// The block was charged but its memory could not be locked
+    /// (`RLIMIT_MEMLOCK`).
+    pub lock_failed: bool,
 }
 
 struct Block {
-    data: Box<[u8]>,
+    data: BlockMem,
     /// Per slot: the shard-local page that owns it, or FREE.
     owners: Box<[u32]>,
     used: u16,
@@ -164,16 +208,14 @@ pub struct Slab {
     live_bytes: u64,
     blocks: u64,
     compact: CompactCounts,
+    /// Every class uses `LOCKED_BLOCK_BYTES` blocks (a locked drive's).
+    locked: bool,
 }
 
 impl Class {
-    fn slots(class: usize) -> usize {
-        block_bytes(class) / slot_bytes(class)
-    }
-
-    fn free_slots(&self, class: usize) -> u64 {
+    fn free_slots(&self, slots: usize) -> u64 {
         let live_blocks = (self.blocks.len() - self.spare.len()) as u64;
-        live_blocks * Self::slots(class) as u64 - self.objects
+        live_blocks * slots as u64 - self.objects
     }
 
     fn block(&mut self, b: u32) -> &mut Block {
@@ -195,8 +237,9 @@ impl Class {
         self.block(b).nonfull_at = u32::MAX;
     }
 
-    /// Takes a free slot in block `b` (which must have one) for `owner`.
-    fn take_slot(&mut self, class: usize, b: u32, owner: u32) -> u16 {
+    /// Takes a free slot in block `b` (which must have one, of `slots`) for
+    /// `owner`.
+    fn take_slot(&mut self, slots: usize, b: u32, owner: u32) -> u16 {
         let blk = self.block(b);
         let slot = blk
             .owners
@@ -206,7 +249,7 @@ impl Class {
         blk.owners[slot] = owner;
         blk.used += 1;
         self.objects += 1;
-        if self.block(b).used as usize == Self::slots(class) {
+        if self.block(b).used as usize == slots {
             self.remove_nonfull(b);
         }
         slot as u16
@@ -214,6 +257,28 @@ impl Class {
 }
 
 impl Slab {
+    /// The slabs of a locked drive: 32 KiB blocks in every class.
+    pub fn locked() -> Slab {
+        Slab {
+            locked: true,
+            ..Slab::default()
+        }
+    }
+
+    /// Bytes of a block of `class`.
+    fn block_bytes(&self, class: usize) -> usize {
+        if self.locked {
+            LOCKED_BLOCK_BYTES
+        } else {
+            block_bytes(class)
+        }
+    }
+
+    /// Slots in a block of `class`.
+    fn slots(&self, class: usize) -> usize {
+        self.block_bytes(class) / slot_bytes(class)
+    }
+
     /// Bytes of blocks held (what was charged).
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
@@ -237,7 +302,7 @@ impl Slab {
             let live = (class.blocks.len() - class.spare.len()) as u64;
             bytes += (class.blocks.capacity() * std::mem::size_of::<Option<Block>>()) as u64
                 + ((class.spare.capacity() + class.nonfull.capacity()) * 4) as u64
-                + live * (Class::slots(c) * 4) as u64;
+                + live * (self.slots(c) * 4) as u64;
         }
         bytes
     }
@@ -254,9 +319,10 @@ impl Slab {
         if self.classes[class].nonfull.is_empty() {
             self.grow(class, mem)?;
         }
+        let slots = self.slots(class);
         let cls = &mut self.classes[class];
         let b = *cls.nonfull.last().expect("a nonfull block");
-        let slot = cls.take_slot(class, b, owner);
+        let slot = cls.take_slot(slots, b, owner);
         let h = Handle {
             block: b,
             slot,
@@ -285,15 +351,24 @@ impl Slab {
     }
 
     fn grow(&mut self, class: usize, mem: &impl Charge) -> Result<(), SlabFull> {
-        let bytes = block_bytes(class);
+        let bytes = self.block_bytes(class);
+        let full = |lock_failed| SlabFull {
+            block_bytes: bytes as u64,
+            lock_failed,
+        };
         if !mem.reserve(bytes as u64) {
-            return Err(SlabFull {
-                block_bytes: bytes as u64,
-            });
+            return Err(full(false));
         }
+        let data = match mem.new_block(bytes) {
+            Ok(d) => d,
+            Err(_) => {
+                mem.release(bytes as u64);
+                return Err(full(true));
+            }
+        };
         let block = Block {
-            data: vec![0u8; bytes].into_boxed_slice(),
-            owners: vec![FREE; Class::slots(class)].into_boxed_slice(),
+            data,
+            owners: vec![FREE; self.slots(class)].into_boxed_slice(),
             used: 0,
             nonfull_at: u32::MAX,
         };
@@ -321,13 +396,13 @@ impl Slab {
             .as_ref()
             .expect("handle to a live block");
         let at = h.slot as usize * slot_bytes(h.class as usize);
-        &blk.data[at..at + h.len as usize]
+        &blk.data.bytes()[at..at + h.len as usize]
     }
 
     fn bytes_mut(&mut self, h: Handle) -> &mut [u8] {
         let blk = self.classes[h.class as usize].block(h.block);
         let at = h.slot as usize * slot_bytes(h.class as usize);
-        &mut blk.data[at..at + h.len as usize]
+        &mut blk.data.bytes_mut()[at..at + h.len as usize]
     }
 
     /// The owner recorded for `h`'s slot (FREE when none).
@@ -363,15 +438,17 @@ impl Slab {
     }
 
     fn needs_compaction(&self, class: usize) -> bool {
-        self.classes[class].free_slots(class) >= 2 * Class::slots(class) as u64
+        let slots = self.slots(class);
+        self.classes[class].free_slots(slots) >= 2 * slots as u64
     }
 
     fn release_block(&mut self, class: usize, b: u32, mem: &impl Charge) {
+        let bytes = self.block_bytes(class) as u64;
         let cls = &mut self.classes[class];
         cls.remove_nonfull(b);
-        cls.blocks[b as usize] = None;
+        let blk = cls.blocks[b as usize].take().expect("live block");
+        mem.drop_block(blk.data);
         cls.spare.push(b);
-        let bytes = block_bytes(class) as u64;
         self.held_bytes -= bytes;
         self.blocks -= 1;
         mem.release(bytes);
@@ -412,6 +489,7 @@ impl Slab {
         mem: &impl Charge,
         moved: &mut impl FnMut(u32, Handle),
     ) -> u64 {
+        let slots = self.slots(class);
         let cls = &mut self.classes[class];
         let src = *cls
             .nonfull
@@ -427,11 +505,11 @@ impl Slab {
                 continue;
             }
             let dst = *cls.nonfull.last().expect("the other blocks have room");
-            let new_slot = cls.take_slot(class, dst, owner);
+            let new_slot = cls.take_slot(slots, dst, owner);
             cls.objects -= 1; // take_slot counted it again
             let at = new_slot as usize * slot;
-            cls.block(dst).data[at..at + slot]
-                .copy_from_slice(&src_blk.data[s * slot..(s + 1) * slot]);
+            cls.block(dst).data.bytes_mut()[at..at + slot]
+                .copy_from_slice(&src_blk.data.bytes()[s * slot..(s + 1) * slot]);
             moved(
                 owner,
                 Handle {
@@ -451,7 +529,7 @@ impl Slab {
         cls.blocks[src as usize] = Some(shell);
         cls.push_nonfull(src);
         self.release_block(class, src, mem);
-        let bytes = block_bytes(class) as u64;
+        let bytes = self.block_bytes(class) as u64;
         self.compact.runs += 1;
         self.compact.freed_bytes += bytes;
         bytes
@@ -475,13 +553,13 @@ impl Slab {
                     return Err("a block's used count differs from its owners");
                 }
                 let nonfull = blk.nonfull_at != u32::MAX;
-                if nonfull != (used < Class::slots(c))
+                if nonfull != (used < self.slots(c))
                     || (nonfull && cls.nonfull.get(blk.nonfull_at as usize) != Some(&(b as u32)))
                 {
                     return Err("the nonfull list is out of step with a block");
                 }
                 objects += used as u64;
-                held += blk.data.len() as u64;
+                held += blk.data.bytes().len() as u64;
                 blocks += 1;
             }
             if objects != cls.objects {

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::spec::{DriveSpec, PersistSpec};
+use super::store_options;
 use crate::block::backend::{self, Backend, Caps, Extent};
 use crate::persist::restore::read_meta;
 use crate::persist::{
@@ -47,7 +48,7 @@ use crate::persist::{
     RestoreReport, SyncScheduler,
 };
 use crate::store::compressed::{Algorithm, CompressedStore};
-use crate::store::{MemoryBudget, StoreOptions};
+use crate::store::MemoryBudget;
 pub use disk::DiskDrive;
 
 /// Where persistent drives live inside the daemon's state directory.
@@ -164,13 +165,6 @@ fn key_error(path: &Path, e: crate::persist::crypto::CryptoError) -> DiskError {
     }
 }
 
-fn store_options(mem_limit_bytes: Option<u64>) -> StoreOptions {
-    StoreOptions {
-        mem_limit_bytes,
-        ..StoreOptions::default()
-    }
-}
-
 /// Creates a new drive in `dir` (which must hold none): its settings file,
 /// then the engine's files (the meta last: the commit point). On failure a
 /// directory this call created is removed again.
@@ -197,17 +191,18 @@ pub fn create_new(
             spec.mem_limit_bytes,
             engine_config(persist),
         );
+        let lock = spec.lock_memory;
         Ok(match spec.compress {
             None => DiskDrive::Raw(Arc::new(PersistentDrive::create(
                 storage,
                 size,
                 key.as_ref(),
                 cfg,
-                store_options(limit),
+                store_options(limit, lock),
                 budget,
             )?)),
             Some(algo) => {
-                let store = CompressedStore::new(size, algo, limit, budget)
+                let store = CompressedStore::with_lock(size, algo, limit, budget, lock)
                     .map_err(crate::persist::Error::from)?;
                 DiskDrive::Compressed(Arc::new(PersistentDrive::create_with(
                     storage,
@@ -232,6 +227,8 @@ pub struct Memory {
     /// Its compression (None: the raw store). The state directory holds
     /// raw pages either way, so this may differ from what saved them.
     pub compress: Option<Algorithm>,
+    /// Lock its memory in RAM.
+    pub lock_memory: bool,
 }
 
 /// Opens (restores) the drive in `dir` into the store `memory` asks for;
@@ -246,10 +243,14 @@ pub fn open(
 ) -> Result<(DiskDrive, RestoreReport), DiskError> {
     let key = read_key(persist)?;
     let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
-    let (cfg, limit) = (engine_config(persist), memory.mem_limit_bytes);
+    let (cfg, limit, lock) = (
+        engine_config(persist),
+        memory.mem_limit_bytes,
+        memory.lock_memory,
+    );
     Ok(match memory.compress {
         None => {
-            let opts_store = store_options(limit);
+            let opts_store = store_options(limit, lock);
             let (d, r) = PersistentDrive::open(
                 storage,
                 key.as_ref(),
@@ -262,7 +263,7 @@ pub fn open(
             (DiskDrive::Raw(Arc::new(d)), r)
         }
         Some(algo) => {
-            let make = |size| CompressedStore::new(size, algo, limit, budget);
+            let make = |size| CompressedStore::with_lock(size, algo, limit, budget, lock);
             let (d, r) =
                 PersistentDrive::open_with(storage, key.as_ref(), opts, progress, cfg, make)?;
             (DiskDrive::Compressed(Arc::new(d)), r)
@@ -547,6 +548,7 @@ pub fn scan(drives_dir: &Path, declared: &[String]) -> Vec<Stored> {
                     persist: Some(PersistSpec::default()),
                     access: Default::default(),
                     compress: None,
+                    lock_memory: false,
                 }));
             }
             Ok(None) => {
@@ -582,6 +584,7 @@ mod tests {
             }),
             access: Default::default(),
             compress: None,
+            lock_memory: false,
         }
     }
 

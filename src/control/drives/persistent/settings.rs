@@ -134,6 +134,9 @@ pub struct DriveSettings {
     /// The compression (`lz4`, `zstd:LEVEL`; absent: the raw store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<String>,
+    /// Its memory is locked in RAM (absent: not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lock_memory: bool,
 }
 
 /// A drive's access rules as `drive.json` keeps them (the API's names).
@@ -186,6 +189,7 @@ impl DriveSettings {
             overcommit: spec.overcommit,
             access: StoredAccess::of(&spec.access),
             compress: spec.compress.map(|a| a.to_string()),
+            lock_memory: spec.lock_memory,
         }
     }
 
@@ -215,6 +219,7 @@ impl DriveSettings {
                 Some(c) => parse_compress(c)?,
                 None => None,
             },
+            lock_memory: self.lock_memory,
         })
     }
 }
@@ -230,6 +235,7 @@ pub struct Given {
     pub overcommit: bool,
     pub access: bool,
     pub compress: bool,
+    pub lock_memory: bool,
 }
 
 impl DriveSettings {
@@ -282,6 +288,10 @@ impl DriveSettings {
         if let (false, Some(a)) = (given.compress, stored.compress) {
             spec.compress = Some(a);
             taken.push(format!("compression {a}"));
+        }
+        if !given.lock_memory && stored.lock_memory {
+            spec.lock_memory = true;
+            taken.push("memory locked in RAM".into());
         }
         taken
     }
@@ -384,6 +394,7 @@ mod tests {
                 networks: vec!["10.0.0.0/8".parse().unwrap()],
             },
             compress: Some("zstd:5".parse().unwrap()),
+            lock_memory: true,
         }
     }
 
@@ -413,6 +424,7 @@ mod tests {
             persist: Some(PersistSpec::default()),
             access: AccessRules::default(),
             compress: None,
+            lock_memory: false,
             ..s.clone()
         };
         let given = Given {
@@ -428,7 +440,8 @@ mod tests {
                 "memory limit 1 MiB",
                 "read-only",
                 "access rules",
-                "compression zstd:5"
+                "compression zstd:5",
+                "memory locked in RAM"
             ]
         );
         assert_eq!(fresh.compress, s.compress);
