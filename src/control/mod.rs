@@ -166,7 +166,8 @@ pub struct DaemonArgs {
     pub nbd_socket_group: Option<String>,
 
     /// A drive to create at start: NAME=SIZE[,mem-limit=SIZE][,read-only]
-    /// [,overcommit][,persist][,durability=none|periodic|flush]
+    /// [,compress=lz4|zstd[:LEVEL]][,overcommit][,lock-memory]
+    /// [,persist][,durability=none|periodic|flush]
     /// [,sync-interval=DURATION][,key-file=PATH]. Repeatable. A persistent
     /// drive is restored from STATE_DIR/drives/NAME when it is there.
     /// Without any --drive and without drives in the config, a 1 GiB drive
