@@ -2,7 +2,8 @@
 # Installs the client tools the integration tests drive (tests/clients.rs:
 # qemu-img/qemu-io, nbdinfo/nbdcopy/nbdfuse, nbdsh, fio with its nbd engine,
 # losetup, mount, mkfs.ext4, fusermount3; Python's prometheus_client for
-# tests/metrics.rs) plus the peer servers the benches
+# tests/metrics.rs; chromium, chromium-driver and python3-selenium for the
+# dashboard in tests/dashboard.rs) plus the peer servers the benches
 # compare against (nbdkit, nbd-server), on Debian 12, as root; and Garage,
 # the S3 server of tests/snapshot_engine.rs (cargo install).
 #
@@ -28,10 +29,14 @@ packages=(
     coreutils      # sha256sum, sync, cp
     openssl        # certificates for tests/tls.rs and bench/tls.sh
     curl           # the API over TCP in tests/api_tcp.rs
+    chromium       # the dashboard in a real browser (tests/dashboard.rs), headless
+    chromium-driver # chromedriver, for selenium
+    python3-selenium # drives chromium from tests/browser/dashboard.py
 )
 tools=(
     qemu-img qemu-io nbdinfo nbdcopy nbdfuse nbdsh fio nbdkit nbd-server
     fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim openssl curl
+    chromium chromedriver
 )
 
 # The tests run tools with the system directories first on PATH (so a
@@ -46,6 +51,7 @@ missing() {
     done
     /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || { echo "python3 nbd module"; return 0; }
     /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || { echo "python3 prometheus_client module"; return 0; }
+    /usr/bin/python3 -c 'import selenium' >/dev/null 2>&1 || { echo "python3 selenium module"; return 0; }
     fio --enghelp=nbd 2>/dev/null | grep -q uri || { echo "fio nbd ioengine"; return 0; }
     return 1
 }

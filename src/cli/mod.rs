@@ -12,7 +12,7 @@
 //! unlock, delete), `persist` (sync, restore, persistent drives' flags),
 //! `attach` (attach, detach), `stats` (stats, info), `caches`, `dirs`,
 //! `tls` (tls reload), `token` (API tokens, `--host`), `bench` (the
-//! benchmark: the one file that imports the `bench` engine, a seam), `units` (install-units), `docs` (man, completions), `daemon`; `output`
+//! benchmark: the one file that imports the `bench` engine, a seam), `dashboard` (the web UI's link), `units` (install-units), `docs` (man, completions), `daemon`; `output`
 //! renders tables.
 //!
 //! Exit codes: 0 success, 1 the operation failed (including "daemon not
@@ -29,6 +29,7 @@ pub mod attach;
 pub mod bench;
 pub mod caches;
 pub mod daemon;
+pub mod dashboard;
 pub mod dirs;
 pub mod docs;
 pub mod drives;
@@ -395,6 +396,20 @@ pub enum Command {
     #[command(subcommand)]
     Token(token::TokenCommand),
 
+    /// Print a link to the web dashboard (ramd daemon --http ADDR) with a
+    /// fresh token, as the last line.
+    ///
+    /// Examples:
+    ///   ramd dashboard                  read-only: see everything
+    ///   ramd dashboard --admin          also create/resize/delete drives, sync, snapshot
+    ///   ramd dashboard --url-host db1.example.com
+    ///
+    /// Run it on the daemon's host as its user (it makes a token through
+    /// the unix socket). Opening the link stores the token in a cookie;
+    /// `ramd token revoke NAME` ends it. See docs/dashboard.md.
+    #[command(verbatim_doc_comment)]
+    Dashboard(dashboard::DashboardArgs),
+
     /// Measure a drive against the disks it replaces: IOPS, MiB/s and
     /// latency (fio's figures), a table with ratios, a plot.
     ///
@@ -755,6 +770,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Remote(cmd) => remote::run(&client(), cmd)?,
         Command::Snapshot(cmd) => snapshot::run(&client(), cmd)?,
         Command::Token(cmd) => token::run(&client(), cmd)?,
+        Command::Dashboard(args) => dashboard::run(&client(), args)?,
         Command::Bench(args) => bench::run(&client(), args)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => docs::completions(shell),

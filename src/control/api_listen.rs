@@ -1,10 +1,16 @@
-//! `--api-listen ADDR`: whether the API over TCP may start, and how it
-//! talks. The rule mirrors the NBD listeners' (`nbd::server::check_tls`),
-//! stricter: the API carries bearer tokens, so plaintext is allowed only on
-//! a loopback address and only with an explicit `--tls off`; anywhere else
-//! it needs the certificates of `--tls-certificates`. `run.rs` checks and
-//! binds before the daemon serves, so a refusal stops the start;
-//! `api::server::tcp` serves.
+//! `--api-listen ADDR` and `--http ADDR`: whether the API over TCP may
+//! start, and how it talks. The rule mirrors the NBD listeners'
+//! (`nbd::server::check_tls`), stricter: the API carries bearer tokens, so
+//! plaintext is allowed only on a loopback address and only with an
+//! explicit `--tls off`; anywhere else it needs the certificates of
+//! `--tls-certificates`. `run.rs` checks and binds before the daemon
+//! serves, so a refusal stops the start; `api::server::tcp` serves.
+//!
+//! `--http` is the same listener machinery with more on it ([`Surface`]):
+//! the API (every route, the same tokens) plus the web dashboard
+//! (`api::server::dashboard`). So `--http` alone is enough for both the
+//! dashboard and remote `ramd --host` use; `--api-listen` beside it adds
+//! an API-only address. The two may not name the same address.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,9 +26,54 @@ pub enum ApiTransport {
     Plaintext,
 }
 
-/// Why `--api-listen` was refused.
+/// What a TCP listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// `--api-listen`: the REST API.
+    Api,
+    /// `--http`: the REST API and the web dashboard.
+    Dashboard,
+}
+
+/// A TCP listener of the API, bound, before it serves.
+#[derive(Debug)]
+pub struct TcpApi {
+    pub listener: std::net::TcpListener,
+    pub transport: ApiTransport,
+    pub surface: Surface,
+}
+
+/// Where the dashboard is served (`--http`), as bound (port resolved):
+/// what `POST /v1/dashboard/links` builds its URLs from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpEndpoint {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
+
+impl HttpEndpoint {
+    /// `http(s)://HOST:PORT`, with `host` instead of the bound IP when
+    /// given (an unspecified address such as 0.0.0.0 needs one: the
+    /// caller passes the machine's name).
+    pub fn base_url(&self, host: Option<&str>) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        let port = self.addr.port();
+        match (host, self.addr.ip()) {
+            (Some(h), _) if h.contains(':') && !h.starts_with('[') => {
+                format!("{scheme}://[{h}]:{port}")
+            }
+            (Some(h), _) => format!("{scheme}://{h}:{port}"),
+            (None, ip) => format!("{scheme}://{}", SocketAddr::new(ip, port)),
+        }
+    }
+}
+
+/// Why `--api-listen` or `--http` was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
+    /// `--api-listen` and `--http` on one address.
+    #[error("--api-listen and --http both name {addr}: --http serves the API there already (drop --api-listen), or give them different addresses")]
+    SameAddress { addr: SocketAddr },
     /// TLS is wanted but there are no certificates.
     #[error("the API on {addr} needs TLS: give a certificates directory with --tls-certificates DIR (docs/tls.md shows how to make one with openssl or certtool), or, on a loopback address only, pass --tls off to serve it in plaintext")]
     NoCertificates { addr: SocketAddr },
@@ -52,6 +103,34 @@ pub fn transport(
     }
 }
 
+/// The TCP listeners of `api_listen` and `http`, checked and bound
+/// (the first refusal wins, and nothing stays bound then).
+pub fn bind_all(
+    api_listen: Option<SocketAddr>,
+    http: Option<SocketAddr>,
+    mode: Option<TlsMode>,
+    tls: Option<&Arc<TlsSettings>>,
+) -> Result<Vec<TcpApi>, ListenError> {
+    if let (Some(a), Some(h)) = (api_listen, http) {
+        if a == h && a.port() != 0 {
+            return Err(ListenError::SameAddress { addr: a });
+        }
+    }
+    let wanted = [(api_listen, Surface::Api), (http, Surface::Dashboard)];
+    let mut bound = Vec::new();
+    for (addr, surface) in wanted {
+        let Some(addr) = addr else { continue };
+        let transport = transport(addr, mode, tls)?;
+        let listener = bind(addr)?;
+        bound.push(TcpApi {
+            listener,
+            transport,
+            surface,
+        });
+    }
+    Ok(bound)
+}
+
 /// Binds `addr`, non-blocking for tokio.
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ListenError> {
     let err = |source| ListenError::Bind { addr, source };
@@ -78,5 +157,38 @@ mod tests {
             let e = transport(lo, mode, None).unwrap_err();
             assert!(e.to_string().contains("docs/tls.md"), "{e}");
         }
+    }
+
+    #[test]
+    fn http_follows_the_same_rule_and_not_on_the_api_address() {
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let net: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        let off = Some(TlsMode::Off);
+        let both = bind_all(Some(lo), Some(lo), off, None).unwrap();
+        let surfaces: Vec<_> = both.iter().map(|t| t.surface).collect();
+        assert_eq!(surfaces, [Surface::Api, Surface::Dashboard]);
+        let e = bind_all(None, Some(net), off, None).unwrap_err();
+        assert!(matches!(e, ListenError::PlaintextOnNetwork { .. }), "{e}");
+        let e = bind_all(None, Some(lo), None, None).unwrap_err();
+        assert!(matches!(e, ListenError::NoCertificates { .. }), "{e}");
+        let fixed: SocketAddr = "127.0.0.1:8443".parse().unwrap();
+        let e = bind_all(Some(fixed), Some(fixed), off, None).unwrap_err();
+        assert!(e.to_string().contains("drop --api-listen"), "{e}");
+    }
+
+    #[test]
+    fn dashboard_urls() {
+        let at = |a: &str, tls| HttpEndpoint {
+            addr: a.parse().unwrap(),
+            tls,
+        };
+        assert_eq!(
+            at("127.0.0.1:80", false).base_url(None),
+            "http://127.0.0.1:80"
+        );
+        assert_eq!(at("[::1]:8443", true).base_url(None), "https://[::1]:8443");
+        let any = at("0.0.0.0:8443", true);
+        assert_eq!(any.base_url(Some("db1")), "https://db1:8443");
+        assert_eq!(any.base_url(Some("fe80::1")), "https://[fe80::1]:8443");
     }
 }

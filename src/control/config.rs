@@ -12,6 +12,7 @@
 //! state_dir = "/var/lib/ramd"
 //! nbd_listen = ["127.0.0.1:10809"]
 //! api_listen = "0.0.0.0:8443"  # the REST API over TCP: TLS + bearer tokens
+//! http = "127.0.0.1:8080"      # the web dashboard (and the API): docs/dashboard.md
 //! tls = "require"             # off | on | require (the TCP listeners)
 //! nbd_socket_tls = "on"       # off | on | require (the unix socket)
 //! tls_certificates = "/etc/ramd/pki"
@@ -162,6 +163,8 @@ pub struct DaemonSection {
     pub nbd_listen: Option<Vec<SocketAddr>>,
     /// The REST API on TCP too (TLS and bearer tokens; docs/api.md).
     pub api_listen: Option<SocketAddr>,
+    /// The web dashboard and the API on TCP (docs/dashboard.md).
+    pub http: Option<SocketAddr>,
     /// TLS on every TCP listener (`nbd_listen` is a list of addresses, so
     /// the mode is daemon-wide; the unix socket has its own key).
     #[serde(default, deserialize_with = "de_tls_mode")]

@@ -136,6 +136,13 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR")]
     pub api_listen: Option<SocketAddr>,
 
+    /// Serve the web dashboard, and the REST API beside it, on this TCP
+    /// address (e.g. 127.0.0.1:8080): TLS and bearer tokens as for
+    /// --api-listen (plaintext only on a loopback address with --tls off).
+    /// Open it with the URL `ramd dashboard` prints. See docs/dashboard.md.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+
     /// TLS on the TCP listeners: off, on (clients choose) or require
     /// (STARTTLS before anything else) [default: require with
     /// --tls-certificates, else off]. Plaintext on an address other
@@ -416,6 +423,8 @@ pub struct Settings {
     pub nbd_listen: Vec<SocketAddr>,
     /// `--api-listen`: the API over TCP too.
     pub api_listen: Option<SocketAddr>,
+    /// `--http`: the dashboard and the API on TCP.
+    pub http: Option<SocketAddr>,
     /// `--tls` (None: not given, see `ServerConfig::tls_mode`).
     pub tls_mode: Option<TlsMode>,
     /// `--nbd-socket-tls` (None: not given).
@@ -519,6 +528,7 @@ impl Settings {
                 args.nbd_listen.clone()
             },
             api_listen: args.api_listen.or(c.api_listen),
+            http: args.http.or(c.http),
             tls_mode: args.tls.or(c.tls),
             unix_tls_mode: args.nbd_socket_tls.or(c.nbd_socket_tls),
             tls_certificates: args.tls_certificates.clone().or(c.tls_certificates.clone()),
@@ -596,8 +606,14 @@ pub struct Daemon {
     /// NBD clients refused so far, by reason (`ramd_nbd_refusals_total`),
     /// counted by the server.
     pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
-    /// Bearer tokens of the API over TCP (`--api-listen`).
+    /// Bearer tokens of the API over TCP (`--api-listen`, `--http`).
     pub tokens: Arc<tokens::Tokens>,
+    /// Where the dashboard is served (`--http`), once bound.
+    pub http: Option<api_listen::HttpEndpoint>,
+    /// Turns true when the daemon stops: endless responses (the event
+    /// stream) end then, so the API's graceful shutdown does not wait
+    /// for them.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Snapshot remotes, pushes, restores and their state.
     pub snapshots: Arc<snapshots::Snapshots>,
     /// The memory-pressure watcher's state.

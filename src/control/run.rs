@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::api_listen::{self, ApiTransport};
+use super::api_listen::{self, ApiTransport, HttpEndpoint, Surface, TcpApi};
 use super::caches::{self, Caches};
 use super::dirs::Dirs;
 use super::drives::persistent::{self, drives_dir, probe, scan, Found, Stored};
@@ -309,39 +309,52 @@ fn log_tls(
     tracing::info!("NBD on {}: TLS {unix_mode}", settings.nbd_socket.display());
 }
 
-/// The API's TCP listener (`--api-listen`), bound, with its transport;
-/// refused (stopping the start) without TLS off loopback.
+/// The API's TCP listeners (`--api-listen`, `--http`), bound, with their
+/// transports; refused (stopping the start) without TLS off loopback.
 fn bind_api_tcp(
     settings: &Settings,
     tls: Option<&Arc<TlsSettings>>,
-) -> Result<Option<(std::net::TcpListener, ApiTransport)>, DaemonError> {
-    let Some(addr) = settings.api_listen else {
+) -> Result<Vec<TcpApi>, DaemonError> {
+    let apis = api_listen::bind_all(settings.api_listen, settings.http, settings.tls_mode, tls)?;
+    for api in &apis {
+        let bound = api.listener.local_addr().map_err(DaemonError::Start)?;
+        let (what, open) = match api.surface {
+            Surface::Api => ("API also", ""),
+            Surface::Dashboard => ("Dashboard and API", "; open it with `ramd dashboard`"),
+        };
+        match &api.transport {
+            ApiTransport::Tls(t) => tracing::info!(
+                "{what} on https://{bound} (TLS, certificates {}; bearer tokens: ramd token create{open})",
+                t.dir().display()
+            ),
+            ApiTransport::Plaintext => tracing::warn!(
+                "{what} on http://{bound}: plaintext (--tls off, loopback only); bearer tokens: ramd token create{open}"
+            ),
+        }
+    }
+    Ok(apis)
+}
+
+/// Where the dashboard listens, if it does (`--http`).
+fn http_endpoint(apis: &[TcpApi]) -> Result<Option<HttpEndpoint>, DaemonError> {
+    let Some(api) = apis.iter().find(|a| a.surface == Surface::Dashboard) else {
         return Ok(None);
     };
-    let transport = api_listen::transport(addr, settings.tls_mode, tls)?;
-    let listener = api_listen::bind(addr)?;
-    let bound = listener.local_addr().map_err(DaemonError::Start)?;
-    match &transport {
-        ApiTransport::Tls(t) => tracing::info!(
-            "API also on https://{bound} (TLS, certificates {}; bearer tokens: ramd token create)",
-            t.dir().display()
-        ),
-        ApiTransport::Plaintext => tracing::warn!(
-            "API also on http://{bound}: plaintext (--tls off, loopback only); bearer tokens: ramd token create"
-        ),
-    }
-    Ok(Some((listener, transport)))
+    Ok(Some(HttpEndpoint {
+        addr: api.listener.local_addr().map_err(DaemonError::Start)?,
+        tls: matches!(api.transport, ApiTransport::Tls(_)),
+    }))
 }
 
 type ApiTcpTask = tokio::task::JoinHandle<std::io::Result<()>>;
 
 /// The daemon's async side: samplers, READY=1 once restored, the API on
-/// its unix socket and (`--api-listen`) on TCP, until `stop` says so;
-/// returns once both finished their requests.
+/// its unix socket and (`--api-listen`, `--http`) on TCP, until `stop`
+/// says so; returns once all finished their requests.
 async fn serve_apis(
     daemon: Arc<Daemon>,
     api_listener: std::os::unix::net::UnixListener,
-    api_tcp: Option<(std::net::TcpListener, ApiTransport)>,
+    api_tcp: Vec<TcpApi>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let listener = tokio::net::UnixListener::from_std(api_listener)?;
@@ -350,28 +363,31 @@ async fn serve_apis(
     // READY=1 once no drive is restoring (the API answers meanwhile).
     let r = daemon.drives.clone();
     tokio::task::spawn_blocking(move || notify_ready_when_restored(&r));
-    let remote = api_tcp.map(|tcp| spawn_api_tcp(tcp, &daemon, stop_rx.clone()));
+    let remote: Vec<_> = api_tcp
+        .into_iter()
+        .map(|tcp| spawn_api_tcp(tcp, &daemon, stop_rx.clone()))
+        .collect();
     let mut stop = stop_rx;
     let served = crate::api::serve(listener, daemon.clone(), async move {
         let _ = stop.wait_for(|s| *s).await;
     })
     .await;
-    if let Some(remote) = remote {
-        join_api_tcp(remote).await;
+    for task in remote {
+        join_api_tcp(task).await;
     }
     served
 }
 
 /// Serves the API on TCP until `stop` says so.
 fn spawn_api_tcp(
-    (listener, transport): (std::net::TcpListener, ApiTransport),
+    tcp: TcpApi,
     daemon: &Arc<Daemon>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> ApiTcpTask {
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    let serve = crate::api::server::tcp::serve(listener, transport, daemon.clone(), stopped);
+    let serve = crate::api::server::tcp::serve(tcp, daemon.clone(), stopped);
     tokio::spawn(serve)
 }
 
@@ -556,6 +572,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .set_nonblocking(true)
         .map_err(DaemonError::Start)?;
     let api_tcp = bind_api_tcp(&settings, tls.as_ref())?;
+    let http = http_endpoint(&api_tcp)?;
     // Before the API serves and before READY=1: every directory is in RAM
     // (or listed as failed) before anything may use it. API requests made
     // meanwhile wait in the listen queue.
@@ -567,6 +584,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
 
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let daemon = Arc::new(Daemon {
         ledger,
         drives: drives.clone(),
@@ -582,6 +600,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tcp_tls_mode,
         nbd_refusals: nbd_handle.refusals(),
         tokens,
+        http,
+        stopping: stop_rx.clone(),
         snapshots,
         pressure,
     });
@@ -597,7 +617,6 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .enable_all()
         .build()
         .map_err(DaemonError::Start)?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     spawn_signal_waiter(signals, daemon.clone(), stop_tx)?;
 
     bound.serving = true;

@@ -49,6 +49,9 @@ fn package_for(tool: &str) -> &'static str {
         "fusermount3" => "fuse3",
         "sha256sum" | "cp" | "sync" => "coreutils",
         "curl" => "curl",
+        "openssl" => "openssl",
+        "chromium" => "chromium",
+        "chromedriver" => "chromium-driver",
         other => panic!("test bug: no package known for tool '{other}'"),
     }
 }

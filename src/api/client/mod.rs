@@ -33,6 +33,7 @@ use crate::api::wire::tokens::{CreateToken, CreatedToken, TokenList, TokenRevoke
 
 pub mod bench;
 pub mod caches;
+pub mod dashboard;
 pub mod snapshots;
 pub mod transport;
 

@@ -1,14 +1,17 @@
 //! Bearer-token authentication: an axum middleware for every listener
-//! that is not the unix socket (the API over TCP now, issue 20's
-//! dashboard next, which adds a `?token=` to cookie exchange in front of
-//! the same check).
+//! that is not the unix socket (`--api-listen`, and `--http`, where the
+//! dashboard adds a `?token=` to cookie exchange in front of the same
+//! check: `dashboard::gate`).
 //!
 //! ```text
 //! request ──► Authorization: Bearer ramd_<id>_<secret>
+//!             (none: the dashboard's session cookie, `session`)
 //!               missing                     401 token_required  + WWW-Authenticate: Bearer
 //!               unknown, revoked, malformed 401 invalid_token   + WWW-Authenticate: Bearer error="invalid_token"
+//!               cookie, not GET/HEAD, no
+//!                 X-Ramd-Csrf or cross-origin 403 csrf_refused
 //!               read-only, not GET/HEAD     403 token_read_only
-//!               else ──► the route, with a [`Caller`] extension naming the token
+//!               else ──► the route, with [`Caller`] (the token) and [`Via`] extensions
 //! ```
 //!
 //! Every route is behind it, unknown routes included (a caller without a
@@ -24,6 +27,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::session::{self, CsrfError};
 use super::ApiError;
 use crate::control::tokens::{Role, Token, Tokens};
 
@@ -31,6 +35,15 @@ use crate::control::tokens::{Role, Token, Tokens};
 /// differently from the unix socket's (token management refuses them).
 #[derive(Debug, Clone)]
 pub struct Caller(pub Token);
+
+/// How the token came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// An `Authorization: Bearer` header.
+    Bearer,
+    /// The dashboard's session cookie.
+    Cookie,
+}
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +54,9 @@ pub enum AuthError {
     Invalid,
     /// A read-only token on a route that changes something.
     ReadOnly { name: String, method: Method },
+    /// The session cookie on a request that changes something, without
+    /// the CSRF header or from another origin.
+    Csrf(CsrfError),
 }
 
 /// The token that authorizes `method` with these headers.
@@ -49,16 +65,49 @@ pub fn authorize(
     method: &Method,
     headers: &HeaderMap,
 ) -> Result<Token, AuthError> {
-    let presented = bearer(headers)?;
-    let token = tokens.verify(presented).ok_or(AuthError::Invalid)?;
+    authorize_via(tokens, method, headers).map(|(token, _)| token)
+}
+
+/// [`authorize`], and how the token came.
+pub fn authorize_via(
+    tokens: &Tokens,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<(Token, Via), AuthError> {
     let reads_only = matches!(*method, Method::GET | Method::HEAD);
+    let (token, via) = match bearer(headers) {
+        Ok(presented) => (
+            tokens.verify(presented).ok_or(AuthError::Invalid)?,
+            Via::Bearer,
+        ),
+        Err(AuthError::Missing) => {
+            let token = from_cookie(tokens, headers)?;
+            if !reads_only {
+                session::check_csrf(headers).map_err(AuthError::Csrf)?;
+            }
+            (token, Via::Cookie)
+        }
+        Err(e) => return Err(e),
+    };
     if token.role == Role::ReadOnly && !reads_only {
         return Err(AuthError::ReadOnly {
             name: token.name,
             method: method.clone(),
         });
     }
-    Ok(token)
+    Ok((token, via))
+}
+
+/// The token of the first session cookie that verifies (`session`).
+fn from_cookie(tokens: &Tokens, headers: &HeaderMap) -> Result<Token, AuthError> {
+    let presented = session::session_tokens(headers);
+    if presented.is_empty() {
+        return Err(AuthError::Missing);
+    }
+    presented
+        .into_iter()
+        .find_map(|t| tokens.verify(t))
+        .ok_or(AuthError::Invalid)
 }
 
 /// The token of an `Authorization: Bearer TOKEN` header (scheme in any
@@ -81,9 +130,10 @@ pub async fn require_token(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match authorize(&tokens, req.method(), req.headers()) {
-        Ok(token) => {
+    match authorize_via(&tokens, req.method(), req.headers()) {
+        Ok((token, via)) => {
             req.extensions_mut().insert(Caller(token));
+            req.extensions_mut().insert(via);
             next.run(req).await
         }
         Err(e) => e.into_response(),
@@ -96,7 +146,7 @@ impl IntoResponse for AuthError {
             AuthError::Missing => (
                 StatusCode::UNAUTHORIZED,
                 "token_required",
-                "this API needs a bearer token (Authorization: Bearer ramd_...); make one on the daemon's host with `ramd token create --read-only` or `--admin` (docs/api.md, \"Remote access\")".to_owned(),
+                "this API needs a bearer token (Authorization: Bearer ramd_...), or the dashboard's session cookie (open the URL `ramd dashboard` prints); make a token on the daemon's host with `ramd token create --read-only` or `--admin` (docs/api.md, \"Remote access\")".to_owned(),
                 r#"Bearer realm="ramd""#,
             ),
             AuthError::Invalid => (
@@ -106,8 +156,12 @@ impl IntoResponse for AuthError {
                 r#"Bearer realm="ramd", error="invalid_token""#,
             ),
             AuthError::ReadOnly { name, method } => {
-                let message = format!("token '{name}' is read-only: {method} needs an admin token (`ramd token create --admin`)");
+                let message = format!("token '{name}' is read-only: {method} needs an admin token (`ramd token create --admin`; in the dashboard, a link from `ramd dashboard --admin`)");
                 return ApiError::new(StatusCode::FORBIDDEN, "token_read_only", message)
+                    .into_response();
+            }
+            AuthError::Csrf(e) => {
+                return ApiError::new(StatusCode::FORBIDDEN, "csrf_refused", e.to_string())
                     .into_response();
             }
         };
@@ -161,5 +215,42 @@ mod tests {
         assert_eq!(get(&headers("Basic dXNlcjpwdw==")), Err(AuthError::Missing));
         assert_eq!(get(&headers("Bearer")), Err(AuthError::Invalid));
         assert_eq!(get(&headers("Bearer nope")), Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn the_session_cookie_is_a_token_with_csrf_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::load(dir.path()).unwrap();
+        let admin = tokens.create(Role::Admin, Some("admin")).unwrap().secret;
+        let mut h = HeaderMap::new();
+        let cookie = format!("x=1; ramd_token_9=stale; ramd_token_8443={admin}");
+        h.insert(header::COOKIE, HeaderValue::from_str(&cookie).unwrap());
+        let (t, via) = authorize_via(&tokens, &Method::GET, &h).unwrap();
+        assert_eq!((t.name.as_str(), via), ("admin", Via::Cookie));
+        assert!(matches!(
+            authorize(&tokens, &Method::POST, &h),
+            Err(AuthError::Csrf(CsrfError::MissingHeader))
+        ));
+        h.insert(session::CSRF_HEADER, HeaderValue::from_static("1"));
+        assert!(authorize(&tokens, &Method::POST, &h).is_ok());
+        // A bearer header needs no CSRF header, and wins over the cookie.
+        let mut b = headers(&format!("Bearer {admin}"));
+        b.insert(
+            header::COOKIE,
+            HeaderValue::from_static("ramd_token_1=nope"),
+        );
+        assert_eq!(
+            authorize_via(&tokens, &Method::DELETE, &b).unwrap().1,
+            Via::Bearer
+        );
+        let mut bad = HeaderMap::new();
+        bad.insert(
+            header::COOKIE,
+            HeaderValue::from_static("ramd_token_1=nope"),
+        );
+        assert_eq!(
+            authorize(&tokens, &Method::GET, &bad),
+            Err(AuthError::Invalid)
+        );
     }
 }

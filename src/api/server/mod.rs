@@ -7,7 +7,8 @@
 //! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
 //! `tls` (certificate reload), `tokens` (API tokens), `remotes` and
 //! `snapshots` (drive snapshots in object storage), `bench` (the last
-//! `ramd bench` report), `metrics` (Prometheus); `error` the one error shape, `counters` the
+//! `ramd bench` report), `events` (server-sent events), `dashboard` (the
+//! web UI of `--http`, with `session`, its cookie), `metrics` (Prometheus); `error` the one error shape, `counters` the
 //! conversion of metrics into wire counters. The JSON bodies are
 //! `api::wire`'s. The route table below is the single source of both the
 //! router and [`ROUTES`], which a test compares with docs/openapi.yaml.
@@ -20,14 +21,17 @@ pub mod auth;
 pub mod bench;
 pub mod caches;
 pub mod counters;
+pub mod dashboard;
 pub mod dir_wire;
 pub mod dirs;
 pub mod drives;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod metrics;
 pub mod persistence;
 pub mod remotes;
+pub mod session;
 pub mod snapshots;
 pub mod stats;
 pub mod tcp;
@@ -104,6 +108,9 @@ routes! {
     delete "/v1/snapshots/{remote}/{drive}/{id}" => snapshots::delete,
     get "/v1/bench/latest" => bench::get,
     put "/v1/bench/latest" => bench::put,
+    get "/v1/events" => events::stream,
+    get "/v1/whoami" => dashboard::api::whoami,
+    post "/v1/dashboard/links" => dashboard::api::create_link,
     get "/metrics" => metrics::get,
 }
 
@@ -133,6 +140,7 @@ pub const QUERY_ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/caches/{name}"),
     ("DELETE", "/v1/dirs/{id}"),
     ("GET", "/v1/snapshots"),
+    ("GET", "/v1/events"),
 ];
 
 /// Refuses a query string on a route that takes none (400
@@ -160,8 +168,18 @@ async fn refuse_unknown_query(
 
 /// The routes with their refusals (unknown route, method, query).
 fn app() -> Router<Arc<Daemon>> {
-    routes()
-        .route_layer(axum::middleware::from_fn(refuse_unknown_query))
+    with_fallbacks(api_routes())
+}
+
+/// The API's routes with their query refusals (routes added to the
+/// result later keep their own query rules: the dashboard's `/?token=`).
+pub(crate) fn api_routes() -> Router<Arc<Daemon>> {
+    routes().route_layer(axum::middleware::from_fn(refuse_unknown_query))
+}
+
+/// `routes` with the refusals of unknown routes and methods.
+pub(crate) fn with_fallbacks(routes: Router<Arc<Daemon>>) -> Router<Arc<Daemon>> {
+    routes
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
 }
@@ -190,7 +208,10 @@ pub fn tcp_router(daemon: Arc<Daemon>) -> Router {
 
 /// Logs each request at debug level, errors at info: method and path
 /// only, never the query string nor a header (tokens travel in both).
-async fn log_request(req: Request, next: axum::middleware::Next) -> axum::response::Response {
+pub(crate) async fn log_request(
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let res = next.run(req).await;
     if res.status().is_client_error() || res.status().is_server_error() {

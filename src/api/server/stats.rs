@@ -38,10 +38,15 @@ pub async fn drive(
 }
 
 pub async fn all(State(d): State<Arc<Daemon>>) -> Json<StatsReport> {
-    Json(StatsReport {
+    Json(report(&d))
+}
+
+/// Every drive's and cache's figures now (also each event of `/v1/events`).
+pub(crate) fn report(d: &Daemon) -> StatsReport {
+    StatsReport {
         metrics_enabled: d.drives.metrics_enabled(),
-        memory_budget: budget(&d),
-        drives: d.drives.list().iter().map(|x| drive_stats(&d, x)).collect(),
-        caches: super::caches::all(&d),
-    })
+        memory_budget: budget(d),
+        drives: d.drives.list().iter().map(|x| drive_stats(d, x)).collect(),
+        caches: super::caches::all(d),
+    }
 }

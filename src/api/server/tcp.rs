@@ -1,9 +1,11 @@
-//! The API over TCP (`--api-listen ADDR`): TLS with the NBD server's
-//! certificates, every request behind a bearer token (`auth`).
+//! The API over TCP (`--api-listen ADDR`, and `--http ADDR` with the
+//! dashboard beside it): TLS with the NBD server's certificates, every
+//! request behind a bearer token (`auth`).
 //!
 //! ```text
 //! accept task ──► TLS handshake (one task each, at most MAX_HANDSHAKES,
-//!    (TCP)        HANDSHAKE_TIMEOUT) ──► channel ──► axum::serve ──► remote_router
+//!    (TCP)        HANDSHAKE_TIMEOUT) ──► channel ──► axum::serve ──► tcp_router
+//!                                                                   (dashboard_router)
 //! ```
 //!
 //! Handshakes run off the accept loop, so a client that connects and
@@ -28,7 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::control::api_listen::ApiTransport;
+use crate::control::api_listen::{ApiTransport, HttpEndpoint, Surface, TcpApi};
 use crate::control::Daemon;
 use crate::nbd::tls::TlsSettings;
 
@@ -39,17 +41,26 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed accept (EMFILE and the like) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Serves the token-guarded API on `listener` until `stop`, then finishes
-/// the requests in flight.
+/// Serves the token-guarded API (and, on `--http`, the dashboard) on
+/// `api.listener` until `stop`, then finishes the requests in flight.
 pub async fn serve(
-    listener: std::net::TcpListener,
-    transport: ApiTransport,
+    api: TcpApi,
     daemon: Arc<Daemon>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = super::tcp_router(daemon).into_make_service();
-    let tcp = TcpListener::from_std(listener)?;
-    match transport {
+    let router = match api.surface {
+        Surface::Api => super::tcp_router(daemon),
+        Surface::Dashboard => {
+            let endpoint = HttpEndpoint {
+                addr: api.listener.local_addr()?,
+                tls: matches!(api.transport, ApiTransport::Tls(_)),
+            };
+            super::dashboard::router(daemon, endpoint)
+        }
+    };
+    let app = router.into_make_service();
+    let tcp = TcpListener::from_std(api.listener)?;
+    match api.transport {
         ApiTransport::Plaintext => axum::serve(tcp, app).with_graceful_shutdown(stop).await,
         ApiTransport::Tls(settings) => {
             let config = tls_config(settings).map_err(std::io::Error::other)?;

@@ -9,13 +9,14 @@
 //!
 //! One file per resource, as in `api::server`: `drives`, `persistence`
 //! (sync, restore, a drive's `persist`), `health`, `stats`, `attachments`,
-//! `caches`, `dirs`, `tls`, `tokens`, `bench` (`ramd bench`'s report), and `error` (the one error body); `values` holds
+//! `caches`, `dirs`, `tls`, `tokens`, `bench` (`ramd bench`'s report), `dashboard` (links, whoami, events), and `error` (the one error body); `values` holds
 //! sizes, durations and counters as several resources spell them. Request
 //! bodies reject unknown fields, so a typo is an error.
 
 pub mod attachments;
 pub mod bench;
 pub mod caches;
+pub mod dashboard;
 pub mod dirs;
 pub mod drives;
 pub mod error;

@@ -1,0 +1,58 @@
+//! `ramd dashboard [--admin]`: a link to the daemon's web dashboard
+//! (`ramd daemon --http ADDR`) with a fresh token, printed as the last
+//! line of stdout, like Jupyter's: `https://HOST:PORT/?token=ramd_...`.
+//! Opening it stores the token in a cookie (HttpOnly, SameSite=Strict,
+//! Secure under TLS) and drops it from the address bar.
+//!
+//! Each call makes a new token (`dashboard-<8 hex>`, read-only unless
+//! `--admin`) through the unix socket (the daemon refuses token callers),
+//! so run it on the daemon's host as its user. What the token is and how
+//! to end it goes to stderr, the URL alone to stdout, so
+//! `url=$(ramd dashboard)` works.
+
+use super::{print_json, CliError, JsonFlag};
+use crate::api::client::Client;
+use crate::api::wire::dashboard::CreateDashboardLink;
+use crate::api::wire::tokens::TokenRole;
+
+/// `ramd dashboard`.
+#[derive(clap::Args, Debug)]
+pub struct DashboardArgs {
+    /// An admin link: the page may create, resize and delete drives, sync
+    /// and snapshot [default: read-only, the page shows everything and
+    /// changes nothing].
+    #[arg(long)]
+    pub admin: bool,
+
+    /// The host name to put in the URL [default: the address of --http,
+    /// or this machine's name when that is 0.0.0.0 or ::]. Under TLS the
+    /// daemon's certificate must name it.
+    #[arg(long, value_name = "NAME")]
+    pub url_host: Option<String>,
+
+    #[command(flatten)]
+    pub out: JsonFlag,
+}
+
+pub fn run(client: &Client, args: DashboardArgs) -> Result<(), CliError> {
+    let req = CreateDashboardLink {
+        admin: args.admin,
+        host: args.url_host,
+    };
+    let link = client.dashboard_link(&req)?;
+    if args.out.json {
+        return print_json(&link);
+    }
+    let can = match link.role {
+        TokenRole::Admin => "see and change everything (create, resize and delete drives)",
+        TokenRole::ReadOnly => "see everything (read-only)",
+    };
+    eprintln!(
+        "a new {} token '{}' is in this link: whoever opens it can {can} until `ramd token revoke {}`. Open it in a browser (the page keeps the token in a cookie and drops it from the address bar):",
+        link.role.name(),
+        link.token_name,
+        link.token_name
+    );
+    println!("{}", link.url);
+    Ok(())
+}

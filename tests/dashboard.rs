@@ -1,0 +1,776 @@
+//! The web dashboard (issue 20, part 2): `ramd daemon --http ADDR` serves
+//! the page and the API over TLS with bearer tokens; `ramd dashboard
+//! [--admin]` prints a link with a fresh token, which the page moves into
+//! an HttpOnly, SameSite=Strict, Secure cookie.
+//!
+//! - HTTP level, with curl: 401 without a token (an HTML page at `/`,
+//!   JSON elsewhere), the token exchange (303 + cookie flags), the cookie
+//!   as a credential, CSRF refusals, read-only refusals, assets with
+//!   ETags, logout, revocation, the server-sent event stream.
+//! - Start-up refusals: `--http` off loopback without TLS, on the
+//!   `--api-listen` address; `ramd dashboard` without `--http`.
+//! - In a real browser (Debian's chromium, headless, through
+//!   chromium-driver and selenium; tests/browser/dashboard.py): the
+//!   overview lists every drive and cache, the IOPS chart moves when a
+//!   drive gets I/O (libnbd writes), an admin link creates, resizes and
+//!   syncs drives through the page, a read-only link's create is refused
+//!   by the server and the page says so, the token leaves the address
+//!   bar, the benchmark section shows a report PUT through the unix
+//!   socket. Screenshots go to target/test-output/dashboard/.
+//!
+//! Certificates come from tests/common/pki.rs (openssl; CN=localhost,
+//! SAN 127.0.0.1); chromium trusts the server certificate by its SPKI
+//! hash for the run (--ignore-certificate-errors-spki-list), nothing
+//! else. A missing tool fails its test; RAMD_SKIP_MISSING_TOOLS=1 skips.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::openapi::Spec;
+use common::pki::{issue, make_ca};
+use common::{require, require_python_module, Daemon};
+use serde_json::{json, Value};
+
+/// The daemon under test: TLS, `--http` on a free loopback port, a
+/// plain, a compressed and a persistent drive, and a write-back cache.
+struct Dash {
+    d: Daemon,
+    /// The CA and the server's certificates directory.
+    pki: tempfile::TempDir,
+    port: u16,
+}
+
+/// The drives, as the API sorts them.
+const DRIVES: [&str; 3] = ["keep", "plain", "zip"];
+const CACHE: &str = "c1";
+
+impl Dash {
+    fn start() -> Dash {
+        let pki = tempfile::tempdir().unwrap();
+        let ca = pki.path().join("ca");
+        make_ca(&ca, "dashboard-test-ca");
+        issue(&ca, "localhost", "server", None);
+        let server = pki.path().join("server");
+        std::fs::create_dir_all(&server).unwrap();
+        std::fs::copy(
+            ca.join("localhost-cert.pem"),
+            server.join("server-cert.pem"),
+        )
+        .unwrap();
+        std::fs::copy(ca.join("localhost-key.pem"), server.join("server-key.pem")).unwrap();
+        let args = [
+            "serve",
+            "--drive",
+            "plain=64M",
+            "--drive",
+            "zip=64M,compress=lz4",
+            "--drive",
+            "keep=32M,persist,durability=periodic,sync-interval=1h",
+            "--tls-certificates",
+            server.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+            "--log",
+            "debug",
+        ];
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let d = Daemon::launch(&args, &[]);
+        let port = dashboard_port(&d.log(), "https");
+        let dash = Dash { d, pki, port };
+        dash.add_cache();
+        dash
+    }
+
+    /// A write-back cache over a 32 MiB file in the daemon's directory.
+    fn add_cache(&self) {
+        let backing = self.d.dir().join("backing.img");
+        std::fs::File::create(&backing)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let out = common::run(
+            self.d
+                .cli()
+                .args(["cache", "create", CACHE, "--backing"])
+                .arg(&backing)
+                .args(["--size", "16M", "--mode", "writeback"]),
+        );
+        assert!(out.status.success(), "{out}");
+    }
+
+    fn base(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    fn ca_cert(&self) -> PathBuf {
+        self.pki.path().join("ca").join("ca-cert.pem")
+    }
+
+    /// `ramd dashboard [--admin]`: its last line, the URL.
+    fn link(&self, admin: bool) -> String {
+        let mut c = self.d.cli();
+        c.arg("dashboard");
+        if admin {
+            c.arg("--admin");
+        }
+        let out = common::run(&mut c).ok();
+        let url = out.stdout.lines().last().unwrap_or("").trim().to_owned();
+        assert!(
+            url.starts_with(&format!("{}/?token=ramd_", self.base())),
+            "{out}"
+        );
+        assert!(out.stderr.contains("ramd token revoke dashboard-"), "{out}");
+        url
+    }
+
+    /// curl -i with the test CA: (status, headers, body).
+    fn curl(&self, args: &[&str], path: &str) -> Reply {
+        let mut c = common::tool("curl");
+        c.args(["-sS", "-i", "--cacert"]).arg(self.ca_cert());
+        c.args(args).arg(format!("{}{path}", self.base()));
+        Reply::parse(&common::run(&mut c).ok().stdout)
+    }
+
+    /// curl with the session cookie of `token` (as a browser sends it).
+    fn with_cookie(&self, token: &str, args: &[&str], path: &str) -> Reply {
+        let cookie = format!("Cookie: other=1; ramd_token_{}={token}", self.port);
+        let mut all = vec!["-H", cookie.as_str()];
+        all.extend(args);
+        self.curl(&all, path)
+    }
+
+    /// The server certificate's SPKI SHA-256, base64 (what chromium's
+    /// --ignore-certificate-errors-spki-list takes).
+    fn spki(&self) -> String {
+        let cert = self.pki.path().join("server").join("server-cert.pem");
+        let script = format!(
+            "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
+            cert.display()
+        );
+        let out = common::run(Command::new("sh").args(["-c", &script])).ok();
+        out.stdout.trim().to_owned()
+    }
+}
+
+/// The port of the daemon's "Dashboard and API on SCHEME://127.0.0.1:PORT" line.
+fn dashboard_port(log: &str, scheme: &str) -> u16 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("Dashboard and API on "))
+        .unwrap_or_else(|| panic!("no dashboard address in the log:\n{log}"));
+    let rest = line
+        .split(&format!("{scheme}://127.0.0.1:"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("not {scheme}: {line}"));
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("a port")
+}
+
+/// The token in a dashboard URL.
+fn token_of(url: &str) -> String {
+    url.split("token=").nth(1).expect("a token").to_owned()
+}
+
+/// An HTTP answer as curl -i prints it (the last response).
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn parse(text: &str) -> Reply {
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {text:?}"));
+        Reply {
+            status,
+            headers: head.to_ascii_lowercase(),
+            body: body.to_owned(),
+        }
+    }
+
+    /// The value of header `name` (lowercase).
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map(|v| v.trim().to_owned())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: not JSON: {}", self.body))
+    }
+
+    fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+#[test]
+fn links_cookies_csrf_and_roles() {
+    if !require(&["curl", "openssl"]) {
+        return;
+    }
+    let dash = Dash::start();
+
+    // Without a token: the page explains, the API answers JSON, the
+    // assets are not served.
+    let page = dash.curl(&[], "/");
+    assert_eq!(page.status, 401, "{}", page.body);
+    assert!(page.body.contains("ramd dashboard"), "{}", page.body);
+    assert!(page
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    let api = dash.curl(&[], "/v1/drives");
+    assert_eq!((api.status, api.code().as_str()), (401, "token_required"));
+    assert_eq!(dash.curl(&[], "/assets/app.js").status, 401);
+    let bad = dash.curl(&[], "/?token=ramd_000000000000_nope");
+    assert_eq!(bad.status, 401);
+    assert!(bad.header("set-cookie").is_none());
+    assert!(bad.body.contains("not valid"), "{}", bad.body);
+
+    // The exchange: a redirect to / with the token in a cookie.
+    let ro_url = dash.link(false);
+    let ro = token_of(&ro_url);
+    let path = ro_url.strip_prefix(&dash.base()).unwrap();
+    let ex = dash.curl(&[], path);
+    assert_eq!(ex.status, 303, "{}", ex.headers);
+    assert_eq!(ex.header("location").as_deref(), Some("/"));
+    let cookie = ex.header("set-cookie").expect("a session cookie");
+    let name = format!("ramd_token_{}=", dash.port);
+    assert!(
+        cookie.starts_with(&format!("{name}{}", ro.to_ascii_lowercase())),
+        "{cookie}"
+    );
+    for flag in [
+        "httponly",
+        "samesite=strict",
+        "secure",
+        "path=/",
+        "max-age=",
+    ] {
+        assert!(cookie.contains(flag), "{flag} missing: {cookie}");
+    }
+    assert_eq!(ex.header("referrer-policy").as_deref(), Some("no-referrer"));
+
+    // The cookie is a credential: the page, its assets, the API.
+    let index = dash.with_cookie(&ro, &[], "/");
+    assert_eq!(index.status, 200);
+    assert!(index.body.contains("/assets/app.js"));
+    let csp = index.header("content-security-policy").unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
+    assert!(
+        !index.body.contains("<script>"),
+        "inline script in the page"
+    );
+    assert_eq!(index.header("cache-control").as_deref(), Some("no-store"));
+    let js = dash.with_cookie(&ro, &[], "/assets/app.js");
+    assert_eq!(js.status, 200);
+    assert!(js
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/javascript"));
+    let etag = js.header("etag").expect("an ETag");
+    let again = dash.with_cookie(
+        &ro,
+        &["-H", &format!("If-None-Match: {etag}")],
+        "/assets/app.js",
+    );
+    assert_eq!(again.status, 304);
+    assert_eq!(dash.with_cookie(&ro, &[], "/assets/nope.js").status, 404);
+    let me = dash.with_cookie(&ro, &[], "/v1/whoami").json();
+    assert_eq!(me["via"], "cookie");
+    assert_eq!(me["role"], "read-only");
+    let drives = dash.with_cookie(&ro, &[], "/v1/drives").json();
+    let names: Vec<&str> = drives["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), DRIVES.len(), "{names:?}");
+
+    // A read-only session changes nothing, CSRF header or not.
+    let body = r#"{"name":"x1","size":"1M"}"#;
+    let json_post = [
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        body,
+    ];
+    let refused = dash.with_cookie(
+        &ro,
+        &[&json_post[..], &["-H", "X-Ramd-Csrf: 1"]].concat(),
+        "/v1/drives",
+    );
+    assert_eq!(
+        (refused.status, refused.code().as_str()),
+        (403, "token_read_only")
+    );
+
+    // An admin session: changes need the CSRF header and the same origin.
+    let admin = token_of(&dash.link(true));
+    let no_header = dash.with_cookie(&admin, &json_post, "/v1/drives");
+    assert_eq!(
+        (no_header.status, no_header.code().as_str()),
+        (403, "csrf_refused")
+    );
+    let evil = ["-H", "X-Ramd-Csrf: 1", "-H", "Origin: https://evil.example"];
+    let cross = dash.with_cookie(&admin, &[&json_post[..], &evil].concat(), "/v1/drives");
+    assert_eq!((cross.status, cross.code().as_str()), (403, "csrf_refused"));
+    let site = ["-H", "X-Ramd-Csrf: 1", "-H", "Sec-Fetch-Site: cross-site"];
+    let cross_site = dash.with_cookie(&admin, &[&json_post[..], &site].concat(), "/v1/drives");
+    assert_eq!(cross_site.status, 403);
+    let origin = format!("Origin: {}", dash.base());
+    let same = [
+        "-H",
+        "X-Ramd-Csrf: 1",
+        "-H",
+        &origin,
+        "-H",
+        "Sec-Fetch-Site: same-origin",
+    ];
+    let made = dash.with_cookie(&admin, &[&json_post[..], &same].concat(), "/v1/drives");
+    assert_eq!(made.status, 201, "{}", made.body);
+    // A bearer header needs no CSRF header (browsers never add one).
+    let bearer = format!("Authorization: Bearer {admin}");
+    let gone = dash.curl(&["-X", "DELETE", "-H", &bearer], "/v1/drives/x1");
+    assert_eq!(gone.status, 200, "{}", gone.body);
+    // Links are made through the unix socket only, even by an admin.
+    let link = dash.curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            &bearer,
+            "-H",
+            "Content-Type: application/json",
+            "--data",
+            "{}",
+        ],
+        "/v1/dashboard/links",
+    );
+    assert_eq!(
+        (link.status, link.code().as_str()),
+        (403, "unix_socket_only")
+    );
+    let spec = Spec::load();
+    let (_, me) = spec.call(&dash.d, "GET", "/v1/whoami", "/v1/whoami", None);
+    assert_eq!(
+        (me["via"].as_str(), me["role"].as_str()),
+        (Some("unix_socket"), Some("admin"))
+    );
+    let body = Some(r#"{"admin": true, "host": "localhost"}"#);
+    let (status, link) = spec.call(
+        &dash.d,
+        "POST",
+        "/v1/dashboard/links",
+        "/v1/dashboard/links",
+        body,
+    );
+    assert_eq!(status, 201);
+    assert_eq!(
+        link["base_url"],
+        format!("https://localhost:{}/", dash.port)
+    );
+    let (status, bad) = spec.call(
+        &dash.d,
+        "POST",
+        "/v1/dashboard/links",
+        "/v1/dashboard/links",
+        Some(r#"{"host": "a b"}"#),
+    );
+    assert_eq!(
+        (status, bad["error"]["code"].as_str()),
+        (422, Some("invalid_host"))
+    );
+    let (status, _) = spec.call(
+        &dash.d,
+        "POST",
+        "/v1/dashboard/links",
+        "/v1/dashboard/links",
+        Some(r#"{"admn": true}"#),
+    );
+    assert_eq!(status, 400);
+    spec.check(
+        "GET",
+        "/v1/whoami",
+        200,
+        &dash.with_cookie(&ro, &[], "/v1/whoami").body,
+    );
+
+    // Signing out clears the cookie; revoking the token ends the session.
+    let out = dash.with_cookie(&admin, &["-X", "POST", "-H", "X-Ramd-Csrf: 1"], "/logout");
+    assert_eq!(out.status, 204);
+    assert!(out.header("set-cookie").unwrap().contains("max-age=0"));
+    let me = dash.with_cookie(&ro, &[], "/v1/whoami").json();
+    let name = me["token_name"].as_str().unwrap().to_owned();
+    assert!(name.starts_with("dashboard-"), "{me}");
+    common::run(dash.d.cli().args(["token", "revoke", &name])).ok();
+    let ended = dash.with_cookie(&ro, &[], "/v1/drives");
+    assert_eq!(
+        (ended.status, ended.code().as_str()),
+        (401, "invalid_token")
+    );
+    assert_eq!(dash.with_cookie(&ro, &[], "/").status, 401);
+
+    // Tokens never reach the log (the link's query string included).
+    let log = dash.d.log();
+    assert!(
+        !log.contains(&ro) && !log.contains(&admin),
+        "a token in the log"
+    );
+    assert!(log.contains("dashboard session started"), "{log}");
+}
+
+/// Checks `instance` against the schema `name` of docs/openapi.yaml.
+#[track_caller]
+fn check_schema(spec: &Spec, name: &str, instance: &Value) {
+    let root = json!({
+        "$ref": format!("#/components/schemas/{name}"),
+        "components": spec.doc["components"],
+    });
+    let validator = jsonschema::draft202012::new(&root).expect("the schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(instance)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{name}: {}
+{instance}",
+        errors.join("\n")
+    );
+}
+
+/// The `event: stats` blocks of an SSE text, as JSON.
+fn stats_events(text: &str) -> Vec<Value> {
+    text.split("\n\n")
+        .filter(|block| block.lines().any(|l| l == "event: stats"))
+        .map(|block| {
+            let data = block
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .expect("a data line");
+            serde_json::from_str(data).expect("JSON data")
+        })
+        .collect()
+}
+
+#[test]
+fn event_stream() {
+    if !require(&["curl", "openssl"]) {
+        return;
+    }
+    let dash = Dash::start();
+    let token = token_of(&dash.link(false));
+    // Three events, then the stream ends (count=3).
+    let mut c = common::tool("curl");
+    c.args(["-sS", "-N", "--cacert"])
+        .arg(dash.ca_cert())
+        .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
+        .arg(format!("{}/v1/events?interval_ms=250&count=3", dash.base()));
+    let out = common::run(&mut c).ok();
+    let events = stats_events(&out.stdout);
+    assert_eq!(events.len(), 3, "{}", out.stdout);
+    let spec = Spec::load();
+    for (i, e) in events.iter().enumerate() {
+        check_schema(&spec, "StatsEvent", e);
+        assert_eq!(e["seq"], i as u64, "{e}");
+        assert!(e["unix_ms"].as_u64().unwrap() > 0);
+        let drives: Vec<&str> = e["stats"]["drives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(drives, DRIVES, "{e}");
+        assert_eq!(e["stats"]["caches"][0]["name"], CACHE);
+        assert_eq!(
+            e["stats"]["drives"][0]["persist"]["sync_state"], "idle",
+            "{e}"
+        );
+        assert_eq!(
+            e["stats"]["drives"][2]["compression"]["algorithm"], "lz4",
+            "{e}"
+        );
+    }
+    assert!(out.stdout.contains("retry: 3000"), "{}", out.stdout);
+    // Over the unix socket too, and bad queries are refused.
+    let (status, one) = common::http(dash.d.api_socket(), "GET", "/v1/events?count=1", None);
+    assert_eq!(status, 200);
+    assert_eq!(stats_events(&one).len(), 1, "{one}");
+    for q in ["interval_ms=5", "interval_ms=x", "count=0", "every=1"] {
+        let (status, body) =
+            common::http(dash.d.api_socket(), "GET", &format!("/v1/events?{q}"), None);
+        assert_eq!(status, 400, "{q}: {body}");
+    }
+    // Without a session, nothing.
+    let mut c = common::tool("curl");
+    c.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+        .arg(dash.ca_cert())
+        .arg(format!("{}/v1/events", dash.base()));
+    assert_eq!(common::run(&mut c).ok().stdout, "401");
+    // A daemon with an open stream still stops (the stream ends).
+    let streamed = dash.d.dir().join("stream.txt");
+    let mut c = common::tool("curl");
+    c.args(["-sS", "-N", "--unix-socket"])
+        .arg(dash.d.api_socket())
+        .arg("http://ramd/v1/events")
+        .stdout(std::fs::File::create(&streamed).unwrap());
+    let mut stream = common::KillOnDrop(c.spawn().unwrap());
+    common::wait_until("the stream's first event", Duration::from_secs(30), || {
+        std::fs::read_to_string(&streamed).is_ok_and(|t| t.contains("event: stats"))
+    });
+    let mut dash = dash;
+    let status = dash.d.terminate();
+    assert!(status.success(), "{status}: {}", dash.d.log());
+    let ended = common::wait_timeout(&mut stream.0, Duration::from_secs(30));
+    assert!(ended.is_some(), "the event stream outlived the daemon");
+}
+
+#[test]
+fn refused_at_start_and_without_http() {
+    if !require(&["curl"]) {
+        return;
+    }
+    // Plaintext on a network address, and --http on --api-listen's address.
+    for args in [
+        &["--http", "0.0.0.0:0", "--tls", "off"][..],
+        &[
+            "--http",
+            "127.0.0.1:18443",
+            "--api-listen",
+            "127.0.0.1:18443",
+            "--tls",
+            "off",
+        ][..],
+        &["--http", "127.0.0.1:0"][..],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = common::run(
+            common::ramd()
+                .args(["serve", "--no-config", "--drive", "a=1M"])
+                .arg("--runtime-dir")
+                .arg(dir.path())
+                .arg("--state-dir")
+                .arg(dir.path().join("state"))
+                .args(args),
+        );
+        assert_eq!(out.code(), 1, "{args:?}: {out}");
+        assert!(
+            out.stderr.contains("--http") || out.stderr.contains("--tls"),
+            "{args:?}: {out}"
+        );
+    }
+    // Plaintext on loopback with --tls off: an http:// link, a cookie
+    // without Secure.
+    let d = Daemon::launch(
+        &[
+            "serve",
+            "--drive",
+            "a=1M",
+            "--http",
+            "127.0.0.1:0",
+            "--tls",
+            "off",
+        ]
+        .map(String::from),
+        &[],
+    );
+    let port = dashboard_port(&d.log(), "http");
+    let out = common::run(d.cli().arg("dashboard")).ok();
+    let url = out.stdout.trim();
+    assert!(
+        url.starts_with(&format!("http://127.0.0.1:{port}/?token=")),
+        "{out}"
+    );
+    let mut c = common::tool("curl");
+    c.args(["-sS", "-i", url]);
+    let ex = Reply::parse(&common::run(&mut c).ok().stdout);
+    assert_eq!(ex.status, 303);
+    assert!(
+        !ex.header("set-cookie").unwrap().contains("secure"),
+        "{}",
+        ex.headers
+    );
+    // --url-host names the host in the link; a bad one is refused.
+    let out = common::run(
+        d.cli()
+            .args(["dashboard", "--url-host", "db1.example.com", "--json"]),
+    )
+    .ok();
+    let link: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(link["base_url"], format!("http://db1.example.com:{port}/"));
+    assert_eq!(link["role"], "read-only");
+    let out = common::run(d.cli().args(["dashboard", "--url-host", "a/b"]));
+    assert_eq!(out.code(), 1, "{out}");
+    // A daemon without --http says how to get one.
+    let plain = Daemon::start(&["a=1M"]);
+    let out = common::run(plain.cli().arg("dashboard"));
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("--http ADDR"), "{out}");
+    let path = "/v1/dashboard/links";
+    let (status, e) = Spec::load().call(&plain, "POST", path, path, Some("{}"));
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (409, Some("dashboard_off"))
+    );
+}
+
+/// A benchmark report in `ramd bench --json`'s shape, with a small plot
+/// naming each target.
+fn bench_report(targets: &[(&str, &str)]) -> String {
+    let latency =
+        json!({"mean": 20.5, "p50": 18.0, "p95": 30.0, "p99": 41.0, "p99_9": 90.0, "max": 400.0});
+    let results: Vec<Value> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            json!({
+                "target": name, "test": "randread-4k-qd1", "iops": 50000.0 / (i + 1) as f64,
+                "mib_s": 195.3 / (i + 1) as f64, "ios": 100000, "bytes": 409600000u64,
+                "elapsed_s": 2.0, "errors": 0, "lat_us": latency,
+            })
+        })
+        .collect();
+    let svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"480\" height=\"120\" viewBox=\"0 0 480 120\"><rect x=\"10\" y=\"20\" width=\"300\" height=\"30\" fill=\"#1f6feb\"/><rect x=\"10\" y=\"70\" width=\"60\" height=\"30\" fill=\"#cf222e\"/><text x=\"320\" y=\"40\">{}</text><text x=\"80\" y=\"90\">{}</text></svg>",
+        targets[0].0, targets[1].0
+    );
+    let report = json!({
+        "version": 1, "tool": "ramd test", "profile": "quick",
+        "started_at": "2026-01-02T03:04:05Z", "finished_at": "2026-01-02T03:04:09Z",
+        "runtime_s": 2.0,
+        "host": {"hostname": "test", "cpus": 2, "kernel": "6.1"},
+        "targets": targets.iter().map(|(name, kind)| json!({
+            "name": name, "kind": kind, "path": format!("/somewhere/{name}"), "engine": "nbd",
+            "direct_io": false, "page_cache": false, "working_set_bytes": 67108864u64,
+        })).collect::<Vec<_>>(),
+        "tests": [{"name": "randread-4k-qd1", "description": "4 KiB random reads, QD1", "rw": "randread",
+                   "read_pct": 100, "block_bytes": 4096, "iodepth": 1, "jobs": 1}],
+        "results": results,
+    });
+    json!({"report": report, "svg": svg}).to_string()
+}
+
+/// Where the screenshots go: target/test-output/dashboard/.
+fn output_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-output/dashboard");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn in_a_browser() {
+    if !require(&["chromium", "chromedriver", "openssl", "curl"])
+        || !require_python_module("selenium", "python3-selenium")
+        || !require_python_module("nbd", "python3-libnbd")
+    {
+        return;
+    }
+    let dash = Dash::start();
+    let targets = [("plain", "drive"), ("/var/tmp/bench.img", "file")];
+    let (status, body) = common::http(
+        dash.d.api_socket(),
+        "PUT",
+        "/v1/bench/latest",
+        Some(&bench_report(&targets)),
+    );
+    assert_eq!(status, 200, "{body}");
+    let out_dir = output_dir();
+    for old in [
+        "dashboard.png",
+        "dashboard-read-only.png",
+        "dashboard-failed.png",
+    ] {
+        let _ = std::fs::remove_file(out_dir.join(old));
+    }
+    let plan = json!({
+        "read_only_url": dash.link(false),
+        "admin_url": dash.link(true),
+        "base_url": format!("{}/", dash.base()),
+        "spki": dash.spki(),
+        "drives": DRIVES,
+        "caches": [CACHE],
+        "io_drive": "plain",
+        "io_uri": dash.d.uri("plain"),
+        "persistent": "keep",
+        "persistent_uri": dash.d.uri("keep"),
+        "cache_uri": dash.d.uri(CACHE),
+        "new_drive": "webdrive",
+        "refused_drive": "rodrive",
+        "bench_targets": targets.iter().map(|t| t.0).collect::<Vec<_>>(),
+        "out_dir": out_dir,
+    });
+    let plan_file = dash.d.dir().join("plan.json");
+    std::fs::write(&plan_file, plan.to_string()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/dashboard.py");
+    let mut c = common::tool("/usr/bin/python3");
+    c.arg(&script).arg(&plan_file);
+    let out = common::try_run(&mut c, Duration::from_secs(600)).expect("the browser script ran");
+    assert!(out.status.success(), "{out}\ndaemon log:\n{}", dash.d.log());
+    let seen: Value = serde_json::from_str(out.stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    eprintln!("browser saw: {seen}");
+    assert_eq!(seen["cookie_secure"], true, "{seen}");
+    assert_eq!(seen["read_only_buttons_disabled"], true, "{seen}");
+    assert!(seen["iops_peak"].as_f64().unwrap() > 0.0, "{seen}");
+    assert!(seen["hit_ratio_peak"].as_f64().unwrap() > 0.0, "{seen}");
+    assert!(seen["dirty_peak_mib"].as_f64().unwrap() >= 4.0, "{seen}");
+    assert_eq!(seen["console_errors"], json!([]), "{seen}");
+    assert_eq!(
+        seen["bench"],
+        json!(["/var/tmp/bench.img", "plain"]),
+        "{seen}"
+    );
+
+    // The daemon's side: the admin's drive exists as the page made it,
+    // the read-only attempt made nothing, the persistent drive synced.
+    let list: Value = serde_json::from_str(
+        &common::run(dash.d.cli().args(["list", "--json"]))
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    let drives = list["drives"].as_array().unwrap();
+    let web = drives
+        .iter()
+        .find(|d| d["name"] == "webdrive")
+        .expect("webdrive was created");
+    assert_eq!(web["size_bytes"], 16 << 20, "{web}");
+    assert_eq!(web["compression"]["algorithm"], "lz4", "{web}");
+    assert_eq!(web["origin"], "api");
+    assert!(
+        drives.iter().all(|d| d["name"] != "rodrive"),
+        "the read-only create went through"
+    );
+    let keep = drives.iter().find(|d| d["name"] == "keep").unwrap();
+    assert!(
+        keep["persist"]["status"]["syncs_ok"].as_u64().unwrap() >= 1,
+        "{keep}"
+    );
+    for png in ["dashboard.png", "dashboard-read-only.png"] {
+        let bytes = std::fs::read(out_dir.join(png)).unwrap();
+        assert!(
+            bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+            "{png} is not a PNG"
+        );
+    }
+}
