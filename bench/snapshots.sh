@@ -22,12 +22,14 @@
 # the nbd module (python3-libnbd), /usr/bin/time.
 #
 # Env knobs: SIZE=2G RUNS=3 OUT=dir CHANGE_BLOCK=1M (bytes per changed
-# extent; 1% of SIZE is changed in total).
+# extent; 1% of SIZE is changed in total) CHUNK= (the remote's chunk size,
+# `ramd remote add --chunk-size`; empty: ramd's default).
 set -euo pipefail
 
 SIZE=${SIZE:-2G}
 RUNS=${RUNS:-3}
 CHANGE_BLOCK=${CHANGE_BLOCK:-1M}
+CHUNK=${CHUNK:-}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/bench/results/$(date -u +%F)-snapshots}
 PY=/usr/bin/python3
@@ -207,7 +209,8 @@ for run in $(seq "$RUNS"); do
   nbdcopy "$IMG" "$(uri bench)"
   cp "$IMG" "$SHM/changed.img"
   "$RAMD" remote add "r$run" "s3://$BUCKET/ramd-run$run" --endpoint "$ENDPOINT" --region garage \
-    --credentials-file "$CREDS" >/dev/null
+    --credentials-file "$CREDS" ${CHUNK:+--chunk-size "$CHUNK"} >/dev/null
+  chunk_b=$("$RAMD" remote list --json | jq_py "[r['chunk_bytes'] for r in d['remotes'] if r['name'] == 'r$run'][0]")
   sync
 
   # (1) ramd full push.
@@ -260,7 +263,7 @@ for run in $(seq "$RUNS"); do
   rm -rf "$SHM/dl"
 
   cat >>"$RUNS_JSON" <<EOF
-{"run": $run, "full_push_s": $full_s, "full_push_ramd_cpu_s": $full_ramd_cpu, "full_push_garage_cpu_s": $full_garage_cpu, "full_push_uploaded_bytes": $full_up, "full_push_report": $(cat "$TMP/full.json" | tr -d '\n'), "rclone_upload_s": $rc_up_s, "rclone_upload_cpu_s": $rc_up_cpu, "rclone_upload_garage_cpu_s": $rc_up_garage_cpu, "changed_extents": $nchg, "changed_bytes": $changed_b, "incr_push_s": $incr_s, "incr_push_ramd_cpu_s": $incr_ramd_cpu, "incr_push_garage_cpu_s": $incr_garage_cpu, "incr_push_uploaded_bytes": $incr_up, "incr_push_chunks_uploaded": $incr_chunks, "restore_s": $rest_s, "restore_ramd_cpu_s": $rest_ramd_cpu, "restore_garage_cpu_s": $rest_garage_cpu, "restore_verified": $rest_ok, "rclone_download_s": $rc_dn_s, "rclone_download_cpu_s": $rc_dn_cpu, "rclone_download_garage_cpu_s": $rc_dn_garage_cpu, "rclone_download_verified": $rc_ok}
+{"run": $run, "chunk_bytes": $chunk_b, "full_push_s": $full_s, "full_push_ramd_cpu_s": $full_ramd_cpu, "full_push_garage_cpu_s": $full_garage_cpu, "full_push_uploaded_bytes": $full_up, "full_push_report": $(cat "$TMP/full.json" | tr -d '\n'), "rclone_upload_s": $rc_up_s, "rclone_upload_cpu_s": $rc_up_cpu, "rclone_upload_garage_cpu_s": $rc_up_garage_cpu, "changed_extents": $nchg, "changed_bytes": $changed_b, "incr_push_s": $incr_s, "incr_push_ramd_cpu_s": $incr_ramd_cpu, "incr_push_garage_cpu_s": $incr_garage_cpu, "incr_push_uploaded_bytes": $incr_up, "incr_push_chunks_uploaded": $incr_chunks, "restore_s": $rest_s, "restore_ramd_cpu_s": $rest_ramd_cpu, "restore_garage_cpu_s": $rest_garage_cpu, "restore_verified": $rest_ok, "rclone_download_s": $rc_dn_s, "rclone_download_cpu_s": $rc_dn_cpu, "rclone_download_garage_cpu_s": $rc_dn_garage_cpu, "rclone_download_verified": $rc_ok}
 EOF
   tail -1 "$RUNS_JSON" | $PY -c 'import json,sys; d=json.load(sys.stdin); d.pop("full_push_report"); print(json.dumps(d))' >&2
 done
@@ -271,11 +274,11 @@ import json, statistics, sys
 path, out, size, block, rcv, ramdv, garagev, ncpu = sys.argv[1:]
 size, block = int(size), int(block)
 runs = [json.loads(l) for l in open(path) if l.strip()]
-keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and not isinstance(runs[0][k], bool) and k != "run"]
+keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and not isinstance(runs[0][k], bool) and k not in ("run", "chunk_bytes")]
 med = {k: statistics.median(r[k] for r in runs) for k in keys}
 mib = size / (1 << 20)
 res = {
-    "size_bytes": size, "change_block_bytes": block, "runs": len(runs), "cpus": int(ncpu),
+    "size_bytes": size, "change_block_bytes": block, "chunk_bytes": runs[0]["chunk_bytes"], "runs": len(runs), "cpus": int(ncpu),
     "rclone": rcv, "ramd": ramdv, "garage": garagev,
     "median": med,
     "full_push_mib_s": mib / med["full_push_s"], "rclone_upload_mib_s": mib / med["rclone_upload_s"],
@@ -290,7 +293,7 @@ m = med
 lines = [
     f"# Snapshots in object storage (issue 18): ramd vs rclone, one Garage on loopback",
     "",
-    f"{size / (1 << 30):g} GiB drive (25% zeroes, 25% text, 25% random, 25% one repeated 1 MiB block); {len(runs)} runs, medians; {ncpu} CPUs; {rcv}; {garagev}.",
+    f"{size / (1 << 30):g} GiB drive (25% zeroes, 25% text, 25% random, 25% one repeated 1 MiB block); ramd chunks of {runs[0]['chunk_bytes'] >> 10} KiB; {len(runs)} runs, medians; {ncpu} CPUs; {rcv}; {garagev}.",
     "",
     "| step | ramd | rclone |",
     "|---|---|---|",

@@ -14,6 +14,7 @@ mod common;
 use std::time::Duration;
 
 use common::garage::{assert_same, cli, creds_file, json, read_drive, serial, write_drive, Garage};
+use common::openapi::Spec;
 use common::{random_bytes, require, run, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
@@ -169,8 +170,21 @@ snapshot_keep_last = 3
     assert!(info["snapshots"][0]["pushes_total"].as_u64().unwrap() >= 2);
     let text = run(a.cli().args(["info", "c1"])).ok();
     assert!(text.stdout.contains("snapshots to g"), "{text}");
-    let (code, body) = a.http("GET", "/v1/caches/c1/snapshots", None);
+    // The answers match docs/openapi.yaml.
+    let spec = Spec::load();
+    let (code, body) = spec.call(
+        &a,
+        "GET",
+        "/v1/caches/{name}/snapshots",
+        "/v1/caches/c1/snapshots",
+        None,
+    );
     assert_eq!(code, 200, "{body}");
+    assert_eq!(body["statuses"][0]["kind"], "cache", "{body}");
+    spec.call(&a, "GET", "/v1/caches/{name}", "/v1/caches/c1", None);
+    spec.call(&a, "GET", "/v1/remotes", "/v1/remotes", None);
+    let job_path = format!("/v1/snapshots/jobs/{}", job["id"]);
+    spec.call(&a, "GET", "/v1/snapshots/jobs/{id}", &job_path, None);
     let listed = json(
         &cli(
             &a,

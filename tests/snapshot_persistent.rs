@@ -23,6 +23,7 @@ use common::garage::{
     write_drive, Garage,
 };
 use common::mounts::{require_root, Scratch};
+use common::openapi::Spec;
 use common::{random_bytes, require, run, tool, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
@@ -88,6 +89,45 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     )
     .ok();
     assert!(out.stdout.contains("persistent"), "{out}");
+    // Through the API, checked against docs/openapi.yaml (a name whose
+    // state directory holds a drive already is refused).
+    let spec = Spec::load();
+    let (code, job) = spec.call(
+        &b,
+        "POST",
+        "/v1/snapshots/restore",
+        "/v1/snapshots/restore",
+        Some(r#"{"remote": "g", "drive": "db", "as": "viaapi", "persist": true, "sync_interval": "10s"}"#),
+    );
+    assert_eq!(code, 202, "{job}");
+    let done = wait_job(&b, job["id"].as_u64().unwrap());
+    assert_eq!(done["restore"]["persistent"], true, "{done}");
+    let job_path = format!("/v1/snapshots/jobs/{}", job["id"]);
+    spec.call(&b, "GET", "/v1/snapshots/jobs/{id}", &job_path, None);
+    let info = json(&run(b.cli().args(["info", "viaapi", "--json"])).ok());
+    assert_eq!(info["persist"]["sync_interval_ms"], 10_000, "{info}");
+    run(b.cli().args(["delete", "viaapi", "--keep-data"])).ok();
+    let (code, e) = spec.call(
+        &b,
+        "POST",
+        "/v1/snapshots/restore",
+        "/v1/snapshots/restore",
+        Some(r#"{"remote": "g", "drive": "db", "as": "viaapi", "persist": true}"#),
+    );
+    assert_eq!(code, 409, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("not empty"),
+        "{e}"
+    );
+    let (code, e) = spec.call(
+        &b,
+        "POST",
+        "/v1/snapshots/restore",
+        "/v1/snapshots/restore",
+        Some(r#"{"remote": "g", "drive": "db", "as": "x", "durability": "flush"}"#),
+    );
+    assert_eq!(code, 422, "{e}");
+    std::fs::remove_dir_all(b.state_dir().join("drives/viaapi")).unwrap();
     let info = json(&run(b.cli().args(["info", "db", "--json"])).ok());
     assert_eq!(info["kind"], "persistent", "{info}");
     assert_eq!(info["state"], "ready", "{info}");

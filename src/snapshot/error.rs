@@ -53,6 +53,16 @@ pub enum SnapshotError {
         /// Bytes it holds.
         got: u64,
     },
+    /// The drive would make a manifest too large to restore.
+    #[error("a drive of {size_bytes} bytes in {chunk_bytes}-byte chunks makes more than {max} chunks: push it with chunks of at least {needed} bytes (the remote's chunk_size)", max = chunk::MAX_CHUNKS)]
+    TooManyChunks {
+        /// The drive's size.
+        size_bytes: u64,
+        /// The chunk size asked for.
+        chunk_bytes: u64,
+        /// The smallest chunk size that fits.
+        needed: u64,
+    },
     /// A chunk a manifest names is not on the remote.
     #[error("chunk {name}, needed by snapshot {snapshot}, is missing from the remote")]
     ChunkMissing {

@@ -66,7 +66,8 @@ pub struct PushOptions {
     pub label: String,
     /// Chunk size (see `chunk.rs` for the default's reasons).
     pub chunk_bytes: u64,
-    /// Chunks in flight at once (each holds one chunk in memory).
+    /// Chunks in flight at once (each holds one chunk in memory); 0: by
+    /// the chunk size (`chunk::in_flight`).
     pub concurrency: usize,
     /// Encrypt with these keys; None: plain (compressed only).
     pub keys: Option<Arc<Keys>>,
@@ -75,13 +76,14 @@ pub struct PushOptions {
 }
 
 impl PushOptions {
-    /// Defaults: 1 MiB chunks, 8 in flight, no encryption.
+    /// Defaults: the default chunk size, in flight by chunk size, no
+    /// encryption.
     pub fn new(drive: &str) -> PushOptions {
         PushOptions {
             drive: drive.to_owned(),
             label: String::new(),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
-            concurrency: 8,
+            concurrency: 0,
             keys: None,
             lease: LeaseConfig::default(),
         }
@@ -197,6 +199,13 @@ pub async fn push<S: ChunkSource + ?Sized>(
 ) -> Result<PushReport, SnapshotError> {
     check_options(opts)?;
     let geometry = Geometry::new(source.size_bytes(), opts.chunk_bytes)?;
+    if geometry.count() > super::chunk::MAX_CHUNKS {
+        return Err(SnapshotError::TooManyChunks {
+            size_bytes: geometry.size_bytes,
+            chunk_bytes: geometry.chunk_bytes,
+            needed: super::chunk::chunk_bytes_for(geometry.size_bytes, geometry.chunk_bytes),
+        });
+    }
     let created_ms = now_ms();
     remote.check().await?;
     let mut lease = Lease::acquire(remote, LeaseKind::Push, opts.lease.clone()).await?;
@@ -279,7 +288,10 @@ async fn upload_all<S: ChunkSource + ?Sized>(
             };
             async move { process(ctx, read?).await.map(|r| (len, r)) }
         })
-        .buffered(opts.concurrency.max(1));
+        .buffered(match opts.concurrency {
+            0 => super::chunk::in_flight(geometry.chunk_bytes),
+            n => n,
+        });
     let mut entries = Vec::with_capacity(count as usize);
     while let Some((len, (entry, outcome))) = results.try_next().await? {
         entries.push(entry);

@@ -56,17 +56,18 @@ impl ChunkSink for BufferSink {
 /// How to restore.
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
-    /// Chunks downloaded at once.
+    /// Chunks downloaded at once; 0: by the snapshot's chunk size
+    /// (`chunk::in_flight`).
     pub concurrency: usize,
     /// The snapshot's keys, if it is encrypted.
     pub keys: Option<Arc<Keys>>,
 }
 
 impl Default for RestoreOptions {
-    /// 8 downloads at once, no key.
+    /// Downloads in flight by chunk size, no key.
     fn default() -> RestoreOptions {
         RestoreOptions {
-            concurrency: 8,
+            concurrency: 0,
             keys: None,
         }
     }
@@ -106,7 +107,8 @@ pub async fn list_snapshots(
 }
 
 /// Longest manifest accepted: 64 MiB chunks of a 16 EiB drive would need
-/// more, but 1 GiB covers 32 million chunks (32 TiB at 1 MiB).
+/// more, but 1 GiB covers 32 million chunks (8 TiB at 256 KiB, 32 TiB
+/// at 1 MiB).
 const MANIFEST_LIMIT_BYTES: u64 = 1 << 30;
 
 /// Fetches and verifies a snapshot's manifest.
@@ -236,7 +238,10 @@ pub async fn restore<K: ChunkSink + ?Sized>(
                     .map(|r| (a, r))
             }
         })
-        .buffer_unordered(opts.concurrency.max(1));
+        .buffer_unordered(match opts.concurrency {
+            0 => super::chunk::in_flight(g.chunk_bytes),
+            n => n,
+        });
     while let Some((a, (got, plain))) = fetched.try_next().await? {
         report.chunks_fetched += 1;
         report.bytes_downloaded += got;

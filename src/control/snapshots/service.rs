@@ -160,7 +160,8 @@ impl Snapshots {
         if !self.running.lock().insert(req.drive.clone()) {
             return Err(SnapshotsError::Busy(req.drive.clone()));
         }
-        let chunk_bytes = spec.chunk_bytes();
+        // The remote's chunk size, larger for a drive too big for it.
+        let chunk_bytes = snapshot::chunk::chunk_bytes_for(target.size_bytes(), spec.chunk_bytes());
         // A drive's cut is taken now, so the snapshot is the drive as of
         // this answer; a cache's after its write-back.
         let cut = if target.writes_back() {

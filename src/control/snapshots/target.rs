@@ -18,7 +18,9 @@ use std::sync::Arc;
 
 use super::error::SnapshotsError;
 use super::policy::TargetKind;
+use crate::block::backend::Backend;
 use crate::block::cut::{Cut, CutError};
+use crate::block::Export;
 use crate::control::caches::{CacheEntry, Caches, Live};
 use crate::control::drives::{Drive, Drives};
 
@@ -90,13 +92,21 @@ impl Target {
         }
     }
 
-    /// Opens the point-in-time cut the push reads.
-    pub fn begin_cut(&self, chunk_bytes: u64) -> Result<Cut, SnapshotsError> {
-        let export = match self {
+    fn export(&self) -> &Arc<Export> {
+        match self {
             Target::Drive(d) => &d.export,
             Target::Cache { live, .. } => &live.export,
-        };
-        export.begin_cut(chunk_bytes).map_err(|e| match e {
+        }
+    }
+
+    /// Its size now (a push's cut keeps it while it runs).
+    pub fn size_bytes(&self) -> u64 {
+        self.export().backend.size()
+    }
+
+    /// Opens the point-in-time cut the push reads.
+    pub fn begin_cut(&self, chunk_bytes: u64) -> Result<Cut, SnapshotsError> {
+        self.export().begin_cut(chunk_bytes).map_err(|e| match e {
             CutError::Busy => SnapshotsError::Busy(self.name().to_owned()),
             e => SnapshotsError::Cut {
                 drive: self.name().to_owned(),
