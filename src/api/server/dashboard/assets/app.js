@@ -344,7 +344,7 @@ function renderCaches(list) {
       c.backing.spec,
       bytes(c.size_bytes),
       st ? `${bytes(st.memory_bytes)} / ${bytes(c.promised_bytes)}` : "–",
-      st ? `${(100 * st.hit_ratio).toFixed(1)}%` : "–",
+      st && st.read_hits + st.read_misses + st.write_hits + st.write_misses > 0 ? `${(100 * st.hit_ratio).toFixed(1)}%` : "–",
       st ? bytes(st.dirty_bytes) : "–",
       c.backing.state === "healthy" ? c.state : `${c.state} (backing ${c.backing.state})`,
       String(c.connections),
