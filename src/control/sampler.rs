@@ -40,6 +40,8 @@ pub fn compact_drives(drives: &Drives) -> u64 {
             freed += n;
         }
     }
+    // Slab blocks freed by trims and compaction go back to the OS too.
+    crate::store::compressed::return_freed_memory();
     freed
 }
 

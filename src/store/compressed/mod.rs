@@ -67,6 +67,8 @@
 //! as it was: so, unlike the raw store, an overwrite can fail for space
 //! when its data compresses worse than before. Tables and slab bookkeeping
 //! (`metadata_bytes`) are reported but not charged, as with the raw store.
+//! Blocks are heap allocations; the daemon returns freed ones to the OS once
+//! a second (`heap.rs`), so its RSS follows the slabs down after a trim.
 //!
 //! # Invariants
 //!
@@ -90,6 +92,7 @@
 //! snapshots use.
 
 mod arena;
+mod heap;
 mod marks;
 mod page;
 mod shard;
@@ -107,6 +110,7 @@ use super::cut::CutState;
 use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
 pub use arena::region_bytes_for as locked_region_bytes_for;
 use arena::LockedArena;
+pub use heap::return_freed_memory;
 use marks::Marks;
 pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
 use page::{PageError, PACK_BUF_BYTES};
@@ -157,7 +161,11 @@ impl Charge for DriveMem {
     fn drop_block(&self, block: BlockMem) {
         match (block, &self.arena) {
             (BlockMem::Locked(b), Some(a)) => a.free(b),
-            (b, _) => drop(b),
+            (BlockMem::Heap(b), _) => {
+                heap::note_freed(b.len() as u64);
+                drop(b)
+            }
+            (b, None) => drop(b),
         }
     }
     fn reserve(&self, bytes: u64) -> bool {
