@@ -218,7 +218,7 @@ fn compressed_drives_reopen_many_times() {
         }
     }
     let dir = tempfile::tempdir().unwrap();
-    let s = DirStorage::create_dir(&dir.path().join("z")).unwrap();
+    let s = DirStorage::create_dir(dir.path().join("z")).unwrap();
     let reopen = |s: DirStorage| DirStorage::open_dir(s.path()).unwrap();
     reopen_many_with(s, reopen, None, 10, 99, lz4);
 }
