@@ -116,7 +116,10 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     );
     assert_eq!(code, 409, "{e}");
     assert!(
-        e["error"]["message"].as_str().unwrap().contains("not empty"),
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not empty"),
         "{e}"
     );
     let (code, e) = spec.call(

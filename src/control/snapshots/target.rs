@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use super::error::SnapshotsError;
 use super::policy::TargetKind;
-use crate::block::backend::Backend;
 use crate::block::cut::{Cut, CutError};
 use crate::block::Export;
 use crate::control::caches::{CacheEntry, Caches, Live};
