@@ -310,7 +310,7 @@ pub fn path(
     };
     let ws = working_set(&name, wanted, room)?;
     p.info.working_set_bytes = ws;
-    describe(&mut p, &file_path)?;
+    describe(&mut p, &file_path);
     if kind == Kind::BlockDevice {
         p._hold = Some(file);
     } else {
@@ -368,7 +368,7 @@ fn open_rw(path: &Path, direct: bool, create: bool, exclusive: bool) -> std::io:
 
 /// The engine and the notes a reader needs: io_uring or not, O_DIRECT or
 /// the page cache, tmpfs.
-fn describe(p: &mut Prepared, path: &Path) -> Result<(), BenchError> {
+fn describe(p: &mut Prepared, path: &Path) {
     let uring = io_uring::IoUring::new(2);
     let Access::File {
         uring: u, direct, ..
@@ -396,7 +396,6 @@ fn describe(p: &mut Prepared, path: &Path) -> Result<(), BenchError> {
     if p.files_dir.is_some() {
         p.info.notes.push("the file-level test goes through the page cache on every filesystem (no O_DIRECT, no fsync, as a build does)".into());
     }
-    Ok(())
 }
 
 /// Writes the working set once (random data, 1 MiB at a time), makes it
