@@ -10,7 +10,9 @@
 //!    in runs of up to 8 MiB by two worker threads that `pread` each run
 //!    straight into the drive's pages and verify (CRC-32C or AES-GCM) them
 //!    in place: one copy, page cache to drive, and one thread's disk wait
-//!    overlaps the other's verifying. Holes cost nothing.
+//!    overlaps the other's verifying. Holes cost nothing. (A store that
+//!    spends more CPU per page, a compressed one, asks for one thread per
+//!    core: `SyncStore::load_threads`.)
 //! 4. replay: the committed generations newer than the image, in order.
 //! 5. only now, with everything verified and loaded, is the disk changed:
 //!    the journal is checkpointed into the image and emptied (a torn tail
@@ -542,10 +544,6 @@ fn count_data_pages<S: Storage>(storage: &S, image: &Image<S::File>, meta: &Meta
 /// table entries.
 type Run = (u64, u64, Vec<u8>);
 
-/// Threads that load runs of the image at once: one reads while the other
-/// verifies and faults pages in, so neither the disk nor a core idles.
-const LOAD_WORKERS: usize = 2;
-
 /// A page that failed verification: page number and why.
 type BadPage = (u64, String);
 
@@ -668,7 +666,9 @@ impl<F: StorageFile, M: SyncStore> LoadShared<'_, F, M> {
 
 /// Loads every data page of the image into `store`, verifying each. This
 /// thread walks the page table window by window and hands runs of data
-/// pages to `LOAD_WORKERS` threads that read them straight into the drive.
+/// pages to the store's load threads (`SyncStore::load_threads`: two for a
+/// raw drive, one reads while the other verifies) that read them straight
+/// into the drive.
 #[allow(clippy::too_many_arguments)]
 fn load_image<S: Storage, M: SyncStore>(
     storage: &S,
@@ -701,10 +701,11 @@ fn load_image<S: Storage, M: SyncStore>(
         stop: std::sync::atomic::AtomicBool::new(false),
         loaded_bytes: AtomicU64::new(0),
     };
-    let (tx, rx) = sync_channel::<Run>(2 * LOAD_WORKERS);
+    let workers_n = store.load_threads();
+    let (tx, rx) = sync_channel::<Run>(2 * workers_n);
     let rx = std::sync::Mutex::new(rx);
     let (mut bad, first_error) = std::thread::scope(|sc| {
-        let workers: Vec<_> = (0..LOAD_WORKERS)
+        let workers: Vec<_> = (0..workers_n)
             .map(|_| {
                 let (shared, rx) = (&shared, &rx);
                 sc.spawn(move || {

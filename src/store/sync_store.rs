@@ -64,6 +64,12 @@ pub trait SyncStore: Backend + 'static {
     fn cut_copy_bytes(&self) -> u64;
     /// Grows or shrinks the drive (waits for a running cut).
     fn resize(&self, size_bytes: u64) -> Result<()>;
+    /// Threads a restore loads the image with: two (one reads from the
+    /// disk while the other verifies and copies) unless the store spends
+    /// more CPU per page than that.
+    fn load_threads(&self) -> usize {
+        2
+    }
     /// Stores the bytes `fill` produces at `offset`: a prefix of `len`
     /// bytes (at least one page, or `len` when smaller), whose length is
     /// returned. `fill` fills the whole slice it is given without waiting

@@ -29,16 +29,17 @@
 //! decompresses each dirty page and writes 4 KiB for it; a restore
 //! compresses every loaded page again. Measured on the 1 GiB mixed corpus
 //! of bench/compressed-corpus.sh (`examples/compressed_persist_bench.rs`,
-//! 2 shared vCPUs; docs/persistence.md has the table): a sync commit took
-//! 0.57-0.68 s raw, 0.77 s lz4, 1.8 s zstd:3 (one core decompresses the
-//! corpus at 3.2 GB/s with lz4, 1.0 GB/s with zstd); a restore 1.1-2.6 s
-//! raw, 1.8 s lz4, 4.4 s zstd:3 (compressing at 0.73 / 0.31 GB/s per core
-//! on two load threads). A compressed image would move the 689 / 609 MiB
-//! the drive holds instead of 1 GiB and skip the restore's compression
-//! (a zstd restore near the disk's ~1.1 s read of 588 MiB), but it needs
-//! its own format, journal records and verification path, and ties the
-//! files to one algorithm: not worth it while a restore of a compressed
-//! drive stays within 2-4x of a raw one's.
+//! 2 shared vCPUs, three runs; docs/persistence.md has the table): a sync
+//! commit took 0.57-0.85 s raw, 0.77-0.90 s lz4, 1.7-1.8 s zstd:3 (one core
+//! decompresses the corpus at 2-3 GB/s with lz4, 1.0 GB/s with zstd); a
+//! restore 0.9-2.6 s raw, 1.8-3.2 s lz4, 4.4-7.0 s zstd:3 (compressing at
+//! 0.3-0.7 / 0.2-0.3 GB/s per core; one load thread per core, here two).
+//! A compressed image would move the 689 / 609 MiB the drive holds instead
+//! of 1 GiB and skip the restore's compression (a zstd restore near the
+//! disk's 0.4-1.1 s read of 588 MiB), but it needs its own format, journal
+//! records and verification path, and ties the files to one algorithm and
+//! to ramd: the raw image was kept, and a slower restore of a compressed
+//! drive (2-8x a raw one's on two cores) is its price.
 //!
 //! # Restore
 //!
@@ -334,6 +335,12 @@ impl SyncStore for CompressedStore {
 
     fn cut_copy_bytes(&self) -> u64 {
         self.cut.copy_bytes()
+    }
+
+    /// A restore is bound by compressing the pages again: one load thread
+    /// per core (at least two, at most eight).
+    fn load_threads(&self) -> usize {
+        std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
     }
 
     fn resize(&self, size_bytes: u64) -> Result<()> {
