@@ -220,7 +220,6 @@ pub enum Command {
         /// With --from: the new drive's name [default: NAME].
         #[arg(long = "as", value_name = "NEWNAME", requires = "from", value_parser = arg_name)]
         as_name: Option<String>,
-        #[command(flatten)]
         /// With --from: make the new drive persistent (STATE_DIR/drives/NAME,
         /// which must hold no drive). It is served only once its state
         /// directory holds the whole snapshot, durably: a crash or a full
@@ -236,6 +235,7 @@ pub enum Command {
         /// With --from --persist: encrypt the state directory with --key-file.
         #[arg(long, requires_all = ["persist", "key_file"])]
         encrypt: bool,
+        #[command(flatten)]
         out: JsonFlag,
     },
 
@@ -659,6 +659,10 @@ fn restore(client: &Client, c: Command) -> Result<(), CliError> {
         from,
         snapshot,
         as_name,
+        persist,
+        durability,
+        sync_interval,
+        encrypt,
         out,
     } = c
     else {
@@ -670,14 +674,15 @@ fn restore(client: &Client, c: Command) -> Result<(), CliError> {
             drive: name,
             snapshot,
             as_name,
+            persist,
+            durability,
+            sync_interval: sync_interval.map(crate::api::wire::values::DurationValue::Text),
+            encrypt,
+            key_file: absolute_text(key_file.as_deref())?,
         };
         return snapshot::restore_from(client, &req, no_wait, out.json);
     }
     let req = RestoreRequest {
-        persist,
-        durability,
-        sync_interval,
-        encrypt,
         force,
         discard_journal,
         key_file: absolute_text(key_file.as_deref())?,
@@ -689,11 +694,6 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     let target = target(&cli)?;
     let client = || Client::to(target.clone());
     match cli.command {
-            persist,
-            durability,
-            sync_interval: sync_interval.map(crate::api::wire::values::DurationValue::Text),
-            encrypt,
-            key_file: absolute_text(key_file.as_deref())?,
         Command::Daemon(args) => run_daemon(args, cli.api_socket.clone())?,
         Command::Create {
             name,
@@ -770,8 +770,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Remote(cmd) => remote::run(&client(), cmd)?,
         Command::Snapshot(cmd) => snapshot::run(&client(), cmd)?,
         Command::Token(cmd) => token::run(&client(), cmd)?,
-        Command::Dashboard(args) => dashboard::run(&client(), args)?,
         Command::Bench(args) => bench::run(&client(), args)?,
+        Command::Dashboard(args) => dashboard::run(&client(), args)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,
         Command::Completions { shell } => docs::completions(shell),
         Command::Man { into, dir } => docs::man(into.or(dir))?,

@@ -399,9 +399,6 @@ fn drive_policy(
     DrivePolicy::from_keys(&keys).map_err(|e| invalid(at, e.to_string()))
 }
 
-/// The access rules of a `[[drive]]` (open: it has none); an error points
-/// at the network that does not parse, or the identity list with an empty
-/// name.
 /// The snapshot settings of a `[[cache]]` (None: it has none).
 fn cache_policy(
     c: &CacheConfigEntry,
@@ -423,6 +420,9 @@ fn cache_policy(
         .map_err(|e| invalid(at, format!("cache '{}': {e}", c.name.get_ref())))
 }
 
+/// The access rules of a `[[drive]]` (open: it has none); an error points
+/// at the network that does not parse, or the identity list with an empty
+/// name.
 fn drive_access(
     d: &DriveEntry,
     invalid: &impl Fn(usize, String) -> ConfigError,
@@ -620,12 +620,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         declared_at.insert(name.clone(), line_col(text, c.name.span().start));
-        caches.push(spec);
-    }
-    let mut dirs: Vec<DirSpec> = Vec::new();
         if let Some(p) = cache_policy(c, &invalid)? {
             snapshot_policies.insert(name.clone(), p);
         }
+        caches.push(spec);
+    }
+    let mut dirs: Vec<DirSpec> = Vec::new();
     for d in &file.dirs {
         let at = |offset: usize| {
             let (line, column) = line_col(text, offset);

@@ -6,7 +6,7 @@
 //! One file per resource: `drives`, `persistence`, `stats`, `health`,
 //! `attachments`, `caches` (RAM caches), `dirs` (directories in RAM),
 //! `tls` (certificate reload), `tokens` (API tokens), `remotes` and
-//! `snapshots` (drive snapshots in object storage), `bench` (the last
+//! `snapshots` (drive and cache snapshots in object storage), `bench` (the last
 //! `ramd bench` report), `events` (server-sent events), `dashboard` (the
 //! web UI of `--http`, with `session`, its cookie), `metrics` (Prometheus); `error` the one error shape, `counters` the
 //! conversion of metrics into wire counters. The JSON bodies are
@@ -84,12 +84,12 @@ routes! {
     get "/v1/caches/{name}" => caches::get,
     delete "/v1/caches/{name}" => caches::delete,
     post "/v1/caches/{name}/sync" => caches::sync,
+    get "/v1/caches/{name}/snapshots" => snapshots::status_cache,
+    post "/v1/caches/{name}/snapshots" => snapshots::create_cache,
     get "/v1/dirs" => dirs::list,
     post "/v1/dirs" => dirs::add,
     post "/v1/dirs/sync" => dirs::sync_all,
     get "/v1/dirs/{id}" => dirs::get,
-    get "/v1/caches/{name}/snapshots" => snapshots::status_cache,
-    post "/v1/caches/{name}/snapshots" => snapshots::create_cache,
     patch "/v1/dirs/{id}" => dirs::patch,
     delete "/v1/dirs/{id}" => dirs::delete,
     post "/v1/dirs/{id}/sync" => dirs::sync,

@@ -33,6 +33,7 @@
 //!   backing I/O, opening and closing happen with neither held.
 
 pub mod error;
+mod give_back;
 mod reopen;
 pub mod shutdown;
 pub mod spec;
@@ -325,7 +326,6 @@ impl Caches {
         })
     }
 
-    /// Names in order, for messages.
     /// The cache `name` and its engine, when it serves.
     pub fn live(&self, name: &str) -> Result<(Arc<CacheEntry>, Live), CachesError> {
         let entry = self.get(name)?;
@@ -333,6 +333,7 @@ impl Caches {
         Ok((entry, live))
     }
 
+    /// Names in order, for messages.
     pub fn names(&self) -> Vec<String> {
         self.map.lock().keys().cloned().collect()
     }
