@@ -5,7 +5,8 @@
 //!
 //! - After [`secure_state_dir`] succeeds, the state directory, everything
 //!   under `drives/` (each drive's directory, image, journal, meta,
-//!   `drive.json`, temporary files) and under `cache-rescue/` is owned by
+//!   `drive.json`, temporary files), under `cache-rescue/` and `bench/`,
+//!   and the snapshot lease owner id `snapshot-owner` are owned by
 //!   the daemon's user, directories at most 0700 and files at most 0600.
 //!   What was wider is narrowed (group and other bits cleared) with a WARN
 //!   naming the path; something owned by another user refuses the start,
@@ -23,7 +24,7 @@ use crate::paths::{create_private_dir, euid, DirError};
 /// The state directory's parts whose modes are checked (others, such as
 /// `dirs/`, belong to their own features; the 0700 state directory covers
 /// them too).
-const CHECKED: [&str; 2] = ["drives", "cache-rescue"];
+const CHECKED: [&str; 4] = ["drives", "cache-rescue", "bench", "snapshot-owner"];
 
 /// Why the state directory cannot be used.
 #[derive(Debug, thiserror::Error)]
