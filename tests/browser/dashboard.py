@@ -78,7 +78,7 @@ def notice(d):
 def legend(d, metric, series):
     return d.execute_script(
         "const li = document.querySelector(`figure[data-metric='${arguments[0]}'] li[data-series='${arguments[1]}']`);"
-        "return li ? {value: li.dataset.value, peak: Number(li.dataset.peak)} : null;",
+        "return li ? {value: li.dataset.value, peak: Number(li.dataset.peak), points: Number(li.dataset.points)} : null;",
         metric, series)
 
 
@@ -180,6 +180,8 @@ def chart_updates(d, plan, seen):
         wait(d, f"the latency chart to show I/O on {drive}", lambda: peak("latency", drive + " p99") > 0)
         cache = plan["caches"][0]
         wait(d, f"the hit ratio chart to show hits on {cache}", lambda: peak("hits", cache) > 0)
+        wait(d, f"the hit ratio chart to show {cache}'s ratio since it was made",
+             lambda: peak("hits", cache + " overall") > 0)
         keep = plan["persistent"]
         wait(d, f"the dirty chart to show {keep}'s unsynced data", lambda: peak("dirty", keep) >= 4)
     finally:
@@ -192,8 +194,28 @@ def chart_updates(d, plan, seen):
     seen["chart_updates"] = int(d.find_element(By.CSS_SELECTOR, "figure[data-metric='iops']").get_attribute("data-updates"))
 
 
+def hit_ratio_chart(d, plan, seen):
+    """A page opened after the cache's I/O shows its hit ratio since it
+    was made at once; more reads draw a line of per-second ratios (at
+    least two points: a line, not a dot)."""
+    cache = plan["caches"][0]
+    points = lambda series: (legend(d, "hits", series) or {}).get("points", 0)
+    wait(d, f"the hit ratio chart to plot {cache} since it was made", lambda: points(cache + " overall") > 0)
+    seen["hit_ratio_overall"] = float(legend(d, "hits", cache + " overall")["value"])
+    stop = threading.Event()
+    reader = threading.Thread(target=reread_until, args=(plan["cache_uri"], stop))
+    reader.start()
+    try:
+        wait(d, f"two per-second points of {cache}'s hit ratio", lambda: points(cache) >= 2)
+    finally:
+        stop.set()
+        reader.join()
+    seen["hit_ratio_points"] = points(cache)
+
+
 def admin_session(d, plan, seen):
     open_link(d, plan["admin_url"], plan["base_url"], "admin")
+    hit_ratio_chart(d, plan, seen)
     name = plan["new_drive"]
     form = d.find_element(By.ID, "create-drive")
     form.find_element(By.NAME, "name").send_keys(name)

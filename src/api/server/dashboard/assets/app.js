@@ -386,6 +386,35 @@ function targets(stats) {
   return list;
 }
 
+// Two points per cache: the hit ratio of the requests since the last
+// event (solid; a gap when there were none, and on a page's first event,
+// which has nothing to subtract), and since the cache was made (dashed,
+// as the table shows it: there from the first request on, so an idle
+// cache or a page opened after the I/O still shows where it stands).
+function hitRatios(caches) {
+  const points = [];
+  for (const cache of caches) {
+    const st = cache.stats;
+    if (!st) continue;
+    const hit = st.read_hits + st.write_hits;
+    const now = { hits: hit, total: hit + st.read_misses + st.write_misses };
+    const prev = state.prevCaches.get(cache.name);
+    state.prevCaches.set(cache.name, now);
+    // A cache made again under the same name starts from 0: no interval.
+    const asked = prev ? now.total - prev.total : 0;
+    const got = prev ? now.hits - prev.hits : 0;
+    const interval = asked > 0 && got >= 0 ? Math.min(100, (100 * got) / asked) : null;
+    points.push({ name: cache.name, value: interval });
+    points.push({
+      name: `${cache.name} overall`,
+      group: cache.name,
+      dashed: true,
+      value: now.total > 0 ? (100 * now.hits) / now.total : null,
+    });
+  }
+  return points;
+}
+
 function feedCharts(ev) {
   const t = ev.unix_ms;
   const stats = ev.stats;
@@ -403,17 +432,7 @@ function feedCharts(ev) {
     lat.push({ name: `${x.name} p99`, group: x.name, value: worst(l, "p99_us") });
   }
   c.latency.push(t, lat);
-  const hits = [];
-  for (const cache of stats.caches) {
-    const st = cache.stats;
-    if (!st) continue;
-    const now = { hits: st.read_hits + st.write_hits, total: st.read_hits + st.write_hits + st.read_misses + st.write_misses };
-    const prev = state.prevCaches.get(cache.name);
-    state.prevCaches.set(cache.name, now);
-    const asked = prev ? now.total - prev.total : 0;
-    hits.push({ name: cache.name, value: asked > 0 ? (100 * (now.hits - prev.hits)) / asked : null });
-  }
-  c.hits.push(t, hits);
+  c.hits.push(t, hitRatios(stats.caches));
   const dirty = [];
   const lag = [];
   for (const d of stats.drives) {
@@ -585,7 +604,7 @@ function makeCharts() {
   c.iops = new LineChart(fig("iops"), { format: (v) => number(v) });
   c.mibs = new LineChart(fig("mibs"), { format: (v) => number(v, v < 10 ? 1 : 0) });
   c.latency = new LineChart(fig("latency"), { format: (v) => number(v, v < 10 ? 1 : 0), emptyText: "no I/O yet" });
-  c.hits = new LineChart(fig("hits"), { format: (v) => number(v, 0), emptyText: "no caches" });
+  c.hits = new LineChart(fig("hits"), { format: (v) => `${number(v, v >= 99 && v < 100 ? 1 : 0)}%`, max: 100, emptyText: "no cache requests yet" });
   c.dirty = new LineChart(fig("dirty"), { format: (v) => number(v, v < 10 ? 1 : 0), emptyText: "no persistent drives or caches" });
   c.lag = new LineChart(fig("lag"), { format: (v) => number(v, v < 10 ? 1 : 0), emptyText: "no persistent drives or caches" });
 }

@@ -8,9 +8,10 @@
 // Each push adds one point per series (null: a gap) and keeps the last
 // `capacity` points. Series with the same `group` share a colour. The
 // figure's legend (<ul class="legend">) lists each series with its latest
-// value; every <li> carries data-series, data-value (latest, "" for none)
-// and data-peak, and the figure data-updates (pushes so far), so a test
-// or a user agent can read what the canvas shows.
+// value; every <li> carries data-series, data-value (latest, "" for none),
+// data-peak and data-points (the points the canvas shows), and the figure
+// data-updates (pushes so far), so a test or a user agent can read what
+// the canvas shows. `max` fixes the top of the y axis (100 for a %).
 (function (global) {
   const PALETTE = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#0a7ea4", "#bc4c00", "#57606a"];
   const AXIS = "#8c959f";
@@ -46,6 +47,8 @@
       this.intervalMs = opts.intervalMs || 1000;
       this.format = opts.format || ((v) => String(Math.round(v)));
       this.emptyText = opts.emptyText || "no data yet";
+      // A fixed top of the y axis (percentages: 100), else fitted.
+      this.max = opts.max || null;
       this.times = [];
       this.series = new Map();
       this.colors = new Map();
@@ -105,6 +108,7 @@
         li.dataset.series = name;
         li.dataset.value = latest === null ? "" : String(latest);
         li.dataset.peak = String(s.peak);
+        li.dataset.points = String(s.values.filter((v) => v !== null).length);
         const swatch = document.createElement("span");
         swatch.className = s.dashed ? "swatch dashed" : "swatch";
         swatch.style.borderColor = s.color;
@@ -140,7 +144,7 @@
         for (const v of s.values) if (v !== null && v > max) max = v;
       }
       // Four grid steps of a round size (1, 2, 2.5 or 5 x 10^k).
-      const step = niceCeil(max / 4);
+      const step = this.max ? this.max / 4 : niceCeil(max / 4);
       const yMax = 4 * step;
       // Grid and y labels.
       g.strokeStyle = GRID;
@@ -156,16 +160,21 @@
         g.stroke();
         g.fillText(tick(step * i, step), left - 6, y);
       }
-      // Time axis: the last `capacity` intervals, now on the right.
+      // Time axis, now on the right: the whole minutes the points cover,
+      // from one (a young page's seconds are not a sliver at the edge) up
+      // to the last `capacity` intervals.
       const now = this.times.length ? this.times[this.times.length - 1] : Date.now();
-      const span = this.capacity * this.intervalMs;
+      const first = this.times.length ? this.times[0] : now;
+      const full = this.capacity * this.intervalMs;
+      const span = Math.min(full, Math.max(60000, Math.ceil((now - first) / 60000) * 60000));
       const x = (t) => left + pw - ((now - t) / span) * pw;
       g.textAlign = "center";
       g.textBaseline = "top";
-      const minutes = Math.round(span / 60000);
-      for (let m = 0; m <= minutes; m++) {
-        const xx = x(now - m * 60000);
-        g.fillText(m === 0 ? "now" : `-${m} min`, Math.min(Math.max(xx, left + 14), left + pw - 14), top + ph + 4);
+      const every = span <= 60000 ? 15000 : 60000;
+      for (let k = 0; k * every <= span; k++) {
+        const xx = x(now - k * every);
+        const label = k === 0 ? "now" : every < 60000 ? `-${(k * every) / 1000} s` : `-${k} min`;
+        g.fillText(label, Math.min(Math.max(xx, left + 14), left + pw - 14), top + ph + 4);
       }
       g.strokeStyle = AXIS;
       g.beginPath();
@@ -173,7 +182,9 @@
       g.lineTo(left + 0.5, top + ph + 0.5);
       g.lineTo(left + pw, top + ph + 0.5);
       g.stroke();
-      if (this.series.size === 0) {
+      // Nothing to draw (no series, or only gaps): say why instead.
+      const drawn = [...this.series.values()].some((s) => s.values.some((v) => v !== null));
+      if (!drawn) {
         g.fillStyle = TEXT;
         g.textAlign = "center";
         g.textBaseline = "middle";
