@@ -415,10 +415,21 @@ fn links_cookies_csrf_and_roles() {
         &dash.with_cookie(&ro, &[], "/v1/whoami").body,
     );
 
-    // Signing out clears the cookie; revoking the token ends the session.
-    let out = dash.with_cookie(&admin, &["-X", "POST", "-H", "X-Ramd-Csrf: 1"], "/logout");
-    assert_eq!(out.status, 204);
-    assert!(out.header("set-cookie").unwrap().contains("max-age=0"));
+    // Signing out clears the cookie, for any session: a read-only one
+    // (which may not POST elsewhere) and one whose token is gone (its
+    // stale cookie would stay), from the page itself (the CSRF rule).
+    let sign_out = ["-X", "POST", "-H", "X-Ramd-Csrf: 1"];
+    for token in [admin.as_str(), ro.as_str(), "ramd_000000000000_gone"] {
+        let out = dash.with_cookie(token, &sign_out, "/logout");
+        assert_eq!(out.status, 204, "{token}: {}", out.body);
+        assert!(out.header("set-cookie").unwrap().contains("max-age=0"));
+    }
+    let forced = dash.with_cookie(&ro, &["-X", "POST"], "/logout");
+    assert_eq!(
+        (forced.status, forced.code().as_str()),
+        (403, "csrf_refused")
+    );
+    assert!(forced.header("set-cookie").is_none());
     let me = dash.with_cookie(&ro, &[], "/v1/whoami").json();
     let name = me["token_name"].as_str().unwrap().to_owned();
     assert!(name.starts_with("dashboard-"), "{me}");

@@ -9,11 +9,12 @@
 //! GET /                 ──► gate: cookie or bearer ──► index.html  (else the 401 page)
 //! GET /assets/NAME      ──► gate ──► assets (ETag, revalidated)
 //! /v1/..., /metrics     ──► gate (= auth: bearer or cookie, CSRF, roles) ──► the API's handlers
-//! POST /logout          ──► gate ──► the cookie cleared
+//! POST /logout          ──► gate: CSRF rule only (any session, valid or not) ──► the cookie cleared
 //! ```
 //!
 //! Invariants:
-//! - Every path but the token exchange goes through `auth::authorize_via`,
+//! - Every path but the token exchange and the sign-out (which only
+//!   clears the caller's own cookie) goes through `auth::authorize_via`,
 //!   as on `--api-listen`: a read-only session is refused (403) whatever
 //!   its page shows; a cookie-authorized change needs the CSRF header
 //!   (`session`).
@@ -43,7 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::auth::{self, Caller};
+use super::auth::{self, AuthError, Caller};
 use super::session;
 use crate::control::api_listen::HttpEndpoint;
 use crate::control::tokens::Tokens;
@@ -89,6 +90,16 @@ async fn gate_request(State(gate): State<Gate>, mut req: Request, next: Next) ->
         if let Some(token) = link_token(&req) {
             return exchange(&gate, &token);
         }
+    }
+    if req.uri().path() == "/logout" && req.method() == Method::POST {
+        // Signing out only clears this browser's cookie, so any session
+        // may: a read-only one (which may not POST elsewhere), and one
+        // whose token was revoked or expired (whose stale cookie would
+        // stay otherwise). From the page itself only (the CSRF rule).
+        return match session::check_csrf(req.headers()) {
+            Ok(()) => next.run(req).await,
+            Err(e) => AuthError::Csrf(e).into_response(),
+        };
     }
     match auth::authorize_via(&gate.tokens, req.method(), req.headers()) {
         Ok((token, via)) => {
