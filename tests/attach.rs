@@ -515,7 +515,10 @@ fn kill_9_of_the_daemon_fails_io_on_the_ring_without_a_hang() {
     // down ends with ECONNABORTED; one sent after the abort with ENOTCONN.
     let err = std::fs::metadata(&file).expect_err("the dead mount still answers");
     assert!(
-        matches!(err.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
+        matches!(
+            err.raw_os_error(),
+            Some(libc::ENOTCONN | libc::ECONNABORTED)
+        ),
         "{err}"
     );
     run(tool("umount").arg(&fuse)).ok();

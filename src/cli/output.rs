@@ -308,11 +308,7 @@ pub fn drive_info(d: &DriveInfo) -> String {
             d.mem_limit_bytes
                 .map(|l| format!(", limit {}", format_size(l)))
                 .unwrap_or_default(),
-            if d.lock_memory {
-                ", locked in RAM"
-            } else {
-                ""
-            }
+            if d.lock_memory { ", locked in RAM" } else { "" }
         ),
     );
     row(
