@@ -645,6 +645,111 @@ fn refused_at_start_and_without_http() {
     );
 }
 
+/// Dashboard links expire (7 days unless `--expires` says otherwise): an
+/// expired token is refused with 401 `token_expired` (an HTML page at /,
+/// for the link and for the cookie), the cookie lives no longer than the
+/// token, and the next token made deletes it.
+#[test]
+fn links_expire() {
+    if !require(&["curl"]) {
+        return;
+    }
+    let d = Daemon::launch(
+        &[
+            "serve",
+            "--drive",
+            "a=1M",
+            "--http",
+            "127.0.0.1:0",
+            "--tls",
+            "off",
+        ]
+        .map(String::from),
+        &[],
+    );
+    let port = dashboard_port(&d.log(), "http");
+    let link = |args: &[&str]| -> Value {
+        let out = common::run(d.cli().arg("dashboard").args(args).arg("--json")).ok();
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let week = link(&[])["expires_unix_s"].as_u64().expect("an expiry");
+    assert!(
+        (week as i64 - (now() + 7 * 86400) as i64).abs() < 60,
+        "{week}"
+    );
+    assert_eq!(link(&["--expires", "never"])["expires_unix_s"], Value::Null);
+    let out = common::run(d.cli().args(["dashboard", "--expires", "0s"]));
+    assert_eq!(out.code(), 2, "{out}");
+    let path = "/v1/dashboard/links";
+    let (status, e) = Spec::load().call(&d, "POST", path, path, Some(r#"{"expires": "soon"}"#));
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (422, Some("invalid_expires"))
+    );
+
+    let short = link(&["--expires", "2s"]);
+    let url = short["url"].as_str().unwrap();
+    let token = token_of(url);
+    let name = short["token_name"].as_str().unwrap().to_owned();
+    let curl = |args: &[&str], url: &str| {
+        let mut c = common::tool("curl");
+        c.args(["-sS", "-i"]).args(args).arg(url);
+        Reply::parse(&common::run(&mut c).ok().stdout)
+    };
+    let ex = curl(&[], url);
+    assert_eq!(ex.status, 303);
+    let max_age: u64 = ex
+        .header("set-cookie")
+        .unwrap()
+        .split("max-age=")
+        .nth(1)
+        .and_then(|v| v.split(';').next())
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a Max-Age");
+    assert!(max_age <= 2, "the cookie outlives the token: {max_age}");
+    let cookie = format!("Cookie: ramd_token_{port}={token}");
+    let base = format!("http://127.0.0.1:{port}");
+    let api = |path: &str| curl(&["-H", &cookie], &format!("{base}{path}"));
+    common::wait_until(
+        "the link's token to expire",
+        Duration::from_secs(30),
+        || api("/v1/whoami").status == 401,
+    );
+    let refused = api("/v1/whoami");
+    assert_eq!(refused.code(), "token_expired", "{}", refused.body);
+    assert!(refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("ramd dashboard"));
+    let page = api("/");
+    assert_eq!(page.status, 401);
+    assert!(page.body.contains("expired"), "{}", page.body);
+    let again = curl(&[], url);
+    assert_eq!(again.status, 401);
+    assert!(again.body.contains("has expired"), "{}", again.body);
+    assert!(again.header("set-cookie").is_none());
+    let bearer = format!("Authorization: Bearer {token}");
+    let b = curl(&["-H", &bearer], &format!("{base}/v1/drives"));
+    assert_eq!((b.status, b.code().as_str()), (401, "token_expired"));
+    let list = common::run(d.cli().args(["token", "list"])).ok();
+    let row = list.stdout.lines().find(|l| l.contains(&name)).unwrap();
+    assert!(row.contains("(expired)"), "{list}");
+
+    // The next token made deletes it: unknown from then on.
+    link(&[]);
+    let list = common::run(d.cli().args(["token", "list", "--json"])).ok();
+    assert!(!list.stdout.contains(&name), "{list}");
+    assert!(list.stdout.contains("expires_unix_s"), "{list}");
+    assert_eq!(api("/v1/whoami").code(), "invalid_token");
+    assert!(!d.log().contains(&token), "a token in the log");
+}
+
 /// A benchmark report in `ramd bench --json`'s shape, with a small plot
 /// naming each target.
 fn bench_report(targets: &[(&str, &str)]) -> String {

@@ -107,14 +107,26 @@ fn list(client: &Client, json: bool) -> Result<(), CliError> {
     if json {
         return print_json(&list);
     }
-    let mut t = table(&["NAME", "ID", "ROLE", "CREATED"], &[]);
+    let mut t = table(&["NAME", "ID", "ROLE", "CREATED", "EXPIRES"], &[]);
+    let at = |s: u64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(s);
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     for tok in &list.tokens {
-        let created = std::time::UNIX_EPOCH + std::time::Duration::from_secs(tok.created_unix_s);
+        let expires = match tok.expires_unix_s {
+            None => "never".to_owned(),
+            Some(s) if s <= now => format!("{} (expired)", at(s)),
+            Some(s) => at(s),
+        };
         t.add_row(vec![
             tok.name.clone(),
             tok.id.clone(),
             tok.role.name().to_owned(),
-            humantime::format_rfc3339_seconds(created).to_string(),
+            at(tok.created_unix_s),
+            expires,
         ]);
     }
     print!("{}", render(&t));

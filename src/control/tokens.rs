@@ -12,8 +12,16 @@
 //! STATE_DIR/api-tokens.json   mode 0600, replaced atomically (tmp, fsync, rename, fsync dir)
 //! { "version": 1,
 //!   "tokens": [ { "name": "ci", "id": "3f2a9c1e5b7d", "role": "admin",
-//!                 "created_unix_s": 1764000000, "sha256": "<64 hex digits>" } ] }
+//!                 "created_unix_s": 1764000000, "sha256": "<64 hex digits>" },
+//!               { "name": "dashboard-1a2b3c4d", ..., "expires_unix_s": 1764604800 } ] }
 //! ```
+//!
+//! A token may expire (`expires_unix_s`; `ramd dashboard` gives its
+//! tokens 7 days by default, so links made day after day do not pile up
+//! as live credentials): from then on it is refused as expired
+//! ([`Refused::Expired`], 401 `token_expired`), and the next change of
+//! the file (a token made or revoked) deletes it. Tokens without the field
+//! never expire; a daemon older than the field refuses a file holding one.
 //!
 //! A file that group or others may read, or that another user owns, is
 //! refused (the daemon does not start): whoever could read it could not
@@ -60,6 +68,25 @@ pub struct Token {
     pub id: String,
     pub role: Role,
     pub created_unix_s: u64,
+    /// Refused from this second on (None: never).
+    pub expires_unix_s: Option<u64>,
+}
+
+impl Token {
+    /// True once `now_unix_s` has reached the expiry.
+    pub fn expired_at(&self, now_unix_s: u64) -> bool {
+        self.expires_unix_s.is_some_and(|e| now_unix_s >= e)
+    }
+}
+
+/// Why a presented token does not authorize anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Not one of the daemon's tokens (never made, revoked, malformed, or
+    /// expired and deleted since).
+    Unknown,
+    /// One of the daemon's tokens, past its expiry.
+    Expired(Token),
 }
 
 /// A token just made: the only time its secret exists outside the client.
@@ -79,6 +106,9 @@ struct Record {
     created_unix_s: u64,
     /// SHA-256 of the whole token string, lowercase hex.
     sha256: String,
+    /// Refused from this second on; absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_unix_s: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -157,13 +187,22 @@ impl Tokens {
         })
     }
 
-    /// The token `presented` stands for, if it is one that exists.
-    pub fn verify(&self, presented: &str) -> Option<Token> {
-        let id = parse_id(presented)?;
+    /// The token `presented` stands for, if it is one that exists and
+    /// has not expired.
+    pub fn verify(&self, presented: &str) -> Result<Token, Refused> {
+        let id = parse_id(presented).ok_or(Refused::Unknown)?;
         let hash = sha256_hex(presented);
         let records = self.records.read();
-        let r = records.iter().find(|r| r.id == id)?;
-        same_bytes(r.sha256.as_bytes(), hash.as_bytes()).then(|| r.token())
+        let r = records
+            .iter()
+            .find(|r| r.id == id)
+            .filter(|r| same_bytes(r.sha256.as_bytes(), hash.as_bytes()))
+            .ok_or(Refused::Unknown)?;
+        let token = r.token();
+        if token.expired_at(now_unix_s()) {
+            return Err(Refused::Expired(token));
+        }
+        Ok(token)
     }
 
     /// Every token, oldest first.
@@ -171,8 +210,20 @@ impl Tokens {
         self.records.read().iter().map(Record::token).collect()
     }
 
-    /// Makes a token (named `name`, else by its id) and saves the file.
+    /// Makes a token that never expires (named `name`, else by its id)
+    /// and saves the file.
     pub fn create(&self, role: Role, name: Option<&str>) -> Result<NewToken, TokenError> {
+        self.create_expiring(role, name, None)
+    }
+
+    /// Makes a token refused from `expires_unix_s` on (None: never) and
+    /// saves the file, without the tokens that have expired.
+    pub fn create_expiring(
+        &self,
+        role: Role,
+        name: Option<&str>,
+        expires_unix_s: Option<u64>,
+    ) -> Result<NewToken, TokenError> {
         let rng = ring::rand::SystemRandom::new();
         let id = hex(&random::<ID_BYTES>(&rng)?);
         let secret =
@@ -186,15 +237,16 @@ impl Tokens {
             role,
             created_unix_s: now_unix_s(),
             sha256: sha256_hex(&secret),
+            expires_unix_s,
         };
         let mut records = self.records.write();
-        if records.iter().any(|r| r.name == record.name) {
+        let mut next = unexpired(&records, record.created_unix_s);
+        if next.iter().any(|r| r.name == record.name) {
             return Err(TokenError::Taken(record.name));
         }
-        if records.len() >= MAX_TOKENS {
+        if next.len() >= MAX_TOKENS {
             return Err(TokenError::TooMany);
         }
-        let mut next = records.clone();
         next.push(record.clone());
         write_file(&self.path, &next)?;
         *records = next;
@@ -204,15 +256,19 @@ impl Tokens {
         })
     }
 
-    /// Forgets the token named `name` (its next request gets 401).
+    /// Forgets the token named `name` (its next request gets 401), and
+    /// the tokens that have expired.
     pub fn revoke(&self, name: &str) -> Result<Token, TokenError> {
         let mut records = self.records.write();
         let i = records
             .iter()
             .position(|r| r.name == name)
             .ok_or_else(|| TokenError::NotFound(name.to_owned()))?;
-        let mut next = records.clone();
-        let gone = next.remove(i);
+        let gone = records[i].clone();
+        let next: Vec<Record> = unexpired(&records, now_unix_s())
+            .into_iter()
+            .filter(|r| r.name != name)
+            .collect();
         write_file(&self.path, &next)?;
         *records = next;
         Ok(gone.token())
@@ -226,8 +282,18 @@ impl Record {
             id: self.id.clone(),
             role: self.role,
             created_unix_s: self.created_unix_s,
+            expires_unix_s: self.expires_unix_s,
         }
     }
+}
+
+/// The records that have not expired at `now_unix_s`, in order.
+fn unexpired(records: &[Record], now_unix_s: u64) -> Vec<Record> {
+    records
+        .iter()
+        .filter(|r| !r.token().expired_at(now_unix_s))
+        .cloned()
+        .collect()
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TokenError {
@@ -362,7 +428,7 @@ mod tests {
         let again = Tokens::load(dir.path()).unwrap();
         assert_eq!(again.verify(&new.secret).unwrap().role, Role::Admin);
         t.revoke("ci").unwrap();
-        assert!(t.verify(&new.secret).is_none());
+        assert_eq!(t.verify(&new.secret), Err(Refused::Unknown));
         assert!(Tokens::load(dir.path()).unwrap().list().is_empty());
     }
 
@@ -382,7 +448,7 @@ mod tests {
             "Bearer x",
             &new.secret[..new.secret.len() - 1],
         ] {
-            assert!(t.verify(bad).is_none(), "{bad}");
+            assert_eq!(t.verify(bad), Err(Refused::Unknown), "{bad}");
         }
     }
 
@@ -406,6 +472,52 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = Tokens::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("chmod 600") && e.contains("0644"), "{e}");
+    }
+
+    #[test]
+    fn expired_tokens_are_refused_as_such_then_deleted() {
+        let (dir, t) = store();
+        let now = now_unix_s();
+        let kept = t.create(Role::Admin, Some("kept")).unwrap();
+        let old = t
+            .create_expiring(Role::ReadOnly, Some("old"), Some(now - 1))
+            .unwrap();
+        match t.verify(&old.secret) {
+            Err(Refused::Expired(tok)) => assert_eq!(tok.name, "old"),
+            other => panic!("{other:?}"),
+        }
+        let again = Tokens::load(dir.path()).unwrap();
+        assert!(matches!(
+            again.verify(&old.secret),
+            Err(Refused::Expired(_))
+        ));
+        assert_eq!(again.list().len(), 2);
+        // The next change of the file (a revocation here) deletes it.
+        t.revoke("kept").unwrap();
+        assert_eq!(t.verify(&old.secret), Err(Refused::Unknown));
+        assert_eq!(t.verify(&kept.secret), Err(Refused::Unknown));
+        assert!(Tokens::load(dir.path()).unwrap().list().is_empty());
+        // One that has not expired works, and keeps its expiry.
+        let fresh = t
+            .create_expiring(Role::Admin, Some("fresh"), Some(now + 3600))
+            .unwrap();
+        let again = Tokens::load(dir.path()).unwrap();
+        assert_eq!(
+            again.verify(&fresh.secret).unwrap().expires_unix_s,
+            Some(now + 3600)
+        );
+        // Tokens that never expire are written without the field, as an
+        // older daemon wrote them.
+        let forever = t.create(Role::Admin, Some("forever")).unwrap();
+        assert_eq!(t.verify(&forever.secret).unwrap().expires_unix_s, None);
+        let text = std::fs::read_to_string(dir.path().join(TOKENS_FILE)).unwrap();
+        assert_eq!(text.matches("expires_unix_s").count(), 1, "{text}");
+        // Making a token deletes the expired ones too.
+        t.create_expiring(Role::ReadOnly, Some("gone"), Some(now - 1))
+            .unwrap();
+        t.create(Role::ReadOnly, Some("next")).unwrap();
+        let names: Vec<_> = t.list().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, ["fresh", "forever", "next"]);
     }
 
     #[test]

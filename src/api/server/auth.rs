@@ -8,6 +8,7 @@
 //!             (none: the dashboard's session cookie, `session`)
 //!               missing                     401 token_required  + WWW-Authenticate: Bearer
 //!               unknown, revoked, malformed 401 invalid_token   + WWW-Authenticate: Bearer error="invalid_token"
+//!               past its expiry             401 token_expired   + the same challenge
 //!               cookie, not GET/HEAD, no
 //!                 X-Ramd-Csrf or cross-origin 403 csrf_refused
 //!               read-only, not GET/HEAD     403 token_read_only
@@ -29,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::session::{self, CsrfError};
 use super::ApiError;
-use crate::control::tokens::{Role, Token, Tokens};
+use crate::control::tokens::{Refused, Role, Token, Tokens};
 
 /// The token a request came with, for handlers that treat token callers
 /// differently from the unix socket's (token management refuses them).
@@ -52,6 +53,8 @@ pub enum AuthError {
     Missing,
     /// A token that is not (or no longer) one of the daemon's.
     Invalid,
+    /// One of the daemon's tokens, past its expiry.
+    Expired { name: String },
     /// A read-only token on a route that changes something.
     ReadOnly { name: String, method: Method },
     /// The session cookie on a request that changes something, without
@@ -76,10 +79,7 @@ pub fn authorize_via(
 ) -> Result<(Token, Via), AuthError> {
     let reads_only = matches!(*method, Method::GET | Method::HEAD);
     let (token, via) = match bearer(headers) {
-        Ok(presented) => (
-            tokens.verify(presented).ok_or(AuthError::Invalid)?,
-            Via::Bearer,
-        ),
+        Ok(presented) => (tokens.verify(presented).map_err(refused)?, Via::Bearer),
         Err(AuthError::Missing) => {
             let token = from_cookie(tokens, headers)?;
             if !reads_only {
@@ -98,16 +98,30 @@ pub fn authorize_via(
     Ok((token, via))
 }
 
-/// The token of the first session cookie that verifies (`session`).
+/// The token of the first session cookie that verifies (`session`); if
+/// none does, expired rather than unknown when one of them expired.
 fn from_cookie(tokens: &Tokens, headers: &HeaderMap) -> Result<Token, AuthError> {
     let presented = session::session_tokens(headers);
     if presented.is_empty() {
         return Err(AuthError::Missing);
     }
-    presented
-        .into_iter()
-        .find_map(|t| tokens.verify(t))
-        .ok_or(AuthError::Invalid)
+    let mut why = AuthError::Invalid;
+    for t in presented {
+        match tokens.verify(t) {
+            Ok(token) => return Ok(token),
+            Err(Refused::Expired(e)) => why = AuthError::Expired { name: e.name },
+            Err(Refused::Unknown) => {}
+        }
+    }
+    Err(why)
+}
+
+/// The refusal of a token `Tokens::verify` did not accept.
+pub fn refused(r: Refused) -> AuthError {
+    match r {
+        Refused::Unknown => AuthError::Invalid,
+        Refused::Expired(t) => AuthError::Expired { name: t.name },
+    }
 }
 
 /// The token of an `Authorization: Bearer TOKEN` header (scheme in any
@@ -154,6 +168,12 @@ impl IntoResponse for AuthError {
                 "invalid_token",
                 "the bearer token is unknown or revoked (see `ramd token list` on the daemon's host)".to_owned(),
                 r#"Bearer realm="ramd", error="invalid_token""#,
+            ),
+            AuthError::Expired { name } => (
+                StatusCode::UNAUTHORIZED,
+                "token_expired",
+                format!("token '{name}' has expired: for the dashboard, run `ramd dashboard` on the daemon's host again and open the new link; for API clients, `ramd token create`"),
+                r#"Bearer realm="ramd", error="invalid_token", error_description="the token has expired""#,
             ),
             AuthError::ReadOnly { name, method } => {
                 let message = format!("token '{name}' is read-only: {method} needs an admin token (`ramd token create --admin`; in the dashboard, a link from `ramd dashboard --admin`)");
@@ -252,5 +272,26 @@ mod tests {
             authorize(&tokens, &Method::GET, &bad),
             Err(AuthError::Invalid)
         );
+    }
+
+    #[test]
+    fn expired_tokens_are_refused_as_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::load(dir.path()).unwrap();
+        let past = crate::control::ledger::now_unix_s() - 1;
+        let old = tokens
+            .create_expiring(Role::Admin, Some("old"), Some(past))
+            .unwrap()
+            .secret;
+        let expired = Err(AuthError::Expired { name: "old".into() });
+        let get = |h: &HeaderMap| authorize(&tokens, &Method::GET, h);
+        assert_eq!(get(&headers(&format!("Bearer {old}"))), expired);
+        let mut c = HeaderMap::new();
+        let cookie = format!("ramd_token_1=nope; ramd_token_2={old}");
+        c.insert(header::COOKIE, HeaderValue::from_str(&cookie).unwrap());
+        assert_eq!(get(&c), expired);
+        let res = AuthError::Expired { name: "old".into() }.into_response();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert!(res.headers().contains_key(header::WWW_AUTHENTICATE));
     }
 }

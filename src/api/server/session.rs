@@ -4,7 +4,8 @@
 //! ```text
 //! GET /?token=ramd_...   ──► 303 Location: /   Set-Cookie: ramd_token_PORT=ramd_...;
 //!                                              Path=/; HttpOnly; SameSite=Strict;
-//!                                              Max-Age=2592000[; Secure under TLS]
+//!                                              Max-Age=min(30 days, the token's life left)
+//!                                              [; Secure under TLS]
 //! later requests         ──► Cookie: ramd_token_PORT=ramd_...   (the token, as a bearer)
 //! cookie + not GET/HEAD  ──► also X-Ramd-Csrf: 1, Origin (when sent) = the Host's,
 //!                            Sec-Fetch-Site (when sent) = same-origin; else 403 csrf_refused
@@ -35,8 +36,8 @@ use axum::http::{header, HeaderMap};
 pub const COOKIE_PREFIX: &str = "ramd_token";
 /// The header the dashboard's script adds to every state-changing request.
 pub const CSRF_HEADER: &str = "x-ramd-csrf";
-/// How long a browser keeps the session: 30 days (the token may be
-/// revoked any time before).
+/// Longest a browser keeps the session: 30 days, less when the token
+/// expires sooner (it may be revoked any time before).
 pub const MAX_AGE_S: u64 = 30 * 24 * 3600;
 /// Most session cookies a request's tokens are looked up from.
 pub const MAX_SESSION_COOKIES: usize = 4;
@@ -46,11 +47,19 @@ pub fn cookie_name(port: u16) -> String {
     format!("{COOKIE_PREFIX}_{port}")
 }
 
-/// The `Set-Cookie` value that starts a session with `token`.
-pub fn set_cookie(port: u16, token: &str, secure: bool) -> String {
+/// The cookie's Max-Age for a token expiring at `expires_unix_s`: the
+/// token's life left, at most [`MAX_AGE_S`], so a browser drops the
+/// cookie when the token stops working.
+pub fn max_age_s(expires_unix_s: Option<u64>, now_unix_s: u64) -> u64 {
+    expires_unix_s.map_or(MAX_AGE_S, |e| e.saturating_sub(now_unix_s).min(MAX_AGE_S))
+}
+
+/// The `Set-Cookie` value that starts a session with `token`, kept for
+/// `max_age_s` seconds.
+pub fn set_cookie(port: u16, token: &str, secure: bool, max_age_s: u64) -> String {
     let secure = if secure { "; Secure" } else { "" };
     format!(
-        "{}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={MAX_AGE_S}{secure}",
+        "{}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}{secure}",
         cookie_name(port)
     )
 }
@@ -150,12 +159,17 @@ mod tests {
 
     #[test]
     fn cookies_carry_the_port_and_the_flags() {
-        let c = set_cookie(8443, "ramd_a_b", true);
+        let c = set_cookie(8443, "ramd_a_b", true, MAX_AGE_S);
         assert_eq!(
             c,
             "ramd_token_8443=ramd_a_b; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000; Secure"
         );
-        assert!(!set_cookie(80, "t", false).contains("Secure"));
+        assert!(!set_cookie(80, "t", false, 60).contains("Secure"));
+        // The cookie lives as long as the token, at most 30 days.
+        assert_eq!(max_age_s(None, 1000), MAX_AGE_S);
+        assert_eq!(max_age_s(Some(1000 + 3600), 1000), 3600);
+        assert_eq!(max_age_s(Some(1000 + 2 * MAX_AGE_S), 1000), MAX_AGE_S);
+        assert_eq!(max_age_s(Some(10), 1000), 0);
         assert!(clear_cookie(80, false).contains("ramd_token_80=; "));
         assert!(clear_cookie(80, false).contains("Max-Age=0"));
     }

@@ -47,6 +47,7 @@ fn info(t: Token) -> TokenInfo {
         id: t.id,
         role: wire_role(t.role),
         created_unix_s: t.created_unix_s,
+        expires_unix_s: t.expires_unix_s,
     }
 }
 

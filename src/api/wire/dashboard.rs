@@ -22,6 +22,10 @@ pub struct CreateDashboardLink {
     /// is bound to, or this machine's name when that is 0.0.0.0 or ::].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// How long the token works: a duration (`7d`, `12h`, `30m`) or
+    /// `never` [default: 7d].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
 }
 
 /// `POST /v1/dashboard/links` (201): the only answer that holds the
@@ -36,6 +40,9 @@ pub struct DashboardLink {
     /// The token's name (`ramd token list`, `ramd token revoke NAME`).
     pub token_name: String,
     pub role: TokenRole,
+    /// When the token stops working (null: never).
+    #[serde(default)]
+    pub expires_unix_s: Option<u64>,
 }
 
 /// `GET /v1/whoami`: what the caller's credentials allow.

@@ -45,6 +45,9 @@ pub struct TokenInfo {
     pub id: String,
     pub role: TokenRole,
     pub created_unix_s: u64,
+    /// When it stops working (absent: never; dashboard links' tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix_s: Option<u64>,
 }
 
 /// `GET /v1/tokens`.

@@ -1,10 +1,12 @@
 //! The dashboard's two API routes, on every listener (the unix socket
 //! too):
 //! - `POST /v1/dashboard/links` (unix socket only, like `/v1/tokens`):
-//!   makes a token named `dashboard-<8 hex>` (read-only, or admin) and
-//!   answers the `--http` URL that carries it; `ramd dashboard` prints it.
-//!   The token is an ordinary one: `ramd token list` shows it, `ramd token
-//!   revoke` ends every session made from it.
+//!   makes a token named `dashboard-<8 hex>` (read-only, or admin) that
+//!   expires after `expires` (7 days unless asked otherwise: a link a
+//!   day would otherwise leave a pile of live credentials) and answers the
+//!   `--http` URL that carries it; `ramd dashboard` prints it. The token
+//!   is an ordinary one: `ramd token list` shows it, `ramd token revoke`
+//!   ends every session made from it.
 //! - `GET /v1/whoami`: the caller's role, so the page offers only what it
 //!   may do (the server refuses the rest anyway).
 
@@ -20,6 +22,7 @@ use crate::api::server::auth::{Caller, Via};
 use crate::api::server::{blocking, ApiError};
 use crate::api::wire::dashboard::{CreateDashboardLink, DashboardLink, Whoami};
 use crate::api::wire::tokens::TokenRole;
+use crate::control::ledger::now_unix_s;
 use crate::control::tokens::{Role, TokenError};
 use crate::control::Daemon;
 
@@ -27,6 +30,8 @@ use crate::control::Daemon;
 const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
 /// Names tried before giving up on a free `dashboard-*` name.
 const NAME_ATTEMPTS: usize = 4;
+/// How long a link's token works unless the request says otherwise.
+pub const DEFAULT_EXPIRES: &str = "7d";
 
 fn wire_role(r: Role) -> TokenRole {
     match r {
@@ -92,10 +97,12 @@ pub async fn create_link(
     } else {
         Role::ReadOnly
     };
+    let lifetime = parse_expires(req.expires.as_deref().unwrap_or(DEFAULT_EXPIRES))?;
+    let expires_unix_s = lifetime.map(|l| now_unix_s().saturating_add(l.as_secs()));
     let tokens = d.tokens.clone();
     let new = blocking(move || {
         for _ in 0..NAME_ATTEMPTS {
-            match tokens.create(role, Some(&random_name()?)) {
+            match tokens.create_expiring(role, Some(&random_name()?), expires_unix_s) {
                 Err(TokenError::Taken(_)) => continue,
                 made => return Ok(made?),
             }
@@ -112,8 +119,30 @@ pub async fn create_link(
         base_url: format!("{base_url}/"),
         token_name: t.name,
         role: wire_role(t.role),
+        expires_unix_s: t.expires_unix_s,
     };
     Ok((StatusCode::CREATED, Json(link)))
+}
+
+/// A link's lifetime: `never` (None), or a duration of at least a second
+/// (`7d`, `12h`, `90m`).
+fn parse_expires(text: &str) -> Result<Option<std::time::Duration>, ApiError> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    let bad = |why: String| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_expires",
+            format!("expires '{text}': {why}; give a duration such as 7d, 12h or 30m, or never"),
+        )
+    };
+    let d = humantime::parse_duration(text).map_err(|e| bad(e.to_string()))?;
+    if d.as_secs() == 0 {
+        return Err(bad("a link must work for at least a second".into()));
+    }
+    Ok(Some(d))
 }
 
 /// `dashboard-` and 8 random hex digits.
@@ -166,5 +195,20 @@ mod tests {
         }
         assert!(random_name().unwrap().starts_with("dashboard-"));
         assert!(!machine_name().is_empty());
+    }
+
+    #[test]
+    fn link_lifetimes() {
+        let secs = |t: &str| parse_expires(t).unwrap().map(|d| d.as_secs());
+        assert_eq!(secs(DEFAULT_EXPIRES), Some(7 * 86400));
+        assert_eq!(secs("12h"), Some(12 * 3600));
+        assert_eq!(secs(" Never "), None);
+        for bad in ["", "0s", "500ms", "soon", "-1d"] {
+            assert_eq!(
+                parse_expires(bad).unwrap_err().code,
+                "invalid_expires",
+                "{bad}"
+            );
+        }
     }
 }

@@ -47,7 +47,8 @@ use axum::Router;
 use super::auth::{self, AuthError, Caller};
 use super::session;
 use crate::control::api_listen::HttpEndpoint;
-use crate::control::tokens::Tokens;
+use crate::control::ledger::now_unix_s;
+use crate::control::tokens::{Refused, Tokens};
 use crate::control::Daemon;
 
 /// The Content-Security-Policy of every answer: this origin only.
@@ -122,11 +123,19 @@ fn link_token(req: &Request) -> Option<String> {
 /// `/?token=`: a session cookie and a redirect to `/` for a valid token;
 /// the refusal page for another.
 fn exchange(gate: &Gate, token: &str) -> Response {
-    let Some(t) = gate.tokens.verify(token) else {
-        return pages::link_refused();
+    let t = match gate.tokens.verify(token) {
+        Ok(t) => t,
+        Err(Refused::Expired(_)) => return pages::link_refused(true),
+        Err(Refused::Unknown) => return pages::link_refused(false),
     };
     tracing::info!(token = %t.name, id = %t.id, "dashboard session started");
-    let cookie = session::set_cookie(gate.endpoint.addr.port(), token, gate.endpoint.tls);
+    let max_age_s = session::max_age_s(t.expires_unix_s, now_unix_s());
+    let cookie = session::set_cookie(
+        gate.endpoint.addr.port(),
+        token,
+        gate.endpoint.tls,
+        max_age_s,
+    );
     let mut res = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         res.headers_mut().insert(header::SET_COOKIE, v);

@@ -21,6 +21,11 @@ pub fn refused(e: &AuthError) -> Response {
             "This session has ended",
             "The token this browser holds is unknown or was revoked. Run <code>ramd dashboard</code> on the daemon's host again and open the new URL.",
         ),
+        AuthError::Expired { .. } => (
+            StatusCode::UNAUTHORIZED,
+            "This session has expired",
+            "The token this browser holds has expired (dashboard links last 7 days unless <code>ramd dashboard --expires</code> says otherwise). Run <code>ramd dashboard</code> on the daemon's host again and open the new URL.",
+        ),
         AuthError::ReadOnly { .. } | AuthError::Csrf(_) => (
             StatusCode::FORBIDDEN,
             "Refused",
@@ -31,8 +36,15 @@ pub fn refused(e: &AuthError) -> Response {
 }
 
 /// The page for `/?token=` with a token that is not (or no longer) one
-/// of the daemon's.
-pub fn link_refused() -> Response {
+/// of the daemon's, or has expired.
+pub fn link_refused(expired: bool) -> Response {
+    if expired {
+        return page(
+            StatusCode::UNAUTHORIZED,
+            "This link has expired",
+            "The token in this link has expired. Run <code>ramd dashboard</code> on the daemon's host again (<code>--expires</code> sets how long a link lasts) and open the new URL.",
+        );
+    }
     page(
         StatusCode::UNAUTHORIZED,
         "This link's token is not valid",
