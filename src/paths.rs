@@ -12,6 +12,8 @@
 //!   nobody else can rename it. One made here is mode 0700, whatever the
 //!   umask. Another user's `/tmp/ramd-UID` is refused, never reused.
 //! - Directories created for private data are 0700 ([`create_private_dir`]).
+//! - Private files are replaced whole and atomically, never visible to
+//!   others nor half written ([`replace_private_file`]).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -239,6 +241,50 @@ fn check_owned_dir(
     }
 }
 
+/// Why a private file could not be replaced: the step, and the path it
+/// failed on.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {op} {}: {source}", path.display())]
+pub struct ReplaceError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Replaces `path` with `bytes`: a new 0600 file `PATH.tmp` beside it
+/// (whatever the umask; a stale one from a crash is removed first),
+/// fsync, rename over `path`, fsync of the directory. A crash leaves the
+/// old file or the new one, and nobody else can read either. Writers of
+/// one path must take turns (they share the temporary name).
+pub fn replace_private_file(path: &Path, bytes: &[u8]) -> Result<(), ReplaceError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |op: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| ReplaceError { op, path, source }
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(fail("create", &tmp))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(fail("chmod", &tmp))?;
+    f.write_all(bytes).map_err(fail("write", &tmp))?;
+    f.sync_all().map_err(fail("fsync", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(fail("rename into", path))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fail("fsync", dir))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,5 +344,22 @@ mod tests {
         // With the sticky bit (as /tmp) nobody else can rename our entry.
         std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o1777)).unwrap();
         ensure_runtime_dir(&parent.join("ramd")).unwrap();
+    }
+
+    #[test]
+    fn private_files_are_replaced_whole_and_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        std::fs::write(dir.path().join("state.json.tmp"), b"a crash's leftover").unwrap();
+        for text in [&b"first"[..], b"second, longer"] {
+            replace_private_file(&p, text).unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), text);
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no temporary file left");
+        let e = replace_private_file(&dir.path().join("no/such/file"), b"x").unwrap_err();
+        assert_eq!(e.op, "create");
     }
 }

@@ -28,8 +28,7 @@
 //! log in with it, but they could try secrets offline against the
 //! hashes, and a file someone else can write could hold their token.
 
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -337,8 +336,10 @@ fn read_file(path: &Path) -> Result<Vec<Record>, TokenError> {
     Ok(file.tokens)
 }
 
-/// Replaces the file atomically: a 0600 temporary file, fsync, rename,
-/// fsync of the directory. A crash leaves the old file or the new one.
+/// Replaces the file atomically and privately (`paths::replace_private_file`:
+/// a 0600 temporary file, fsync, rename, fsync of the directory). A crash
+/// leaves the old file or the new one. Callers hold the records' write
+/// lock, so writers take turns.
 fn write_file(path: &Path, records: &[Record]) -> Result<(), TokenError> {
     let file = TokensFile {
         version: FILE_VERSION,
@@ -346,23 +347,11 @@ fn write_file(path: &Path, records: &[Record]) -> Result<(), TokenError> {
     };
     let mut bytes = serde_json::to_vec_pretty(&file).expect("records serialize");
     bytes.push(b'\n');
-    let tmp = path.with_extension("json.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io("create", &tmp))?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io("chmod", &tmp))?;
-    f.write_all(&bytes).map_err(io("write", &tmp))?;
-    f.sync_all().map_err(io("fsync", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("rename into", path))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync", dir))
+    crate::paths::replace_private_file(path, &bytes).map_err(|e| TokenError::Io {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    })
 }
 
 /// The id of a string shaped like a token (`ramd_<12 hex>_<secret>`).

@@ -15,8 +15,7 @@
 //! objects) or fetch from elsewhere (external references) is refused with
 //! 422 `invalid_bench_report`.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -215,22 +214,11 @@ pub fn store(path: &Path, latest: &BenchLatest) -> Result<(), BenchStoreError> {
     // would let two of them interleave their bytes.
     static WRITING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
     let _one = WRITING.lock();
-    let tmp = path.with_extension("json.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io("create", &tmp))?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io("chmod", &tmp))?;
-    f.write_all(&bytes).map_err(io("write", &tmp))?;
-    f.sync_all().map_err(io("fsync", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("rename into", path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync", dir))
+    crate::paths::replace_private_file(path, &bytes).map_err(|e| BenchStoreError::Io {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    })
 }
 
 #[cfg(test)]
