@@ -6,7 +6,8 @@
 //! the daemon (`/v1/bench/latest`, checked against docs/openapi.yaml),
 //! directories (scratch files only, removed; the file-level test),
 //! refusals (a loop device without --destructive, a file or drive holding
-//! data: nothing written), Ctrl-C (everything cleaned up), and the
+//! data: nothing written; the kernel's own files even with it), Ctrl-C and
+//! SIGTERM (everything cleaned up), and the
 //! cross-check with fio on the same workloads.
 //!
 //! No timing is asserted: only relations that hold on any machine by a
@@ -413,7 +414,16 @@ fn refuses_to_write_over_data_without_destructive() {
 #[test]
 fn ctrl_c_cleans_up_scratch_files_and_trims_the_drive() {
     let d = Daemon::start(&["fast=128M"]);
-    let dir = disk_dir(&d, "scratch");
+    // Ctrl-C, and `kill` (SIGTERM): both stop it with its cleanup.
+    for (i, sig) in [libc::SIGINT, libc::SIGTERM].into_iter().enumerate() {
+        interrupted_run(&d, &format!("scratch{i}"), sig);
+    }
+}
+
+/// A run against `fast` and a new directory `name`, stopped by `sig`
+/// while it writes: everything is cleaned up.
+fn interrupted_run(d: &Daemon, name: &str, sig: libc::c_int) {
+    let dir = disk_dir(d, name);
     let mut child = common::KillOnDrop(
         d.cli()
             .args([
@@ -433,10 +443,10 @@ fn ctrl_c_cleans_up_scratch_files_and_trims_the_drive() {
     );
     // Wait until it writes: the scratch file exists and the drive holds data.
     wait_until("the scratch file", Duration::from_secs(60), || {
-        std::fs::read_dir(&dir).unwrap().count() == 2 && drive_allocated(&d, "fast") > 0
+        std::fs::read_dir(&dir).unwrap().count() == 2 && drive_allocated(d, "fast") > 0
     });
     std::thread::sleep(Duration::from_millis(300));
-    common::signal(child.0.id(), libc::SIGINT);
+    common::signal(child.0.id(), sig);
     let status = common::wait_timeout(&mut child.0, Duration::from_secs(30))
         .expect("bench ends after Ctrl-C");
     let mut stderr = String::new();
@@ -448,7 +458,44 @@ fn ctrl_c_cleans_up_scratch_files_and_trims_the_drive() {
         vec![],
         "the scratch file and directory are removed"
     );
-    assert_eq!(drive_allocated(&d, "fast"), 0, "the drive is trimmed");
+    assert_eq!(drive_allocated(d, "fast"), 0, "the drive is trimmed");
+}
+
+/// The kernel's own files look like empty files and directories to
+/// `stat` (/proc/sysrq-trigger is an "empty regular file"): refused, even
+/// with --destructive. A file holding data that --destructive overwrites
+/// is cut back to its length afterwards.
+#[test]
+fn refuses_the_kernels_files_and_gives_files_their_length_back() {
+    let d = Daemon::start(&["fast=16M"]);
+    // /proc/self/comm is this command's own name: harmless if written.
+    for path in ["/proc/self/comm", "/proc/self", "/sys/kernel"] {
+        let out = run(d
+            .cli()
+            .args(["bench", "--compare", path, "--destructive"])
+            .args(["--test", "randwrite-4k-qd1", "--runtime", "200ms"]))
+        .failed();
+        assert_eq!(out.code(), 1, "{out}");
+        assert!(out.stderr.contains("kernel's own filesystems"), "{out}");
+    }
+    let data = d.dir().join("data.bin");
+    std::fs::write(&data, b"precious").unwrap();
+    let r = bench_json(
+        &d,
+        &[
+            "--compare",
+            data.to_str().unwrap(),
+            "--destructive",
+            "--test",
+            "randwrite-4k-qd1",
+            "--runtime",
+            "200ms",
+            "--size",
+            "16M",
+        ],
+    );
+    check_figures(&r);
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 8, "cut back");
 }
 
 /// fio's IOPS and p50 completion latency (us) for one job, from its JSON.

@@ -5,9 +5,11 @@
 //!
 //! Every decision of what may be written is `target`'s; this file only
 //! carries it out. Cleanup is a guard ([`Prepared`]'s drop): scratch files
-//! and directories are removed, an empty file the user named is emptied
-//! again, a drive is trimmed (its memory given back) whether the run
-//! finished, failed or was interrupted with Ctrl-C.
+//! and directories are removed, a file the user named is cut back to the
+//! length it had (an empty one emptied again, one overwritten with
+//! `--destructive` no longer than before), a drive is trimmed (its memory
+//! given back) whether the run finished, failed or was interrupted with
+//! Ctrl-C.
 
 use std::fs::{File, OpenOptions};
 use std::io::Seek;
@@ -28,6 +30,25 @@ use crate::size::format_size;
 /// `statfs` f_type of ramfs (libc lacks it).
 const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
 
+/// The kernel's pseudo-filesystems (linux/magic.h): their files are
+/// controls, not storage, and `target` refuses them.
+const PSEUDO_FILESYSTEMS: [(libc::c_long, &str); 14] = [
+    (0x9fa0, "procfs"),
+    (0x6265_6572, "sysfs"),
+    (0x0027_e0eb, "cgroupfs"),
+    (0x6367_7270, "cgroup2fs"),
+    (0x6462_6720, "debugfs"),
+    (0x7472_6163, "tracefs"),
+    (0x7363_6673, "securityfs"),
+    (0x6265_6570, "configfs"),
+    (0xcafe_4a11, "bpffs"),
+    (0xde5e_81e4, "efivarfs"),
+    (0x4249_4e4d, "binfmt_misc"),
+    (0x6165_676c, "pstore"),
+    (0x1cd1, "devpts"),
+    (0x6573_5543, "fusectl"),
+];
+
 /// How the load generator reaches a target.
 #[derive(Debug, Clone)]
 pub enum Access {
@@ -47,8 +68,12 @@ pub enum Access {
 enum Undo {
     RemoveFile(PathBuf),
     RemoveDir(PathBuf),
-    Truncate(PathBuf),
-    Trim { uri: NbdUri, len: u64 },
+    /// Cut a file the user named back to the length it had.
+    SetLen(PathBuf, u64),
+    Trim {
+        uri: NbdUri,
+        len: u64,
+    },
 }
 
 /// A target ready to measure.
@@ -125,11 +150,11 @@ fn undo(u: &Undo) -> Result<(), UndoError> {
     match u {
         Undo::RemoveFile(p) => std::fs::remove_file(p).map_err(io("remove", p)),
         Undo::RemoveDir(p) => std::fs::remove_dir_all(p).map_err(io("remove", p)),
-        Undo::Truncate(p) => OpenOptions::new()
+        Undo::SetLen(p, len) => OpenOptions::new()
             .write(true)
             .open(p)
-            .and_then(|f| f.set_len(0))
-            .map_err(io("empty", p)),
+            .and_then(|f| f.set_len(*len))
+            .map_err(io("cut back", p)),
         Undo::Trim { uri, len } => {
             let c = NbdClient::connect(uri, ClientOptions::default())?;
             Ok(c.trim(0, *len)?)
@@ -220,12 +245,18 @@ pub fn facts(path: &Path) -> Result<PathFacts, BenchError> {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
+            if let Some(fs) = pseudo_filesystem(parent) {
+                return Ok(PathFacts::Pseudo(fs));
+            }
             return Ok(PathFacts::Missing {
                 parent_is_dir: parent.is_dir(),
             });
         }
         Err(e) => return Err(io_err(format!("look at {}", path.display()))(e)),
     };
+    if let Some(fs) = pseudo_filesystem(path) {
+        return Ok(PathFacts::Pseudo(fs));
+    }
     let t = meta.file_type();
     Ok(if t.is_file() {
         PathFacts::File { len: meta.len() }
@@ -244,6 +275,16 @@ pub fn facts(path: &Path) -> Result<PathFacts, BenchError> {
     })
 }
 
+/// The pseudo-filesystem `path` is on, if it is on one (`statfs`
+/// follows symlinks, as the rest of the bench does).
+fn pseudo_filesystem(path: &Path) -> Option<&'static str> {
+    let f_type = rustix::fs::statfs(path).ok()?.f_type;
+    PSEUDO_FILESYSTEMS
+        .iter()
+        .find(|(magic, _)| *magic == f_type as libc::c_long)
+        .map(|(_, name)| *name)
+}
+
 /// Prepares a file, directory or block device.
 pub fn path(
     path: &Path,
@@ -251,16 +292,20 @@ pub fn path(
     destructive: bool,
     progress: &dyn Progress,
 ) -> Result<Prepared, BenchError> {
-    let plan = decide_path(path, facts(path)?, destructive)?;
+    let facts = facts(path)?;
+    let plan = decide_path(path, facts, destructive)?;
     let name = path.display().to_string();
+    let len = match facts {
+        PathFacts::File { len } => len,
+        _ => 0,
+    };
     let (kind, file_path, mut undo) = match plan {
         PathPlan::NewFile => (Kind::File, path.to_owned(), vec![]),
-        PathPlan::EmptyFile => (
+        PathPlan::EmptyFile | PathPlan::Overwrite => (
             Kind::File,
             path.to_owned(),
-            vec![Undo::Truncate(path.to_owned())],
+            vec![Undo::SetLen(path.to_owned(), len)],
         ),
-        PathPlan::Overwrite => (Kind::File, path.to_owned(), vec![]),
         PathPlan::BlockDevice => (Kind::BlockDevice, path.to_owned(), vec![]),
         PathPlan::Directory => {
             let scratch = path.join(format!(".ramd-bench-{}.tmp", std::process::id()));
@@ -421,5 +466,56 @@ pub fn engine_error(target: &str, test: &str, source: EngineError) -> BenchError
         target: target.to_owned(),
         test: test.to_owned(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_own_files_are_pseudo() {
+        // Only looked at (stat, statfs): nothing here is written.
+        for (path, fs) in [
+            ("/proc/self/comm", "procfs"),
+            ("/proc/sysrq-trigger", "procfs"),
+            ("/proc/no-such-ramd-file", "procfs"),
+            ("/sys/kernel", "sysfs"),
+        ] {
+            assert_eq!(
+                facts(Path::new(path)).unwrap(),
+                PathFacts::Pseudo(fs),
+                "{path}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(facts(dir.path()).unwrap(), PathFacts::Directory);
+        assert_eq!(
+            facts(&dir.path().join("new")).unwrap(),
+            PathFacts::Missing {
+                parent_is_dir: true
+            }
+        );
+    }
+
+    #[test]
+    fn named_files_get_their_length_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data.bin");
+        std::fs::write(&data, b"precious data").unwrap();
+        let empty = dir.path().join("empty.img");
+        std::fs::write(&empty, b"").unwrap();
+        let ws = super::super::target::MIN_WORKING_SET_BYTES;
+        for (p, len) in [(&data, 13), (&empty, 0)] {
+            let prepared = path(p, ws, true, &super::super::Quiet).unwrap();
+            assert_eq!(std::fs::metadata(p).unwrap().len(), ws, "the working set");
+            assert!(prepared.finish().is_empty());
+            assert_eq!(std::fs::metadata(p).unwrap().len(), len, "{}", p.display());
+        }
+        // Dropped (Ctrl-C, a failed test) rather than finished: the same.
+        drop(path(&data, ws, true, &super::super::Quiet).unwrap());
+        assert_eq!(std::fs::metadata(&data).unwrap().len(), 13);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 2, "no scratch file left");
     }
 }

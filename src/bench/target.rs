@@ -11,7 +11,8 @@
 //!                               inside, removed afterwards
 //!  file that does not exist     created, removed afterwards    the same
 //!  empty file                   used, emptied afterwards       the same
-//!  file holding data            refused                        overwritten
+//!  file holding data            refused                        overwritten, cut back to
+//!                                                              its length afterwards
 //!  block device                 refused                        overwritten (opened O_EXCL:
 //!                                                              never while mounted)
 //!  drive holding no data        used, trimmed afterwards       the same
@@ -20,7 +21,15 @@
 //!                               backing)
 //!  anything else (a socket,     refused                        refused
 //!  a character device)
+//!  anything on a kernel          refused                        refused
+//!  pseudo-filesystem (/proc,
+//!  /sys, cgroup, debugfs, ...)
 //! ```
+//!
+//! The last row matters because the others go by what `stat` says, and
+//! the kernel's own files are not what they seem: /proc/sysrq-trigger is
+//! an "empty regular file" that writing random bytes to would crash the
+//! machine, a directory in a cgroup filesystem makes a cgroup.
 
 use std::path::{Path, PathBuf};
 
@@ -99,6 +108,8 @@ pub enum PathFacts {
     BlockDevice,
     /// Something else: its kind, for the message.
     Other(&'static str),
+    /// A file or directory of a kernel pseudo-filesystem (its name).
+    Pseudo(&'static str),
 }
 
 /// How a path will be used.
@@ -128,6 +139,9 @@ pub enum Refusal {
     /// Neither a file, a directory nor a block device.
     #[error("{} is a {what}: ramd bench measures files, directories and block devices", path.display())]
     Unsupported { path: PathBuf, what: &'static str },
+    /// On one of the kernel's pseudo-filesystems.
+    #[error("{} is on {fs}, one of the kernel's own filesystems, whose files are controls rather than storage (writing to them can change or crash the system): name a directory on a disk filesystem instead", path.display())]
+    PseudoFs { path: PathBuf, fs: &'static str },
     /// A path whose directory does not exist.
     #[error("{} does not exist, nor does its directory: name an existing directory, file or block device", .0.display())]
     Missing(PathBuf),
@@ -172,6 +186,10 @@ pub fn decide_path(path: &Path, facts: PathFacts, destructive: bool) -> Result<P
         PathFacts::Other(what) => Err(Refusal::Unsupported {
             path: path.to_owned(),
             what,
+        }),
+        PathFacts::Pseudo(fs) => Err(Refusal::PseudoFs {
+            path: path.to_owned(),
+            fs,
         }),
     }
 }
@@ -267,6 +285,8 @@ mod tests {
         assert!(e.to_string().contains("--destructive"), "{e}");
         assert_eq!(plan(F::BlockDevice, true), Ok(PathPlan::BlockDevice));
         assert!(plan(F::Other("socket"), true).is_err());
+        let e = plan(F::Pseudo("procfs"), true).unwrap_err();
+        assert!(e.to_string().contains("procfs"), "{e}");
     }
 
     #[test]

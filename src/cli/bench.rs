@@ -137,23 +137,40 @@ fn arg_plot(text: &str) -> Result<PathBuf, BenchArgError> {
     }
 }
 
-/// Set by SIGINT while a benchmark runs: the jobs stop, scratch data is
-/// removed, and the command ends with "interrupted".
+/// Set by SIGINT (Ctrl-C), SIGTERM or SIGHUP while a benchmark runs: the
+/// jobs stop, scratch data is removed, and the command ends with
+/// "interrupted".
 static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_sigint(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
+/// The signals that stop a benchmark with its cleanup (a closed terminal
+/// and `kill` as well as Ctrl-C: a scratch file of a GiB left behind in
+/// the user's directory is what this prevents).
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    if STOP.swap(true, Ordering::Relaxed) {
+        // A second one: out now, as the signal would without this handler
+        // (the user asked twice; the cleanup may be what hangs).
+        // SAFETY: signal and raise are async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
 }
 
-/// Ctrl-C stops the benchmark instead of the process, so the cleanup runs.
-fn catch_ctrl_c() {
-    // SAFETY: the handler only stores to an atomic (async-signal-safe);
-    // the sigaction struct is zeroed (an empty mask, no flags) and lives
-    // for the call.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigint as *const () as usize;
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+/// Ctrl-C (and SIGTERM, SIGHUP) stops the benchmark instead of the
+/// process, so the cleanup runs; a second one ends the process at once.
+fn catch_stop_signals() {
+    for sig in STOP_SIGNALS {
+        // SAFETY: the handler only touches an atomic and calls
+        // async-signal-safe functions; the sigaction struct is zeroed (an
+        // empty mask, no flags) and lives for the call.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as *const () as usize;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
     }
 }
 
@@ -170,7 +187,7 @@ pub(crate) fn run(client: &Client, args: BenchArgs) -> Result<(), CliError> {
         return Err(BenchFailed::NoTargets.into());
     }
     let opts = options(&args);
-    catch_ctrl_c();
+    catch_stop_signals();
     let progress = Bar::new(opts.runtime, args.out.json);
     let result = bench::run(&opts, &specs, &progress, &STOP);
     progress.bar.finish_and_clear();
