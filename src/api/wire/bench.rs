@@ -40,7 +40,8 @@ pub struct BenchReport {
     pub started_at: String,
     /// RFC 3339, UTC.
     pub finished_at: String,
-    /// Measured time of each test on each target (after its warm-up).
+    /// Measured time of each test on each target (`--runtime`; there is
+    /// no warm-up period: the working set is written before the tests).
     pub runtime_s: f64,
     pub host: BenchHost,
     pub targets: Vec<BenchTarget>,
@@ -127,7 +128,8 @@ pub struct BenchResult {
     /// I/Os that failed (the test stops at the first).
     #[serde(default)]
     pub errors: u64,
-    /// Submission to completion, every I/O of the test.
+    /// Submission to completion (fio's `lat`, not its `clat`), every I/O
+    /// of the test.
     pub lat_us: BenchLatency,
     /// The reads alone (tests with reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
