@@ -46,6 +46,10 @@ struct Dash {
 /// The drives, as the API sorts them.
 const DRIVES: [&str; 3] = ["keep", "plain", "zip"];
 const CACHE: &str = "c1";
+/// Markup in names the user controls (a cache's backing file, a bench
+/// target's path): the page must show it as text, never parse it.
+/// (No `/`: it is also a file name.)
+const MARKUP: &str = "<img src=x onerror=\"window.pwned=1\"><b>b";
 
 impl Dash {
     fn start() -> Dash {
@@ -84,9 +88,10 @@ impl Dash {
         dash
     }
 
-    /// A write-back cache over a 32 MiB file in the daemon's directory.
+    /// A write-back cache over a 32 MiB file in the daemon's directory,
+    /// named with markup ([`MARKUP`]): the page must show it as text.
     fn add_cache(&self) {
-        let backing = self.d.dir().join("backing.img");
+        let backing = self.d.dir().join(format!("{MARKUP}.img"));
         std::fs::File::create(&backing)
             .unwrap()
             .set_len(32 << 20)
@@ -766,9 +771,16 @@ fn bench_report(targets: &[(&str, &str)]) -> String {
             })
         })
         .collect();
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
     let svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"480\" height=\"120\" viewBox=\"0 0 480 120\"><rect x=\"10\" y=\"20\" width=\"300\" height=\"30\" fill=\"#1f6feb\"/><rect x=\"10\" y=\"70\" width=\"60\" height=\"30\" fill=\"#cf222e\"/><text x=\"320\" y=\"40\">{}</text><text x=\"80\" y=\"90\">{}</text></svg>",
-        targets[0].0, targets[1].0
+        esc(targets[0].0),
+        esc(targets[1].0)
     );
     let report = json!({
         "version": 1, "tool": "ramd test", "profile": "quick",
@@ -802,7 +814,8 @@ fn in_a_browser() {
         return;
     }
     let dash = Dash::start();
-    let targets = [("plain", "drive"), ("/var/tmp/bench.img", "file")];
+    let hostile = format!("/var/tmp/{MARKUP}.img");
+    let targets = [("plain", "drive"), (hostile.as_str(), "file")];
     let (status, body) = common::http(
         dash.d.api_socket(),
         "PUT",
@@ -833,6 +846,7 @@ fn in_a_browser() {
         "new_drive": "webdrive",
         "refused_drive": "rodrive",
         "bench_targets": targets.iter().map(|t| t.0).collect::<Vec<_>>(),
+        "markup": MARKUP,
         "out_dir": out_dir,
     });
     let plan_file = dash.d.dir().join("plan.json");
@@ -856,11 +870,8 @@ fn in_a_browser() {
     assert!(seen["hit_ratio_points"].as_u64().unwrap() >= 2, "{seen}");
     assert!(seen["dirty_peak_mib"].as_f64().unwrap() >= 4.0, "{seen}");
     assert_eq!(seen["console_errors"], json!([]), "{seen}");
-    assert_eq!(
-        seen["bench"],
-        json!(["/var/tmp/bench.img", "plain"]),
-        "{seen}"
-    );
+    assert_eq!(seen["bench"], json!([hostile, "plain"]), "{seen}");
+    assert_eq!(seen["markup_as_text"], 2, "{seen}");
 
     // The daemon's side: the admin's drive exists as the page made it,
     // the read-only attempt made nothing, the persistent drive synced.

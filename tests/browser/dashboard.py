@@ -13,7 +13,9 @@ cache's URI, read again and again for hits), persistent and
 persistent_uri (a drive made dirty, then synced through the page),
 new_drive (to create with the admin link), refused_drive (the read-only
 link's attempt), bench_targets (names the benchmark table must show;
-empty: no results expected), out_dir (for the screenshots).
+empty: no results expected), markup (HTML in the cache's backing path and
+a bench target's name, which the page must show as text), out_dir (for
+the screenshots).
 
 Every wait is bounded (WAIT_S) and fails with what it waited for; nothing
 is timed. Prints one JSON line of observations at the end.
@@ -137,6 +139,23 @@ def reread_until(uri, stop):
     h.shutdown()
 
 
+def shown_as_text(d, plan, seen, section):
+    """The markup in user-controlled names is text in `section`: no element
+    was made from it (the CSP would stop its script anyway; this checks the
+    page never parses data as HTML)."""
+    markup = plan["markup"]
+    made = d.execute_script(
+        "return document.querySelectorAll(arguments[0] + ' td img, ' + arguments[0] + ' td b, ' + arguments[0] + ' p img').length;",
+        section)
+    assert made == 0, f"{made} elements made from names in {section}"
+    assert d.execute_script("return window.pwned === undefined")
+    texts = d.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0] + ' td, ' + arguments[0] + ' p')).map(e => e.textContent);",
+        section)
+    assert any(markup in t for t in texts), f"{markup!r} not shown as text in {section}: {texts}"
+    seen["markup_as_text"] = seen.get("markup_as_text", 0) + 1
+
+
 def read_only_session(d, plan, seen):
     cookies = open_link(d, plan["read_only_url"], plan["base_url"], "read-only")
     seen["cookie_secure"] = all(c["secure"] for c in cookies if c["name"].startswith("ramd_token"))
@@ -149,6 +168,7 @@ def read_only_session(d, plan, seen):
     assert not create.is_enabled(), "the create button is enabled for a read-only session"
     assert d.find_element(By.ID, "read-only-note").is_displayed()
     seen["read_only_buttons_disabled"] = all(not b.is_enabled() for b in d.find_elements(By.CSS_SELECTOR, ".admin-action"))
+    shown_as_text(d, plan, seen, "#caches")
     screenshot(d, os.path.join(plan["out_dir"], "dashboard-read-only.png"))
     # A user who gets around the disabled button: the server refuses, the
     # page says so.
@@ -253,6 +273,7 @@ def bench_section(d, plan, seen):
     assert set(targets) <= shown, f"bench targets shown: {shown}, expected {targets}"
     wait(d, "the benchmark plot to render", lambda: d.execute_script(
         "const i = document.querySelector('#bench-plot'); return i.complete && i.naturalWidth > 0;"))
+    shown_as_text(d, plan, seen, "#bench")
     seen["bench"] = sorted(shown)
 
 
