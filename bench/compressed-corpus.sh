@@ -76,6 +76,7 @@
 #   TARGETS (all six, comma list) ZSTD (zstd) MAX_FILE_MIB (32)
 #   TREE_FILL (85) LIB_PCT DOC_PCT TREE_PCT RANDOM_PCT (40 10 30 20)
 #   WRITE_COMPRESS_PCT RAMD (a ramd binary instead of building target/release/ramd)
+#   FIO (1; 0: fill and measure memory only, no speed tests)
 # Writes OUT/results.json, OUT/summary.md (the markdown snippet),
 # OUT/raw/*.json (every fio run) and OUT/corpus.txt (the corpus manifest).
 #
@@ -336,6 +337,7 @@ fio_run() { # target test run
     --output="$OUT/raw/$t.$test.$run.json" >/dev/null
 }
 ACTIVE=()
+[[ ${FIO:-1} == 0 ]] && FIO_DEV=()
 for t in ramd-plain ramd-lz4 ramd-zstd zram-lz4 zram-zstd nbdkit-zstd; do
   [[ -n ${FIO_DEV[$t]:-} ]] && ACTIVE+=("$t")
 done

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `ramd_drive_orig_data_bytes` | gauge | `drive` (logical bytes of pages that are not holes) |
 //! | `ramd_drive_compressed_bytes` | gauge | `drive` (sum of the stored objects) |
-//! | `ramd_drive_mem_used_bytes` | gauge | `drive` (slabs + metadata) |
+//! | `ramd_drive_mem_used_bytes` | gauge | `drive` (pages + metadata) |
 //! | `ramd_drive_compression_ratio` | gauge | `drive` (orig / mem used; 0 when empty) |
 //! | `ramd_drive_same_pages`, `ramd_drive_huge_pages`, `ramd_drive_compressed_pages` | gauge | `drive` |
 //! | `ramd_drive_compaction_runs_total`, `ramd_drive_compaction_moves_total` | counter | `drive` |
@@ -74,7 +74,7 @@ impl Collector for CompressedCollector {
         family(
             e,
             "ramd_drive_mem_used",
-            "Memory a compressed drive uses: slab blocks plus metadata",
+            "Memory a compressed drive uses: pages held plus metadata",
             bytes.clone(),
             gauge(&|s| s.mem_used_bytes),
         )?;
@@ -98,7 +98,7 @@ impl Collector for CompressedCollector {
         family(
             e,
             "ramd_drive_huge_pages",
-            "Pages that do not compress below 3/4 of a page, kept raw",
+            "Pages that do not compress to 4032 bytes or less, kept raw",
             None,
             gauge(&|s| s.huge_pages),
         )?;
@@ -112,21 +112,21 @@ impl Collector for CompressedCollector {
         family(
             e,
             "ramd_drive_compaction_runs",
-            "Slab compaction passes (each releases one block)",
+            "Pages compressed size classes gave back as they shrank (compaction)",
             None,
             counter(&|s| s.compact_runs),
         )?;
         family(
             e,
             "ramd_drive_compaction_moves",
-            "Objects slab compaction moved",
+            "Objects moved to keep the compressed size classes dense",
             None,
             counter(&|s| s.compact_moved_objects),
         )?;
         family(
             e,
             "ramd_drive_compaction_freed",
-            "Bytes of slab blocks compaction released",
+            "Bytes of the pages compaction gave back",
             bytes,
             counter(&|s| s.compact_freed_bytes),
         )?;

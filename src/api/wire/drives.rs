@@ -188,15 +188,16 @@ pub struct CompressionInfo {
     pub orig_data_bytes: u64,
     /// Sum of the stored objects' lengths (`compr_data_size`).
     pub compr_data_bytes: u64,
-    /// Slab blocks held: what the memory limit and budget are charged.
+    /// Pages held (classes, raw pages, free pages kept for reuse): what
+    /// the memory limit and budget are charged.
     pub slab_bytes: u64,
-    /// Page tables and slab bookkeeping (not charged).
+    /// Page tables and bookkeeping (not charged).
     pub metadata_bytes: u64,
     /// `slab_bytes + metadata_bytes` (`mem_used_total`).
     pub mem_used_bytes: u64,
     /// Same-filled pages, zero pages included (no bytes stored).
     pub same_pages: u64,
-    /// Pages that do not compress below 3/4 of a page, kept raw.
+    /// Pages that do not compress to 4032 bytes or less, kept raw.
     pub huge_pages: u64,
     /// Pages kept compressed.
     pub compressed_pages: u64,
@@ -204,7 +205,7 @@ pub struct CompressionInfo {
     pub compact_runs: u64,
     /// Objects compaction moved.
     pub compact_moved_objects: u64,
-    /// Bytes of blocks compaction released.
+    /// Bytes of the pages compaction gave back.
     pub compact_freed_bytes: u64,
     /// `orig_data_bytes / mem_used_bytes`; 0 when the drive holds nothing.
     pub ratio: f64,

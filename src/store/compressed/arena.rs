@@ -1,30 +1,45 @@
-//! Slab blocks of a compressed drive whose memory is locked in RAM
-//! (`--lock-memory`): 32 KiB blocks carved from mappings locked with
-//! `mlock2(MLOCK_ONFAULT)` (`store::region`), instead of heap allocations.
+//! Where a compressed drive's bytes live: 4 KiB pages carved from large
+//! anonymous mappings (`store::region`), one arena per drive.
 //!
 //! ```text
-//!  regions: [locked mapping][locked mapping]...   (added as blocks are needed)
-//!  blocks:   32 KiB each: handed out from `free`, else the last region's tail
+//!  regions: [mapping][mapping]...   (2-64 MiB each, added as pages are needed)
+//!  a page:  4 KiB of a mapping, handed to a size class (pool.rs) or held
+//!           by a page-table entry as a raw page
+//!  given back: cached (resident, still charged) up to CACHE_MAX_PAGES (and
+//!           an eighth of the pages held), else released (MADV_DONTNEED: RSS
+//!           drops, the page reads as zero)
 //! ```
 //!
 //! Regions are a sixteenth of the drive's promise `min(size, mem_limit)`,
 //! 2-64 MiB ([`region_bytes_for`]): few mappings for a large drive, little
-//! locked address space beyond its promise for a small one.
+//! address space beyond its promise for a small one. A drive whose memory
+//! is locked in RAM (`--lock-memory`) locks each region as it maps it
+//! (`mlock2(MLOCK_ONFAULT)`: pages are locked as they are faulted in), so
+//! its locked mappings never exceed its promise by more than one region:
+//! the arena hands out every free page before it maps another region, and
+//! the pages held never pass the drive's limit. The kernel charges
+//! `RLIMIT_MEMLOCK` per locked mapping, which the daemon checks against
+//! that bound before a locked drive is created (`control::drives::memlock`).
 //!
-//! Why not lock heap blocks: `mlock` is per page and not counted, so
-//! unlocking a freed block's pages could unlock a neighbour's, and every
-//! locked range splits the heap's mapping (the kernel's map count runs out
-//! long before the memory). Why one block size: a drive's blocks then never
-//! need more mappings than its memory limit does (its slabs hold at most
-//! the limit, and any free block fits any request), so `RLIMIT_MEMLOCK`,
-//! which the kernel charges per mapping, is checked once against the limit.
-//! The price, on locked drives only: every size class uses 32 KiB blocks,
-//! so partly filled blocks cost more slack (up to two blocks per class per
-//! shard before compaction).
+//! # Accounting
 //!
-//! A freed block's pages go back to the OS at once (`Region::release`), so
-//! the drive's resident, locked memory is what its slabs hold.
+//! Every page out of the arena or in its cache is charged to the drive's
+//! budgets ([`Charge`]); a released page is not. So the bytes charged are
+//! exactly the resident pages of the drive's data, and its RSS follows
+//! them down as soon as pages are released. The cache exists because a
+//! drive under overwrites frees a page about as often as it needs one:
+//! releasing each at once would cost a `madvise` (and the TLB shootdown
+//! that comes with it) per free and a page fault per new page. Pages
+//! beyond the cap are released in one batch, and
+//! [`PageArena::release_cache`] (`CompressedStore::compact`) releases the
+//! rest.
+//!
+//! Why not heap blocks (the first design): glibc keeps freed chunks in its
+//! arenas, so RSS did not follow trims without `malloc_trim`, and a class's
+//! unit of growth was a whole 4-32 KiB block; pages of one size let every
+//! size class grow and shrink by 4 KiB (`pool.rs`).
 
+use std::collections::BTreeMap;
 use std::io;
 use std::ptr::NonNull;
 
@@ -32,107 +47,241 @@ use parking_lot::Mutex;
 
 use crate::store::region::Region;
 
-/// Bytes of every block of a locked drive.
-pub const LOCKED_BLOCK_BYTES: usize = 32 << 10;
-/// Bytes of the locked mappings of a drive promised `promise_bytes`
-/// (see the module docs).
+/// Bytes of one arena page.
+pub const PAGE_BYTES: usize = 4096;
+/// Pages given back that stay resident (and charged) for reuse.
+pub const CACHE_MAX_PAGES: usize = 64;
+
+/// Most free pages kept for a drive holding `out` pages: an eighth of
+/// them, at most [`CACHE_MAX_PAGES`] (none when it holds nothing, so a
+/// drive trimmed empty holds and is charged nothing).
+fn cache_cap(out: u64) -> usize {
+    CACHE_MAX_PAGES.min((out / 8) as usize)
+}
+
+/// Bytes of each mapping of a drive promised `promise_bytes` (see the
+/// module docs).
 pub fn region_bytes_for(promise_bytes: u64) -> usize {
     let sixteenth = (promise_bytes / 16).clamp(2 << 20, 64 << 20);
     sixteenth.next_power_of_two() as usize
 }
 
-/// One block of a locked drive, owned by a slab.
-pub struct LockedBlock {
-    ptr: NonNull<u8>,
+/// Charges and releases the memory of pages (the drive's limit and the
+/// daemon's budget).
+pub trait Charge {
+    /// Reserves `bytes`; false when a limit would be passed.
+    fn reserve(&self, bytes: u64) -> bool;
+    /// Gives back `bytes` reserved earlier.
+    fn release(&self, bytes: u64);
 }
 
-impl LockedBlock {
-    /// The block's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: the block is LOCKED_BLOCK_BYTES inside a mapping of the
-        // arena that handed it out, which outlives every block (the store
-        // drops its shards before its arena); this value is its only owner.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), LOCKED_BLOCK_BYTES) }
-    }
-
-    /// The block's bytes, to change.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`; `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), LOCKED_BLOCK_BYTES) }
-    }
+/// Why no page could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoPage {
+    /// A budget (the drive's limit or the daemon's) is full.
+    #[error("no memory left in the budget for another page")]
+    Budget,
+    /// A new region could not be mapped or locked (`errno`).
+    #[error("a new region could not be mapped or locked (errno {0})")]
+    Map(i32),
 }
 
-// SAFETY: a block is plain memory owned by one slab, which is only used
-// under its shard's lock.
-unsafe impl Send for LockedBlock {}
+/// One 4 KiB page of an arena, owned by one size class or one page-table
+/// entry. It is a plain address: the owner knows what it holds, and the
+/// lock that guards the owner guards the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page(NonNull<u8>);
+
+// SAFETY: a page is plain memory inside a mapping of the drive's arena;
+// its owner only reads or writes it under the lock that guards the owner.
+unsafe impl Send for Page {}
 // SAFETY: as above; shared access only reads.
-unsafe impl Sync for LockedBlock {}
+unsafe impl Sync for Page {}
 
-#[derive(Default)]
-struct Inner {
-    regions: Vec<Region>,
-    /// Bytes of the last region handed out so far.
-    used_in_last: usize,
-    /// Blocks given back (their pages released).
-    free: Vec<NonNull<u8>>,
+impl Page {
+    /// The page at `addr` (a value of [`Page::addr`]).
+    pub fn from_addr(addr: usize) -> Page {
+        debug_assert!(addr % PAGE_BYTES == 0);
+        Page(NonNull::new(addr as *mut u8).expect("a page is not at address 0"))
+    }
+
+    /// The page's address (4 KiB aligned).
+    pub fn addr(self) -> usize {
+        self.0.as_ptr() as usize
+    }
+
+    /// The page's bytes.
+    ///
+    /// # Safety
+    /// The caller owns the page (it came from this drive's arena, was not
+    /// given back, and the arena lives), and holds the lock that guards
+    /// its owner, shared at least.
+    #[inline]
+    pub unsafe fn bytes<'a>(self) -> &'a [u8] {
+        // SAFETY: the caller's contract: PAGE_BYTES of a live mapping, not
+        // changed while the owner's lock is held.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr(), PAGE_BYTES) }
+    }
+
+    /// The page's bytes, to change.
+    ///
+    /// # Safety
+    /// As [`Page::bytes`], with the owner's lock held exclusively.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
+        // SAFETY: the caller's contract: nobody else reads or writes it.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), PAGE_BYTES) }
+    }
 }
 
-/// The locked blocks of one drive.
-pub struct LockedArena {
+struct Inner {
+    /// By base address, so a page finds its region.
+    regions: BTreeMap<usize, Region>,
+    /// The region new pages are carved from and how much of it is used.
+    last: Option<(usize, usize)>,
+    /// Given back and released (they read as zero), reused first after
+    /// the cache.
+    released: Vec<Page>,
+    /// Given back, still resident and charged.
+    cached: Vec<Page>,
+    /// Pages held by the drive (not in the arena).
+    out: u64,
+}
+
+/// The pages of one drive.
+pub struct PageArena {
     inner: Mutex<Inner>,
     /// Bytes of each mapping.
     region_bytes: usize,
+    /// Regions are locked in RAM as they are mapped (`--lock-memory`).
+    locked: bool,
 }
 
-// SAFETY: the pointers in `free` point into mappings this value owns; all
-// access goes through the mutex.
-unsafe impl Send for LockedArena {}
-// SAFETY: as above.
-unsafe impl Sync for LockedArena {}
-
-impl LockedArena {
-    /// An arena of mappings of `region_bytes` (a multiple of the block).
-    pub fn new(region_bytes: usize) -> LockedArena {
-        debug_assert!(region_bytes % LOCKED_BLOCK_BYTES == 0);
-        LockedArena {
-            inner: Mutex::default(),
+impl PageArena {
+    /// An arena of mappings of `region_bytes` (a multiple of 2 MiB),
+    /// locked in RAM with `locked`.
+    pub fn new(region_bytes: usize, locked: bool) -> PageArena {
+        debug_assert!(region_bytes % (2 << 20) == 0);
+        PageArena {
+            inner: Mutex::new(Inner {
+                regions: BTreeMap::new(),
+                last: None,
+                released: Vec::new(),
+                cached: Vec::new(),
+                out: 0,
+            }),
             region_bytes,
+            locked,
         }
     }
 
-    /// A block of zeroes. Maps and locks a new region when none is left;
-    /// that fails when `RLIMIT_MEMLOCK` does not cover it.
-    pub fn alloc(&self) -> io::Result<LockedBlock> {
+    /// A page for the drive, charged to `mem` unless it comes from the
+    /// cache (charged already). Its bytes are unspecified.
+    pub fn take(&self, mem: &impl Charge) -> Result<Page, NoPage> {
         let mut g = self.inner.lock();
-        if let Some(ptr) = g.free.pop() {
-            return Ok(LockedBlock { ptr });
+        if let Some(p) = g.cached.pop() {
+            g.out += 1;
+            return Ok(p);
         }
-        if g.regions.is_empty() || g.used_in_last == self.region_bytes {
-            let r = Region::new(self.region_bytes, false)?;
-            r.lock_to(self.region_bytes)?;
-            g.regions.push(r);
-            g.used_in_last = 0;
+        if !mem.reserve(PAGE_BYTES as u64) {
+            return Err(NoPage::Budget);
         }
-        let at = g.used_in_last;
-        g.used_in_last += LOCKED_BLOCK_BYTES;
-        let ptr = g.regions.last().expect("a region").ptr(at);
-        Ok(LockedBlock {
-            ptr: NonNull::new(ptr).expect("a mapping is not at 0"),
-        })
+        let page = match g.released.pop() {
+            Some(p) => Ok(p),
+            None => self.carve(&mut g),
+        };
+        match page {
+            Ok(p) => {
+                g.out += 1;
+                Ok(p)
+            }
+            Err(e) => {
+                mem.release(PAGE_BYTES as u64);
+                Err(NoPage::Map(e.raw_os_error().unwrap_or(libc::ENOMEM)))
+            }
+        }
     }
 
-    /// Takes a block back: its pages go back to the OS (they read as zero
-    /// when it is handed out again).
-    pub fn free(&self, block: LockedBlock) {
+    /// A page never handed out before, mapping (and locking) a region when
+    /// the last one is used up.
+    fn carve(&self, g: &mut Inner) -> io::Result<Page> {
+        let (base, used) = match g.last {
+            Some((base, used)) if used < self.region_bytes => (base, used),
+            _ => {
+                let r = Region::new(self.region_bytes, false)?;
+                if self.locked {
+                    r.lock_to(self.region_bytes)?;
+                }
+                let base = r.ptr(0) as usize;
+                g.regions.insert(base, r);
+                (base, 0)
+            }
+        };
+        g.last = Some((base, used + PAGE_BYTES));
+        Ok(Page::from_addr(base + used))
+    }
+
+    /// Takes back a page the drive no longer holds: cached, or released
+    /// with the oldest cached ones when the cache is full.
+    pub fn give(&self, page: Page, mem: &impl Charge) {
         let mut g = self.inner.lock();
-        let p = block.ptr.as_ptr() as usize;
-        let region = g.regions.iter().find(|r| {
-            let base = r.ptr(0) as usize;
-            (base..base + self.region_bytes).contains(&p)
-        });
-        let region = region.expect("a block of this arena");
-        region.release(p - region.ptr(0) as usize, LOCKED_BLOCK_BYTES);
-        g.free.push(block.ptr);
+        g.out -= 1;
+        g.cached.push(page);
+        let cap = cache_cap(g.out);
+        if g.cached.len() > cap {
+            let n = g.cached.len() - cap / 2;
+            self.release(&mut g, n, mem);
+        }
+    }
+
+    /// Releases every cached page; returns the bytes released.
+    pub fn release_cache(&self, mem: &impl Charge) -> u64 {
+        let mut g = self.inner.lock();
+        let n = g.cached.len();
+        self.release(&mut g, n, mem);
+        (n * PAGE_BYTES) as u64
+    }
+
+    /// Releases the `n` oldest cached pages (adjacent ones in one call).
+    fn release(&self, g: &mut Inner, n: usize, mem: &impl Charge) {
+        let mut pages: Vec<Page> = g.cached.drain(..n).collect();
+        pages.sort_by_key(|p| p.addr());
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j].addr() == pages[j - 1].addr() + PAGE_BYTES {
+                j += 1;
+            }
+            let (addr, len) = (pages[i].addr(), (j - i) * PAGE_BYTES);
+            let (&base, region) = g
+                .regions
+                .range(..=addr)
+                .next_back()
+                .expect("a page of this arena");
+            debug_assert!(addr + len <= base + region.len());
+            region.release(addr - base, len);
+            i = j;
+        }
+        g.released.extend_from_slice(&pages);
+        mem.release((n * PAGE_BYTES) as u64);
+    }
+
+    /// Pages charged: held by the drive plus cached.
+    pub fn charged_pages(&self) -> u64 {
+        let g = self.inner.lock();
+        g.out + g.cached.len() as u64
+    }
+
+    /// Pages held by the drive (not cached).
+    pub fn out_pages(&self) -> u64 {
+        self.inner.lock().out
+    }
+
+    /// Pages cached (resident, charged, free).
+    #[cfg(test)]
+    pub fn cached_pages(&self) -> u64 {
+        self.inner.lock().cached.len() as u64
     }
 
     /// Bytes of each mapping.
@@ -140,38 +289,77 @@ impl LockedArena {
         self.region_bytes
     }
 
-    /// Bytes of locked mappings (what the kernel counts against
+    /// Bytes mapped (for a locked drive: what the kernel counts against
     /// `RLIMIT_MEMLOCK`).
     pub fn mapped_bytes(&self) -> u64 {
         (self.inner.lock().regions.len() * self.region_bytes) as u64
+    }
+
+    /// Bytes of the arena's own bookkeeping.
+    pub fn metadata_bytes(&self) -> u64 {
+        let g = self.inner.lock();
+        (std::mem::size_of::<PageArena>()
+            + g.regions.len() * (std::mem::size_of::<Region>() + 3 * 8)
+            + (g.released.capacity() + g.cached.capacity()) * std::mem::size_of::<Page>())
+            as u64
+    }
+
+    /// True when the drive's memory is locked in RAM.
+    pub fn is_locked(&self) -> bool {
+        self.locked
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    #[derive(Default)]
+    struct Counter(Cell<u64>);
+    impl Charge for Counter {
+        fn reserve(&self, bytes: u64) -> bool {
+            self.0.set(self.0.get() + bytes);
+            true
+        }
+        fn release(&self, bytes: u64) {
+            self.0.set(self.0.get() - bytes);
+        }
+    }
 
     #[test]
-    fn blocks_are_zero_reused_and_released() {
+    fn pages_are_charged_cached_and_released() {
         assert_eq!(region_bytes_for(1 << 20), 2 << 20);
         assert_eq!(region_bytes_for(100 << 20), 8 << 20);
         assert_eq!(region_bytes_for(1 << 40), 64 << 20);
-        let a = LockedArena::new(2 << 20);
-        let mut b = match a.alloc() {
-            Ok(b) => b,
-            // Without CAP_IPC_LOCK and a small RLIMIT_MEMLOCK (not root).
-            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => return,
-            Err(e) => panic!("{e}"),
-        };
-        assert!(b.bytes().iter().all(|&x| x == 0));
-        b.bytes_mut()[100] = 7;
-        let p = b.ptr;
-        a.free(b);
-        let again = a.alloc().unwrap();
-        assert_eq!(again.ptr, p);
-        assert_eq!(again.bytes()[100], 0, "released pages read as zero");
-        let other = a.alloc().unwrap();
-        assert_ne!(other.ptr, p);
-        assert_eq!(a.mapped_bytes(), 2 << 20);
+        let mem = Counter::default();
+        let a = PageArena::new(2 << 20, false);
+        let pages: Vec<Page> = (0..600).map(|_| a.take(&mem).unwrap()).collect();
+        assert_eq!(mem.0.get(), 600 * 4096);
+        assert_eq!(a.mapped_bytes(), 4 << 20, "512 pages per 2 MiB region");
+        for (i, p) in pages.iter().enumerate() {
+            // SAFETY: the test owns every page it took, one thread.
+            unsafe { p.bytes_mut()[7] = i as u8 };
+        }
+        for p in &pages[..100] {
+            a.give(*p, &mem);
+        }
+        // The cache holds at most CACHE_MAX_PAGES; the rest was released.
+        assert!(a.cached_pages() as usize <= CACHE_MAX_PAGES);
+        assert_eq!(mem.0.get(), a.charged_pages() * 4096);
+        assert_eq!(a.out_pages(), 500);
+        let cached = a.cached_pages();
+        assert_eq!(a.release_cache(&mem), cached * 4096);
+        assert_eq!(mem.0.get(), 500 * 4096);
+        // Released pages come back zeroed; held ones keep their bytes.
+        let again = a.take(&mem).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { again.bytes()[7] }, 0);
+        assert_eq!(unsafe { pages[300].bytes()[7] }, 300u16 as u8);
+        assert_eq!(
+            a.mapped_bytes(),
+            4 << 20,
+            "no new region while pages are free"
+        );
     }
 }

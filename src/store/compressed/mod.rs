@@ -4,12 +4,15 @@
 //! # Layout
 //!
 //! ```text
-//!  page p ─▶ group g = p / 16 (64 KiB) ─▶ shard g % 16, local group g / 16
+//!  page p ─▶ group g = p / 16 (64 KiB) ─▶ shard g % 16, local page (g / 16) * 16 + p % 16
 //!
-//!  shard (one RwLock, 128-byte aligned)
-//!   ├ page table: local group ─▶ [Entry; 16]   (page.rs classifies, shard.rs)
-//!   │    Entry = Hole | Same(8-byte word) | Stored(handle: class, block, slot, len)
-//!   └ slabs: 25 size classes, 128 bytes apart, blocks of 4-32 KiB (slab.rs)
+//!  shard (one RwLock, 128-byte aligned)     table.rs, shard.rs
+//!   └ page table: 8 bytes per page, Hole | Same(word) | Raw(page) | Stored(class, id, len)
+//!  pool (one per drive)                     pool.rs
+//!   └ 252 size classes 16 bytes apart (16..=4032), one RwLock each,
+//!     objects dense over 4 KiB pages, ids -> slots
+//!  arena (one per drive)                    arena.rs
+//!   └ 4 KiB pages from 2-64 MiB mappings, a small cache of free pages
 //! ```
 //!
 //! # Design, and why
@@ -24,51 +27,36 @@
 //!   pages (lz4 0.931, zstd:1 0.942, zstd:3 0.940), groups of 16 9-11%
 //!   (0.891, 0.916, 0.910): not worth 4-16x the work per random access.
 //! - **Same-filled pages** (every 8-byte word equal, zero pages included)
-//!   keep only the word. **Huge pages** (compressed to more than 3/4 of a
-//!   page) are kept raw in their own class, so they cost 4 KiB, not more.
-//! - **Placement: per-shard size-class slabs** (zsmalloc-like, `slab.rs`),
-//!   not an arena per shard: a freed slot is reused by the next object of
-//!   its class at once, and compaction moves objects into *existing* free
-//!   slots, so it needs no spare memory and works when the budget is full
-//!   (a log-structured arena needs free space to copy into). It runs
-//!   incrementally, on the free that makes a class worth it, under the
-//!   shard lock already held; at most one move per free, amortised. The
-//!   price is rounding up to a class (at most 127 bytes, ~64 on average)
-//!   and per class up to two blocks of free slots before compaction.
-//! - **16 shards**, each page group (64 KiB, the raw store's lock unit) in
-//!   one of them: no global lock on the data path; more shards would add
-//!   partially filled blocks (up to 25 classes each). Pages are compressed
-//!   before the lock is taken; reads decompress under the shared lock.
-//!   The partly filled blocks cost up to a few MiB per drive (16 shards x
-//!   the classes in use x 1-2 blocks of 4-32 KiB): nothing on a drive of
-//!   GiBs, but a drive limited to a few hundred KiB gains little.
-//!
-//! # Measured (2 vCPUs, shared and busy; compare within a run)
-//!
-//! On the corpus above (40% of its pages do not compress below 3/4), a
-//! 256 MiB drive holds 148 MiB with lz4 (1.74x), 131 MiB with zstd:1 or
-//! zstd:3 (1.95x); slab slack plus metadata is 150-170 bytes per stored
-//! page. Over NBD (fio, 4 KiB, QD32 x 2 jobs, 50%-compressible buffers, in
-//! one run): random writes raw 81-97k IOPS, lz4 64-65k, zstd:1 42k, zstd:3
-//! 33-34k, `nbdkit memory allocator=zstd` 17k; random reads raw 74-91k,
-//! lz4 64-71k, zstd:3 70-74k, nbdkit 64k. In process (no transport, so
-//! the raw store's memcpy is all there is to beat): writes raw 426k, lz4
-//! 80k, zstd:1 40k; reads raw 637k, lz4 235k, zstd:1 99k.
+//!   keep only the word, in the entry. **Huge pages** (compressed to more
+//!   than 4032 bytes, `page.rs`) are kept raw, each in an arena page its
+//!   entry points at: no class, no copy beyond the page itself.
+//! - **Placement: one pool of dense size classes per drive** (`pool.rs`,
+//!   which has the measurements behind it): 16-byte classes round a page
+//!   up by ~8 bytes, a class grows and shrinks by one 4 KiB page, and a
+//!   free moves the class's last object into the hole, so there is no
+//!   fragmentation to compact later and nothing to wait for when the
+//!   budget is full. Entries name objects by id, so moving one never
+//!   touches another shard's table.
+//! - **16 shards** of page tables, each page group (64 KiB, the raw store's
+//!   lock unit) in one of them: no global lock on the data path. Pages are
+//!   compressed before any lock is taken; a change holds its shard's lock
+//!   exclusively and one class lock at a time; reads decompress under the
+//!   shard's and the class's shared locks.
 //!
 //! # Memory accounting
 //!
-//! The drive's limit and the daemon's budget are charged the bytes of slab
-//! blocks held (`CompressedStats::slab_bytes`), charged when a block is
-//! allocated and released when it is freed (by a trim, an overwrite or
-//! compaction). Holes and same-filled pages cost nothing. The drive's size
-//! is independent of its limit. A write that needs a block when a budget is
-//! full first compacts its shard, then tries an in-place reuse of the
-//! page's old slot, then fails with `NoSpace` (ENOSPC), leaving the page
-//! as it was: so, unlike the raw store, an overwrite can fail for space
-//! when its data compresses worse than before. Tables and slab bookkeeping
-//! (`metadata_bytes`) are reported but not charged, as with the raw store.
-//! Blocks are heap allocations; the daemon returns freed ones to the OS once
-//! a second (`heap.rs`), so its RSS follows the slabs down after a trim.
+//! The drive's limit and the daemon's budget are charged the arena pages
+//! the drive holds, its classes' pages and raw pages, plus the few free
+//! pages the arena keeps resident for reuse (`CompressedStats::slab_bytes`):
+//! charged when a page is taken, released when it goes back to the OS. Holes
+//! and same-filled pages cost nothing. The drive's size is independent of
+//! its limit. A write that needs a page when a budget is full tries an
+//! in-place reuse of its page's old memory (its old slot when the new
+//! object fits it, or its raw page), then fails with `NoSpace` (ENOSPC),
+//! leaving the page as it was: so, unlike the raw store, an overwrite can
+//! fail for space when its data compresses worse than before. Tables and
+//! bookkeeping (`metadata_bytes`, ~16 bytes per stored page) are reported
+//! and counted in `mem_used_bytes`, but not charged, as with the raw store.
 //!
 //! # Invariants
 //!
@@ -84,6 +72,8 @@
 //!   pages zeroed without it become `Same(0)`: reported as allocated
 //!   zeroes, but costing nothing, so unlike the raw store NO_HOLE reserves
 //!   no memory for later writes to the range (their size is unknown).
+//! - Every arena page is held by exactly one class or one `Raw` entry, or
+//!   is free in the arena; `check` verifies it and the charge.
 //!
 //! # Dependencies
 //!
@@ -95,10 +85,11 @@ mod arena;
 mod heap;
 mod marks;
 mod page;
+mod pool;
 mod shard;
-mod slab;
 mod stats;
 mod sync;
+mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -109,16 +100,17 @@ use super::budget::MemoryBudget;
 use super::cut::CutState;
 use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
 pub use arena::region_bytes_for as locked_region_bytes_for;
-use arena::LockedArena;
+use arena::{Charge, NoPage, PageArena};
 pub use heap::return_freed_memory;
 use marks::Marks;
 pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
 use page::{PageError, PACK_BUF_BYTES};
-use shard::{Entry, Placing, Shard, GROUP_PAGES};
-use slab::{BlockMem, Charge, SlabFull};
+use pool::Pool;
+use shard::{Placing, Shard, Space, GROUP_PAGES};
 pub use stats::CompressedStats;
 use sync::CapturedGroup;
 pub use sync::CompressedCut;
+use table::{Entry, Obj};
 
 /// Shards per drive (see the module docs).
 pub const SHARDS: usize = 16;
@@ -137,37 +129,15 @@ const _: () = assert!(MAX_COMPRESSED_DRIVE_BYTES / PAGE / SHARDS as u64 <= u32::
 #[repr(align(128))]
 struct Padded(RwLock<Shard>);
 
-/// The two budgets a block is charged to, and where blocks come from.
+/// The two budgets a page is charged to.
 struct DriveMem {
-    /// This drive's memory: `used` = slab bytes, `limit` = mem-limit.
+    /// This drive's memory: `used` = arena pages charged, `limit` = mem-limit.
     drive: MemoryBudget,
     /// The daemon-wide budget shared by all drives.
     global: Arc<MemoryBudget>,
-    /// Locked blocks, for a drive whose memory is locked in RAM
-    /// (`arena.rs`); None: heap blocks.
-    arena: Option<LockedArena>,
 }
 
 impl Charge for DriveMem {
-    fn new_block(&self, bytes: usize) -> std::io::Result<BlockMem> {
-        match &self.arena {
-            Some(a) => {
-                debug_assert_eq!(bytes, arena::LOCKED_BLOCK_BYTES);
-                Ok(BlockMem::Locked(a.alloc()?))
-            }
-            None => Ok(BlockMem::Heap(vec![0u8; bytes].into_boxed_slice())),
-        }
-    }
-    fn drop_block(&self, block: BlockMem) {
-        match (block, &self.arena) {
-            (BlockMem::Locked(b), Some(a)) => a.free(b),
-            (BlockMem::Heap(b), _) => {
-                heap::note_freed(b.len() as u64);
-                drop(b)
-            }
-            (b, None) => drop(b),
-        }
-    }
     fn reserve(&self, bytes: u64) -> bool {
         if !self.drive.try_reserve(bytes) {
             return false;
@@ -200,6 +170,10 @@ pub struct CompressedStore {
     /// Current size in bytes.
     size: AtomicU64,
     shards: Box<[Padded]>,
+    /// The size classes of compressed pages.
+    pool: Pool,
+    /// The pages of the classes and of raw pages.
+    arena: PageArena,
     mem: DriveMem,
     /// Serialises resizes and sync cuts (never taken on the data path).
     resize_lock: Mutex<()>,
@@ -220,6 +194,28 @@ fn locate(p: u64) -> (usize, u32) {
     let g = p / GROUP_PAGES as u64;
     let local = (g / SHARDS as u64) * GROUP_PAGES as u64 + p % GROUP_PAGES as u64;
     ((g % SHARDS as u64) as usize, local as u32)
+}
+
+/// The page a shard-local page of shard `si` is.
+#[inline]
+fn global_page(si: usize, local: u32) -> u64 {
+    let (lg, i) = (
+        local as u64 / GROUP_PAGES as u64,
+        local as u64 % GROUP_PAGES as u64,
+    );
+    (lg * SHARDS as u64 + si as u64) * GROUP_PAGES as u64 + i
+}
+
+/// How many of shard `si`'s local pages lie before page `first`.
+fn locals_before(si: usize, first: u64) -> u32 {
+    let (g_first, part) = (first / GROUP_PAGES as u64, first % GROUP_PAGES as u64);
+    let full = g_first.saturating_sub(si as u64).div_ceil(SHARDS as u64);
+    let partial = if g_first % SHARDS as u64 == si as u64 {
+        part
+    } else {
+        0
+    };
+    (full * GROUP_PAGES as u64 + partial) as u32
 }
 
 fn corrupt(e: PageError) -> Error {
@@ -249,9 +245,9 @@ fn for_each_page(
 }
 
 impl CompressedStore {
-    /// A drive of `size_bytes` compressed with `algo`, charging its slab
-    /// blocks to `global_mem` and to its own `mem_limit_bytes` (None: no
-    /// limit of its own).
+    /// A drive of `size_bytes` compressed with `algo`, charging its pages
+    /// to `global_mem` and to its own `mem_limit_bytes` (None: no limit of
+    /// its own).
     pub fn new(
         size_bytes: u64,
         algo: Algorithm,
@@ -261,7 +257,7 @@ impl CompressedStore {
         CompressedStore::with_lock(size_bytes, algo, mem_limit_bytes, global_mem, false)
     }
 
-    /// [`CompressedStore::new`], its slab memory locked in RAM with
+    /// [`CompressedStore::new`], its memory locked in RAM with
     /// `lock_memory` (`--lock-memory`: `arena.rs`).
     pub fn with_lock(
         size_bytes: u64,
@@ -270,21 +266,18 @@ impl CompressedStore {
         global_mem: Arc<MemoryBudget>,
         lock_memory: bool,
     ) -> Result<CompressedStore> {
-        let shard = || match lock_memory {
-            true => Shard::locked(),
-            false => Shard::default(),
-        };
+        let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
         let s = CompressedStore {
             algo,
             size: AtomicU64::new(0),
-            shards: (0..SHARDS).map(|_| Padded(RwLock::new(shard()))).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Padded(RwLock::new(Shard::default())))
+                .collect(),
+            pool: Pool::default(),
+            arena: PageArena::new(arena::region_bytes_for(promise), lock_memory),
             mem: DriveMem {
                 drive: MemoryBudget::new(mem_limit_bytes.unwrap_or(u64::MAX)),
                 global: global_mem,
-                arena: lock_memory.then(|| {
-                    let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
-                    LockedArena::new(arena::region_bytes_for(promise))
-                }),
             },
             resize_lock: Mutex::new(()),
             marks: Marks::default(),
@@ -303,16 +296,19 @@ impl CompressedStore {
 
     /// True when the drive's memory is locked in RAM.
     pub fn is_locked(&self) -> bool {
-        self.mem.arena.is_some()
+        self.arena.is_locked()
     }
 
     /// Bytes the kernel counts against `RLIMIT_MEMLOCK` for this drive:
     /// its locked mappings (0 when not locked).
     pub fn locked_map_bytes(&self) -> u64 {
-        self.mem.arena.as_ref().map_or(0, |a| a.mapped_bytes())
+        match self.arena.is_locked() {
+            true => self.arena.mapped_bytes(),
+            false => 0,
+        }
     }
 
-    /// Bytes charged to the budgets (slab blocks held).
+    /// Bytes charged to the budgets (arena pages held).
     pub fn allocated_bytes(&self) -> u64 {
         self.mem.drive.used_bytes()
     }
@@ -327,57 +323,78 @@ impl CompressedStore {
         self.mem.drive.set_limit_bytes(limit.unwrap_or(u64::MAX));
     }
 
+    /// Where a shard's pages go.
+    fn space(&self) -> Space<'_, DriveMem> {
+        Space {
+            pool: &self.pool,
+            arena: &self.arena,
+            charge: &self.mem,
+        }
+    }
+
     /// The drive's memory figures (zram's `mm_stat`).
     pub fn stats(&self) -> CompressedStats {
         let mut total = CompressedStats::default();
         for sh in self.shards.iter() {
             let s = sh.0.read();
-            let (c, k) = (s.counts(), s.compact_counts());
+            let c = s.counts();
             total.add(&CompressedStats {
                 orig_data_bytes: (c.same_pages + c.huge_pages + c.compressed_pages) * PAGE,
-                compr_data_bytes: s.live_bytes(),
-                slab_bytes: s.held_bytes(),
+                compr_data_bytes: c.huge_pages * PAGE,
                 metadata_bytes: s.metadata_bytes(),
                 same_pages: c.same_pages,
                 huge_pages: c.huge_pages,
                 compressed_pages: c.compressed_pages,
-                compact_runs: k.runs,
-                compact_moved_objects: k.moved_objects,
-                compact_freed_bytes: k.freed_bytes,
+                ..CompressedStats::default()
             });
         }
+        let k = self.pool.compact_counts();
+        total.compr_data_bytes += self.pool.live_bytes();
+        total.slab_bytes = self.arena.charged_pages() * PAGE;
+        total.compact_runs = k.runs;
+        total.compact_moved_objects = k.moved_objects;
+        total.compact_freed_bytes = k.runs * PAGE;
         total.metadata_bytes += (std::mem::size_of::<CompressedStore>()
             + SHARDS * std::mem::size_of::<Padded>()) as u64
+            + self.pool.metadata_bytes()
+            + self.arena.metadata_bytes()
             + self.marks.metadata_bytes();
         total
     }
 
-    /// Compacts every shard's slabs as far as is worth it (writes and
-    /// trims already do it incrementally; this is for a background pass or
-    /// an operator). Returns the bytes released.
+    /// Gives the free pages the arena keeps for reuse back to the OS (the
+    /// size classes are always compact: `pool.rs`). For the daemon's tick
+    /// or an operator. Returns the bytes released.
     pub fn compact(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|sh| sh.0.write().compact_all(&self.mem))
-            .sum()
+        self.arena.release_cache(&self.mem)
     }
 
-    /// Checks every shard's invariants and that the slabs hold exactly what
+    /// Checks every shard's invariants, the pool's, and that the arena's
+    /// pages are the classes' and the raw entries' and are exactly what
     /// the drive's budget is charged. Returns the first broken one. The
-    /// shards are read one after another, so the total is only exact when
-    /// no change runs meanwhile (tests, or a quiesced drive).
+    /// shards are read one after another, so this is only exact when no
+    /// change runs meanwhile (tests, or a quiesced drive).
     pub fn check(&self) -> std::result::Result<(), Inconsistency> {
-        let mut held = 0;
+        let mut refs = vec![Vec::new(); pool::CLASSES];
+        let mut raw = 0;
         for (i, sh) in self.shards.iter().enumerate() {
             let s = sh.0.read();
-            s.check().map_err(|what| Inconsistency { shard: i, what })?;
-            held += s.held_bytes();
+            raw += s
+                .check(&mut refs)
+                .map_err(|what| Inconsistency { shard: i, what })?;
         }
-        if held != self.mem.drive.used_bytes() {
-            return Err(Inconsistency {
-                shard: SHARDS,
-                what: "the drive budget differs from the slab bytes held",
-            });
+        let whole = |what| Inconsistency {
+            shard: SHARDS,
+            what,
+        };
+        self.pool.check(&refs).map_err(whole)?;
+        if self.arena.out_pages() != self.pool.pages() + raw {
+            return Err(whole(
+                "the arena's pages out differ from the classes' and raw pages",
+            ));
+        }
+        if self.arena.charged_pages() * PAGE != self.mem.drive.used_bytes() {
+            return Err(whole("the drive budget differs from the pages held"));
         }
         Ok(())
     }
@@ -410,26 +427,30 @@ impl CompressedStore {
         }
     }
 
-    fn no_space(&self, full: SlabFull) -> Error {
+    fn no_space(&self, full: NoPage) -> Error {
         let (d, g) = (&self.mem.drive, &self.mem.global);
-        if full.lock_failed {
-            let e = std::io::Error::from_raw_os_error(libc::ENOMEM);
-            let region = self.mem.arena.as_ref().map_or(0, |a| a.region_bytes());
-            return super::lock_error(e, region as u64);
-        }
-        if d.used_bytes().saturating_add(full.block_bytes) > d.limit_bytes() {
-            Error::NoSpace(format!(
+        match full {
+            NoPage::Map(errno) if self.arena.is_locked() => super::lock_error(
+                std::io::Error::from_raw_os_error(errno),
+                self.arena.region_bytes() as u64,
+            ),
+            NoPage::Map(errno) => Error::Io(std::io::Error::from_raw_os_error(errno)),
+            NoPage::Budget if d.used_bytes() + PAGE > d.limit_bytes() => Error::NoSpace(format!(
                 "drive memory limit of {} bytes reached ({} in use)",
                 d.limit_bytes(),
                 d.used_bytes()
-            ))
-        } else {
-            Error::NoSpace(format!(
+            )),
+            NoPage::Budget => Error::NoSpace(format!(
                 "daemon memory budget of {} bytes reached ({} in use)",
                 g.limit_bytes(),
                 g.used_bytes()
-            ))
+            )),
         }
+    }
+
+    /// The algorithm of an object's codec.
+    fn codec(&self, _codec: u8) -> Algorithm {
+        self.algo
     }
 
     /// Copies bytes `[at, at+out.len())` of a page into `out`.
@@ -437,18 +458,29 @@ impl CompressedStore {
         match shard.entry(local) {
             Entry::Hole => out.fill(0),
             Entry::Same(w) => page::fill_same(w, at, out),
-            Entry::Stored(h) if h.len as usize == PAGE_BYTES => {
-                out.copy_from_slice(&shard.bytes(h)[at..at + out.len()]);
-            }
-            Entry::Stored(h) if out.len() == PAGE_BYTES => {
-                page::unpack(self.algo, shard.bytes(h), out).map_err(corrupt)?;
-            }
-            Entry::Stored(h) => {
-                let mut tmp = [0u8; PAGE_BYTES];
-                page::unpack(self.algo, shard.bytes(h), &mut tmp).map_err(corrupt)?;
-                out.copy_from_slice(&tmp[at..at + out.len()]);
-            }
+            // SAFETY: a raw page belongs to its entry alone, and the caller
+            // holds the shard's lock (shared at least).
+            Entry::Raw(p) => out.copy_from_slice(&unsafe { p.bytes() }[at..at + out.len()]),
+            Entry::Stored(o) => self.load_obj(o, at, out)?,
         }
+        Ok(())
+    }
+
+    /// Decompresses an object into `out` (bytes `at..` of its page).
+    fn load_obj(&self, o: Obj, at: usize, out: &mut [u8]) -> Result<()> {
+        let algo = self.codec(o.codec);
+        let (class, len) = (o.class as usize, o.len as usize);
+        if out.len() == PAGE_BYTES {
+            return self
+                .pool
+                .read(class, o.id, len, |b| page::unpack(algo, b, out))
+                .map_err(corrupt);
+        }
+        let mut tmp = [0u8; PAGE_BYTES];
+        self.pool
+            .read(class, o.id, len, |b| page::unpack(algo, b, &mut tmp))
+            .map_err(corrupt)?;
+        out.copy_from_slice(&tmp[at..at + out.len()]);
         Ok(())
     }
 
@@ -473,10 +505,14 @@ impl CompressedStore {
         if p * PAGE + (at + n) as u64 > self.size() {
             return Err(self.out_of_range(p * PAGE + at as u64, n as u64));
         }
-        let freed_or_full = match (src, packed) {
-            (Source::Trim, _) if whole => Ok(shard.trim(local, &self.mem)),
-            (Source::Zeroes, _) if whole => shard.place(local, Placing::Same(0), &self.mem),
-            (Source::Data(d), Some(pk)) => shard.place(local, Placing::new(pk, &buf, d), &self.mem),
+        let sp = self.space();
+        let placed = match (src, packed) {
+            (Source::Trim, _) if whole => {
+                shard.trim(local, &sp);
+                Ok(())
+            }
+            (Source::Zeroes, _) if whole => shard.place(local, Placing::Same(0), &sp),
+            (Source::Data(d), Some(pk)) => shard.place(local, Placing::new(pk, &buf, d, 0), &sp),
             _ => {
                 let mut pg = [0u8; PAGE_BYTES];
                 self.load(&shard, local, 0, &mut pg)?;
@@ -485,10 +521,10 @@ impl CompressedStore {
                     Source::Zeroes | Source::Trim => pg[at..at + n].fill(0),
                 }
                 let pk = page::pack(self.algo, &pg, &mut buf).map_err(corrupt)?;
-                shard.place(local, Placing::new(pk, &buf, &pg), &self.mem)
+                shard.place(local, Placing::new(pk, &buf, &pg, 0), &sp)
             }
         };
-        freed_or_full.map_err(|f| self.no_space(f))?;
+        placed.map_err(|f| self.no_space(f))?;
         // Under the lock, after the change: a cut either captured the
         // group before (this change is after the cut) or sees the bit.
         self.marks.set_dirty(p);
@@ -529,21 +565,15 @@ impl CompressedStore {
         self.cut_end_page(new_size)?;
         self.min_size.fetch_min(new_size, Ordering::AcqRel);
         let first = new_size.div_ceil(PAGE);
-        let first_group = first.div_ceil(GROUP_PAGES as u64);
+        let sp = self.space();
         for (si, sh) in self.shards.iter().enumerate() {
             let mut s = sh.0.write();
-            for lg in 0..s.group_slots() {
-                let g = (lg * SHARDS + si) as u64;
-                for i in 0..GROUP_PAGES {
-                    if g * GROUP_PAGES as u64 + i as u64 >= first {
-                        s.trim((lg * GROUP_PAGES + i) as u32, &self.mem);
-                    }
-                }
+            let keep = locals_before(si, first);
+            for local in keep..s.table_len() {
+                debug_assert!(global_page(si, local) >= first);
+                s.trim(local, &sp);
             }
-            let keep = first_group
-                .saturating_sub(si as u64)
-                .div_ceil(SHARDS as u64);
-            s.truncate_groups(keep as usize);
+            s.truncate(keep);
         }
         // Beyond the end nothing is dirty: those pages no longer exist.
         self.marks.shrink(first);
@@ -564,7 +594,7 @@ impl CompressedStore {
             let mut buf = [0u8; PACK_BUF_BYTES];
             let pk = page::pack(self.algo, &pg, &mut buf).map_err(corrupt)?;
             shard
-                .place(local, Placing::new(pk, &buf, &pg), &self.mem)
+                .place(local, Placing::new(pk, &buf, &pg, 0), &self.space())
                 .map_err(|f| self.no_space(f))?;
             // Its tail became zero: changed.
             self.marks.set_dirty(p);
@@ -681,7 +711,7 @@ impl Backend for CompressedStore {
 
 impl Drop for CompressedStore {
     fn drop(&mut self) {
-        // The slabs free themselves; give their bytes back to the daemon.
+        // The arena unmaps its regions; give their bytes back to the daemon.
         self.mem.global.release(self.mem.drive.used_bytes());
     }
 }
@@ -718,14 +748,105 @@ mod tests {
             s.check().unwrap();
             s.trim(0, 1 << 20).unwrap();
             assert_eq!(s.allocated_bytes(), 0);
+            // (Freeing kept the classes dense: the compaction counters ran.)
+            let st = s.stats();
             assert_eq!(
-                s.stats(),
+                st,
                 CompressedStats {
-                    metadata_bytes: s.stats().metadata_bytes,
+                    metadata_bytes: st.metadata_bytes,
+                    compact_runs: st.compact_runs,
+                    compact_moved_objects: st.compact_moved_objects,
+                    compact_freed_bytes: st.compact_freed_bytes,
                     ..Default::default()
                 }
             );
         }
+    }
+
+    fn text(seed: u32, words: usize) -> Vec<u8> {
+        let vocab = ["the ", "page ", "drive ", "of ", "memory ", "ramd ", "lz4 "];
+        let mut v = Vec::new();
+        let mut x = seed | 1;
+        while v.len() < PAGE_BYTES {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            v.extend_from_slice(vocab[x as usize % words.min(vocab.len())].as_bytes());
+        }
+        v.truncate(PAGE_BYTES);
+        v
+    }
+
+    fn noise(seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..PAGE_BYTES)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn same_filled_words_narrow_and_wide() {
+        let s = store(Algorithm::Lz4);
+        let words = [0u64, u64::MAX, 0xabab_abab_abab_abab, 0x0102_0304_0506_0708];
+        for (i, w) in words.iter().enumerate() {
+            s.write(i as u64 * PAGE, &w.to_ne_bytes().repeat(512), false)
+                .unwrap();
+        }
+        let mut back = vec![0u8; PAGE_BYTES];
+        for (i, w) in words.iter().enumerate() {
+            s.read(i as u64 * PAGE, &mut back).unwrap();
+            assert_eq!(back, w.to_ne_bytes().repeat(512), "word {w:#x}");
+        }
+        let st = s.stats();
+        assert_eq!((st.same_pages, st.slab_bytes), (4, 0));
+        s.check().unwrap();
+        // A wide word overwritten, then trimmed: nothing of it stays.
+        s.write(3 * PAGE, &text(1, 7), false).unwrap();
+        s.trim(0, 4 * PAGE).unwrap();
+        assert_eq!(s.stats().orig_data_bytes, 0);
+        s.check().unwrap();
+    }
+
+    #[test]
+    fn a_full_budget_reuses_the_page_s_own_memory() {
+        let global = Arc::new(MemoryBudget::new(u64::MAX));
+        let s = CompressedStore::new(1 << 20, Algorithm::Lz4, Some(8 * PAGE), global).unwrap();
+        // Fill the limit with raw pages, then one compressible page.
+        let mut p = 0;
+        while s.write(p * PAGE, &noise(p), false).is_ok() {
+            p += 1;
+        }
+        assert_eq!(p, 8);
+        assert!(matches!(
+            s.write(20 * PAGE, &text(3, 7), false),
+            Err(Error::NoSpace(_))
+        ));
+        // A raw page overwritten with compressible data: its class has no
+        // page and none can be had, so the page's own memory holds it raw.
+        let t = text(5, 7);
+        s.write(2 * PAGE, &t, false).unwrap();
+        let mut back = vec![0u8; PAGE_BYTES];
+        s.read(2 * PAGE, &mut back).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(s.stats().huge_pages, 8);
+        s.check().unwrap();
+        // Trim a raw page: its memory takes a compressed page, which then
+        // shrinks into a smaller object in place when no page is free.
+        s.trim(0, PAGE).unwrap();
+        s.write(30 * PAGE, &text(9, 7), false).unwrap();
+        let st = s.stats();
+        assert_eq!((st.huge_pages, st.compressed_pages), (7, 1));
+        let smaller = text(11, 2);
+        s.write(30 * PAGE, &smaller, false).unwrap();
+        s.read(30 * PAGE, &mut back).unwrap();
+        assert_eq!(back, smaller);
+        s.check().unwrap();
+        assert_eq!(s.allocated_bytes(), 8 * PAGE);
     }
 
     #[test]

@@ -1,13 +1,19 @@
 //! One 4 KiB page on its own: is it same-filled, what are its compressed
-//! bytes, and back. Pure (no locks, no placement); `slab.rs` decides where
+//! bytes, and back. Pure (no locks, no placement); `shard.rs` decides where
 //! the bytes go.
 //!
 //! A page is *same-filled* when every aligned 8-byte word of it is equal
 //! (zram's rule, which catches zero pages and repeated patterns such as
 //! `0xffff..` or a 32-bit fill): it is kept as that word, no bytes stored.
 //! Otherwise it is compressed; when the result is larger than
-//! [`HUGE_MIN_BYTES`] (3/4 of a page) the page is kept raw instead, because
-//! a slot that big saves little and decompressing it still costs time.
+//! [`HUGE_MIN_BYTES`] (4032 bytes, 64 short of a page) the page is kept raw
+//! instead: the pool's classes are 16 bytes apart and dense (`pool.rs`),
+//! so every byte a page compresses by is memory saved, down to the last
+//! class, but a page that saves fewer than 64 bytes (1.5%) is not worth a
+//! decompression on every read. zram's threshold is ~3.6 KiB because
+//! zsmalloc stores larger objects one per page anyway; measured on the
+//! 1 GiB corpus of bench/compressed-corpus.sh, pages compressing to
+//! 3.6-4.0 KiB (lz4: ~16000 of 262144) hold 3 MiB of savings.
 //!
 //! zstd runs with one compression and one decompression context per thread
 //! (creating one per call costs more than compressing a page), without the
@@ -21,7 +27,7 @@ use std::str::FromStr;
 /// Bytes per page: the unit a client sees and the unit of compression.
 pub const PAGE_BYTES: usize = 4096;
 /// Compressed pages larger than this are stored raw ("huge" pages).
-pub const HUGE_MIN_BYTES: usize = PAGE_BYTES * 3 / 4;
+pub const HUGE_MIN_BYTES: usize = PAGE_BYTES - 64;
 /// Room for any compressor's output of one page (lz4's worst case is
 /// 16 + 4 + 110% of the input; zstd's bound is smaller).
 pub const PACK_BUF_BYTES: usize = 4608;

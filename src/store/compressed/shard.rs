@@ -1,41 +1,25 @@
 //! One shard of a compressed drive: the page table of the page groups it
-//! owns and the slabs that hold their bytes, under one lock (the caller's).
+//! owns (`table.rs`) and its page counts, under one lock (the caller's).
+//! The bytes live outside it, in the drive's pool (`pool.rs`, compressed
+//! objects) and arena (`arena.rs`, raw pages).
 //!
 //! ```text
-//!  groups[local group] ──▶ Box<[Entry; 16]>   (None: all 16 pages are holes)
-//!  Entry = Hole | Same(word) | Stored(Handle ─▶ slab slot)
-//!  local page = local group * 16 + page % 16  (the slab's back-pointer)
+//!  local page = local group * 16 + page % 16
+//!  entry: Hole | Same(word) | Raw(arena page) | Stored(class, id, len, codec)
 //! ```
 //!
-//! A table of 16 entries (256 bytes) exists only for groups with a page
-//! that is not a hole, so a sparse drive costs 8 bytes per 64 KiB.
-//!
-//! Invariants: an entry is `Stored(h)` iff the slab's owner of `h` is that
-//! entry's local page, and `h.len` is the object's length; a page is raw
-//! iff its length is a whole page (then it is in the raw class; a
-//! compressed object may sit in a larger class than its own after an
-//! in-place reuse under a full budget). `same_pages`, `huge_pages` and
-//! `compressed_pages` count the `Same`, raw and other `Stored` entries.
+//! Invariants: `counts` counts the `Same`, `Raw` and `Stored` entries; a
+//! `Raw` entry's page belongs to that entry alone (so it is read and written
+//! under the shard's lock and needs no other), a `Stored` entry names an
+//! object no other entry names.
 
-use super::page::{Packed, PAGE_BYTES};
-use super::slab::{class_of, slot_bytes, Charge, CompactCounts, Handle, Slab, SlabFull, RAW_CLASS};
+use super::arena::{Charge, NoPage, Page, PageArena, PAGE_BYTES};
+use super::page::Packed;
+use super::pool::{class_of, slot_bytes, Pool};
+use super::table::{Entry, Obj, Table};
 
 /// Pages per group: the unit of sharding (64 KiB, the raw store's chunk).
 pub const GROUP_PAGES: usize = 16;
-
-/// What one page holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Entry {
-    /// Never written, or trimmed: reads as zero, reported as a hole.
-    #[default]
-    Hole,
-    /// Every 8-byte word is this one; no bytes stored.
-    Same(u64),
-    /// Compressed (or raw) bytes in the slab.
-    Stored(Handle),
-}
-
-type Group = Box<[Entry; GROUP_PAGES]>;
 
 /// Page counts of a shard, summed into the drive's stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,80 +28,74 @@ pub struct ShardCounts {
     pub same_pages: u64,
     /// Pages stored raw.
     pub huge_pages: u64,
-    /// Pages stored compressed (not raw).
+    /// Pages stored compressed.
     pub compressed_pages: u64,
-    /// Group tables allocated.
-    pub groups: u64,
 }
 
-/// A shard: its groups' tables and slabs.
+/// The drive-wide places a shard's pages go, and the budgets they charge.
+pub struct Space<'a, C: Charge> {
+    pub pool: &'a Pool,
+    pub arena: &'a PageArena,
+    pub charge: &'a C,
+}
+
+/// A shard: its table and counts.
 #[derive(Default)]
 pub struct Shard {
-    groups: Vec<Option<Group>>,
-    slab: Slab,
+    table: Table,
     counts: ShardCounts,
 }
 
-/// A page ready to place: its classification and, when stored, its bytes.
+/// A page ready to place.
 #[derive(Debug, Clone, Copy)]
 pub enum Placing<'a> {
     Same(u64),
-    Bytes(&'a [u8]),
+    /// Compressed `bytes` (by the drive's codec `codec`) of `page`.
+    Compressed {
+        bytes: &'a [u8],
+        page: &'a [u8],
+        codec: u8,
+    },
+    /// The page itself (it did not compress below the raw threshold).
+    Raw(&'a [u8]),
 }
 
 impl<'a> Placing<'a> {
     /// From `pack`'s result: `packed` bytes in `buf`, or the page itself.
-    pub fn new(packed: Packed, buf: &'a [u8], page: &'a [u8]) -> Placing<'a> {
+    pub fn new(packed: Packed, buf: &'a [u8], page: &'a [u8], codec: u8) -> Placing<'a> {
         match packed {
             Packed::Same(w) => Placing::Same(w),
-            Packed::Compressed(n) => Placing::Bytes(&buf[..n]),
-            Packed::Raw => Placing::Bytes(page),
+            Packed::Compressed(n) => Placing::Compressed {
+                bytes: &buf[..n],
+                page,
+                codec,
+            },
+            Packed::Raw => Placing::Raw(page),
         }
     }
 }
 
-impl Shard {
-    /// A shard of a locked drive (its slabs use locked 32 KiB blocks).
-    pub fn locked() -> Shard {
-        Shard {
-            slab: Slab::locked(),
-            ..Shard::default()
-        }
-    }
+/// Copies a whole page into a raw page the caller owns under the shard's
+/// exclusive lock.
+fn fill_raw(p: Page, d: &[u8]) {
+    // SAFETY: `p` is an arena page owned by one entry of this shard (or
+    // just taken for it), and the caller holds the shard's lock
+    // exclusively.
+    unsafe { p.bytes_mut().copy_from_slice(d) };
+}
 
+impl Shard {
     /// The entry of a local page.
     #[inline]
     pub fn entry(&self, local: u32) -> Entry {
-        let (g, i) = (local as usize / GROUP_PAGES, local as usize % GROUP_PAGES);
-        match self.groups.get(g) {
-            Some(Some(t)) => t[i],
-            _ => Entry::Hole,
-        }
-    }
-
-    /// The stored bytes behind a handle.
-    #[inline]
-    pub fn bytes(&self, h: Handle) -> &[u8] {
-        self.slab.bytes(h)
-    }
-
-    fn entry_mut(&mut self, local: u32) -> &mut Entry {
-        let (g, i) = (local as usize / GROUP_PAGES, local as usize % GROUP_PAGES);
-        if self.groups.len() <= g {
-            self.groups.resize_with(g + 1, || None);
-        }
-        let t = self.groups[g].get_or_insert_with(|| {
-            self.counts.groups += 1;
-            Box::new([Entry::Hole; GROUP_PAGES])
-        });
-        &mut t[i]
+        self.table.get(local)
     }
 
     fn count(&mut self, e: Entry, add: bool) {
         let c = match e {
             Entry::Hole => return,
             Entry::Same(_) => &mut self.counts.same_pages,
-            Entry::Stored(h) if h.len as usize == PAGE_BYTES => &mut self.counts.huge_pages,
+            Entry::Raw(_) => &mut self.counts.huge_pages,
             Entry::Stored(_) => &mut self.counts.compressed_pages,
         };
         if add {
@@ -127,179 +105,138 @@ impl Shard {
         }
     }
 
-    /// Makes `local` hold `new`; returns the bytes of blocks released. On
-    /// `SlabFull` the page keeps its old contents.
-    pub fn place(
+    /// Makes `local` hold `new`. On `NoPage` the page keeps its old
+    /// contents.
+    pub fn place<C: Charge>(
         &mut self,
         local: u32,
         new: Placing<'_>,
-        mem: &impl Charge,
-    ) -> Result<u64, SlabFull> {
-        let entry = match (self.entry(local), new) {
-            (_, Placing::Same(w)) => Entry::Same(w),
-            // Same class: rewrite the slot in place, no allocation.
-            (Entry::Stored(h), Placing::Bytes(d)) if class_of(d.len()) == h.class as usize => {
-                self.overwrite(local, h, d);
-                return Ok(0);
-            }
-            (_, Placing::Bytes(d)) => match self.slab.alloc(d, local, mem) {
-                Ok(h) => Entry::Stored(h),
-                Err(full) => {
-                    // Compaction may give a block back; else the page's own
-                    // slot may be big enough.
-                    self.compact_all(mem);
-                    match (self.slab.alloc(d, local, mem), self.entry(local)) {
-                        (Ok(h), _) => Entry::Stored(h),
-                        (Err(_), Entry::Stored(h)) if d.len() <= slot_bytes(h.class as usize) => {
-                            self.overwrite(local, h, d);
-                            return Ok(0);
-                        }
-                        (Err(_), _) => return Err(full),
-                    }
+        sp: &Space<'_, C>,
+    ) -> Result<(), NoPage> {
+        let old = self.table.get(local);
+        let entry = match new {
+            Placing::Same(w) => Entry::Same(w),
+            Placing::Raw(d) => match old {
+                Entry::Raw(p) => {
+                    fill_raw(p, d);
+                    return Ok(());
+                }
+                _ => {
+                    let p = sp.arena.take(sp.charge)?;
+                    fill_raw(p, d);
+                    Entry::Raw(p)
                 }
             },
+            Placing::Compressed { bytes, page, codec } => {
+                let class = class_of(bytes.len());
+                let obj = |class: usize, id| Obj {
+                    class: class as u8,
+                    id,
+                    len: bytes.len() as u16,
+                    codec,
+                };
+                match old {
+                    // Same class: rewrite the slot in place.
+                    Entry::Stored(o) if o.class as usize == class => {
+                        sp.pool.overwrite(class, o.id, o.len as usize, bytes);
+                        self.table.set(local, Entry::Stored(obj(class, o.id)));
+                        return Ok(());
+                    }
+                    _ => match sp.pool.alloc(bytes, sp.arena, sp.charge) {
+                        Ok(id) => Entry::Stored(obj(class, id)),
+                        // No memory for it in its class: the page's own
+                        // memory may hold it.
+                        Err(e) => match old {
+                            Entry::Stored(o) if bytes.len() <= slot_bytes(o.class as usize) => {
+                                let c = o.class as usize;
+                                sp.pool.overwrite(c, o.id, o.len as usize, bytes);
+                                self.table.set(local, Entry::Stored(obj(c, o.id)));
+                                return Ok(());
+                            }
+                            Entry::Raw(p) => {
+                                fill_raw(p, page);
+                                return Ok(());
+                            }
+                            _ => return Err(e),
+                        },
+                    },
+                }
+            }
         };
-        // Compaction above may have moved the old object: look again.
-        let old = self.entry(local);
         self.count(old, false);
         self.count(entry, true);
-        *self.entry_mut(local) = entry;
-        Ok(self.forget(old, mem))
+        self.table.set(local, entry);
+        self.forget(old, sp);
+        Ok(())
     }
 
-    /// Stores `d` in the slot `h` that `local` already holds.
-    fn overwrite(&mut self, local: u32, h: Handle, d: &[u8]) {
-        let nh = self.slab.overwrite(h, d);
-        self.count(Entry::Stored(h), false);
-        self.count(Entry::Stored(nh), true);
-        *self.entry_mut(local) = Entry::Stored(nh);
-    }
-
-    /// Makes `local` a hole; returns the bytes released.
-    pub fn trim(&mut self, local: u32, mem: &impl Charge) -> u64 {
-        let old = self.entry(local);
+    /// Makes `local` a hole.
+    pub fn trim<C: Charge>(&mut self, local: u32, sp: &Space<'_, C>) {
+        let old = self.table.get(local);
         if old == Entry::Hole {
-            return 0;
+            return;
         }
         self.count(old, false);
-        *self.entry_mut(local) = Entry::Hole;
-        let g = local as usize / GROUP_PAGES;
-        if let Some(Some(t)) = self.groups.get(g) {
-            if t.iter().all(|e| *e == Entry::Hole) {
-                self.groups[g] = None;
-                self.counts.groups -= 1;
+        self.table.set(local, Entry::Hole);
+        self.forget(old, sp);
+    }
+
+    /// Frees what an old entry held.
+    fn forget<C: Charge>(&mut self, old: Entry, sp: &Space<'_, C>) {
+        match old {
+            Entry::Stored(o) => {
+                sp.pool
+                    .free(o.class as usize, o.id, o.len as usize, sp.arena, sp.charge);
             }
-        }
-        self.forget(old, mem)
-    }
-
-    /// Frees the slot an old entry held, compacting its class when due.
-    fn forget(&mut self, old: Entry, mem: &impl Charge) -> u64 {
-        let Entry::Stored(h) = old else { return 0 };
-        let before = self.slab.held_bytes();
-        if self.slab.free(h, mem) {
-            let groups = &mut self.groups;
-            self.slab.compact(h.class as usize, mem, |owner, nh| {
-                repoint(groups, owner, nh)
-            });
-        }
-        before - self.slab.held_bytes()
-    }
-
-    /// Compacts every class that is worth it; returns the bytes released.
-    pub fn compact_all(&mut self, mem: &impl Charge) -> u64 {
-        let groups = &mut self.groups;
-        self.slab
-            .compact_all(mem, |owner, nh| repoint(groups, owner, nh))
-    }
-
-    /// Drops every table from local group `g` on (after a shrink); the
-    /// caller has made their pages holes first.
-    pub fn truncate_groups(&mut self, g: usize) {
-        if self.groups.len() > g {
-            self.groups.truncate(g);
-            self.groups.shrink_to_fit();
+            Entry::Raw(p) => sp.arena.give(p, sp.charge),
+            Entry::Hole | Entry::Same(_) => {}
         }
     }
 
-    /// Local groups with a table slot (allocated or not).
-    pub fn group_slots(&self) -> usize {
-        self.groups.len()
+    /// Drops the table beyond local page `local` (its pages are holes).
+    pub fn truncate(&mut self, local: u32) {
+        self.table.truncate(local);
+    }
+
+    /// Local pages the table has room for (the rest are holes).
+    pub fn table_len(&self) -> u32 {
+        self.table.len()
     }
 
     pub fn counts(&self) -> ShardCounts {
         self.counts
     }
 
-    pub fn held_bytes(&self) -> u64 {
-        self.slab.held_bytes()
-    }
-
-    pub fn live_bytes(&self) -> u64 {
-        self.slab.live_bytes()
-    }
-
-    pub fn compact_counts(&self) -> CompactCounts {
-        self.slab.compact_counts()
-    }
-
-    /// Bytes of the table and the slabs' bookkeeping.
+    /// Bytes of the table.
     pub fn metadata_bytes(&self) -> u64 {
-        (self.groups.capacity() * std::mem::size_of::<Option<Group>>()
-            + self.counts.groups as usize * std::mem::size_of::<[Entry; GROUP_PAGES]>())
-            as u64
-            + self.slab.metadata_bytes()
+        self.table.metadata_bytes()
     }
 
-    /// Checks the module's and the slab's invariants.
-    pub fn check(&self) -> Result<(), &'static str> {
-        self.slab.check()?;
+    /// Checks the table and the counts; adds each `Stored` entry's (id,
+    /// len) to `refs[class]` and returns the raw pages, for the drive's
+    /// check of the pool and the arena.
+    pub fn check(&self, refs: &mut [Vec<(u32, u16)>]) -> Result<u64, &'static str> {
+        self.table.check()?;
         let mut counts = ShardCounts::default();
-        let mut live = 0u64;
-        for (g, t) in self.groups.iter().enumerate() {
-            let Some(t) = t else { continue };
-            counts.groups += 1;
-            for (i, e) in t.iter().enumerate() {
-                let local = (g * GROUP_PAGES + i) as u32;
-                match *e {
-                    Entry::Hole => {}
-                    Entry::Same(_) => counts.same_pages += 1,
-                    Entry::Stored(h) => {
-                        if self.slab.owner(h) != local {
-                            return Err("a page's slot is owned by another page");
-                        }
-                        let raw = h.len as usize == PAGE_BYTES;
-                        if (raw && h.class as usize != RAW_CLASS)
-                            || h.len as usize > slot_bytes(h.class as usize)
-                        {
-                            return Err("a page's length does not fit its class");
-                        }
-                        live += h.len as u64;
-                        if raw {
-                            counts.huge_pages += 1;
-                        } else {
-                            counts.compressed_pages += 1;
-                        }
-                    }
-                }
+        let mut bad = false;
+        self.table.for_each(|_, e| match e {
+            Entry::Hole => bad = true,
+            Entry::Same(_) => counts.same_pages += 1,
+            Entry::Raw(p) => {
+                counts.huge_pages += 1;
+                bad |= p.addr() % PAGE_BYTES != 0;
             }
+            Entry::Stored(o) => {
+                counts.compressed_pages += 1;
+                refs[o.class as usize].push((o.id, o.len));
+            }
+        });
+        if bad {
+            return Err("the table holds a malformed entry");
         }
         if counts != self.counts {
             return Err("page counts differ from the table");
         }
-        if live != self.slab.live_bytes() {
-            return Err("stored lengths differ from the slab's live bytes");
-        }
-        Ok(())
+        Ok(counts.huge_pages)
     }
-}
-
-/// Points `owner`'s entry at the slot compaction moved its object to.
-fn repoint(groups: &mut [Option<Group>], owner: u32, nh: Handle) {
-    let (g, i) = (owner as usize / GROUP_PAGES, owner as usize % GROUP_PAGES);
-    let e = &mut groups[g].as_mut().expect("a moved object's group")[i];
-    let Entry::Stored(h) = *e else {
-        unreachable!("a moved object's page is stored")
-    };
-    *e = Entry::Stored(Handle { len: h.len, ..nh });
 }

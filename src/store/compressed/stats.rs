@@ -12,34 +12,38 @@ pub struct CompressedStats {
     /// Sum of the stored objects' lengths (raw pages count 4 KiB each):
     /// zram's `compr_data_size`.
     pub compr_data_bytes: u64,
-    /// Bytes of slab blocks held: what the drive's limit and the daemon's
-    /// budget are charged (zram's `mem_used_total` less metadata).
+    /// Bytes of arena pages held (size classes, raw pages and the few free
+    /// pages kept for reuse): what the drive's limit and the daemon's
+    /// budget are charged (zram's `mem_used_total`).
     pub slab_bytes: u64,
-    /// Bytes of page tables and slab bookkeeping (not charged).
+    /// Bytes of page tables and the classes' and arena's bookkeeping (not
+    /// charged).
     pub metadata_bytes: u64,
     /// Same-filled pages, zero pages included (no bytes stored).
     pub same_pages: u64,
-    /// Pages that did not compress below 3/4 of a page and are kept raw.
+    /// Pages that did not compress to 4032 bytes or less, kept raw.
     pub huge_pages: u64,
     /// Pages kept compressed.
     pub compressed_pages: u64,
-    /// Compaction passes run (each releases one block).
+    /// Pages size classes gave back as they shrank (each one a compaction
+    /// run: frees move objects so the classes stay dense).
     pub compact_runs: u64,
     /// Objects compaction moved.
     pub compact_moved_objects: u64,
-    /// Bytes of blocks compaction released.
+    /// Bytes of the pages compaction gave back.
     pub compact_freed_bytes: u64,
 }
 
 impl CompressedStats {
-    /// Everything held: slab blocks plus metadata (zram's `mem_used_total`
-    /// plus its table).
+    /// Everything held: arena pages plus metadata (zram's
+    /// `mem_used_total` plus its table).
     pub fn mem_used_bytes(&self) -> u64 {
         self.slab_bytes + self.metadata_bytes
     }
 
-    /// Bytes of the slab blocks that hold no object (free slots, rounding
-    /// up to a size class, block tails): fragmentation.
+    /// Bytes of the pages held that hold no object (rounding up to a size
+    /// class, each class's part-filled last page, free pages kept for
+    /// reuse): fragmentation.
     pub fn slack_bytes(&self) -> u64 {
         self.slab_bytes.saturating_sub(self.compr_data_bytes)
     }

@@ -12,9 +12,10 @@
 //! yet, it first copies the group's dirty pre-cut pages into the side
 //! table. The walk captures groups in ascending order under the shard's
 //! shared lock (readers go on). Pages are copied *as stored*: a
-//! compressed object (~1-2 KiB), a same-filled word or a hole, so a copy
-//! aside costs what the page costs in memory, not 4 KiB, and the lock is
-//! held for a memcpy, never a decompression. The walk decompresses outside
+//! compressed object (~1-2 KiB, its class's shared lock taken for the
+//! copy), a raw page, a same-filled word or a hole, so a copy aside costs
+//! what the page costs in memory, not 4 KiB, and the locks are held for a
+//! memcpy, never a decompression. The walk decompresses outside
 //! any lock into the raw pages the engine writes ([`CapturedChunk`]).
 //! Dirty bits and epochs live in `marks.rs`, outside the shard locks.
 //!
@@ -53,8 +54,9 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::MutexGuard;
 
-use super::page::{self, Algorithm, PageError, PAGE_BYTES};
-use super::shard::{Entry, Shard, GROUP_PAGES};
+use super::page::{self, PageError, PAGE_BYTES};
+use super::shard::{Shard, GROUP_PAGES};
+use super::table::Entry;
 use super::{corrupt, locate, CompressedStore};
 use crate::block::backend::{Backend, Result};
 use crate::store::cut::SideCopy;
@@ -70,8 +72,10 @@ enum Kept {
     Hole,
     /// Every 8-byte word is this one.
     Same(u64),
-    /// Stored bytes `[at, at+len)` of the copy (`PAGE_BYTES`: raw).
-    Stored { at: u32, len: u16 },
+    /// The raw page: bytes `[at, at+4096)` of the copy.
+    Raw { at: u32 },
+    /// Compressed bytes `[at, at+len)` of the copy, by `codec`.
+    Stored { at: u32, len: u16, codec: u8 },
 }
 
 /// Pre-cut pages of one page group, copied as they are stored.
@@ -100,7 +104,7 @@ fn local_page(g: u64, i: usize) -> (usize, u32) {
 
 impl CapturedGroup {
     /// Copies the `mask` pages of group `g` out of `shard` (its lock held).
-    fn copy(shard: &Shard, g: u64, mask: u16) -> CapturedGroup {
+    fn copy(store: &CompressedStore, shard: &Shard, g: u64, mask: u16) -> CapturedGroup {
         let mut c = CapturedGroup {
             group: g,
             mask,
@@ -108,13 +112,27 @@ impl CapturedGroup {
             bytes: Vec::new(),
         };
         for i in (0..GROUP_PAGES).filter(|i| mask & (1 << i) != 0) {
+            let at = c.bytes.len() as u32;
             c.kept[i] = match shard.entry(local_page(g, i).1) {
                 Entry::Hole => Kept::Hole,
                 Entry::Same(w) => Kept::Same(w),
-                Entry::Stored(h) => {
-                    let at = c.bytes.len() as u32;
-                    c.bytes.extend_from_slice(shard.bytes(h));
-                    Kept::Stored { at, len: h.len }
+                Entry::Raw(p) => {
+                    // SAFETY: a raw page belongs to its entry alone, and
+                    // the caller holds the shard's lock.
+                    c.bytes.extend_from_slice(unsafe { p.bytes() });
+                    Kept::Raw { at }
+                }
+                Entry::Stored(o) => {
+                    store
+                        .pool
+                        .read(o.class as usize, o.id, o.len as usize, |b| {
+                            c.bytes.extend_from_slice(b)
+                        });
+                    Kept::Stored {
+                        at,
+                        len: o.len,
+                        codec: o.codec,
+                    }
                 }
             };
         }
@@ -122,7 +140,7 @@ impl CapturedGroup {
     }
 
     /// The raw pages the engine saves (zero pages as zero).
-    fn unpack(&self, algo: Algorithm) -> std::result::Result<CapturedChunk, PageError> {
+    fn unpack(&self, store: &CompressedStore) -> std::result::Result<CapturedChunk, PageError> {
         let mut out = CapturedChunk {
             chunk: self.group,
             mask: self.mask,
@@ -140,14 +158,19 @@ impl CapturedGroup {
                     out.data.resize(at + PAGE_BYTES, 0);
                     page::fill_same(w, 0, &mut out.data[at..]);
                 }
-                Kept::Stored { at: from, len } => {
+                Kept::Raw { at: from } => {
+                    let from = from as usize;
+                    out.data
+                        .extend_from_slice(&self.bytes[from..from + PAGE_BYTES]);
+                }
+                Kept::Stored {
+                    at: from,
+                    len,
+                    codec,
+                } => {
                     let src = &self.bytes[from as usize..from as usize + len as usize];
-                    if len as usize == PAGE_BYTES {
-                        out.data.extend_from_slice(src);
-                    } else {
-                        out.data.resize(at + PAGE_BYTES, 0);
-                        page::unpack(algo, src, &mut out.data[at..])?;
-                    }
+                    out.data.resize(at + PAGE_BYTES, 0);
+                    page::unpack(store.codec(codec), src, &mut out.data[at..])?;
                 }
             }
             out.data_mask |= 1 << i;
@@ -167,7 +190,7 @@ impl CompressedStore {
         }
         let mask = self.marks.dirty_mask(g);
         if mask != 0 {
-            let copy = CapturedGroup::copy(shard, g, mask);
+            let copy = CapturedGroup::copy(self, shard, g, mask);
             if !self.cut.charge(&self.mem.global, copy.charged_bytes()) {
                 return false;
             }
@@ -213,7 +236,7 @@ impl CompressedCut<'_> {
             let mask = s.marks.dirty_mask(g);
             s.marks.clear_mask(g, mask);
             s.marks.set_epoch(g, self.epoch);
-            return (mask != 0).then(|| CapturedGroup::copy(&shard, g, mask));
+            return (mask != 0).then(|| CapturedGroup::copy(s, &shard, g, mask));
         }
         drop(shard);
         s.cut.take(&s.mem.global, g)
@@ -236,7 +259,7 @@ impl CompressedCut<'_> {
 
     fn hand_out(&mut self, c: CapturedGroup) -> Result<Option<CapturedChunk>> {
         self.captured.push((c.group, c.mask));
-        c.unpack(self.store.algo).map(Some).map_err(corrupt)
+        c.unpack(self.store).map(Some).map_err(corrupt)
     }
 }
 
@@ -370,6 +393,7 @@ const _: () = assert!(GROUP_PAGES == crate::store::PAGES_PER_CHUNK);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::compressed::Algorithm;
     use crate::store::MemoryBudget;
     use std::sync::Arc;
 
