@@ -683,7 +683,8 @@ fn links_expire() {
             .unwrap()
             .as_secs()
     };
-    let week = link(&[])["expires_unix_s"].as_u64().expect("an expiry");
+    let weekly = link(&[]);
+    let week = weekly["expires_unix_s"].as_u64().expect("an expiry");
     assert!(
         (week as i64 - (now() + 7 * 86400) as i64).abs() < 60,
         "{week}"
@@ -739,6 +740,13 @@ fn links_expire() {
     assert_eq!(again.status, 401);
     assert!(again.body.contains("has expired"), "{}", again.body);
     assert!(again.header("set-cookie").is_none());
+    // whoami tells the page when its session ends.
+    let weekly_bearer = format!(
+        "Authorization: Bearer {}",
+        token_of(weekly["url"].as_str().unwrap())
+    );
+    let me = curl(&["-H", &weekly_bearer], &format!("{base}/v1/whoami")).json();
+    assert_eq!(me["expires_unix_s"], week, "{me}");
     let bearer = format!("Authorization: Bearer {token}");
     let b = curl(&["-H", &bearer], &format!("{base}/v1/drives"));
     assert_eq!((b.status, b.code().as_str()), (401, "token_expired"));
@@ -847,6 +855,14 @@ fn in_a_browser() {
         "refused_drive": "rodrive",
         "bench_targets": targets.iter().map(|t| t.0).collect::<Vec<_>>(),
         "markup": MARKUP,
+        "short_link": [
+            env!("CARGO_BIN_EXE_ramd"),
+            "--api-socket",
+            dash.d.api_socket(),
+            "dashboard",
+            "--expires",
+            "5s",
+        ],
         "out_dir": out_dir,
     });
     let plan_file = dash.d.dir().join("plan.json");
@@ -872,6 +888,13 @@ fn in_a_browser() {
     assert_eq!(seen["console_errors"], json!([]), "{seen}");
     assert_eq!(seen["bench"], json!([hostile, "plain"]), "{seen}");
     assert_eq!(seen["markup_as_text"], 2, "{seen}");
+    assert!(
+        seen["expired_notice"]
+            .as_str()
+            .unwrap()
+            .contains("session has expired"),
+        "{seen}"
+    );
 
     // The daemon's side: the admin's drive exists as the page made it,
     // the read-only attempt made nothing, the persistent drive synced.

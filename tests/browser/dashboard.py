@@ -14,14 +14,16 @@ persistent_uri (a drive made dirty, then synced through the page),
 new_drive (to create with the admin link), refused_drive (the read-only
 link's attempt), bench_targets (names the benchmark table must show;
 empty: no results expected), markup (HTML in the cache's backing path and
-a bench target's name, which the page must show as text), out_dir (for
-the screenshots).
+a bench target's name, which the page must show as text), short_link (the
+command that prints a dashboard URL whose token expires in seconds), out_dir
+(for the screenshots).
 
 Every wait is bounded (WAIT_S) and fails with what it waited for; nothing
 is timed. Prints one JSON line of observations at the end.
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -277,6 +279,18 @@ def bench_section(d, plan, seen):
     seen["bench"] = sorted(shown)
 
 
+def expired_session(d, plan, seen):
+    """A link whose token expires while the page is open: the page says
+    the session expired (the next refresh gets 401 token_expired)."""
+    url = subprocess.run(plan["short_link"], check=True, capture_output=True,
+                         text=True).stdout.strip().splitlines()[-1]
+    d.get(url)
+    n = wait(d, "the page to say the session expired",
+             lambda: "expired" in ((notice(d) or {}).get("text") or "") and notice(d))
+    assert n["kind"] == "error" and "ramd dashboard" in n["text"], n
+    seen["expired_notice"] = n["text"]
+
+
 def main():
     plan = json.load(open(sys.argv[1]))
     seen = {}
@@ -289,6 +303,7 @@ def main():
             bench_section(d, plan, seen)
             # The admin page after all of it: the picture to look at.
             screenshot(d, os.path.join(plan["out_dir"], "dashboard.png"))
+            expired_session(d, plan, seen)
             # Script errors (answers the test asked for, such as the 403,
             # are logged as network errors and are not counted).
             errors = [l for l in d.get_log("browser")

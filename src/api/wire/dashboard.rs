@@ -57,6 +57,9 @@ pub struct Whoami {
     pub token_name: Option<String>,
     /// The token's public id (null on the unix socket).
     pub token_id: Option<String>,
+    /// When the token stops working (null: never, or the unix socket).
+    #[serde(default)]
+    pub expires_unix_s: Option<u64>,
 }
 
 /// The data of each `stats` event of `GET /v1/events`.

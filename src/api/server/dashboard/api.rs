@@ -51,6 +51,7 @@ pub async fn whoami(
             role: TokenRole::Admin,
             token_name: None,
             token_id: None,
+            expires_unix_s: None,
         });
     };
     let via = match via {
@@ -62,6 +63,7 @@ pub async fn whoami(
         role: wire_role(t.role),
         token_name: Some(t.name),
         token_id: Some(t.id),
+        expires_unix_s: t.expires_unix_s,
     })
 }
 

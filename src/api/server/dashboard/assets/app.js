@@ -103,14 +103,23 @@ async function api(method, path, body) {
     const err = new Error(detail.message || `${res.status} ${res.statusText}`);
     err.status = res.status;
     err.code = detail.code || "";
-    if (res.status === 401) sessionEnded();
+    if (res.status === 401) sessionEnded(err.code);
     throw err;
   }
   return data;
 }
 
-function sessionEnded() {
-  notice("error", "This session has ended (the token is unknown or was revoked): run `ramd dashboard` on the daemon's host and open the new URL.");
+// A 401: the token expired (the server says so, or the browser dropped
+// the cookie, whose Max-Age is the token's life, once whoami's expiry
+// passed), or it was revoked, or the cookie is gone.
+function sessionEnded(code) {
+  const until = state.whoami ? state.whoami.expires_unix_s : null;
+  const now = Math.max(Date.now(), state.unixMs) / 1000;
+  const expired = code === "token_expired" || (until !== null && until !== undefined && now >= until);
+  const why = expired
+    ? "This session has expired (dashboard links last 7 days unless `ramd dashboard --expires` says otherwise)"
+    : "This session has ended (its token was revoked, or this browser no longer holds it)";
+  notice("error", `${why}: run \`ramd dashboard\` on the daemon's host and open the new URL.`);
 }
 
 // An admin action: runs `work`, says what happened, refreshes.
@@ -120,6 +129,8 @@ async function act(what, work) {
     if (done) notice("ok", done);
     await refreshInventory();
   } catch (e) {
+    // A session that ended says so (api() did); not "Failed: ..." over it.
+    if (e.status === 401) return;
     const why = e.status ? ` (${e.status}${e.code ? " " + e.code : ""})` : "";
     const refused = e.status === 403 ? "Refused: " : "Failed: ";
     notice("error", `${refused}${what}${why}: ${e.message}`);
