@@ -528,6 +528,38 @@ fn event_stream() {
         );
     }
     assert!(out.stdout.contains("retry: 3000"), "{}", out.stdout);
+    // One token holds at most 8 streams (another token still gets its
+    // own); a stream that closes gives its place back.
+    let probe = |token: &str| {
+        let mut c = common::tool("curl");
+        c.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(dash.ca_cert())
+            .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
+            .arg(format!("{}/v1/events?count=1", dash.base()));
+        common::run(&mut c).ok().stdout
+    };
+    let mut open: Vec<_> = (0..8)
+        .map(|_| {
+            let mut c = common::tool("curl");
+            c.args(["-sS", "-N", "-o", "/dev/null", "--cacert"])
+                .arg(dash.ca_cert())
+                .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
+                .arg(format!("{}/v1/events", dash.base()));
+            common::KillOnDrop(c.spawn().unwrap())
+        })
+        .collect();
+    common::wait_until(
+        "8 streams open on one token",
+        Duration::from_secs(30),
+        || probe(&token) == "503",
+    );
+    let other = token_of(&dash.link(false));
+    assert_eq!(probe(&other), "200");
+    drop(open.pop());
+    common::wait_until("a closed stream's place", Duration::from_secs(30), || {
+        probe(&token) == "200"
+    });
+    drop(open);
     // Over the unix socket too, and bad queries are refused.
     let (status, one) = common::http(dash.d.api_socket(), "GET", "/v1/events?count=1", None);
     assert_eq!(status, 200);
