@@ -40,7 +40,6 @@ const READ_CHUNK: usize = 256 << 10;
 /// One job's connection.
 pub struct NbdJob {
     sock: File,
-    size: u64,
 }
 
 /// A request in flight.
@@ -58,21 +57,13 @@ impl NbdJob {
             connections: 1,
             timeout: Duration::from_secs(30),
         };
-        let (fd, info): (OwnedFd, _) = connect_plain(uri, &opts)?;
+        let (fd, _info): (OwnedFd, _) = connect_plain(uri, &opts)?;
         let sock = File::from(fd);
         set_nonblocking(&sock).map_err(|source| crate::bench::BenchError::Io {
             what: "set the NBD socket non-blocking".into(),
             source,
         })?;
-        Ok(NbdJob {
-            sock,
-            size: info.size,
-        })
-    }
-
-    /// The export's size in bytes.
-    pub fn size(&self) -> u64 {
-        self.size
+        Ok(NbdJob { sock })
     }
 
     /// Runs the workload until `until`, recording into `rec`.
