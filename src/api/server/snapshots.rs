@@ -149,19 +149,23 @@ fn accepted(j: &Job) -> impl IntoResponse {
     )
 }
 
+/// What a push of drive or cache `name` asks for.
+fn push_request(name: String, req: CreateSnapshot) -> PushRequest {
+    PushRequest {
+        drive: name,
+        remote: req.remote,
+        label: req.label.unwrap_or_default(),
+        encrypt: req.encrypt,
+    }
+}
+
 /// `POST /v1/drives/{name}/snapshots`: push now.
 pub async fn create(
     State(d): State<Arc<Daemon>>,
     Path(name): Path<String>,
     body: Result<Json<CreateSnapshot>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let Json(req) = body?;
-    let req = PushRequest {
-        drive: name,
-        remote: req.remote,
-        label: req.label.unwrap_or_default(),
-        encrypt: req.encrypt,
-    };
+    let req = push_request(name, body?.0);
     let target = Target::drive(&d.drives, &req.drive)?;
     let (job, _) = d.snapshots.start_push(target, &req)?;
     Ok(accepted(&job))
@@ -174,13 +178,7 @@ pub async fn create_cache(
     Path(name): Path<String>,
     body: Result<Json<CreateSnapshot>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let Json(req) = body?;
-    let req = PushRequest {
-        drive: name,
-        remote: req.remote,
-        label: req.label.unwrap_or_default(),
-        encrypt: req.encrypt,
-    };
+    let req = push_request(name, body?.0);
     let target = Target::cache(&d.caches, &req.drive)?;
     let (job, _) = d.snapshots.start_push(target, &req)?;
     Ok(accepted(&job))
