@@ -192,7 +192,7 @@ pub(crate) struct Inner {
     pub dirty: AtomicBitmap,
     pub dirty_count: AtomicU64,
     /// Slots holding a block.
-    pub(super) resident: AtomicU64,
+    resident: AtomicU64,
     pub stats: Counters,
     pub health: Health,
     pub seq: SeqDetector,
@@ -559,6 +559,13 @@ impl Inner {
                 None => a.free.push(s),
             }
         }
+        self.evict_clean(&mut a)
+    }
+
+    /// The clean slot the policy evicts next, write-locked (still mapped:
+    /// the caller unmaps it); None when every resident slot is dirty or
+    /// busy.
+    pub(super) fn evict_clean(&self, a: &mut Alloc) -> Option<(u32, RwLockWriteGuard<'_, Meta>)> {
         let mut guard = None;
         let slots = &self.slots;
         let victim = a.policy.evict(
@@ -572,6 +579,17 @@ impl Inner {
             },
         );
         victim.map(|s| (s, guard.expect("evict returned an accepted slot")))
+    }
+
+    /// Unmaps the block slot `s` holds (its write lock held by the
+    /// caller): out of the index, meta emptied, no longer resident.
+    pub(super) fn unmap_locked(&self, s: u32, g: &mut Meta) {
+        self.index.remove_if(g.block, s);
+        g.block = NO_BLOCK;
+        g.state = State::Empty;
+        g.gen += 1;
+        g.valid = 0;
+        self.resident.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// A slot without memory (given back, or never used), charged to the
@@ -612,11 +630,8 @@ impl Inner {
         let (slot, mut g) = self.take_slot().ok_or(ClaimErr::NoSlot)?;
         if g.block != NO_BLOCK {
             debug_assert_eq!(g.state, State::Clean);
-            self.index.remove_if(g.block, slot);
+            self.unmap_locked(slot, &mut g);
             self.stats.add(Ctr::Evictions, 1);
-            self.resident.fetch_sub(1, Ordering::Relaxed);
-            g.block = NO_BLOCK;
-            g.state = State::Empty;
         }
         if self.index.insert_if_absent(b, slot).is_err() {
             drop(g);
@@ -677,12 +692,7 @@ impl Inner {
             self.dirty.clear(s as usize);
             self.dirty_count.fetch_sub(1, Ordering::Relaxed);
         }
-        self.index.remove_if(g.block, s);
-        g.block = NO_BLOCK;
-        g.state = State::Empty;
-        g.gen += 1;
-        g.valid = 0;
-        self.resident.fetch_sub(1, Ordering::Relaxed);
+        self.unmap_locked(s, g);
         self.stats.add(Ctr::Invalidations, 1);
         let mut a = self.alloc.lock();
         a.policy.remove(s);

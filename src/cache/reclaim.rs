@@ -13,7 +13,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::engine::{Inner, State, NO_BLOCK};
+use super::engine::Inner;
 use super::stats::Ctr;
 
 impl Inner {
@@ -39,26 +39,10 @@ impl Inner {
         }
         a.free.extend(busy);
         while given < want_bytes {
-            let mut guard = None;
-            let slots = &self.slots;
-            let victim = a.policy.evict(&self.marks, &mut |s| match slots[s as usize]
-                .meta
-                .try_write()
-            {
-                Some(g) if g.state == State::Clean => {
-                    guard = Some(g);
-                    true
-                }
-                _ => false,
-            });
-            let Some(s) = victim else { break };
-            let mut g = guard.expect("evict returned an accepted slot");
-            self.index.remove_if(g.block, s);
-            g.block = NO_BLOCK;
-            g.state = State::Empty;
-            g.gen += 1;
-            g.valid = 0;
-            self.resident.fetch_sub(1, Ordering::Relaxed);
+            let Some((s, mut g)) = self.evict_clean(&mut a) else {
+                break;
+            };
+            self.unmap_locked(s, &mut g);
             self.stats.add(Ctr::Evictions, 1);
             self.release_slot(s);
             drop(g);
