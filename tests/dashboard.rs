@@ -6,7 +6,9 @@
 //! - HTTP level, with curl: 401 without a token (an HTML page at `/`,
 //!   JSON elsewhere), the token exchange (303 + cookie flags), the cookie
 //!   as a credential, CSRF refusals, read-only refusals, assets with
-//!   ETags, logout, revocation, the server-sent event stream.
+//!   ETags, logout (for any session), revocation, expiry (`--expires`,
+//!   401 `token_expired`, pruning), the server-sent event stream and its
+//!   bounds.
 //! - Start-up refusals: `--http` off loopback without TLS, on the
 //!   `--api-listen` address; `ramd dashboard` without `--http`.
 //! - In a real browser (Debian's chromium, headless, through
@@ -16,7 +18,9 @@
 //!   syncs drives through the page, a read-only link's create is refused
 //!   by the server and the page says so, the token leaves the address
 //!   bar, the benchmark section shows a report PUT through the unix
-//!   socket. Screenshots go to target/test-output/dashboard/.
+//!   socket, names holding markup are shown as text, the hit ratio chart
+//!   plots a page opened after the I/O, an expiring link's page says the
+//!   session expired. Screenshots go to target/test-output/dashboard/.
 //!
 //! Certificates come from tests/common/pki.rs (openssl; CN=localhost,
 //! SAN 127.0.0.1); chromium trusts the server certificate by its SPKI
