@@ -13,19 +13,21 @@ mod common;
 
 use std::time::Duration;
 
-use common::garage::{assert_same, cli, creds_file, json, read_drive, serial, write_drive, Garage};
+use common::garage::{assert_same, cli, creds_file, json, serial, write_drive};
 use common::openapi::Spec;
-use common::{random_bytes, require, run, wait_until, Daemon};
+use common::snapshots::{
+    assert_metrics_show, info, metric, remote_toml, restore_matches, start_garage,
+};
+use common::{random_bytes, run, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
 
 #[test]
 fn a_write_back_cache_is_written_back_then_pushed_on_demand_and_on_schedule() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some(g) = start_garage(&["nbdcopy"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
+    };
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("backing.img");
     // The backing holds old data the cache has not seen.
@@ -36,13 +38,7 @@ fn a_write_back_cache_is_written_back_then_pushed_on_demand_and_on_schedule() {
     std::fs::write(
         &config,
         format!(
-            r#"[[remote]]
-name = "g"
-url = "s3://{bucket}/caches"
-endpoint = "{endpoint}"
-region = "{region}"
-credentials_file = "{creds}"
-
+            r#"{remote}
 [[cache]]
 name = "c1"
 backing = "{backing}"
@@ -56,10 +52,7 @@ snapshot_interval = "10s"
 snapshot_remote = "g"
 snapshot_keep_last = 3
 "#,
-            bucket = g.bucket,
-            endpoint = g.endpoint,
-            region = g.region,
-            creds = creds.display(),
+            remote = remote_toml(&g, "caches", Some(&creds)),
             backing = backing.display()
         ),
     )
@@ -116,58 +109,42 @@ snapshot_keep_last = 3
     assert!(id.starts_with("c1/"), "{job}");
 
     // The snapshot is the cache's logical image: restored as a drive.
-    cli(
+    restore_matches(
         &a,
         &g,
-        &[
-            "restore",
-            "c1",
-            "--from",
-            "g",
-            "--snapshot",
-            &id,
-            "--as",
-            "c1-copy",
-        ],
-    )
-    .ok();
-    assert_same(
-        &read_drive(&a, "c1-copy"),
+        &["c1", "--from", "g", "--snapshot", &id, "--as", "c1-copy"],
         &image,
         "the restored snapshot of the cache",
     );
 
     // On schedule: at least one push after the on-demand one.
-    let metric = "ramd_snapshot_pushes_total{cache=\"c1\",remote=\"g\"}";
+    let pushes = "ramd_snapshot_pushes_total{cache=\"c1\",remote=\"g\"}";
     wait_until(
         "a scheduled push of the cache",
         Duration::from_secs(120),
         || {
             let (_, m) = a.http("GET", "/metrics", None);
-            m.lines()
-                .find(|l| l.starts_with(metric))
-                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .is_some_and(|n| n >= 2)
+            metric(&m, pushes).is_some_and(|n| n >= 2)
         },
     );
-    let (_, m) = a.http("GET", "/metrics", None);
-    for family in [
-        "ramd_snapshot_last_success_timestamp_seconds{cache=\"c1\",remote=\"g\"}",
-        "ramd_snapshot_age_seconds{cache=\"c1\",remote=\"g\"}",
-        "ramd_snapshot_uploaded_bytes_total{cache=\"c1\",remote=\"g\"}",
-        "ramd_snapshot_failures_total{cache=\"c1\",remote=\"g\"} 0",
-    ] {
-        assert!(m.contains(family), "{family} missing:\n{m}");
-    }
+    assert_metrics_show(
+        &a,
+        &[
+            "ramd_snapshot_last_success_timestamp_seconds{cache=\"c1\",remote=\"g\"}",
+            "ramd_snapshot_age_seconds{cache=\"c1\",remote=\"g\"}",
+            "ramd_snapshot_uploaded_bytes_total{cache=\"c1\",remote=\"g\"}",
+            "ramd_snapshot_failures_total{cache=\"c1\",remote=\"g\"} 0",
+        ],
+    );
     let status = json(&run(a.cli().args(["snapshot", "status", "c1", "--json"])).ok());
     let s = &status["statuses"][0];
     assert_eq!(s["kind"], "cache", "{status}");
     assert_eq!(s["interval_ms"], 10_000, "{status}");
     assert!(s["last_snapshot"].is_string(), "{status}");
     // `ramd info` and the API show the same state.
-    let info = json(&run(a.cli().args(["info", "c1", "--json"])).ok());
-    assert_eq!(info["snapshots"][0]["remote"], "g", "{info}");
-    assert!(info["snapshots"][0]["pushes_total"].as_u64().unwrap() >= 2);
+    let c1 = info(&a, "c1");
+    assert_eq!(c1["snapshots"][0]["remote"], "g", "{c1}");
+    assert!(c1["snapshots"][0]["pushes_total"].as_u64().unwrap() >= 2);
     let text = run(a.cli().args(["info", "c1"])).ok();
     assert!(text.stdout.contains("snapshots to g"), "{text}");
     // The answers match docs/openapi.yaml.

@@ -23,30 +23,29 @@ use std::time::Duration;
 
 use common::garage::{
     add_remote, assert_same, cli, creds_file, json, push, read_drive, serial, start_push, wait_job,
-    write_drive, Garage,
+    write_drive,
 };
-use common::{random_bytes, require, run, wait_until, Daemon};
+use common::snapshots::{
+    assert_metrics_show, config_daemon, empty_daemon, garage_and_daemon, kill9_mid_push, metric,
+    push_random, remote_toml, restore_matches, start_garage, write_random,
+};
+use common::{random_bytes, run, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
 
 #[test]
 fn snapshot_restores_exactly_and_pushes_are_incremental_and_point_in_time() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((g, a, creds)) = garage_and_daemon(&["nbdcopy"], &["db=100M"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
-    let a = Daemon::start(&["db=100M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
+    };
     let listed = json(&cli(&a, &g, &["remote", "list", "--json"]).ok());
     assert_eq!(
         listed["remotes"][0]["credentials"],
         format!("file {}", creds.display())
     );
 
-    let mut data = random_bytes(100 * MIB, 1);
-    write_drive(&a, "db", &data);
+    let mut data = write_random(&a, "db", 100 * MIB, 1);
     let first = push(&a, &g, "db", "g");
     let full = first["push"]["bytes_uploaded"].as_u64().unwrap();
     assert!(full >= 100 * MIB as u64, "{first}");
@@ -77,7 +76,7 @@ fn snapshot_restores_exactly_and_pushes_are_incremental_and_point_in_time() {
     let third_id = third["push"]["snapshot"].as_str().unwrap().to_owned();
 
     // A second daemon, its own state directory, restores it exactly.
-    let b = Daemon::launch(&["serve".into(), "--no-default-drive".into()], &[]);
+    let b = empty_daemon(&[]);
     add_remote(&b, &g, "g", &g.bucket, &creds);
     let snaps = json(
         &cli(
@@ -89,29 +88,21 @@ fn snapshot_restores_exactly_and_pushes_are_incremental_and_point_in_time() {
     );
     assert_eq!(snaps["snapshots"].as_array().unwrap().len(), 3, "{snaps}");
     let id = third_id.split('/').nth(1).unwrap();
-    cli(
+    restore_matches(
         &b,
         &g,
-        &[
-            "restore",
-            "db",
-            "--from",
-            "g",
-            "--snapshot",
-            id,
-            "--as",
-            "copy",
-        ],
-    )
-    .ok();
-    assert_same(
-        &read_drive(&b, "copy"),
+        &["db", "--from", "g", "--snapshot", id, "--as", "copy"],
         &data,
         "restored point-in-time snapshot",
     );
     // Without --snapshot: the newest.
-    cli(&b, &g, &["restore", "db", "--from", "g"]).ok();
-    assert_same(&read_drive(&b, "db"), &data, "restored newest snapshot");
+    restore_matches(
+        &b,
+        &g,
+        &["db", "--from", "g"],
+        &data,
+        "restored newest snapshot",
+    );
     // The name is taken now: refused, nothing changes.
     let again = cli(&b, &g, &["restore", "db", "--from", "g"]).failed();
     assert!(again.stderr.contains("already exists"), "{again}");
@@ -134,33 +125,14 @@ fn snapshot_restores_exactly_and_pushes_are_incremental_and_point_in_time() {
 #[test]
 fn kill9_mid_push_keeps_the_previous_snapshot_and_the_next_push_resumes() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((g, mut a, _creds)) = garage_and_daemon(&["nbdcopy"], &["big=384M"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
-    let mut a = Daemon::start(&["big=384M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    let old = random_bytes(8 * MIB, 10);
-    write_drive(&a, "big", &old);
-    push(&a, &g, "big", "g");
+    };
+    let old = push_random(&a, &g, "big", 8 * MIB, 10);
 
-    let new = random_bytes(384 * MIB, 11);
-    write_drive(&a, "big", &new);
-    let job = start_push(&a, &g, "big", "g");
-    let id = job["id"].as_u64().unwrap();
+    let new = write_random(&a, "big", 384 * MIB, 11);
     // Some chunks up, not all: then the crash.
-    wait_until(
-        "the push to upload something",
-        Duration::from_secs(120),
-        || {
-            let (_, body) = a.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
-            let j: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert_eq!(j["state"], "running", "the push ended before the kill: {j}");
-            j["progress"]["bytes_transferred"].as_u64().unwrap() > 0
-        },
-    );
-    a.kill9();
+    kill9_mid_push(&mut a, &g, "big");
     a.restart();
 
     // The remote lists only the complete snapshot; it restores exactly.
@@ -174,11 +146,12 @@ fn kill9_mid_push_keeps_the_previous_snapshot_and_the_next_push_resumes() {
     );
     assert_eq!(snaps["snapshots"].as_array().unwrap().len(), 1, "{snaps}");
     // (The restarted daemon made an empty "big" from its --drive flag.)
-    cli(&a, &g, &["restore", "big", "--from", "g", "--as", "before"]).ok();
     let mut want = old.clone();
     want.resize(384 * MIB, 0);
-    assert_same(
-        &read_drive(&a, "before"),
+    restore_matches(
+        &a,
+        &g,
+        &["big", "--from", "g", "--as", "before"],
         &want,
         "the snapshot before the crash",
     );
@@ -195,15 +168,10 @@ fn kill9_mid_push_keeps_the_previous_snapshot_and_the_next_push_resumes() {
 #[test]
 fn a_remote_going_down_fails_the_push_but_not_the_drive() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((mut g, a, _creds)) = garage_and_daemon(&["nbdcopy"], &["db=256M"]) else {
         return;
-    }
-    let Some(mut g) = Garage::start() else { return };
-    let a = Daemon::start(&["db=256M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    let data = random_bytes(256 * MIB, 20);
-    write_drive(&a, "db", &data);
+    };
+    let data = write_random(&a, "db", 256 * MIB, 20);
 
     let job = start_push(&a, &g, "db", "g");
     g.stop();
@@ -257,12 +225,11 @@ fn a_remote_going_down_fails_the_push_but_not_the_drive() {
 #[test]
 fn bad_credentials_and_missing_buckets_are_named() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some(g) = start_garage(&["nbdcopy"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
+    };
     let a = Daemon::start(&["db=8M"]);
-    write_drive(&a, "db", &random_bytes(8 * MIB, 30));
+    write_random(&a, "db", 8 * MIB, 30);
     let wrong = creds_file(
         a.dir(),
         &g,
@@ -302,10 +269,9 @@ fn bad_credentials_and_missing_buckets_are_named() {
 #[test]
 fn scheduled_pushes_show_in_metrics_and_restore_from_fills_a_new_daemon() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some(g) = start_garage(&["nbdcopy"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
+    };
     let dir = tempfile::tempdir().unwrap();
     let config = |restore: bool| {
         let path = dir.path().join(if restore { "b.toml" } else { "a.toml" });
@@ -318,8 +284,8 @@ fn scheduled_pushes_show_in_metrics_and_restore_from_fills_a_new_daemon() {
         std::fs::write(
             &path,
             format!(
-                "[[remote]]\nname = \"g\"\nurl = \"s3://{}/sched\"\nendpoint = \"{}\"\nregion = \"{}\"\n\n[[drive]]\nname = \"db\"\nsize = \"16M\"\n{drive}",
-                g.bucket, g.endpoint, g.region
+                "{}\n[[drive]]\nname = \"db\"\nsize = \"16M\"\n{drive}",
+                remote_toml(&g, "sched", None)
             ),
         )
         .unwrap();
@@ -330,55 +296,34 @@ fn scheduled_pushes_show_in_metrics_and_restore_from_fills_a_new_daemon() {
         ("AWS_ACCESS_KEY_ID", g.key_id.as_str()),
         ("AWS_SECRET_ACCESS_KEY", g.secret.as_str()),
     ];
-    let a_config = config(false);
-    let a = Daemon::launch(
-        &[
-            "serve".into(),
-            "--config".into(),
-            a_config.display().to_string(),
-        ],
-        &env,
-    );
-    let data = random_bytes(16 * MIB, 40);
-    write_drive(&a, "db", &data);
+    let a = config_daemon(&config(false), &env);
+    let data = write_random(&a, "db", 16 * MIB, 40);
     wait_until(
         "a scheduled push after the write",
         Duration::from_secs(120),
         || {
             let (_, m) = a.http("GET", "/metrics", None);
-            let pushed = m
-                .lines()
-                .find(|l| l.starts_with("ramd_snapshot_pushes_total{drive=\"db\""))
-                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .unwrap_or(0);
+            let pushed = metric(&m, "ramd_snapshot_pushes_total{drive=\"db\"").unwrap_or(0);
             pushed >= 2
                 && m.contains(
                     "ramd_snapshot_last_success_timestamp_seconds{drive=\"db\",remote=\"g\"}",
                 )
         },
     );
-    let (_, m) = a.http("GET", "/metrics", None);
-    for family in [
-        "ramd_snapshot_age_seconds{",
-        "ramd_snapshot_uploaded_bytes_total{",
-        "ramd_snapshot_failures_total{",
-    ] {
-        assert!(m.contains(family), "{family} missing:\n{m}");
-    }
+    assert_metrics_show(
+        &a,
+        &[
+            "ramd_snapshot_age_seconds{",
+            "ramd_snapshot_uploaded_bytes_total{",
+            "ramd_snapshot_failures_total{",
+        ],
+    );
     let status = json(&run(a.cli().args(["snapshot", "status", "db", "--json"])).ok());
     assert_eq!(status["statuses"][0]["interval_ms"], 10_000, "{status}");
 
     // A new daemon (its own state directory) with restore_from: the
     // drive holds the data when it is first served.
-    let b_config = config(true);
-    let b = Daemon::launch(
-        &[
-            "serve".into(),
-            "--config".into(),
-            b_config.display().to_string(),
-        ],
-        &env,
-    );
+    let b = config_daemon(&config(true), &env);
     assert_same(&read_drive(&b, "db"), &data, "restore_from at start");
     assert!(
         b.log().contains("restore_from: drive restored"),

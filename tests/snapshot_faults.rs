@@ -17,23 +17,15 @@ mod common;
 use std::time::Duration;
 
 use common::garage::{
-    add_remote, cli, creds_file, json, push, read_drive, serial, start_push, wait_job, write_drive,
-    Garage,
+    add_remote, assert_same, cli, json, push, read_drive, serial, wait_job, write_drive,
 };
-use common::{random_bytes, require, run, tool, wait_until, Daemon};
+use common::snapshots::{
+    drive_names, empty_daemon, garage_and_daemon, kill9_mid_push, start_restore, wait_transferring,
+    write_random,
+};
+use common::{random_bytes, run, tool, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
-
-/// The names of `d`'s drives.
-fn drive_names(d: &Daemon) -> Vec<String> {
-    let l = json(&run(d.cli().args(["list", "--json"])).ok());
-    l["drives"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap().to_owned())
-        .collect()
-}
 
 /// The chunk size of pushes to remote `name` of `d`.
 fn chunk_bytes(d: &Daemon, name: &str) -> usize {
@@ -60,18 +52,13 @@ fn chunk_object(data: &[u8]) -> String {
 #[test]
 fn a_chunk_corrupted_on_the_servers_disk_is_named_and_nothing_is_restored() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((g, a, _creds)) = garage_and_daemon(&["nbdcopy"], &["db=4M"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
-    let a = Daemon::start(&["db=4M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
+    };
     // One chunk of data, the rest zero: its blocks are the only new files
     // in Garage's data directory (the small manifest is stored inline in
     // its metadata).
-    let chunk = random_bytes(chunk_bytes(&a, "g"), 110);
-    write_drive(&a, "db", &chunk);
+    let chunk = write_random(&a, "db", chunk_bytes(&a, "g"), 110);
     let before = g.data_files();
     push(&a, &g, "db", "g");
     // (Garage also keeps small bookkeeping files there: blocks are the
@@ -150,54 +137,24 @@ fn a_chunk_corrupted_on_the_servers_disk_is_named_and_nothing_is_restored() {
 #[test]
 fn restores_from_a_remote_that_is_down_or_has_no_bucket_register_nothing() {
     let _serial = serial();
-    if !require(&["nbdcopy", "nbdinfo"]) {
-        return;
-    }
-    let Some(mut g) = Garage::start() else {
+    let Some((mut g, a, creds)) =
+        garage_and_daemon(&["nbdcopy", "nbdinfo"], &["db=256M", "keep=8M"])
+    else {
         return;
     };
-    let a = Daemon::start(&["db=256M", "keep=8M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    let data = random_bytes(256 * MIB, 120);
-    write_drive(&a, "db", &data);
-    let keep = random_bytes(8 * MIB, 121);
-    write_drive(&a, "keep", &keep);
+    let data = write_random(&a, "db", 256 * MIB, 120);
+    let keep = write_random(&a, "keep", 8 * MIB, 121);
     push(&a, &g, "db", "g");
 
     // Garage stops in the middle of a restore (persistent, so the staged
     // state directory exists meanwhile).
-    let job = json(
-        &cli(
-            &a,
-            &g,
-            &[
-                "restore",
-                "db",
-                "--from",
-                "g",
-                "--as",
-                "half",
-                "--persist",
-                "--no-wait",
-                "--json",
-            ],
-        )
-        .ok(),
-    );
+    let job = start_restore(&a, &g, &["db", "--from", "g", "--as", "half", "--persist"]);
     let id = job["id"].as_u64().unwrap();
-    wait_until(
+    wait_transferring(
+        &a,
+        id,
         "the restore to fetch something",
-        Duration::from_secs(120),
-        || {
-            let (_, body) = a.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
-            let j: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert_eq!(
-                j["state"], "running",
-                "the restore ended before Garage stopped: {j}"
-            );
-            j["progress"]["bytes_transferred"].as_u64().unwrap() > 0
-        },
+        "the restore ended before Garage stopped",
     );
     g.stop();
     let failed = wait_job(&a, id);
@@ -240,7 +197,7 @@ fn restores_from_a_remote_that_is_down_or_has_no_bucket_register_nothing() {
     assert!(!a.state_dir().join("drives/nob").exists());
 
     // The daemon served on all along, and restores once Garage is back.
-    common::garage::assert_same(&read_drive(&a, "keep"), &keep, "the other drive");
+    assert_same(&read_drive(&a, "keep"), &keep, "the other drive");
     wait_until(
         "a restore once Garage is back",
         Duration::from_secs(120),
@@ -252,7 +209,7 @@ fn restores_from_a_remote_that_is_down_or_has_no_bucket_register_nothing() {
                 == 0
         },
     );
-    common::garage::assert_same(
+    assert_same(
         &read_drive(&a, "whole"),
         &data,
         "the restore after the outage",
@@ -262,31 +219,15 @@ fn restores_from_a_remote_that_is_down_or_has_no_bucket_register_nothing() {
 #[test]
 fn a_killed_pushs_lease_is_freed_by_its_restarted_daemon() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((g, mut a, creds)) = garage_and_daemon(&["nbdcopy"], &["big=384M"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
-    let mut a = Daemon::start(&["big=384M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    write_drive(&a, "big", &random_bytes(384 * MIB, 130));
-    let job = start_push(&a, &g, "big", "g");
-    let id = job["id"].as_u64().unwrap();
-    wait_until(
-        "the push to upload something",
-        Duration::from_secs(120),
-        || {
-            let (_, body) = a.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
-            let j: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert_eq!(j["state"], "running", "the push ended before the kill: {j}");
-            j["progress"]["bytes_transferred"].as_u64().unwrap() > 0
-        },
-    );
-    a.kill9();
+    };
+    write_random(&a, "big", 384 * MIB, 130);
+    kill9_mid_push(&mut a, &g, "big");
 
     // Another daemon (another owner): the killed push's lease is fresh, so
     // its prune waits for it to expire.
-    let other = Daemon::launch(&["serve".into(), "--no-default-drive".into()], &[]);
+    let other = empty_daemon(&[]);
     add_remote(&other, &g, "g", &g.bucket, &creds);
     let out = cli(&other, &g, &["snapshot", "prune", "--remote", "g"]).failed();
     assert!(out.stderr.contains("the remote is busy"), "{out}");

@@ -18,32 +18,23 @@ mod common;
 
 use std::time::Duration;
 
-use common::garage::{
-    add_remote, assert_same, cli, creds_file, json, push, read_drive, serial, wait_job,
-    write_drive, Garage,
-};
+use common::garage::{add_remote, assert_same, cli, job, read_drive, serial, wait_job};
 use common::mounts::{require_root, Scratch};
 use common::openapi::Spec;
-use common::{random_bytes, require, run, tool, wait_until, Daemon};
+use common::snapshots::{
+    config_daemon, drive_names, empty_daemon, garage_and_daemon, info, push_random, remote_toml,
+    restore_matches, start_restore, write_random,
+};
+use common::{run, tool, wait_until, Daemon};
 
 const MIB: usize = 1 << 20;
 
-/// A daemon with no drive (its own state directory).
-fn empty_daemon(extra: &[&str]) -> Daemon {
-    let mut args = vec!["serve".to_owned(), "--no-default-drive".to_owned()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    Daemon::launch(&args, &[])
-}
-
-/// The names of `d`'s drives.
-fn drive_names(d: &Daemon) -> Vec<String> {
-    let l = json(&run(d.cli().args(["list", "--json"])).ok());
-    l["drives"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap().to_owned())
-        .collect()
+/// Waits (`what` names the wait) until `d`'s drive `name` is ready.
+#[track_caller]
+fn wait_ready(d: &Daemon, name: &str, what: &str) {
+    wait_until(what, Duration::from_secs(120), || {
+        info(d, name)["state"] == "ready"
+    });
 }
 
 /// The entries of `STATE/drives`.
@@ -61,16 +52,10 @@ fn drives_dir_entries(d: &Daemon) -> Vec<String> {
 #[test]
 fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((g, a, creds)) = garage_and_daemon(&["nbdcopy"], &["db=256M"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
-    let a = Daemon::start(&["db=256M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    let data = random_bytes(256 * MIB, 80);
-    write_drive(&a, "db", &data);
-    push(&a, &g, "db", "g");
+    };
+    let data = push_random(&a, &g, "db", 256 * MIB, 80);
 
     let mut b = empty_daemon(&[]);
     add_remote(&b, &g, "g", &g.bucket, &creds);
@@ -92,20 +77,20 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     // Through the API, checked against docs/openapi.yaml (a name whose
     // state directory holds a drive already is refused).
     let spec = Spec::load();
-    let (code, job) = spec.call(
+    let (code, accepted) = spec.call(
         &b,
         "POST",
         "/v1/snapshots/restore",
         "/v1/snapshots/restore",
         Some(r#"{"remote": "g", "drive": "db", "as": "viaapi", "persist": true, "sync_interval": "10s"}"#),
     );
-    assert_eq!(code, 202, "{job}");
-    let done = wait_job(&b, job["id"].as_u64().unwrap());
+    assert_eq!(code, 202, "{accepted}");
+    let done = wait_job(&b, accepted["id"].as_u64().unwrap());
     assert_eq!(done["restore"]["persistent"], true, "{done}");
-    let job_path = format!("/v1/snapshots/jobs/{}", job["id"]);
+    let job_path = format!("/v1/snapshots/jobs/{}", accepted["id"]);
     spec.call(&b, "GET", "/v1/snapshots/jobs/{id}", &job_path, None);
-    let info = json(&run(b.cli().args(["info", "viaapi", "--json"])).ok());
-    assert_eq!(info["persist"]["sync_interval_ms"], 10_000, "{info}");
+    let viaapi = info(&b, "viaapi");
+    assert_eq!(viaapi["persist"]["sync_interval_ms"], 10_000, "{viaapi}");
     run(b.cli().args(["delete", "viaapi", "--keep-data"])).ok();
     let (code, e) = spec.call(
         &b,
@@ -131,10 +116,10 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     );
     assert_eq!(code, 422, "{e}");
     std::fs::remove_dir_all(b.state_dir().join("drives/viaapi")).unwrap();
-    let info = json(&run(b.cli().args(["info", "db", "--json"])).ok());
-    assert_eq!(info["kind"], "persistent", "{info}");
-    assert_eq!(info["state"], "ready", "{info}");
-    assert_eq!(info["persist"]["durability"], "flush", "{info}");
+    let db = info(&b, "db");
+    assert_eq!(db["kind"], "persistent", "{db}");
+    assert_eq!(db["state"], "ready", "{db}");
+    assert_eq!(db["persist"]["durability"], "flush", "{db}");
     assert_same(
         &read_drive(&b, "db"),
         &data,
@@ -145,9 +130,7 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     // A restart loads it from its state directory (no remote involved).
     b.terminate();
     b.restart();
-    wait_until("db to load", Duration::from_secs(120), || {
-        json(&run(b.cli().args(["info", "db", "--json"])).ok())["state"] == "ready"
-    });
+    wait_ready(&b, "db", "db to load");
     assert_same(
         &read_drive(&b, "db"),
         &data,
@@ -155,31 +138,13 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     );
 
     // kill -9 in the middle of a restore into a persistent drive.
-    let job = json(
-        &cli(
-            &b,
-            &g,
-            &[
-                "restore",
-                "db",
-                "--from",
-                "g",
-                "--persist",
-                "--as",
-                "db2",
-                "--no-wait",
-                "--json",
-            ],
-        )
-        .ok(),
-    );
-    let id = job["id"].as_u64().unwrap();
+    let started = start_restore(&b, &g, &["db", "--from", "g", "--persist", "--as", "db2"]);
+    let id = started["id"].as_u64().unwrap();
     let staged = b.state_dir().join("drives/.restoring-db2");
     wait_until("the restore to start", Duration::from_secs(60), || {
         staged.exists()
     });
-    let (_, body) = b.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
-    let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let j = job(&b, id);
     assert_eq!(
         j["state"], "running",
         "the restore ended before the kill: {j}"
@@ -190,9 +155,7 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
         "a restore cut short left a state directory that would load as a drive"
     );
     b.restart();
-    wait_until("db to load", Duration::from_secs(120), || {
-        json(&run(b.cli().args(["info", "db", "--json"])).ok())["state"] == "ready"
-    });
+    wait_ready(&b, "db", "db to load");
     assert_eq!(drive_names(&b), vec!["db".to_owned()]);
     assert_eq!(drives_dir_entries(&b), vec!["db".to_owned()]);
     assert!(
@@ -202,13 +165,13 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
         b.log()
     );
     // The next restore of that name works.
-    cli(
+    restore_matches(
         &b,
         &g,
-        &["restore", "db", "--from", "g", "--persist", "--as", "db2"],
-    )
-    .ok();
-    assert_same(&read_drive(&b, "db2"), &data, "the restore after the crash");
+        &["db", "--from", "g", "--persist", "--as", "db2"],
+        &data,
+        "the restore after the crash",
+    );
     // Its state directory holds a drive now: another restore into it is
     // refused before anything is fetched.
     run(b.cli().args(["delete", "db2", "--keep-data"])).ok();
@@ -224,53 +187,34 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
 #[test]
 fn restore_from_fills_a_missing_persistent_drive_once() {
     let _serial = serial();
-    if !require(&["nbdcopy"]) {
+    let Some((g, a, creds)) = garage_and_daemon(&["nbdcopy"], &["db=32M"]) else {
         return;
-    }
-    let Some(g) = Garage::start() else { return };
-    let a = Daemon::start(&["db=32M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    let data = random_bytes(32 * MIB, 90);
-    write_drive(&a, "db", &data);
-    push(&a, &g, "db", "g");
+    };
+    let data = push_random(&a, &g, "db", 32 * MIB, 90);
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("ramd.toml");
     std::fs::write(
         &config,
         format!(
-            "[[remote]]\nname = \"g\"\nurl = \"s3://{}/ramd\"\nendpoint = \"{}\"\nregion = \"{}\"\ncredentials_file = \"{}\"\n\n[[drive]]\nname = \"db\"\nsize = \"32M\"\npersist = true\nrestore_from = \"g\"\n",
-            g.bucket,
-            g.endpoint,
-            g.region,
-            creds.display()
+            "{}\n[[drive]]\nname = \"db\"\nsize = \"32M\"\npersist = true\nrestore_from = \"g\"\n",
+            remote_toml(&g, "ramd", Some(&creds))
         ),
     )
     .unwrap();
-    let mut b = Daemon::launch(
-        &[
-            "serve".into(),
-            "--config".into(),
-            config.display().to_string(),
-        ],
-        &[],
-    );
-    let ready = || json(&run(b.cli().args(["info", "db", "--json"])).ok())["state"] == "ready";
-    wait_until("db to load", Duration::from_secs(120), ready);
+    let mut b = config_daemon(&config, &[]);
+    wait_ready(&b, "db", "db to load");
     assert_same(
         &read_drive(&b, "db"),
         &data,
         "restore_from into a persistent drive",
     );
-    let info = json(&run(b.cli().args(["info", "db", "--json"])).ok());
-    assert_eq!(info["kind"], "persistent", "{info}");
+    let db = info(&b, "db");
+    assert_eq!(db["kind"], "persistent", "{db}");
     // The second start finds its state directory: no restore again.
     b.terminate();
     b.restart();
-    wait_until("db to load again", Duration::from_secs(120), || {
-        json(&run(b.cli().args(["info", "db", "--json"])).ok())["state"] == "ready"
-    });
+    wait_ready(&b, "db", "db to load again");
     assert_same(
         &read_drive(&b, "db"),
         &data,
@@ -286,16 +230,14 @@ fn restore_from_fills_a_missing_persistent_drive_once() {
 #[test]
 fn a_full_disk_during_a_restore_leaves_nothing_and_the_daemon_serves_on() {
     let _serial = serial();
-    if !require(&["nbdcopy", "nbdinfo", "mount"]) || !require_root() {
+    if !require_root() {
         return;
     }
-    let Some(g) = Garage::start() else { return };
-    let a = Daemon::start(&["db=64M"]);
-    let creds = creds_file(a.dir(), &g, None);
-    add_remote(&a, &g, "g", &g.bucket, &creds);
-    let data = random_bytes(64 * MIB, 100);
-    write_drive(&a, "db", &data);
-    push(&a, &g, "db", "g");
+    let Some((g, a, creds)) = garage_and_daemon(&["nbdcopy", "nbdinfo", "mount"], &["db=64M"])
+    else {
+        return;
+    };
+    let data = push_random(&a, &g, "db", 64 * MIB, 100);
 
     // The state directory on a 40 MiB tmpfs: the 64 MiB drive cannot fit.
     let scratch = Scratch::new("snapshot", "full-disk");
@@ -307,25 +249,9 @@ fn a_full_disk_during_a_restore_leaves_nothing_and_the_daemon_serves_on() {
     let b = empty_daemon(&["--state-dir", state.to_str().unwrap()]);
     add_remote(&b, &g, "g", &g.bucket, &creds);
     run(b.cli().args(["create", "other", "--size", "8M"])).ok();
-    let other = random_bytes(8 * MIB, 101);
-    write_drive(&b, "other", &other);
+    let other = write_random(&b, "other", 8 * MIB, 101);
 
-    let job = json(
-        &cli(
-            &b,
-            &g,
-            &[
-                "restore",
-                "db",
-                "--from",
-                "g",
-                "--persist",
-                "--no-wait",
-                "--json",
-            ],
-        )
-        .ok(),
-    );
+    let job = start_restore(&b, &g, &["db", "--from", "g", "--persist"]);
     let done = wait_job(&b, job["id"].as_u64().unwrap());
     assert_eq!(done["state"], "failed", "{done}");
     let error = done["error"].as_str().unwrap();
@@ -346,8 +272,13 @@ fn a_full_disk_during_a_restore_leaves_nothing_and_the_daemon_serves_on() {
     assert_ne!(out.code(), 0, "{out}");
     // The daemon serves on: its other drive, and a restore into RAM.
     assert_same(&read_drive(&b, "other"), &other, "the other drive");
-    cli(&b, &g, &["restore", "db", "--from", "g", "--as", "inram"]).ok();
-    assert_same(&read_drive(&b, "inram"), &data, "the restore into RAM");
+    restore_matches(
+        &b,
+        &g,
+        &["db", "--from", "g", "--as", "inram"],
+        &data,
+        "the restore into RAM",
+    );
     drop(b);
     drop(scratch);
 }

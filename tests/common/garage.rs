@@ -268,6 +268,7 @@ api_bind_addr = "127.0.0.1:{admin}"
 // Helpers of the daemon-level snapshot tests (tests/snapshot_*.rs): a
 // remote for this Garage, the CLI with its output checked to hold no
 // secret, nbdcopy in and out of drives, jobs followed to their end.
+// (The steps built on these are in snapshots.rs.)
 
 /// One test at a time: each runs a Garage and daemons moving hundreds of
 /// MiB, and two at once on a small machine make Garage answer 503.
@@ -363,14 +364,20 @@ pub fn push(d: &Daemon, g: &Garage, drive: &str, remote: &str) -> serde_json::Va
     job
 }
 
+/// `GET /v1/snapshots/jobs/ID`: the job's JSON.
+#[track_caller]
+pub fn job(d: &Daemon, id: u64) -> serde_json::Value {
+    let (status, body) = d.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
 /// Polls a job until it is no longer running.
 #[track_caller]
 pub fn wait_job(d: &Daemon, id: u64) -> serde_json::Value {
     let mut last = serde_json::Value::Null;
     wait_until("the snapshot job to end", Duration::from_secs(300), || {
-        let (status, body) = d.http("GET", &format!("/v1/snapshots/jobs/{id}"), None);
-        assert_eq!(status, 200, "{body}");
-        last = serde_json::from_str(&body).unwrap();
+        last = job(d, id);
         last["state"] != "running"
     });
     last

@@ -16,6 +16,7 @@ pub mod nbdkit;
 pub mod openapi;
 pub mod pki;
 pub mod pysession;
+pub mod snapshots;
 
 use std::ffi::OsString;
 use std::fs::File;
