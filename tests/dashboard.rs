@@ -164,6 +164,26 @@ impl Dash {
     }
 }
 
+/// A daemon with drive `a` and the dashboard in plaintext on loopback
+/// (`--http 127.0.0.1:0 --tls off`), and the dashboard's port.
+fn plaintext_daemon() -> (Daemon, u16) {
+    let d = Daemon::launch(
+        &[
+            "serve",
+            "--drive",
+            "a=1M",
+            "--http",
+            "127.0.0.1:0",
+            "--tls",
+            "off",
+        ]
+        .map(String::from),
+        &[],
+    );
+    let port = dashboard_port(&d.log(), "http");
+    (d, port)
+}
+
 /// The port of the daemon's "Dashboard and API on SCHEME://127.0.0.1:PORT" line.
 fn dashboard_port(log: &str, scheme: &str) -> u16 {
     let line = log
@@ -633,20 +653,7 @@ fn refused_at_start_and_without_http() {
     }
     // Plaintext on loopback with --tls off: an http:// link, a cookie
     // without Secure.
-    let d = Daemon::launch(
-        &[
-            "serve",
-            "--drive",
-            "a=1M",
-            "--http",
-            "127.0.0.1:0",
-            "--tls",
-            "off",
-        ]
-        .map(String::from),
-        &[],
-    );
-    let port = dashboard_port(&d.log(), "http");
+    let (d, port) = plaintext_daemon();
     let out = common::run(d.cli().arg("dashboard")).ok();
     let url = out.stdout.trim();
     assert!(
@@ -695,20 +702,7 @@ fn links_expire() {
     if !require(&["curl"]) {
         return;
     }
-    let d = Daemon::launch(
-        &[
-            "serve",
-            "--drive",
-            "a=1M",
-            "--http",
-            "127.0.0.1:0",
-            "--tls",
-            "off",
-        ]
-        .map(String::from),
-        &[],
-    );
-    let port = dashboard_port(&d.log(), "http");
+    let (d, port) = plaintext_daemon();
     let link = |args: &[&str]| -> Value {
         let out = common::run(d.cli().arg("dashboard").args(args).arg("--json")).ok();
         serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out}"))
