@@ -124,6 +124,12 @@ const MAX_EXTENTS: usize = 16 * 1024;
 const PAGE: u64 = PAGE_BYTES as u64;
 const _: () = assert!(MAX_COMPRESSED_DRIVE_BYTES / PAGE / SHARDS as u64 <= u32::MAX as u64);
 
+thread_local! {
+    /// This thread's buffer for a page's compressed bytes.
+    static PACK_BUF: std::cell::RefCell<[u8; PACK_BUF_BYTES]> =
+        const { std::cell::RefCell::new([0; PACK_BUF_BYTES]) };
+}
+
 /// A shard on its own cache lines, so two cores locking neighbours do not
 /// share one.
 #[repr(align(128))]
@@ -494,10 +500,21 @@ impl CompressedStore {
         to_end: bool,
         src: Source<'_>,
     ) -> Result<()> {
+        // This thread's pack buffer: not zeroed for every page.
+        PACK_BUF.with(|b| self.change_page_with(p, (at, n), to_end, src, &mut b.borrow_mut()))
+    }
+
+    fn change_page_with(
+        &self,
+        p: u64,
+        (at, n): (usize, usize),
+        to_end: bool,
+        src: Source<'_>,
+        buf: &mut [u8; PACK_BUF_BYTES],
+    ) -> Result<()> {
         let whole = at == 0 && (n == PAGE_BYTES || (to_end && !matches!(src, Source::Data(_))));
-        let mut buf = [0u8; PACK_BUF_BYTES];
         let packed = match src {
-            Source::Data(d) if whole => Some(page::pack(self.algo, d, &mut buf).map_err(corrupt)?),
+            Source::Data(d) if whole => Some(page::pack(self.algo, d, buf).map_err(corrupt)?),
             _ => None,
         };
         let (si, local) = locate(p);
@@ -512,7 +529,9 @@ impl CompressedStore {
                 Ok(())
             }
             (Source::Zeroes, _) if whole => shard.place(local, Placing::Same(0), &sp),
-            (Source::Data(d), Some(pk)) => shard.place(local, Placing::new(pk, &buf, d, 0), &sp),
+            (Source::Data(d), Some(pk)) => {
+                shard.place(local, Placing::new(pk, &buf[..], d, 0), &sp)
+            }
             _ => {
                 let mut pg = [0u8; PAGE_BYTES];
                 self.load(&shard, local, 0, &mut pg)?;
@@ -520,8 +539,8 @@ impl CompressedStore {
                     Source::Data(d) => pg[at..at + n].copy_from_slice(d),
                     Source::Zeroes | Source::Trim => pg[at..at + n].fill(0),
                 }
-                let pk = page::pack(self.algo, &pg, &mut buf).map_err(corrupt)?;
-                shard.place(local, Placing::new(pk, &buf, &pg, 0), &sp)
+                let pk = page::pack(self.algo, &pg, buf).map_err(corrupt)?;
+                shard.place(local, Placing::new(pk, &buf[..], &pg, 0), &sp)
             }
         };
         placed.map_err(|f| self.no_space(f))?;

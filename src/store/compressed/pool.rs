@@ -53,6 +53,7 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 
 use super::arena::{Charge, NoPage, Page, PageArena, PAGE_BYTES};
 use super::page::HUGE_MIN_BYTES;
+use crate::store::ntcopy::copy_streaming;
 
 /// Distance between size classes.
 pub const CLASS_STEP_BYTES: usize = 16;
@@ -131,8 +132,13 @@ impl Class {
             let (p, off) = (at / PAGE_BYTES, at % PAGE_BYTES);
             let n = (PAGE_BYTES - off).min(data.len());
             // SAFETY: the class owns its pages and the caller holds its
-            // lock exclusively (`&mut self` behind the class's RwLock).
-            unsafe { self.pages[p].bytes_mut()[off..off + n].copy_from_slice(&data[..n]) };
+            // lock exclusively (`&mut self` behind the class's RwLock);
+            // `off + n <= PAGE_BYTES`. Streaming stores: the slot is cold
+            // (`store::ntcopy`), and the class lock's release orders them.
+            unsafe {
+                let dst = self.pages[p].bytes_mut().as_mut_ptr().add(off);
+                copy_streaming(data.as_ptr(), dst, n);
+            }
             data = &data[n..];
             at += n;
         }
