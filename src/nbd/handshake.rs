@@ -75,7 +75,10 @@ impl Client<'static> {
 
 /// Where option haggling stopped.
 pub enum Step {
-    /// An export was chosen: the transmission phase starts.
+    /// An export was chosen: the transmission phase starts once the
+    /// caller has sent [`Handshake::take_final_reply`] (held back so the
+    /// server can count the connection as established before the client
+    /// can know it is, and open another).
     Go(Negotiated),
     /// NBD_OPT_STARTTLS was acknowledged: the caller runs the TLS
     /// handshake now and continues with [`Handshake::options`] over TLS.
@@ -146,7 +149,10 @@ pub fn negotiate<S: Read + Write>(
     let mut h = Handshake::new(exports, client, TlsOffer::Unsupported);
     h.greet(stream)?;
     match h.options(stream)? {
-        Step::Go(n) => Ok(n),
+        Step::Go(n) => {
+            stream.write_all(&h.take_final_reply())?;
+            Ok(n)
+        }
         Step::StartTls => unreachable!("STARTTLS is refused when TLS is unsupported"),
     }
 }
@@ -204,6 +210,12 @@ impl<'a> Handshake<'a> {
         self.s.refused = Some(why);
     }
 
+    /// The replies to the option that ended the handshake with
+    /// [`Step::Go`], for the caller to send.
+    pub fn take_final_reply(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.s.out)
+    }
+
     /// Answers options until the client picks an export, asks for TLS, or
     /// leaves. Reads exactly each option's bytes, never ahead: after
     /// STARTTLS the next byte on the socket belongs to the TLS handshake
@@ -240,6 +252,7 @@ impl<'a> Handshake<'a> {
                 let mut data = vec![0u8; h.len as usize];
                 stream.read_exact(&mut data)?;
                 match s.option(h.option, &data)? {
+                    Some(step @ Step::Go(_)) => return Ok(step),
                     Some(step) => {
                         stream.write_all(&s.out)?;
                         s.out.clear();

@@ -719,7 +719,7 @@ fn serve_connection(shared: &Shared, mut stream: Stream, source: Source, peer: S
     };
     match step {
         Err(e) => log_handshake_end(id, &e),
-        Ok(Step::Go(neg)) => serve(shared, &mut stream, &neg, id),
+        Ok(Step::Go(neg)) => serve(shared, &mut stream, &neg, &hs.take_final_reply(), id),
         Ok(Step::StartTls) => serve_tls(shared, stream, hs, started, id),
     }
 }
@@ -760,7 +760,7 @@ fn serve_tls(shared: &Shared, stream: Stream, mut hs: Handshake<'_>, started: In
     }
     match hs.options(&mut Deadline::new(&mut tls, left())) {
         Err(e) => log_handshake_end(id, &e),
-        Ok(Step::Go(neg)) => serve(shared, &mut tls, &neg, id),
+        Ok(Step::Go(neg)) => serve(shared, &mut tls, &neg, &hs.take_final_reply(), id),
         Ok(Step::StartTls) => {} // not reached: a second STARTTLS is refused
     }
     tls.close();
@@ -819,11 +819,15 @@ fn peer_name(stream: &Stream) -> String {
 }
 
 /// The transmission phase on `stream`, plaintext or TLS (one copy of the
-/// code each: no dispatch per request).
+/// code each: no dispatch per request). `final_reply` (the answer to
+/// NBD_OPT_GO or EXPORT_NAME) goes out only once the connection counts as
+/// established, so a client that opens another connection after its
+/// handshake never finds its first one still holding a handshake slot.
 fn serve<S: Transport + SocketTimeouts>(
     shared: &Shared,
     stream: &mut S,
     neg: &Negotiated,
+    final_reply: &[u8],
     id: u64,
 ) {
     // Idle clients are fine; clients that stop taking replies are not.
@@ -848,6 +852,10 @@ fn serve<S: Transport + SocketTimeouts>(
     }
     if !allowed {
         tracing::debug!(conn = id, export = %export.name, "access rules changed during the handshake; closing");
+        return;
+    }
+    if let Err(e) = stream.write_all(final_reply).and_then(|()| stream.flush()) {
+        tracing::debug!(conn = id, "client left before the transmission phase: {e}");
         return;
     }
     tracing::debug!(conn = id, export = %export.name, structured = neg.structured, "connected");
