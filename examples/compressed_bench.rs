@@ -153,9 +153,11 @@ fn grouped_bytes(algo: Algorithm, corpus: &[Vec<u8>], group: usize) -> usize {
             let buf = g.concat();
             match algo {
                 Algorithm::Lz4 => lz4_flex::block::compress(&buf).len().min(buf.len()),
-                Algorithm::Zstd { level } => zstd::bulk::compress(&buf, level)
-                    .map_or(buf.len(), |c| c.len())
-                    .min(buf.len()),
+                Algorithm::Zstd { level } | Algorithm::Lz4Zstd { level } => {
+                    zstd::bulk::compress(&buf, level)
+                        .map_or(buf.len(), |c| c.len())
+                        .min(buf.len())
+                }
             }
         })
         .sum()

@@ -231,6 +231,9 @@ enum Op {
     WriteZeroes(Span, bool),
     Resize(i64),
     Compact,
+    /// Every page of an `lz4+zstd` drive recompressed with zstd now (what
+    /// the background worker does to idle pages); nothing on other drives.
+    Recompress,
     /// A span that runs past the end: refused, nothing changes.
     PastEnd(u64),
 }
@@ -261,6 +264,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (span(), any::<bool>()).prop_map(|(s, t)| Op::WriteZeroes(s, t)),
         1 => (-70_000i64..=70_000).prop_map(Op::Resize),
         1 => Just(Op::Compact),
+        1 => Just(Op::Recompress),
         1 => (1u64..=5000).prop_map(Op::PastEnd),
     ]
 }
@@ -270,6 +274,7 @@ fn algo() -> impl Strategy<Value = Algorithm> {
         Just(Algorithm::Lz4),
         Just(Algorithm::Zstd { level: 1 }),
         Just(Algorithm::Zstd { level: 3 }),
+        Just(Algorithm::Lz4Zstd { level: 1 }),
     ]
 }
 
@@ -295,6 +300,9 @@ impl Model {
     }
 
     fn apply(&mut self, op: &Op, step: u64) {
+        // The worker of an lz4+zstd drive changes the figures (not the
+        // data) at any time; Op::Recompress does its work in step.
+        let _paused = self.store.pause_recompression();
         let size = self.store.size();
         let (offset, len) = match op {
             Op::Read(s) | Op::Write(s, ..) | Op::Trim(s) | Op::WriteZeroes(s, _) => s.resolve(size),
@@ -306,6 +314,18 @@ impl Model {
             }
             Op::Compact => {
                 self.store.compact();
+                return self.check_all();
+            }
+            Op::Recompress => {
+                let before = self.store.stats();
+                let saved = self.store.recompress_all();
+                let after = self.store.stats();
+                assert_eq!(
+                    saved.is_some(),
+                    self.store.algorithm().secondary().is_some()
+                );
+                assert_eq!(after.orig_data_bytes, before.orig_data_bytes);
+                assert!(after.compr_data_bytes <= before.compr_data_bytes);
                 return self.check_all();
             }
             Op::PastEnd(back) => {

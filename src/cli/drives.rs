@@ -16,7 +16,7 @@ pub(crate) struct CreateArgs {
     pub name: String,
     pub size: Option<String>,
     pub mem_limit: Option<String>,
-    /// `lz4`, `zstd[:LEVEL]` or `off` (checked by the daemon).
+    /// `lz4`, `zstd[:LEVEL]`, `lz4+zstd[:LEVEL]` or `off` (checked by the daemon).
     pub compress: Option<String>,
     pub read_only: bool,
     pub overcommit: bool,

@@ -144,7 +144,9 @@ pub enum Command {
         /// Most memory the drive may hold; writes past it fail with ENOSPC.
         #[arg(long, value_name = "SIZE", value_parser = arg_mem_limit)]
         mem_limit: Option<String>,
-        /// Keep pages compressed: lz4, zstd, zstd:LEVEL or off (default).
+        /// Keep pages compressed: lz4, zstd, zstd:LEVEL, lz4+zstd[:LEVEL]
+        /// (writes at lz4's speed, idle pages recompressed with zstd in
+        /// the background) or off (default).
         /// The drive is promised min(size, mem-limit) of the budget, so
         /// give --mem-limit below --size to hold more than its memory.
         /// With --persist, the state directory holds raw pages (a restart

@@ -57,7 +57,7 @@ pub(crate) fn info(c: &Client, name: Option<&str>, json: bool) -> Result<(), Cli
 /// A compressed drive's figures, for `ramd info` (zram's `mm_stat`).
 fn compression_lines(z: &CompressionInfo) -> String {
     format!(
-        "compression  {}, ratio {:.2} ({} of data in {} of memory)\n  stored     {} compressed in {} of slabs + {} metadata\n  pages      {} compressed, {} same-filled, {} incompressible\n  compaction {} runs, {} objects moved, {} freed\n",
+        "compression  {}, ratio {:.2} ({} of data in {} of memory)\n  stored     {} compressed in {} of slabs + {} metadata\n  pages      {} compressed, {} same-filled, {} incompressible\n  compaction {} runs, {} objects moved, {} freed\n{}",
         z.algorithm,
         z.ratio,
         format_size(z.orig_data_bytes),
@@ -71,6 +71,21 @@ fn compression_lines(z: &CompressionInfo) -> String {
         z.compact_runs,
         z.compact_moved_objects,
         format_size(z.compact_freed_bytes),
+        recompression_line(z),
+    )
+}
+
+/// `lz4+zstd` drives: what the recompression of idle pages did.
+fn recompression_line(z: &CompressionInfo) -> String {
+    if z.recompress_attempts == 0 && !z.algorithm.contains('+') {
+        return String::new();
+    }
+    format!(
+        "  recompress {} pages held by the second codec ({} tried), {} saved, {:.1} s CPU\n",
+        z.recompressed_pages,
+        z.recompress_attempts,
+        format_size(z.recompress_saved_bytes),
+        z.recompress_cpu_ms as f64 / 1000.0,
     )
 }
 

@@ -32,7 +32,7 @@
 //! name = "ram0"
 //! size = "1G"
 //! mem_limit = "512M"
-//! compress = "lz4"            # lz4 | zstd | zstd:LEVEL | off
+//! compress = "lz4"            # lz4 | zstd | zstd:LEVEL | lz4+zstd[:LEVEL] | off
 //! read_only = false
 //! overcommit = false
 //! lock_memory = false          # lock its memory in RAM (never swapped; RLIMIT_MEMLOCK)
@@ -340,7 +340,7 @@ pub struct DriveEntry {
     pub name: Spanned<String>,
     pub size: Spanned<Size>,
     pub mem_limit: Option<Spanned<Size>>,
-    /// `lz4`, `zstd`, `zstd:LEVEL` or `off` (`store::compressed`).
+    /// `lz4`, `zstd`, `zstd:LEVEL`, `lz4+zstd[:LEVEL]` or `off` (`store::compressed`).
     pub compress: Option<Spanned<String>>,
     #[serde(default)]
     pub read_only: bool,

@@ -173,7 +173,7 @@ pub struct DaemonArgs {
     pub nbd_socket_group: Option<String>,
 
     /// A drive to create at start: NAME=SIZE[,mem-limit=SIZE][,read-only]
-    /// [,compress=lz4|zstd[:LEVEL]][,overcommit][,lock-memory]
+    /// [,compress=lz4|zstd[:LEVEL]|lz4+zstd[:LEVEL]][,overcommit][,lock-memory]
     /// [,persist][,durability=none|periodic|flush]
     /// [,sync-interval=DURATION][,key-file=PATH]. Repeatable. A persistent
     /// drive is restored from STATE_DIR/drives/NAME when it is there.

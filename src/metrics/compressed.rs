@@ -11,6 +11,8 @@
 //! | `ramd_drive_same_pages`, `ramd_drive_huge_pages`, `ramd_drive_compressed_pages` | gauge | `drive` |
 //! | `ramd_drive_compaction_runs_total`, `ramd_drive_compaction_moves_total` | counter | `drive` |
 //! | `ramd_drive_compaction_freed_bytes_total` | counter | `drive` |
+//! | `ramd_drive_recompressed_pages` | gauge | `drive` (pages the second codec of `lz4+zstd` holds) |
+//! | `ramd_drive_recompress_saved_bytes_total` | counter | `drive` |
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -33,6 +35,8 @@ pub struct CompressedSample {
     pub compact_runs: u64,
     pub compact_moved_objects: u64,
     pub compact_freed_bytes: u64,
+    pub recompressed_pages: u64,
+    pub recompress_saved_bytes: u64,
     pub ratio: f64,
 }
 
@@ -127,8 +131,22 @@ impl Collector for CompressedCollector {
             e,
             "ramd_drive_compaction_freed",
             "Bytes of the pages compaction gave back",
-            bytes,
+            bytes.clone(),
             counter(&|s| s.compact_freed_bytes),
+        )?;
+        family(
+            e,
+            "ramd_drive_recompressed_pages",
+            "Idle pages recompressed with a compressed drive's second codec (lz4+zstd)",
+            None,
+            gauge(&|s| s.recompressed_pages),
+        )?;
+        family(
+            e,
+            "ramd_drive_recompress_saved",
+            "Bytes recompressing idle pages took off their objects",
+            bytes,
+            counter(&|s| s.recompress_saved_bytes),
         )?;
         Ok(())
     }
@@ -163,6 +181,8 @@ mod tests {
             compact_runs: 1,
             compact_moved_objects: 11,
             compact_freed_bytes: 4096,
+            recompressed_pages: 3,
+            recompress_saved_bytes: 1000,
             ratio: 2.0,
         };
         let text = encode_with(daemon(), vec![Box::new(CompressedCollector(vec![s]))]);
@@ -175,6 +195,8 @@ mod tests {
             "ramd_drive_huge_pages{drive=\"z\"} 7\n",
             "ramd_drive_compaction_moves_total{drive=\"z\"} 11\n",
             "ramd_drive_compaction_freed_bytes_total{drive=\"z\"} 4096\n",
+            "ramd_drive_recompressed_pages{drive=\"z\"} 3\n",
+            "ramd_drive_recompress_saved_bytes_total{drive=\"z\"} 1000\n",
             "# TYPE ramd_drive_compaction_runs counter\n",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");

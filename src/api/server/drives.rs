@@ -86,6 +86,10 @@ pub(crate) fn compression_info(drive: &Drive) -> Option<CompressionInfo> {
         compact_runs: s.compact_runs,
         compact_moved_objects: s.compact_moved_objects,
         compact_freed_bytes: s.compact_freed_bytes,
+        recompressed_pages: s.recompressed_pages,
+        recompress_attempts: s.recompress_attempts,
+        recompress_saved_bytes: s.recompress_saved_bytes,
+        recompress_cpu_ms: s.recompress_cpu_ms,
         ratio: s.ratio(),
     })
 }

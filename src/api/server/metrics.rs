@@ -34,6 +34,8 @@ fn compressed_samples(d: &Daemon) -> Vec<CompressedSample> {
                 compact_runs: s.compact_runs,
                 compact_moved_objects: s.compact_moved_objects,
                 compact_freed_bytes: s.compact_freed_bytes,
+                recompressed_pages: s.recompressed_pages,
+                recompress_saved_bytes: s.recompress_saved_bytes,
                 ratio: s.ratio(),
             })
         })

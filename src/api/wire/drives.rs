@@ -21,7 +21,7 @@ pub struct CreateDrive {
     pub size: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<SizeValue>,
-    /// `lz4`, `zstd`, `zstd:LEVEL` or `off` (absent: off). A compressed
+    /// `lz4`, `zstd`, `zstd:LEVEL`, `lz4+zstd[:LEVEL]` or `off` (absent: off). A compressed
     /// drive's promise is `min(size, mem_limit)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<String>,
@@ -182,7 +182,7 @@ pub struct DriveInfo {
 /// is read in turn, so concurrent writes may skew sums by a few pages).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompressionInfo {
-    /// `lz4` or `zstd:LEVEL`.
+    /// `lz4`, `zstd:LEVEL` or `lz4+zstd:LEVEL`.
     pub algorithm: String,
     /// Logical bytes of every page that is not a hole (`orig_data_size`).
     pub orig_data_bytes: u64,
@@ -207,6 +207,15 @@ pub struct CompressionInfo {
     pub compact_moved_objects: u64,
     /// Bytes of the pages compaction gave back.
     pub compact_freed_bytes: u64,
+    /// Pages held by the second codec (`lz4+zstd`: idle pages recompressed
+    /// with zstd; part of `compressed_pages`). 0 for other algorithms.
+    pub recompressed_pages: u64,
+    /// Pages recompression tried (recompressed, or kept as they were).
+    pub recompress_attempts: u64,
+    /// Bytes recompression took off the objects it replaced.
+    pub recompress_saved_bytes: u64,
+    /// CPU time the recompression worker spent, in milliseconds.
+    pub recompress_cpu_ms: u64,
     /// `orig_data_bytes / mem_used_bytes`; 0 when the drive holds nothing.
     pub ratio: f64,
 }

@@ -1,5 +1,5 @@
 //! Drive specs: `--drive NAME=SIZE[,mem-limit=SIZE][,read-only]
-//! [,compress=lz4|zstd[:LEVEL]|off][,lock-memory]
+//! [,compress=lz4|zstd[:LEVEL]|lz4+zstd[:LEVEL]|off][,lock-memory]
 //! [,persist,durability=MODE,sync-interval=DURATION,key-file=PATH]
 //! [,allow-identity=ID][,read-only-identity=ID][,allow-network=CIDR]`, and
 //! the drive fields of the config file and the API (pure parsing, shared by
@@ -134,7 +134,7 @@ pub enum MalformedSpec {
     #[error("'{spec}': expected NAME=SIZE, like ram0=1G")]
     NoSize { spec: String },
     /// An option this parser does not know.
-    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, compress=lz4|zstd[:LEVEL]|off, read-only, overcommit, lock-memory, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
+    #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, compress=lz4|zstd[:LEVEL]|lz4+zstd[:LEVEL]|off, read-only, overcommit, lock-memory, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
     UnknownOption { spec: String, option: String },
 }
 

@@ -86,6 +86,7 @@ mod heap;
 mod marks;
 mod page;
 mod pool;
+mod recompress;
 mod shard;
 mod stats;
 mod sync;
@@ -104,13 +105,13 @@ use arena::{Charge, NoPage, PageArena};
 pub use heap::return_freed_memory;
 use marks::Marks;
 pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
-use page::{PageError, PACK_BUF_BYTES};
+use page::{Codec, Packed, PageError, PACK_BUF_BYTES};
 use pool::Pool;
 use shard::{Placing, Shard, Space, GROUP_PAGES};
 pub use stats::CompressedStats;
 use sync::CapturedGroup;
 pub use sync::CompressedCut;
-use table::{Entry, Obj};
+use table::{Entry, Obj, ACCESSED};
 
 /// Shards per drive (see the module docs).
 pub const SHARDS: usize = 16;
@@ -143,6 +144,14 @@ struct DriveMem {
     global: Arc<MemoryBudget>,
 }
 
+impl DriveMem {
+    /// Bytes either budget still has room for.
+    fn headroom(&self) -> u64 {
+        let room = |b: &MemoryBudget| b.limit_bytes().saturating_sub(b.used_bytes());
+        room(&self.drive).min(room(&self.global))
+    }
+}
+
 impl Charge for DriveMem {
     fn reserve(&self, bytes: u64) -> bool {
         if !self.drive.try_reserve(bytes) {
@@ -170,8 +179,16 @@ enum Source<'a> {
     Trim,
 }
 
-/// A compressed RAM drive.
+/// A compressed RAM drive: its store, and the worker that recompresses
+/// idle pages when the drive has a second codec (`recompress.rs`).
 pub struct CompressedStore {
+    /// Stopped (and joined) when the drive is dropped, before `inner`.
+    _worker: Option<recompress::Worker>,
+    inner: Arc<Inner>,
+}
+
+/// The store itself (shared with the recompression worker).
+struct Inner {
     algo: Algorithm,
     /// Current size in bytes.
     size: AtomicU64,
@@ -192,6 +209,8 @@ pub struct CompressedStore {
     /// shrink even when the drive grew back before it). Changed under
     /// `resize_lock`.
     min_size: AtomicU64,
+    /// What recompression did (`recompress.rs`).
+    recomp: recompress::Counters,
 }
 
 /// Where page `p` lives: its shard and shard-local page index.
@@ -273,7 +292,7 @@ impl CompressedStore {
         lock_memory: bool,
     ) -> Result<CompressedStore> {
         let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
-        let s = CompressedStore {
+        let s = Inner {
             algo,
             size: AtomicU64::new(0),
             shards: (0..SHARDS)
@@ -289,46 +308,106 @@ impl CompressedStore {
             marks: Marks::default(),
             cut: CutState::default(),
             min_size: AtomicU64::new(0),
+            recomp: recompress::Counters::default(),
         };
         s.resize(size_bytes)?;
         s.min_size.store(size_bytes, Ordering::Release);
-        Ok(s)
+        let inner = Arc::new(s);
+        let worker = algo
+            .secondary()
+            .map(|_| recompress::Worker::start(inner.clone()))
+            .transpose()
+            .map_err(Error::Io)?;
+        Ok(CompressedStore {
+            _worker: worker,
+            inner,
+        })
     }
 
-    /// The drive's compressor.
+    /// The drive's compression.
     pub fn algorithm(&self) -> Algorithm {
-        self.algo
+        self.inner.algo
     }
 
     /// True when the drive's memory is locked in RAM.
     pub fn is_locked(&self) -> bool {
-        self.arena.is_locked()
+        self.inner.arena.is_locked()
     }
 
     /// Bytes the kernel counts against `RLIMIT_MEMLOCK` for this drive:
     /// its locked mappings (0 when not locked).
     pub fn locked_map_bytes(&self) -> u64 {
-        match self.arena.is_locked() {
-            true => self.arena.mapped_bytes(),
+        match self.inner.arena.is_locked() {
+            true => self.inner.arena.mapped_bytes(),
             false => 0,
         }
     }
 
     /// Bytes charged to the budgets (arena pages held).
     pub fn allocated_bytes(&self) -> u64 {
-        self.mem.drive.used_bytes()
+        self.inner.mem.drive.used_bytes()
     }
 
     /// The drive's memory limit (`u64::MAX` when unlimited).
     pub fn mem_limit_bytes(&self) -> u64 {
-        self.mem.drive.limit_bytes()
+        self.inner.mem.drive.limit_bytes()
     }
 
     /// Changes the drive's memory limit (None: unlimited).
     pub fn set_mem_limit_bytes(&self, limit: Option<u64>) {
-        self.mem.drive.set_limit_bytes(limit.unwrap_or(u64::MAX));
+        self.inner
+            .mem
+            .drive
+            .set_limit_bytes(limit.unwrap_or(u64::MAX));
     }
 
+    /// The drive's memory figures (zram's `mm_stat`).
+    pub fn stats(&self) -> CompressedStats {
+        self.inner.stats()
+    }
+
+    /// Gives the free pages the arena keeps for reuse back to the OS (the
+    /// size classes are always compact: `pool.rs`). For the daemon's tick
+    /// or an operator. Returns the bytes released.
+    pub fn compact(&self) -> u64 {
+        self.inner.arena.release_cache(&self.inner.mem)
+    }
+
+    /// Recompresses every page that is not yet held by the drive's second
+    /// codec, idle or not, now, in this thread (None when the drive has no
+    /// second codec). Returns the bytes of objects it saved. For tests and
+    /// benchmarks: the worker does this for idle pages in the background.
+    pub fn recompress_all(&self) -> Option<u64> {
+        self.inner.algo.secondary()?;
+        Some(self.inner.recompress_sweep(true))
+    }
+
+    /// Checks every shard's invariants, the pool's, and that the arena's
+    /// pages are the classes' and the raw entries' and are exactly what
+    /// the drive's budget is charged. Returns the first broken one. The
+    /// shards are read one after another, so this is only exact when no
+    /// change runs meanwhile (tests, or a quiesced drive).
+    pub fn check(&self) -> std::result::Result<(), Inconsistency> {
+        self.inner.check()
+    }
+
+    /// Keeps the background recompression worker from changing anything
+    /// while the guard lives (an explicit `recompress_all` still runs):
+    /// for tests that compare figures before and after an operation.
+    pub fn pause_recompression(&self) -> recompress::Paused<'_> {
+        recompress::Paused::new(&self.inner.recomp)
+    }
+
+    /// Grows or shrinks the drive. Shrinking releases the memory beyond the
+    /// new end; growing adds zero-filled space. Fails with `NoSpace`,
+    /// changing nothing, when the page holding the new end cannot be
+    /// stored with its tail zeroed.
+    pub fn resize(&self, new_size: u64) -> Result<()> {
+        self.inner.resize(new_size)
+    }
+}
+
+impl Inner {
     /// Where a shard's pages go.
     fn space(&self) -> Space<'_, DriveMem> {
         Space {
@@ -339,7 +418,7 @@ impl CompressedStore {
     }
 
     /// The drive's memory figures (zram's `mm_stat`).
-    pub fn stats(&self) -> CompressedStats {
+    fn stats(&self) -> CompressedStats {
         let mut total = CompressedStats::default();
         for sh in self.shards.iter() {
             let s = sh.0.read();
@@ -351,16 +430,20 @@ impl CompressedStore {
                 same_pages: c.same_pages,
                 huge_pages: c.huge_pages,
                 compressed_pages: c.compressed_pages,
+                recompressed_pages: c.recompressed_pages,
                 ..CompressedStats::default()
             });
         }
         let k = self.pool.compact_counts();
+        total.recompress_attempts = self.recomp.attempts.load(Ordering::Relaxed);
+        total.recompress_saved_bytes = self.recomp.saved_bytes.load(Ordering::Relaxed);
+        total.recompress_cpu_ms = self.recomp.cpu_ns.load(Ordering::Relaxed) / 1_000_000;
         total.compr_data_bytes += self.pool.live_bytes();
         total.slab_bytes = self.arena.charged_pages() * PAGE;
         total.compact_runs = k.runs;
         total.compact_moved_objects = k.moved_objects;
         total.compact_freed_bytes = k.runs * PAGE;
-        total.metadata_bytes += (std::mem::size_of::<CompressedStore>()
+        total.metadata_bytes += (std::mem::size_of::<Inner>()
             + SHARDS * std::mem::size_of::<Padded>()) as u64
             + self.pool.metadata_bytes()
             + self.arena.metadata_bytes()
@@ -368,19 +451,8 @@ impl CompressedStore {
         total
     }
 
-    /// Gives the free pages the arena keeps for reuse back to the OS (the
-    /// size classes are always compact: `pool.rs`). For the daemon's tick
-    /// or an operator. Returns the bytes released.
-    pub fn compact(&self) -> u64 {
-        self.arena.release_cache(&self.mem)
-    }
-
-    /// Checks every shard's invariants, the pool's, and that the arena's
-    /// pages are the classes' and the raw entries' and are exactly what
-    /// the drive's budget is charged. Returns the first broken one. The
-    /// shards are read one after another, so this is only exact when no
-    /// change runs meanwhile (tests, or a quiesced drive).
-    pub fn check(&self) -> std::result::Result<(), Inconsistency> {
+    fn check(&self) -> std::result::Result<(), Inconsistency> {
+        let _no_recompression = self.recomp.busy.lock();
         let mut refs = vec![Vec::new(); pool::CLASSES];
         let mut raw = 0;
         for (i, sh) in self.shards.iter().enumerate() {
@@ -454,13 +526,17 @@ impl CompressedStore {
         }
     }
 
-    /// The algorithm of an object's codec.
-    fn codec(&self, _codec: u8) -> Algorithm {
-        self.algo
+    /// The compressor of an object's codec.
+    fn codec(&self, codec: u8) -> Codec {
+        self.algo.codec(codec)
     }
 
-    /// Copies bytes `[at, at+out.len())` of a page into `out`.
+    /// Copies bytes `[at, at+out.len())` of a page into `out`. On a drive
+    /// that recompresses, marks the page accessed (not idle).
     fn load(&self, shard: &Shard, local: u32, at: usize, out: &mut [u8]) -> Result<()> {
+        if self.algo.secondary().is_some() {
+            shard.touch(local);
+        }
         match shard.entry(local) {
             Entry::Hole => out.fill(0),
             Entry::Same(w) => page::fill_same(w, at, out),
@@ -514,7 +590,9 @@ impl CompressedStore {
     ) -> Result<()> {
         let whole = at == 0 && (n == PAGE_BYTES || (to_end && !matches!(src, Source::Data(_))));
         let packed = match src {
-            Source::Data(d) if whole => Some(page::pack(self.algo, d, buf).map_err(corrupt)?),
+            Source::Data(d) if whole => {
+                Some(page::pack(self.algo.primary(), d, buf).map_err(corrupt)?)
+            }
             _ => None,
         };
         let (si, local) = locate(p);
@@ -522,16 +600,12 @@ impl CompressedStore {
         if p * PAGE + (at + n) as u64 > self.size() {
             return Err(self.out_of_range(p * PAGE + at as u64, n as u64));
         }
-        let sp = self.space();
-        let placed = match (src, packed) {
-            (Source::Trim, _) if whole => {
-                shard.trim(local, &sp);
-                Ok(())
-            }
-            (Source::Zeroes, _) if whole => shard.place(local, Placing::Same(0), &sp),
-            (Source::Data(d), Some(pk)) => {
-                shard.place(local, Placing::new(pk, &buf[..], d, 0), &sp)
-            }
+        match (src, packed) {
+            (Source::Trim, _) if whole => shard.trim(local, &self.space()),
+            (Source::Zeroes, _) if whole => shard
+                .place(local, Placing::Same(0), 0, &self.space())
+                .map_err(|f| self.no_space(f))?,
+            (Source::Data(d), Some(pk)) => self.place_page(&mut shard, local, pk, d, buf)?,
             _ => {
                 let mut pg = [0u8; PAGE_BYTES];
                 self.load(&shard, local, 0, &mut pg)?;
@@ -539,15 +613,34 @@ impl CompressedStore {
                     Source::Data(d) => pg[at..at + n].copy_from_slice(d),
                     Source::Zeroes | Source::Trim => pg[at..at + n].fill(0),
                 }
-                let pk = page::pack(self.algo, &pg, buf).map_err(corrupt)?;
-                shard.place(local, Placing::new(pk, &buf[..], &pg, 0), &sp)
+                let pk = page::pack(self.algo.primary(), &pg, buf).map_err(corrupt)?;
+                self.place_page(&mut shard, local, pk, &pg, buf)?;
             }
-        };
-        placed.map_err(|f| self.no_space(f))?;
+        }
         // Under the lock, after the change: a cut either captured the
         // group before (this change is after the cut) or sees the bit.
         self.marks.set_dirty(p);
         Ok(())
+    }
+
+    /// Stores a whole written page, `pk` (in `buf`) as the drive's first
+    /// codec packed it.
+    fn place_page(
+        &self,
+        shard: &mut Shard,
+        local: u32,
+        pk: Packed,
+        page: &[u8],
+        buf: &[u8; PACK_BUF_BYTES],
+    ) -> Result<()> {
+        shard
+            .place(
+                local,
+                Placing::new(pk, &buf[..], page, 0),
+                ACCESSED,
+                &self.space(),
+            )
+            .map_err(|f| self.no_space(f))
     }
 
     /// Applies `src` to `[offset, offset+len)` page by page.
@@ -564,11 +657,7 @@ impl CompressedStore {
         })
     }
 
-    /// Grows or shrinks the drive. Shrinking releases the memory beyond the
-    /// new end; growing adds zero-filled space. Fails with `NoSpace`,
-    /// changing nothing, when the page holding the new end cannot be
-    /// stored with its tail zeroed.
-    pub fn resize(&self, new_size: u64) -> Result<()> {
+    fn resize(&self, new_size: u64) -> Result<()> {
         if new_size > MAX_COMPRESSED_DRIVE_BYTES {
             return Err(Error::Invalid(format!(
                 "compressed drive size {new_size} exceeds the maximum of {MAX_COMPRESSED_DRIVE_BYTES} bytes"
@@ -611,10 +700,8 @@ impl CompressedStore {
             self.load(&shard, local, 0, &mut pg)?;
             pg[at..].fill(0);
             let mut buf = [0u8; PACK_BUF_BYTES];
-            let pk = page::pack(self.algo, &pg, &mut buf).map_err(corrupt)?;
-            shard
-                .place(local, Placing::new(pk, &buf, &pg, 0), &self.space())
-                .map_err(|f| self.no_space(f))?;
+            let pk = page::pack(self.algo.primary(), &pg, &mut buf).map_err(corrupt)?;
+            self.place_page(&mut shard, local, pk, &pg, &buf)?;
             // Its tail became zero: changed.
             self.marks.set_dirty(p);
         }
@@ -634,6 +721,33 @@ pub struct Inconsistency {
 }
 
 impl Backend for CompressedStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.inner.write(offset, data, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
+        self.inner.write_zeroes(offset, len, may_trim)
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.trim(offset, len)
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.inner.extents(offset, len)
+    }
+    fn capabilities(&self) -> Caps {
+        self.inner.capabilities()
+    }
+}
+
+impl Backend for Inner {
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
     }
@@ -728,7 +842,7 @@ impl Backend for CompressedStore {
     }
 }
 
-impl Drop for CompressedStore {
+impl Drop for Inner {
     fn drop(&mut self) {
         // The arena unmaps its regions; give their bytes back to the daemon.
         self.mem.global.release(self.mem.drive.used_bytes());

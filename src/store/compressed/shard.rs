@@ -31,6 +31,8 @@ pub struct ShardCounts {
     pub huge_pages: u64,
     /// Pages stored compressed.
     pub compressed_pages: u64,
+    /// Of those, pages the drive's second codec compressed.
+    pub recompressed_pages: u64,
 }
 
 /// The drive-wide places a shard's pages go, and the budgets they charge.
@@ -94,26 +96,53 @@ impl Shard {
         self.table.get(local)
     }
 
+    /// The encoded entry of a local page, flags included (`table.rs`).
+    pub fn bits(&self, local: u32) -> u64 {
+        self.table.bits(local)
+    }
+
+    /// The entry `bits` of `local` encode.
+    pub fn decode(&self, local: u32, bits: u64) -> Entry {
+        self.table.decode(local, bits)
+    }
+
+    /// Marks a page accessed (a read, under the shared lock).
+    #[inline]
+    pub fn touch(&self, local: u32) {
+        self.table.touch(local)
+    }
+
+    /// Replaces the flags of an entry still `bits` (under the shared lock);
+    /// false when it changed.
+    pub fn swap_flags(&self, local: u32, bits: u64, flags: u8) -> bool {
+        self.table.swap_flags(local, bits, flags)
+    }
+
     fn count(&mut self, e: Entry, add: bool) {
-        let c = match e {
-            Entry::Hole => return,
-            Entry::Same(_) => &mut self.counts.same_pages,
-            Entry::Raw(_) => &mut self.counts.huge_pages,
-            Entry::Stored(_) => &mut self.counts.compressed_pages,
+        let bump = |c: &mut u64| match add {
+            true => *c += 1,
+            false => *c -= 1,
         };
-        if add {
-            *c += 1;
-        } else {
-            *c -= 1;
+        match e {
+            Entry::Hole => {}
+            Entry::Same(_) => bump(&mut self.counts.same_pages),
+            Entry::Raw(_) => bump(&mut self.counts.huge_pages),
+            Entry::Stored(o) => {
+                bump(&mut self.counts.compressed_pages);
+                if o.codec == 1 {
+                    bump(&mut self.counts.recompressed_pages);
+                }
+            }
         }
     }
 
-    /// Makes `local` hold `new`. On `NoPage` the page keeps its old
-    /// contents.
+    /// Makes `local` hold `new`, its entry with `flags` (`table.rs`). On
+    /// `NoPage` the page keeps its old contents.
     pub fn place<C: Charge>(
         &mut self,
         local: u32,
         new: Placing<'_>,
+        flags: u8,
         sp: &Space<'_, C>,
     ) -> Result<(), NoPage> {
         let old = self.table.get(local);
@@ -122,6 +151,7 @@ impl Shard {
             Placing::Raw(d) => match old {
                 Entry::Raw(p) => {
                     fill_raw(p, d);
+                    self.table.set(local, old, flags);
                     return Ok(());
                 }
                 _ => {
@@ -142,7 +172,9 @@ impl Shard {
                     // Same class: rewrite the slot in place.
                     Entry::Stored(o) if o.class as usize == class => {
                         sp.pool.overwrite(class, o.id, o.len as usize, bytes);
-                        self.table.set(local, Entry::Stored(obj(class, o.id)));
+                        self.recount(old, Entry::Stored(obj(class, o.id)));
+                        self.table
+                            .set(local, Entry::Stored(obj(class, o.id)), flags);
                         return Ok(());
                     }
                     _ => match sp.pool.alloc(bytes, sp.arena, sp.charge) {
@@ -153,11 +185,13 @@ impl Shard {
                             Entry::Stored(o) if bytes.len() <= slot_bytes(o.class as usize) => {
                                 let c = o.class as usize;
                                 sp.pool.overwrite(c, o.id, o.len as usize, bytes);
-                                self.table.set(local, Entry::Stored(obj(c, o.id)));
+                                self.recount(old, Entry::Stored(obj(c, o.id)));
+                                self.table.set(local, Entry::Stored(obj(c, o.id)), flags);
                                 return Ok(());
                             }
                             Entry::Raw(p) => {
                                 fill_raw(p, page);
+                                self.table.set(local, old, flags);
                                 return Ok(());
                             }
                             _ => return Err(e),
@@ -168,9 +202,14 @@ impl Shard {
         };
         self.count(old, false);
         self.count(entry, true);
-        self.table.set(local, entry);
+        self.table.set(local, entry, flags);
         self.forget(old, sp);
         Ok(())
+    }
+
+    fn recount(&mut self, old: Entry, new: Entry) {
+        self.count(old, false);
+        self.count(new, true);
     }
 
     /// Makes `local` a hole.
@@ -180,7 +219,7 @@ impl Shard {
             return;
         }
         self.count(old, false);
-        self.table.set(local, Entry::Hole);
+        self.table.set(local, Entry::Hole, 0);
         self.forget(old, sp);
     }
 
@@ -231,6 +270,8 @@ impl Shard {
             }
             Entry::Stored(o) => {
                 counts.compressed_pages += 1;
+                counts.recompressed_pages += (o.codec == 1) as u64;
+                bad |= o.codec > 1;
                 refs[o.class as usize].push((o.id, o.len));
             }
         });

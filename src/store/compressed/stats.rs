@@ -32,6 +32,15 @@ pub struct CompressedStats {
     pub compact_moved_objects: u64,
     /// Bytes of the pages compaction gave back.
     pub compact_freed_bytes: u64,
+    /// Pages held compressed by the drive's second codec
+    /// (`lz4+zstd`: recompressed idle pages; part of `compressed_pages`).
+    pub recompressed_pages: u64,
+    /// Pages recompression tried (recompressed, or kept as they were).
+    pub recompress_attempts: u64,
+    /// Bytes recompression took off the objects it replaced.
+    pub recompress_saved_bytes: u64,
+    /// CPU time recompression spent, in milliseconds.
+    pub recompress_cpu_ms: u64,
 }
 
 impl CompressedStats {
@@ -69,6 +78,10 @@ impl CompressedStats {
         self.compact_runs += o.compact_runs;
         self.compact_moved_objects += o.compact_moved_objects;
         self.compact_freed_bytes += o.compact_freed_bytes;
+        self.recompressed_pages += o.recompressed_pages;
+        self.recompress_attempts += o.recompress_attempts;
+        self.recompress_saved_bytes += o.recompress_saved_bytes;
+        self.recompress_cpu_ms += o.recompress_cpu_ms;
     }
 }
 

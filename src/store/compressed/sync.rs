@@ -57,7 +57,7 @@ use parking_lot::MutexGuard;
 use super::page::{self, PageError, PAGE_BYTES};
 use super::shard::{Shard, GROUP_PAGES};
 use super::table::Entry;
-use super::{corrupt, locate, CompressedStore};
+use super::{corrupt, locate, CompressedStore, Inner};
 use crate::block::backend::{Backend, Result};
 use crate::store::cut::SideCopy;
 use crate::store::{CapturedChunk, SyncCut, SyncStore};
@@ -104,7 +104,7 @@ fn local_page(g: u64, i: usize) -> (usize, u32) {
 
 impl CapturedGroup {
     /// Copies the `mask` pages of group `g` out of `shard` (its lock held).
-    fn copy(store: &CompressedStore, shard: &Shard, g: u64, mask: u16) -> CapturedGroup {
+    fn copy(store: &Inner, shard: &Shard, g: u64, mask: u16) -> CapturedGroup {
         let mut c = CapturedGroup {
             group: g,
             mask,
@@ -140,7 +140,7 @@ impl CapturedGroup {
     }
 
     /// The raw pages the engine saves (zero pages as zero).
-    fn unpack(&self, store: &CompressedStore) -> std::result::Result<CapturedChunk, PageError> {
+    fn unpack(&self, store: &Inner) -> std::result::Result<CapturedChunk, PageError> {
         let mut out = CapturedChunk {
             chunk: self.group,
             mask: self.mask,
@@ -179,7 +179,7 @@ impl CapturedGroup {
     }
 }
 
-impl CompressedStore {
+impl Inner {
     /// Called by a change holding the exclusive lock of group `g`'s shard
     /// while cut `e` runs: saves the group's pre-cut dirty pages unless
     /// that already happened. False: no memory for the copy, so the caller
@@ -211,7 +211,7 @@ impl CompressedStore {
 /// without [`SyncCut::finish`] aborts: every page it handed out is marked
 /// dirty again.
 pub struct CompressedCut<'a> {
-    store: &'a CompressedStore,
+    store: &'a Inner,
     /// Holds resizes (and other cuts) off while this one runs.
     _resize_guard: MutexGuard<'a, ()>,
     epoch: u32,
@@ -319,12 +319,43 @@ impl Drop for CompressedCut<'_> {
     }
 }
 
+impl SyncStore for CompressedStore {
+    type Cut<'a> = CompressedCut<'a>;
+
+    fn cut(&self) -> CompressedCut<'_> {
+        self.inner.cut()
+    }
+    fn dirty_pages(&self) -> u64 {
+        self.inner.dirty_pages()
+    }
+    fn clear_dirty(&self) {
+        self.inner.clear_dirty()
+    }
+    fn cut_copy_bytes(&self) -> u64 {
+        self.inner.cut_copy_bytes()
+    }
+    fn load_threads(&self) -> usize {
+        self.inner.load_threads()
+    }
+    fn resize(&self, size_bytes: u64) -> Result<()> {
+        self.inner.resize(size_bytes)
+    }
+    fn load_with(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<usize> {
+        self.inner.load_with(offset, len, fill)
+    }
+}
+
 thread_local! {
     /// This thread's restore buffer (the load threads reuse theirs).
     static LOAD_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-impl SyncStore for CompressedStore {
+impl SyncStore for Inner {
     type Cut<'a> = CompressedCut<'a>;
 
     fn cut(&self) -> CompressedCut<'_> {
@@ -367,7 +398,7 @@ impl SyncStore for CompressedStore {
     }
 
     fn resize(&self, size_bytes: u64) -> Result<()> {
-        CompressedStore::resize(self, size_bytes)
+        Inner::resize(self, size_bytes)
     }
 
     fn load_with(

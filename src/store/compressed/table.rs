@@ -6,10 +6,17 @@
 //!
 //!  entry (u64), tag in the low 2 bits:
 //!   0  Hole                              (the whole entry is 0)
-//!   1  Stored  | codec:2 | class:8 | len:13 | . | id:32    an object in the pool
-//!   2  Raw     page address (4 KiB aligned) | 2            a whole arena page
-//!   3  Same    | wide:1 | . | pattern:32                   a same-filled page
+//!   1  Stored  | codec:2 | class:8 | len:13 | flags:2 | . | id:32   an object in the pool
+//!   2  Raw     | flags:2 | . | page address (4 KiB aligned)         a whole arena page
+//!   3  Same    | wide:1 | . | pattern:32                            a same-filled page
+//!  flags of stored and raw pages: ACCESSED (read or written since the
+//!  recompressor's last visit), KEPT (recompression tried, did not pay)
 //! ```
+//!
+//! Entries are atomics: the shard's lock still guards them, but holding it
+//! shared, a read may set the accessed flag (`touch`) and the recompressor
+//! may swap the flags of an entry it saw (`swap_flags`): one atomic
+//! operation on one entry's flags; nothing else changes that way.
 //!
 //! A same-filled page whose 8-byte word repeats a 32-bit pattern (zero,
 //! byte fills, 16- and 32-bit patterns: nearly all of them) keeps the
@@ -24,6 +31,7 @@
 //! wide `Same`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::arena::Page;
 
@@ -34,6 +42,11 @@ const TAG_STORED: u64 = 1;
 const TAG_RAW: u64 = 2;
 const TAG_SAME: u64 = 3;
 const SAME_WIDE: u64 = 1 << 2;
+/// Entry flag: read or written since the recompressor last visited it.
+pub const ACCESSED: u8 = 1;
+/// Entry flag: recompression was tried and did not pay; it is not tried
+/// again until the page is written.
+pub const KEPT: u8 = 2;
 
 /// What one page holds, decoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,13 +92,50 @@ fn encode(e: Entry) -> u64 {
     }
 }
 
+/// The entry `bits` encode; `wide` gives a wide same-filled word.
+#[inline]
+fn decode(bits: u64, wide: impl FnOnce() -> u64) -> Entry {
+    match bits & 3 {
+        0 => Entry::Hole,
+        TAG_STORED => Entry::Stored(Obj {
+            codec: (bits >> 2 & 3) as u8,
+            class: (bits >> 4) as u8,
+            len: (bits >> 12 & 0x1fff) as u16,
+            id: (bits >> 32) as u32,
+        }),
+        TAG_RAW => Entry::Raw(Page::from_addr((bits & !0xfff) as usize)),
+        _ if bits & SAME_WIDE != 0 => Entry::Same(wide()),
+        _ => Entry::Same((bits >> 32) * 0x1_0000_0001),
+    }
+}
+
 /// The 32-bit pattern a word repeats, if it does.
 fn narrow(w: u64) -> Option<u32> {
     (w >> 32 == w & 0xffff_ffff).then_some(w as u32)
 }
 
+/// Where the flags of an entry with these bits are (None: it has none).
+fn flag_shift(bits: u64) -> Option<u32> {
+    match bits & 3 {
+        TAG_STORED => Some(25),
+        TAG_RAW => Some(2),
+        _ => None,
+    }
+}
+
+/// `bits` without their flags: equal for two entries of the same contents
+/// in the same place.
+pub fn without_flags(bits: u64) -> u64 {
+    flag_shift(bits).map_or(bits, |s| bits & !(3 << s))
+}
+
+/// The flags in an entry's `bits`.
+pub fn flags_of(bits: u64) -> u8 {
+    flag_shift(bits).map_or(0, |s| (bits >> s & 3) as u8)
+}
+
 struct Chunk {
-    entries: [u64; CHUNK_ENTRIES],
+    entries: [AtomicU64; CHUNK_ENTRIES],
     used: u32,
 }
 
@@ -100,44 +150,77 @@ pub struct Table {
 }
 
 impl Table {
-    /// The entry of a local page.
+    /// The atomic entry of a local page (None: a hole without a chunk).
     #[inline]
-    pub fn get(&self, local: u32) -> Entry {
+    fn slot(&self, local: u32) -> Option<&AtomicU64> {
         let (c, i) = (
             local as usize / CHUNK_ENTRIES,
             local as usize % CHUNK_ENTRIES,
         );
-        let bits = match self.chunks.get(c) {
-            Some(Some(ch)) => ch.entries[i],
-            _ => return Entry::Hole,
-        };
-        match bits & 3 {
-            0 => Entry::Hole,
-            TAG_STORED => Entry::Stored(Obj {
-                codec: (bits >> 2 & 3) as u8,
-                class: (bits >> 4) as u8,
-                len: (bits >> 12 & 0x1fff) as u16,
-                id: (bits >> 32) as u32,
-            }),
-            TAG_RAW => Entry::Raw(Page::from_addr((bits & !0xfff) as usize)),
-            _ if bits & SAME_WIDE != 0 => Entry::Same(self.wide[&local]),
-            _ => Entry::Same((bits >> 32) * 0x1_0000_0001),
+        match self.chunks.get(c) {
+            Some(Some(ch)) => Some(&ch.entries[i]),
+            _ => None,
         }
     }
 
-    /// Makes `local` hold `e`.
-    pub fn set(&mut self, local: u32, e: Entry) {
-        let (c, i) = (
-            local as usize / CHUNK_ENTRIES,
-            local as usize % CHUNK_ENTRIES,
-        );
-        let bits = encode(e);
+    /// The encoded entry of a local page, flags included.
+    #[inline]
+    pub fn bits(&self, local: u32) -> u64 {
+        self.slot(local).map_or(0, |e| e.load(Relaxed))
+    }
+
+    /// The entry of a local page.
+    #[inline]
+    pub fn get(&self, local: u32) -> Entry {
+        self.decode(local, self.bits(local))
+    }
+
+    /// The entry `bits` of `local` encode.
+    #[inline]
+    pub fn decode(&self, local: u32, bits: u64) -> Entry {
+        decode(bits, || self.wide[&local])
+    }
+
+    /// Sets the accessed flag of a stored or raw page if it is clear (a
+    /// read, under the shard's shared lock).
+    #[inline]
+    pub fn touch(&self, local: u32) {
+        let Some(e) = self.slot(local) else { return };
+        let bits = e.load(Relaxed);
+        if let Some(s) = flag_shift(bits) {
+            if bits >> s & ACCESSED as u64 == 0 {
+                e.fetch_or((ACCESSED as u64) << s, Relaxed);
+            }
+        }
+    }
+
+    /// Replaces the flags of a page whose entry is still `bits` with
+    /// `flags`; false when the entry changed meanwhile.
+    pub fn swap_flags(&self, local: u32, bits: u64, flags: u8) -> bool {
+        let (Some(e), Some(s)) = (self.slot(local), flag_shift(bits)) else {
+            return false;
+        };
+        let new = without_flags(bits) | ((flags & 3) as u64) << s;
+        e.compare_exchange(bits, new, Relaxed, Relaxed).is_ok()
+    }
+
+    /// Makes `local` hold `e` with `flags` (ignored for holes and
+    /// same-filled pages).
+    pub fn set(&mut self, local: u32, e: Entry, flags: u8) {
+        let mut bits = encode(e);
+        if let Some(s) = flag_shift(bits) {
+            bits |= ((flags & 3) as u64) << s;
+        }
         if bits & (3 | SAME_WIDE) == TAG_SAME | SAME_WIDE {
             let Entry::Same(w) = e else { unreachable!() };
             self.wide.insert(local, w);
         } else if self.wide.contains_key(&local) {
             self.wide.remove(&local);
         }
+        let (c, i) = (
+            local as usize / CHUNK_ENTRIES,
+            local as usize % CHUNK_ENTRIES,
+        );
         if self.chunks.len() <= c {
             if bits == 0 {
                 return;
@@ -151,17 +234,17 @@ impl Table {
             None => {
                 self.allocated += 1;
                 slot.insert(Box::new(Chunk {
-                    entries: [0; CHUNK_ENTRIES],
+                    entries: [const { AtomicU64::new(0) }; CHUNK_ENTRIES],
                     used: 0,
                 }))
             }
         };
-        match (ch.entries[i] != 0, bits != 0) {
+        match (ch.entries[i].load(Relaxed) != 0, bits != 0) {
             (false, true) => ch.used += 1,
             (true, false) => ch.used -= 1,
             _ => {}
         }
-        ch.entries[i] = bits;
+        ch.entries[i].store(bits, Relaxed);
         if ch.used == 0 {
             *slot = None;
             self.allocated -= 1;
@@ -189,10 +272,11 @@ impl Table {
     pub fn for_each(&self, mut f: impl FnMut(u32, Entry)) {
         for (c, ch) in self.chunks.iter().enumerate() {
             let Some(ch) = ch else { continue };
-            for (i, &bits) in ch.entries.iter().enumerate() {
+            for (i, bits) in ch.entries.iter().enumerate() {
+                let bits = bits.load(Relaxed);
                 if bits != 0 {
                     let local = (c * CHUNK_ENTRIES + i) as u32;
-                    f(local, self.get(local));
+                    f(local, self.decode(local, bits));
                 }
             }
         }
@@ -211,11 +295,11 @@ impl Table {
         let mut wide = 0;
         for ch in self.chunks.iter().flatten() {
             allocated += 1;
-            if ch.used as usize != ch.entries.iter().filter(|&&b| b != 0).count() || ch.used == 0 {
+            let bits: Vec<u64> = ch.entries.iter().map(|e| e.load(Relaxed)).collect();
+            if ch.used as usize != bits.iter().filter(|&&b| b != 0).count() || ch.used == 0 {
                 return Err("a table chunk's count differs from its entries");
             }
-            wide += ch
-                .entries
+            wide += bits
                 .iter()
                 .filter(|&&b| b & (3 | SAME_WIDE) == TAG_SAME | SAME_WIDE)
                 .count();
@@ -260,7 +344,18 @@ mod tests {
         ];
         for (i, e) in cases.iter().enumerate() {
             let local = (i * 300) as u32;
-            t.set(local, *e);
+            t.set(local, *e, ACCESSED);
+            assert_eq!(t.get(local), *e);
+            let bits = t.bits(local);
+            if matches!(e, Entry::Raw(_) | Entry::Stored(_)) {
+                assert_eq!(flags_of(bits), ACCESSED);
+                assert!(t.swap_flags(local, bits, KEPT));
+                assert!(!t.swap_flags(local, bits, 0), "the entry changed");
+                assert_eq!(flags_of(t.bits(local)), KEPT);
+                assert_eq!(without_flags(t.bits(local)), without_flags(bits));
+                t.touch(local);
+                assert_eq!(flags_of(t.bits(local)), KEPT | ACCESSED);
+            }
             assert_eq!(t.get(local), *e);
         }
         assert_eq!(t.get(1), Entry::Hole);
@@ -268,7 +363,7 @@ mod tests {
         assert_eq!(t.wide.len(), 1);
         t.check().unwrap();
         for i in 0..cases.len() {
-            t.set((i * 300) as u32, Entry::Hole);
+            t.set((i * 300) as u32, Entry::Hole, 0);
         }
         assert!(t.wide.is_empty());
         assert_eq!(t.allocated, 0);
