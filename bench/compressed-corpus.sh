@@ -32,6 +32,11 @@
 #   ramd-plain   ramd drive without compression    nbdcopy over NBD (unix socket)
 #   ramd-lz4     --compress lz4                    nbdcopy
 #   ramd-zstd    --compress zstd = zstd:3 (ramd's default level; ZSTD=zstd:N to change)
+#   ramd-lz4zstd --compress lz4+zstd (lz4+$ZSTD): written with lz4, then idle
+#                pages recompressed with zstd by the drive's worker; its
+#                memory is taken once the worker has tried every page
+#                (recompress_attempts >= compressed + huge pages), and the
+#                time that took and the worker's CPU time are recorded
 #   zram-lz4     /sys/class/zram-control/hot_add, comp_algorithm=lz4,
 #                dd bs=1M oflag=direct; removed again (hot_remove) on exit
 #   zram-zstd    the same, only when the kernel's zram offers zstd
@@ -73,7 +78,7 @@
 # Knobs (environment): CORPUS (1G) RUNTIME (10 s) RAMP (2 s) RUNS (3)
 #   OUT (bench/results/DATE-compressed) CORPUS_CACHE (${TMPDIR:-/tmp}/ramd-corpus)
 #   REBUILD_CORPUS (0) CORPUS_ONLY (1: build or reuse the corpus, print its path, stop)
-#   TARGETS (all six, comma list) ZSTD (zstd) MAX_FILE_MIB (32)
+#   TARGETS (all seven, comma list) ZSTD (zstd) MAX_FILE_MIB (32)
 #   TREE_FILL (85) LIB_PCT DOC_PCT TREE_PCT RANDOM_PCT (40 10 30 20)
 #   WRITE_COMPRESS_PCT RAMD (a ramd binary instead of building target/release/ramd)
 #   FIO (1; 0: fill and measure memory only, no speed tests)
@@ -93,7 +98,7 @@ OUT=${OUT:-$ROOT/bench/results/$(date -u +%F)-compressed}
 CORPUS_CACHE=${CORPUS_CACHE:-${TMPDIR:-/tmp}/ramd-corpus}
 REBUILD_CORPUS=${REBUILD_CORPUS:-0}
 CORPUS_ONLY=${CORPUS_ONLY:-0}
-TARGETS=${TARGETS:-ramd-plain,ramd-lz4,ramd-zstd,zram-lz4,zram-zstd,nbdkit-zstd}
+TARGETS=${TARGETS:-ramd-plain,ramd-lz4,ramd-zstd,ramd-lz4zstd,zram-lz4,zram-zstd,nbdkit-zstd}
 ZSTD=${ZSTD:-zstd}
 MAX_FILE_MIB=${MAX_FILE_MIB:-32}
 TREE_FILL=${TREE_FILL:-85}
@@ -233,16 +238,16 @@ MEM_JSON=$TMP/mem.jsonl
 : >"$MEM_JSON"
 mem_line() { echo "$1" >>"$MEM_JSON"; }
 
-if has ramd-plain || has ramd-lz4 || has ramd-zstd; then
+if has ramd-plain || has ramd-lz4 || has ramd-zstd || has ramd-lz4zstd; then
   "$R" daemon --no-config --no-default-drive --state-dir "$TMP/state" --socket "$SOCK" \
     --api-socket "$RAMD_API_SOCKET" >"$TMP/ramd.log" 2>&1 &
   DPID=$!
   for _ in $(seq 300); do [[ -S $SOCK && -S $RAMD_API_SOCKET ]] && "$R" list >/dev/null 2>&1 && break; sleep 0.1; done
   "$R" list >/dev/null || { echo "ramd did not start:" >&2; cat "$TMP/ramd.log" >&2; exit 1; }
-  for t in ramd-plain ramd-lz4 ramd-zstd; do
+  for t in ramd-plain ramd-lz4 ramd-zstd ramd-lz4zstd; do
     has "$t" || continue
     name=${t#ramd-}
-    case $name in plain) c=off ;; lz4) c=lz4 ;; zstd) c=$ZSTD ;; esac
+    case $name in plain) c=off ;; lz4) c=lz4 ;; zstd) c=$ZSTD ;; lz4zstd) c=lz4+$ZSTD ;; esac
     "$R" create "$name" --size "$BYTES" --compress "$c" >/dev/null
     uri="nbd+unix:///$name?socket=$SOCK"
     FIO_DEV[$t]="--ioengine=nbd --uri=$uri"
@@ -251,11 +256,27 @@ if has ramd-plain || has ramd-lz4 || has ramd-zstd; then
     nbdcopy --flush "$CORPUS_FILE" "$uri"
     e=$(now); sleep 3; r1=$(rss_of "$DPID")
     FILL[$t]=$(mibps "$s" "$e")
+    RECOMP_S=0
+    if [[ $name == lz4zstd ]]; then
+      echo "waiting for $t's worker to try every page..." >&2
+      s=$(now)
+      until "$R" info "$name" --json | $PY -c '
+import json, sys
+z = json.load(sys.stdin)["compression"]
+sys.exit(0 if z["recompress_attempts"] >= z["compressed_pages"] + z["huge_pages"] else 1)'; do
+        sleep 1
+        awk -v s="$s" -v e="$(now)" 'BEGIN { exit !(e - s > 1800) }' && { echo "$t: recompression did not finish in 30 min" >&2; break; }
+      done
+      RECOMP_S=$(awk -v s="$s" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }')
+    fi
     "$R" info "$name" --json | $PY -c '
 import json, sys
 d = json.load(sys.stdin); z = d.get("compression")
 t, bytes_, r0, r1, fill = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 m = {"target": t, "logical": bytes_, "rss_delta": r1 - r0, "fill_mibps": fill}
+if z and "+" in z["algorithm"]:
+    m.update(recompress_s=float(sys.argv[6]), recompress_cpu_ms=z["recompress_cpu_ms"],
+             recompressed_pages=z["recompressed_pages"], recompress_attempts=z["recompress_attempts"])
 if z:
     m.update(mem=z["mem_used_bytes"], slab=z["slab_bytes"], metadata=z["metadata_bytes"],
              orig=z["orig_data_bytes"], compr=z["compr_data_bytes"], same_pages=z["same_pages"],
@@ -263,7 +284,7 @@ if z:
              algorithm=z["algorithm"], own_ratio=z["ratio"])
 else:
     m.update(mem=d["allocated_bytes"], algorithm="off")
-print(json.dumps(m))' "$t" "$BYTES" "$r0" "$r1" "${FILL[$t]}" >>"$MEM_JSON"
+print(json.dumps(m))' "$t" "$BYTES" "$r0" "$r1" "${FILL[$t]}" "$RECOMP_S" >>"$MEM_JSON"
   done
 fi
 
@@ -338,7 +359,7 @@ fio_run() { # target test run
 }
 ACTIVE=()
 [[ ${FIO:-1} == 0 ]] && FIO_DEV=()
-for t in ramd-plain ramd-lz4 ramd-zstd zram-lz4 zram-zstd nbdkit-zstd; do
+for t in ramd-plain ramd-lz4 ramd-zstd ramd-lz4zstd zram-lz4 zram-zstd nbdkit-zstd; do
   [[ -n ${FIO_DEV[$t]:-} ]] && ACTIVE+=("$t")
 done
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -379,7 +400,7 @@ for f in sorted(glob.glob(os.path.join(out, "raw", "*.json"))):
 med = lambda xs: statistics.median(xs) if xs else None
 res = {"write_compress_pct": wpct, "load_start": load0, "load_end": load1, "command": cmd,
        "targets": {}}
-order = ["ramd-plain", "ramd-lz4", "ramd-zstd", "zram-lz4", "zram-zstd", "nbdkit-zstd"]
+order = ["ramd-plain", "ramd-lz4", "ramd-zstd", "ramd-lz4zstd", "zram-lz4", "zram-zstd", "nbdkit-zstd"]
 for t in order:
     if t not in mem: continue
     m = dict(mem[t])
@@ -412,13 +433,18 @@ for t, m in T.items():
                 f"| {num(t, 'seqread.mibps')} | {num(t, 'seqwrite.mibps')} "
                 f"| {num(t, 'qd1read.p50', '{:.1f}')} / {num(t, 'qd1read.p99', '{:.1f}')} |")
 notes = []
-for t in ("ramd-lz4", "ramd-zstd"):
+for t in ("ramd-lz4", "ramd-zstd", "ramd-lz4zstd"):
     m = T.get(t)
     if m and m.get("slab"):
         notes.append(f"- {t} ({m['algorithm']}): slab {m['slab'] / 2**20:.0f} MiB + metadata "
                      f"{m['metadata'] / 2**20:.1f} MiB (ratio on slab alone {m['logical'] / m['slab']:.2f}x); "
                      f"pages: {m['same_pages']} same-filled, {m['huge_pages']} raw (huge), "
                      f"{m['compressed_pages']} compressed; daemon RSS grew {m['rss_delta'] / 2**20:.0f} MiB in the fill")
+m = T.get("ramd-lz4zstd")
+if m and "recompress_s" in m:
+    notes.append(f"- ramd-lz4zstd: its worker tried every page in {m['recompress_s']:.0f} s after the fill "
+                 f"({m['recompress_cpu_ms'] / 1000:.1f} s of CPU; {m['recompressed_pages']} pages now zstd, "
+                 f"{m['recompress_attempts']} tried); its ratio is the one after that")
 m = T.get("ramd-plain")
 if m: notes.append(f"- ramd-plain: allocated {m['mem'] / 2**20:.0f} MiB, daemon RSS grew {m['rss_delta'] / 2**20:.0f} MiB in the fill")
 for t in ("zram-lz4", "zram-zstd"):
@@ -437,13 +463,17 @@ for alg in ("lz4", "zstd"):
                       f" (ramd's slab blocks alone, zram's footing: its table is not in mem_used_total: {r['logical'] / r['slab']:.2f}x)")
     elif r and z and z.get("skipped"):
         checks.append(f"- ratio >= zram's ({alg}): no zram {alg} on this kernel ({z['skipped']})")
+r, z = T.get("ramd-lz4zstd"), T.get("zram-lz4")
+if r and z and z.get("ratio"):
+    checks.append(f"- ratio >= zram's (lz4+zstd against zram lz4, the kernel's best here): "
+                  f"ramd {r['ratio']:.2f}x vs zram {z['ratio']:.2f}x: {verdict(r['ratio'] >= z['ratio'])}")
 nk = g("nbdkit-zstd", "randwrite.iops")
-for t in ("ramd-lz4", "ramd-zstd"):
+for t in ("ramd-lz4", "ramd-zstd", "ramd-lz4zstd"):
     w = g(t, "randwrite.iops")
     if w and nk:
         checks.append(f"- 4K random writes >= 10x nbdkit zstd's ({t}): {w / nk:.1f}x: {verdict(w >= 10 * nk)}")
 pr = g("ramd-plain", "randread.iops")
-for t in ("ramd-lz4", "ramd-zstd"):
+for t in ("ramd-lz4", "ramd-zstd", "ramd-lz4zstd"):
     r = g(t, "randread.iops")
     if r and pr:
         checks.append(f"- 4K random reads >= 0.5x a plain drive's ({t}): {r / pr:.2f}x: {verdict(r >= 0.5 * pr)}")
