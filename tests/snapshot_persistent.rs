@@ -282,3 +282,87 @@ fn a_full_disk_during_a_restore_leaves_nothing_and_the_daemon_serves_on() {
     drop(b);
     drop(scratch);
 }
+
+/// A drive encrypted at rest leaves the host only encrypted: a push to a
+/// remote without a key is refused (saying how to add one), a push to a
+/// remote with one is encrypted without `--encrypt` (a remote on the same
+/// bucket without the key cannot restore it; with it, the restore is byte
+/// for byte).
+#[test]
+fn an_encrypted_drives_snapshots_are_encrypted() {
+    let _serial = serial();
+    let Some((g, a, creds)) = garage_and_daemon(&["nbdcopy"], &[]) else {
+        return;
+    };
+    let key = a.dir().join("drive.key");
+    std::fs::write(&key, common::random_bytes(32, 7)).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let k = key.to_str().unwrap();
+    run(a.cli().args([
+        "create",
+        "enc",
+        "--size",
+        "8M",
+        "--persist",
+        "--encrypt",
+        "--key-file",
+        k,
+    ]))
+    .ok();
+    let data = write_random(&a, "enc", 8 * MIB, 95);
+    let refused = cli(&a, &g, &["snapshot", "create", "enc", "--to", "g"]).failed();
+    assert!(
+        refused.stderr.contains("encrypted at rest")
+            && refused.stderr.contains("--encrypt-key-file"),
+        "{refused}"
+    );
+    let snap_key = a.dir().join("snapshots.key");
+    std::fs::write(&snap_key, common::random_bytes(32, 8)).unwrap();
+    std::fs::set_permissions(
+        &snap_key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let url = format!("s3://{}/ramd", g.bucket);
+    let remote = |name: &str, key: Option<&std::path::Path>| {
+        let mut args = vec![
+            "remote".to_owned(),
+            "add".into(),
+            name.into(),
+            url.clone(),
+            "--endpoint".into(),
+            g.endpoint.clone(),
+            "--region".into(),
+            g.region.clone(),
+            "--credentials-file".into(),
+            creds.display().to_string(),
+        ];
+        if let Some(key) = key {
+            args.extend(["--encrypt-key-file".into(), key.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cli(&a, &g, &args).ok();
+    };
+    remote("k", Some(&snap_key));
+    common::garage::push(&a, &g, "enc", "k");
+    // The same objects through a remote without the key: not readable.
+    remote("nokey", None);
+    let out = cli(
+        &a,
+        &g,
+        &["restore", "enc", "--from", "nokey", "--as", "plain"],
+    )
+    .failed();
+    assert!(
+        out.stderr.contains("key") || out.stderr.contains("encrypt"),
+        "{out}"
+    );
+    assert!(!drive_names(&a).contains(&"plain".to_owned()));
+    restore_matches(
+        &a,
+        &g,
+        &["enc", "--from", "k", "--as", "back"],
+        &data,
+        "encrypted push",
+    );
+}

@@ -132,6 +132,10 @@ pub enum RemotesError {
     /// Encryption asked for, but the remote has no key.
     #[error("remote '{0}' has no encrypt_key_file: add one to encrypt its snapshots")]
     NoKey(String),
+    /// The drive is encrypted at rest and the remote has no key: its data
+    /// would leave the host in plaintext.
+    #[error("drive '{drive}' is encrypted at rest, so its snapshots are encrypted too, but remote '{remote}' has no encrypt_key_file: add the remote again with --encrypt-key-file FILE (ramd remote remove {remote}; ramd remote add {remote} ... --encrypt-key-file FILE)")]
+    EncryptedDrive { drive: String, remote: String },
     /// Not a chunk size the format takes.
     #[error("chunk_size '{text}': {reason}")]
     ChunkSize { text: String, reason: String },

@@ -29,7 +29,9 @@ pub(crate) fn status_code(e: &RemotesError) -> (StatusCode, &'static str) {
         R::FromConfig(_) => (StatusCode::CONFLICT, "remote_from_config"),
         R::Save { .. } | R::Load { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "remote_state"),
         R::Credentials { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "remote_credentials"),
-        R::NoKey(_) | R::Key { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "snapshot_key"),
+        R::NoKey(_) | R::EncryptedDrive { .. } | R::Key { .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "snapshot_key")
+        }
     }
 }
 

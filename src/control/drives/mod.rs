@@ -216,6 +216,14 @@ impl Drive {
         !matches!(self.data, DriveData::Offline { .. })
     }
 
+    /// True when the drive is encrypted at rest (a persistent drive with
+    /// a key file): its snapshots must be encrypted too.
+    pub fn is_encrypted(&self) -> bool {
+        self.persist
+            .as_ref()
+            .is_some_and(|p| p.spec.lock().key_file.is_some())
+    }
+
     /// The persistent drive, when ready.
     pub fn persistent(&self) -> Option<&DiskDrive> {
         match &self.data {

@@ -148,7 +148,16 @@ impl Snapshots {
         req: &PushRequest,
     ) -> Result<(Arc<Job>, tokio::task::JoinHandle<()>), SnapshotsError> {
         let spec = self.remotes.get(&req.remote)?;
-        let keys = match (req.encrypt, spec.keys()?) {
+        // A drive encrypted at rest is pushed encrypted, asked or not.
+        let encrypt = req.encrypt || target.is_encrypted();
+        let keys = match (encrypt, spec.keys()?) {
+            (true, None) if !req.encrypt => {
+                return Err(RemotesError::EncryptedDrive {
+                    drive: req.drive.clone(),
+                    remote: req.remote.clone(),
+                }
+                .into())
+            }
             (true, None) => return Err(RemotesError::NoKey(req.remote.clone()).into()),
             (true, k) => k,
             (false, _) => None,

@@ -76,6 +76,15 @@ impl Target {
         }
     }
 
+    /// True when the data is encrypted at rest: it leaves the host only
+    /// encrypted.
+    pub fn is_encrypted(&self) -> bool {
+        match self {
+            Target::Drive(d) => d.is_encrypted(),
+            Target::Cache { .. } => false,
+        }
+    }
+
     /// True when the push must write back first (then cut, in the job).
     pub fn writes_back(&self) -> bool {
         matches!(self, Target::Cache { .. })
