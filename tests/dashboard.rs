@@ -273,6 +273,19 @@ fn links_cookies_csrf_and_roles() {
     let ro_url = dash.link(false);
     let ro = token_of(&ro_url);
     let path = ro_url.strip_prefix(&dash.base()).unwrap();
+    // Followed from another site (login CSRF): refused, no cookie. As the
+    // browser opens it from the address bar (or from this origin): taken.
+    for site in ["cross-site", "same-site"] {
+        let header = format!("Sec-Fetch-Site: {site}");
+        let from = dash.curl(&["-H", &header], path);
+        assert_eq!(from.status, 403, "{site}: {}", from.headers);
+        assert!(from.header("set-cookie").is_none(), "{site}");
+        assert!(from.body.contains("address bar"), "{}", from.body);
+    }
+    for site in ["none", "same-origin"] {
+        let header = format!("Sec-Fetch-Site: {site}");
+        assert_eq!(dash.curl(&["-H", &header], path).status, 303, "{site}");
+    }
     let ex = dash.curl(&[], path);
     assert_eq!(ex.status, 303, "{}", ex.headers);
     assert_eq!(ex.header("location").as_deref(), Some("/"));

@@ -18,6 +18,12 @@
 //!   as on `--api-listen`: a read-only session is refused (403) whatever
 //!   its page shows; a cookie-authorized change needs the CSRF header
 //!   (`session`).
+//! - A sign-in link is taken only when the browser opened it itself (the
+//!   address bar, a bookmark, another program: `Sec-Fetch-Site: none`) or
+//!   from this origin; one followed from another site is refused (403), or
+//!   that site could sign the browser in to a session of its own choosing
+//!   (login CSRF). Clients that send no `Sec-Fetch-Site` (curl, older
+//!   browsers) are let through: the header is the only signal there is.
 //! - The token leaves the address bar at once: the exchange answers with
 //!   a redirect (not a page), so neither history nor a Referer keeps it;
 //!   every answer also says `Referrer-Policy: no-referrer`.
@@ -89,6 +95,10 @@ async fn gate_request(State(gate): State<Gate>, mut req: Request, next: Next) ->
     let page = req.uri().path() == "/";
     if page && req.method() == Method::GET {
         if let Some(token) = link_token(&req) {
+            if !opened_here(req.headers()) {
+                tracing::warn!("dashboard sign-in link followed from another site: refused");
+                return pages::link_from_elsewhere();
+            }
             return exchange(&gate, &token);
         }
     }
@@ -110,6 +120,16 @@ async fn gate_request(State(gate): State<Gate>, mut req: Request, next: Next) ->
         }
         Err(e) if page => pages::refused(&e),
         Err(e) => e.into_response(),
+    }
+}
+
+/// Whether a sign-in link was opened by the user (`Sec-Fetch-Site: none`),
+/// from this origin, or by a client that does not say (see the module
+/// docs).
+fn opened_here(headers: &axum::http::HeaderMap) -> bool {
+    match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
+        None => true,
+        Some(site) => site == b"none" || site == b"same-origin",
     }
 }
 

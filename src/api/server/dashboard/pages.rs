@@ -52,6 +52,16 @@ pub fn link_refused(expired: bool) -> Response {
     )
 }
 
+/// A sign-in link followed from another site (login CSRF: that site
+/// could sign this browser in with a token of its own).
+pub fn link_from_elsewhere() -> Response {
+    page(
+        StatusCode::FORBIDDEN,
+        "Open the link yourself",
+        "This sign-in link was followed from another site, which could sign you in to a session of its choosing, so it is refused. Paste the URL <code>ramd dashboard</code> printed into the address bar instead.",
+    )
+}
+
 /// A page with a title and a paragraph of trusted HTML (constants of this
 /// file only: no caller's text goes in unescaped).
 fn page(status: StatusCode, title: &'static str, html: &'static str) -> Response {
