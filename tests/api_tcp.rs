@@ -305,6 +305,38 @@ fn admin_tokens_manage_drives_and_revoked_tokens_are_refused() {
     let list = common::run(r.d.cli().args(["token", "list", "--json"])).ok();
     let v: Value = serde_json::from_str(&list.stdout).unwrap();
     assert_eq!(v["tokens"], serde_json::json!([]));
+
+    // `--expires`: works until then, 401 token_expired after; a bad
+    // duration is refused with what to give.
+    let bad = common::run(
+        r.d.cli()
+            .args(["token", "create", "--admin", "--expires", "soon"]),
+    )
+    .failed();
+    assert!(bad.stderr.contains("7d, 12h or 30m"), "{bad}");
+    let out = common::run(r.d.cli().args([
+        "token",
+        "create",
+        "--read-only",
+        "--expires",
+        "2s",
+        "--json",
+    ]))
+    .ok();
+    let made: Value = serde_json::from_str(&out.stdout).unwrap();
+    let short = made["token"].as_str().unwrap().to_owned();
+    assert!(
+        made["expires_unix_s"].as_u64().unwrap() >= made["created_unix_s"].as_u64().unwrap() + 2
+    );
+    assert_eq!(r.curl("GET", "/v1/drives", Some(&short), None).status, 200);
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+    let expired = r.curl("GET", "/v1/drives", Some(&short), None);
+    assert_eq!(
+        (expired.status, expired.code().as_str()),
+        (401, "token_expired"),
+        "{}",
+        expired.body
+    );
 }
 
 /// `ramd --host https://... --ca-cert ... --token-file ... list --json`

@@ -42,6 +42,10 @@ pub enum TokenCommand {
         /// A name to list and revoke it by [default: its id].
         #[arg(long, value_parser = super::arg_name)]
         name: Option<String>,
+        /// How long it works: 30d, 12h, 90m ... or never [default: never].
+        /// An expired token gets 401 token_expired.
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -63,9 +67,22 @@ pub fn run(client: &Client, cmd: TokenCommand) -> Result<(), CliError> {
         TokenCommand::Create {
             read_only,
             name,
+            expires,
             out,
             ..
-        } => create(client, read_only, name, out.json),
+        } => {
+            let role = if read_only {
+                TokenRole::ReadOnly
+            } else {
+                TokenRole::Admin
+            };
+            let req = CreateToken {
+                role,
+                name,
+                expires,
+            };
+            create(client, &req, out.json)
+        }
         TokenCommand::List { out } => list(client, out.json),
         TokenCommand::Revoke { name, out } => {
             let r = client.revoke_token(&name)?;
@@ -78,18 +95,8 @@ pub fn run(client: &Client, cmd: TokenCommand) -> Result<(), CliError> {
     }
 }
 
-fn create(
-    client: &Client,
-    read_only: bool,
-    name: Option<String>,
-    json: bool,
-) -> Result<(), CliError> {
-    let role = if read_only {
-        TokenRole::ReadOnly
-    } else {
-        TokenRole::Admin
-    };
-    let t = client.create_token(&CreateToken { role, name })?;
+fn create(client: &Client, req: &CreateToken, json: bool) -> Result<(), CliError> {
+    let t = client.create_token(req)?;
     if json {
         return print_json(&t);
     }

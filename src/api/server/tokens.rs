@@ -18,6 +18,7 @@ use super::{blocking, ApiError};
 use crate::api::wire::tokens::{
     CreateToken, CreatedToken, TokenInfo, TokenList, TokenRevoked, TokenRole,
 };
+use crate::control::ledger::now_unix_s;
 use crate::control::tokens::{Role, Token, TokenError};
 use crate::control::Daemon;
 
@@ -76,11 +77,17 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
     unix_socket_only(caller)?;
     let Json(req) = body?;
+    let lifetime = parse_expires(req.expires.as_deref().unwrap_or("never"))?;
+    let expires_unix_s = lifetime.map(|l| now_unix_s().saturating_add(l.as_secs()));
     let role = match req.role {
         TokenRole::ReadOnly => Role::ReadOnly,
         TokenRole::Admin => Role::Admin,
     };
-    let new = blocking(move || Ok(d.tokens.create(role, req.name.as_deref())?)).await?;
+    let new = blocking(move || {
+        Ok(d.tokens
+            .create_expiring(role, req.name.as_deref(), expires_unix_s)?)
+    })
+    .await?;
     let t = new.token;
     tracing::info!(token = %t.name, id = %t.id, role = wire_role(t.role).name(), "API token created");
     let created = CreatedToken {
@@ -88,9 +95,31 @@ pub async fn create(
         id: t.id,
         role: wire_role(t.role),
         created_unix_s: t.created_unix_s,
+        expires_unix_s: t.expires_unix_s,
         token: new.secret,
     };
     Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// A token's or link's lifetime: `never` (None), or a duration of at
+/// least a second (`7d`, `12h`, `90m`).
+pub(crate) fn parse_expires(text: &str) -> Result<Option<std::time::Duration>, ApiError> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    let bad = |why: String| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_expires",
+            format!("expires '{text}': {why}; give a duration such as 7d, 12h or 30m, or never"),
+        )
+    };
+    let d = humantime::parse_duration(text).map_err(|e| bad(e.to_string()))?;
+    if d.as_secs() == 0 {
+        return Err(bad("a token must work for at least a second".into()));
+    }
+    Ok(Some(d))
 }
 
 pub async fn revoke(

@@ -34,6 +34,10 @@ pub struct CreateToken {
     /// the token's id].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// How long it works: a duration (`30d`, `12h`) or `never` [default:
+    /// never].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
 }
 
 /// A token as listed: never its secret.
@@ -65,6 +69,9 @@ pub struct CreatedToken {
     pub id: String,
     pub role: TokenRole,
     pub created_unix_s: u64,
+    /// When it stops working (absent: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix_s: Option<u64>,
     /// `ramd_<id>_<secret>`: send it as `Authorization: Bearer ...`.
     pub token: String,
 }

@@ -99,7 +99,8 @@ pub async fn create_link(
     } else {
         Role::ReadOnly
     };
-    let lifetime = parse_expires(req.expires.as_deref().unwrap_or(DEFAULT_EXPIRES))?;
+    let lifetime =
+        super::super::tokens::parse_expires(req.expires.as_deref().unwrap_or(DEFAULT_EXPIRES))?;
     let expires_unix_s = lifetime.map(|l| now_unix_s().saturating_add(l.as_secs()));
     let tokens = d.tokens.clone();
     let new = blocking(move || {
@@ -124,27 +125,6 @@ pub async fn create_link(
         expires_unix_s: t.expires_unix_s,
     };
     Ok((StatusCode::CREATED, Json(link)))
-}
-
-/// A link's lifetime: `never` (None), or a duration of at least a second
-/// (`7d`, `12h`, `90m`).
-fn parse_expires(text: &str) -> Result<Option<std::time::Duration>, ApiError> {
-    let text = text.trim();
-    if text.eq_ignore_ascii_case("never") {
-        return Ok(None);
-    }
-    let bad = |why: String| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_expires",
-            format!("expires '{text}': {why}; give a duration such as 7d, 12h or 30m, or never"),
-        )
-    };
-    let d = humantime::parse_duration(text).map_err(|e| bad(e.to_string()))?;
-    if d.as_secs() == 0 {
-        return Err(bad("a link must work for at least a second".into()));
-    }
-    Ok(Some(d))
 }
 
 /// `dashboard-` and 8 random hex digits.
@@ -186,6 +166,7 @@ fn machine_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::server::tokens::parse_expires;
 
     #[test]
     fn hosts_for_urls() {
