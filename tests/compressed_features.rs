@@ -23,7 +23,7 @@ use common::garage::{
     add_remote, assert_same, cli, creds_file, push, read_drive, serial, start_push, wait_job,
     write_drive, Garage,
 };
-use common::{random_bytes, require, run, tool, try_run, wait_until, Daemon};
+use common::{random_bytes, require, run, tool, try_run, wait_until, word_salad, Daemon};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -327,26 +327,6 @@ fn memory_accounting_matches_the_corpus_and_rss_follows_it() {
         left = status_kb(pid, "VmRSS:").saturating_sub(rss_before);
         left <= 16 * MIB as u64
     });
-}
-
-/// Text from a vocabulary in an order no two pages share: lz4 ~2x, zstd
-/// a good deal better (as logs and source trees are).
-fn word_salad(len: usize, seed: u64) -> Vec<u8> {
-    let words = [
-        "drive ", "page ", "memory ", "zstd ", "lz4 ", "ramd ", "idle\n", "sync ", "cache ",
-        "block ", "write ", "read ", "tail ", "flush\n",
-    ];
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 16);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
-        out.extend_from_slice(&x.to_le_bytes()[..(x % 3) as usize]);
-    }
-    out.truncate(len);
-    out
 }
 
 #[test]

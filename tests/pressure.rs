@@ -289,3 +289,82 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
     });
     assert!(d.is_running());
 }
+
+/// While another process in the cgroup needs memory, an `lz4+zstd`
+/// drive's worker is hurried: it sweeps every page now (urgent_sweeps),
+/// the log names the drive, and the data stays as written.
+#[test]
+fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
+    use std::io::{BufRead, Write};
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let cgroup = Cgroup::new("recompress", LIMIT_BYTES);
+    let tmp = tempfile::Builder::new()
+        .prefix("ramd-pressure-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let cfg = tmp.path().join("ramd.toml");
+    std::fs::write(&cfg, "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
+    let args: Vec<String> = [
+        "daemon",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--drive",
+        "z=1G,compress=lz4+zstd",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut d = Daemon::launch(&args, &[]);
+    cgroup.add(d.pid());
+    wait_until(
+        "the watcher to see the cgroup",
+        Duration::from_secs(10),
+        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
+    );
+    let data = word_salad(128 << 20, 21);
+    let file = tmp.path().join("text.img");
+    std::fs::write(&file, &data).unwrap();
+    run(tool("nbdcopy").arg(&file).arg(d.uri("z"))).ok();
+    std::fs::remove_file(&file).unwrap();
+
+    // 480 MiB in the cgroup beside the drive: below the 128 MiB reserve.
+    let mut hog = tool("/usr/bin/python3")
+        .args(["-c", HOG, &(480u64 << 20).to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    cgroup.add(hog.id());
+    let mut hog_in = hog.stdin.take().unwrap();
+    writeln!(hog_in, "go").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(hog.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("ok"),
+        "the other process did not get its memory: '{line}'"
+    );
+    let z = || {
+        let (_, body) = d.http("GET", "/v1/drives/z", None);
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["compression"].clone()
+    };
+    wait_until("an urgent sweep", Duration::from_secs(30), || {
+        z()["urgent_sweeps"].as_u64().unwrap() >= 1
+    });
+    assert!(
+        d.log()
+            .contains("host memory is short: recompressing every page of z"),
+        "{}",
+        d.log()
+    );
+    assert!(z()["recompressed_pages"].as_u64().unwrap() > 0, "{}", z());
+    assert!(d.is_running(), "the daemon must live; log:\n{}", d.log());
+    drop(hog_in);
+    let _ = hog.wait();
+    let back = tmp.path().join("back.img");
+    run(tool("nbdcopy").arg(d.uri("z")).arg(&back)).ok();
+    let got = std::fs::read(&back).unwrap();
+    assert!(got[..data.len()] == data[..], "the drive's data changed");
+}

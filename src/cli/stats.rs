@@ -81,11 +81,12 @@ fn recompression_line(z: &CompressionInfo) -> String {
         return String::new();
     }
     format!(
-        "  recompress {} pages held by the second codec ({} tried), {} saved, {:.1} s CPU\n",
+        "  recompress {} pages held by the second codec ({} tried), {} saved, {:.1} s CPU, {} urgent sweeps\n",
         z.recompressed_pages,
         z.recompress_attempts,
         format_size(z.recompress_saved_bytes),
         z.recompress_cpu_ms as f64 / 1000.0,
+        z.urgent_sweeps,
     )
 }
 

@@ -32,7 +32,11 @@
 //! and clean blocks in eviction order; their data is on the backing, so
 //! nothing is lost, only hit ratio. The amount is logged (at most every 10
 //! seconds), counted in `ramd_memory_pressure_given_back_bytes_total` and
-//! per cache in `ramd_cache_given_back_bytes_total`.
+//! per cache in `ramd_cache_given_back_bytes_total`. Then `lz4+zstd`
+//! drives are hurried: their recompression workers sweep at once and
+//! recompress every page lz4 holds, in use or not (at their usual CPU
+//! budget; the memory comes back as the sweep goes, counted in the drive's
+//! `recompress_saved_bytes` and `urgent_sweeps`).
 //!
 //! Invariant: the watcher flips the budget's refusing switch and asks
 //! caches for clean memory; it never frees dirty cache blocks or drive
@@ -232,9 +236,9 @@ pub struct Pressure {
     episodes: AtomicU64,
     last: Mutex<Reading>,
     thresholds: Mutex<Option<Thresholds>>,
-    /// Asked for memory while short; set once the caches exist (the
-    /// watcher starts before them).
-    give_back: Mutex<Option<Arc<dyn GiveBack>>>,
+    /// Asked for memory while short, in order; added once the caches and
+    /// drives exist (the watcher starts before them).
+    give_back: Mutex<Vec<Arc<dyn GiveBack>>>,
     /// Bytes the caches gave back since the start.
     given_back_bytes: AtomicU64,
 }
@@ -269,18 +273,21 @@ impl Pressure {
         }
     }
 
-    /// Who gives memory back while it is short (the caches).
-    pub fn set_give_back(&self, g: Arc<dyn GiveBack>) {
-        *self.give_back.lock() = Some(g);
+    /// One more that gives memory back while it is short, asked after
+    /// those added before it (the caches, then the drives).
+    pub fn add_give_back(&self, g: Arc<dyn GiveBack>) {
+        self.give_back.lock().push(g);
     }
 
     /// Asks for memory back while short; logs (rate-limited) what came.
     fn relieve(&self, r: &Reading, t: &Thresholds) {
         static GAVE: crate::ratelog::RateLimit = crate::ratelog::RateLimit::per_10s();
-        let Some(g) = self.give_back.lock().clone() else {
-            return;
-        };
-        let given = g.give_back(give_back_target(r, t));
+        let all = self.give_back.lock().clone();
+        let target = give_back_target(r, t);
+        let mut given = 0;
+        for g in all {
+            given += g.give_back(target.saturating_sub(given));
+        }
         if given == 0 {
             return;
         }

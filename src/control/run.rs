@@ -554,7 +554,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let exports = Arc::new(ExportTable::new());
     let ledger = Arc::new(Ledger::new(exports.clone(), budget));
     let (drives, caches, snapshots) = create_with_snapshots(&settings, &ledger)?;
-    pressure.set_give_back(caches.clone());
+    pressure.add_give_back(caches.clone());
+    pressure.add_give_back(drives.clone());
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.

@@ -76,6 +76,21 @@ impl MemoryBudget {
         ok
     }
 
+    /// Reserves `bytes` allowing the limit and the host cap to be passed
+    /// by up to `over_bytes`: for work that takes a little memory to give
+    /// back more at once (a compressed drive's recompression, which
+    /// allocates a page's new object before it frees the old one).
+    pub fn try_reserve_over(&self, bytes: u64, over_bytes: u64) -> bool {
+        let limit = self.limit_bytes.load(Ordering::Relaxed);
+        let cap = self.host_cap_bytes.load(Ordering::Relaxed);
+        let most = limit.min(cap).saturating_add(over_bytes);
+        self.used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&n| n <= most)
+            })
+            .is_ok()
+    }
+
     /// Gives back `bytes` reserved earlier.
     #[inline]
     pub fn release(&self, bytes: u64) {

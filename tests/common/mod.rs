@@ -350,6 +350,26 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     ramd::sim::Rng::seed(seed).bytes(len)
 }
 
+/// Text from a vocabulary in an order no two pages share: lz4 ~2x, zstd
+/// a good deal better (as logs and source trees are).
+pub fn word_salad(len: usize, seed: u64) -> Vec<u8> {
+    let words = [
+        "drive ", "page ", "memory ", "zstd ", "lz4 ", "ramd ", "idle\n", "sync ", "cache ",
+        "block ", "write ", "read ", "tail ", "flush\n",
+    ];
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
+        out.extend_from_slice(&x.to_le_bytes()[..(x % 3) as usize]);
+    }
+    out.truncate(len);
+    out
+}
+
 /// A running `ramd daemon` in its own temporary directory (which also holds
 /// the sockets, its log and any files the test makes). Dropping it stops the
 /// daemon: SIGTERM, a bounded wait, then SIGKILL.

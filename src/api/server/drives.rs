@@ -90,6 +90,7 @@ pub(crate) fn compression_info(drive: &Drive) -> Option<CompressionInfo> {
         recompress_attempts: s.recompress_attempts,
         recompress_saved_bytes: s.recompress_saved_bytes,
         recompress_cpu_ms: s.recompress_cpu_ms,
+        urgent_sweeps: s.urgent_sweeps,
         ratio: s.ratio(),
     })
 }

@@ -216,6 +216,8 @@ pub struct CompressionInfo {
     pub recompress_saved_bytes: u64,
     /// CPU time the recompression worker spent, in milliseconds.
     pub recompress_cpu_ms: u64,
+    /// Sweeps of every page the worker made because host memory was short.
+    pub urgent_sweeps: u64,
     /// `orig_data_bytes / mem_used_bytes`; 0 when the drive holds nothing.
     pub ratio: f64,
 }

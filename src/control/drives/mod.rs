@@ -47,6 +47,7 @@ use parking_lot::Mutex;
 
 mod adopt;
 pub mod error;
+mod give_back;
 pub mod memlock;
 pub mod persistent;
 mod persistent_ops;

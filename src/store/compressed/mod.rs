@@ -144,11 +144,24 @@ struct DriveMem {
     global: Arc<MemoryBudget>,
 }
 
-impl DriveMem {
-    /// Bytes either budget still has room for.
-    fn headroom(&self) -> u64 {
-        let room = |b: &MemoryBudget| b.limit_bytes().saturating_sub(b.used_bytes());
-        room(&self.drive).min(room(&self.global))
+/// [`DriveMem`] for recompression: may pass the budgets by
+/// `recompress::OVERDRAFT_BYTES` (see `recompress.rs`).
+struct Overdraft<'a>(&'a DriveMem);
+
+impl Charge for Overdraft<'_> {
+    fn reserve(&self, bytes: u64) -> bool {
+        let (m, over) = (self.0, recompress::OVERDRAFT_BYTES);
+        if !m.drive.try_reserve_over(bytes, over) {
+            return false;
+        }
+        if !m.global.try_reserve_over(bytes, over) {
+            m.drive.release(bytes);
+            return false;
+        }
+        true
+    }
+    fn release(&self, bytes: u64) {
+        self.0.release(bytes);
     }
 }
 
@@ -391,6 +404,19 @@ impl CompressedStore {
         self.inner.check()
     }
 
+    /// Host memory is short: an `lz4+zstd` drive's worker sweeps now and
+    /// recompresses every page lz4 holds, in use or not (at its usual CPU
+    /// budget). False for a drive without a second codec.
+    pub fn hurry_recompression(&self) -> bool {
+        match &self._worker {
+            Some(w) => {
+                w.hurry(&self.inner);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Keeps the background recompression worker from changing anything
     /// while the guard lives (an explicit `recompress_all` still runs):
     /// for tests that compare figures before and after an operation.
@@ -438,6 +464,7 @@ impl Inner {
         total.recompress_attempts = self.recomp.attempts.load(Ordering::Relaxed);
         total.recompress_saved_bytes = self.recomp.saved_bytes.load(Ordering::Relaxed);
         total.recompress_cpu_ms = self.recomp.cpu_ns.load(Ordering::Relaxed) / 1_000_000;
+        total.urgent_sweeps = self.recomp.urgent_sweeps.load(Ordering::Relaxed);
         total.compr_data_bytes += self.pool.live_bytes();
         total.slab_bytes = self.arena.charged_pages() * PAGE;
         total.compact_runs = k.runs;

@@ -33,11 +33,24 @@
 //! all, so neither a write nor a read came in between) is placed with
 //! codec 1 and no flags, through the same `Shard::place` as a write: the
 //! new object is allocated before the old one is freed, so a page is never
-//! lost, and a page for which no memory can be had is left as it was (the
-//! worker does not even try when a budget has less than 64 KiB left, so
-//! it does not take the page a client's write needs a moment later). The
-//! contents do not change, so nothing is marked dirty for persistence, and
-//! a sync cut reads either representation (each object names its codec).
+//! lost, and a page for which no memory can be had is left as it was, to
+//! be tried again (never squeezed into its old, larger slot). The contents
+//! do not change, so nothing is marked dirty for persistence, and a sync
+//! cut reads either representation (each object names its codec).
+//!
+//! # A full drive
+//!
+//! Recompression is worth most to a drive at its memory limit, and there
+//! every new object needs a page the limit will not give: the smaller
+//! class's page is needed before the larger class's last page empties. So
+//! recompression may pass the drive's limit and the daemon budget by
+//! [`OVERDRAFT_BYTES`] (1 MiB; the host cap too, since it frees memory).
+//! Each recompressed page moves its object at least one size class down,
+//! the larger class's last object fills the hole and its last page is
+//! given back once empty, so the overdraft is repaid as the sweep goes on
+//! and the drive ends below its limit with room for more data. Client
+//! writes keep the strict limit: while the overdraft is in use they may
+//! get ENOSPC, as they did at the full limit before.
 //!
 //! # Budget
 //!
@@ -55,16 +68,18 @@ use std::time::Duration;
 
 use super::page::{self, Packed, PACK_BUF_BYTES, PAGE_BYTES};
 use super::pool::class_of;
-use super::shard::{Placing, GROUP_PAGES};
+use super::shard::{Placing, Space, GROUP_PAGES};
 use super::table::{self, Entry, ACCESSED, KEPT};
-use super::{Inner, SHARDS};
+use super::{Inner, Overdraft, SHARDS};
 
 /// The worker's share of one core, in percent.
 pub const CPU_PCT: u64 = 25;
 /// CPU time worked between two rests.
 const SLICE_NS: u64 = 10_000_000;
-/// Room the budgets must have left for a recompression to allocate.
-const RESERVE_BYTES: u64 = 64 << 10;
+/// How far a recompression may pass the drive's limit and the daemon
+/// budget: the new objects' pages in the smaller classes, taken before the
+/// old classes' pages empty (see the module docs).
+pub const OVERDRAFT_BYTES: u64 = 1 << 20;
 /// Pause after a sweep that found nothing, at first and at most.
 const IDLE_MIN: Duration = Duration::from_secs(1);
 const IDLE_MAX: Duration = Duration::from_secs(64);
@@ -84,6 +99,11 @@ pub struct Counters {
     pub busy: parking_lot::Mutex<()>,
     /// Live [`Paused`] guards: the worker leaves the drive alone meanwhile.
     pub paused: AtomicU64,
+    /// Set by [`Worker::hurry`]: the next sweep takes every page, idle or
+    /// not (host memory is short).
+    pub urgent: AtomicBool,
+    /// Sweeps made urgent that way.
+    pub urgent_sweeps: AtomicU64,
 }
 
 /// While it lives, the background worker changes nothing (see
@@ -126,6 +146,18 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Host memory is short: the worker's next sweep (started now, at the
+    /// same CPU budget) recompresses every page the first codec holds,
+    /// accessed or not.
+    pub fn hurry(&self, inner: &Inner) {
+        inner.recomp.urgent.store(true, Relaxed);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         self.stop.store(true, Relaxed);
@@ -164,7 +196,11 @@ fn run(inner: &Inner, stop: &AtomicBool) {
             }
             !stop.load(Relaxed)
         };
-        let worked = inner.sweep(false, &mut pace).0;
+        let urgent = inner.recomp.urgent.swap(false, Relaxed);
+        if urgent {
+            inner.recomp.urgent_sweeps.fetch_add(1, Relaxed);
+        }
+        let worked = inner.sweep(urgent, true, &mut pace).0;
         if worked {
             idle = IDLE_MIN;
             continue;
@@ -193,16 +229,22 @@ struct Scratch {
 impl Inner {
     /// One sweep over the drive: with `all`, recompresses every page the
     /// first codec holds (not kept), accessed or not; else clears accessed
-    /// flags and recompresses idle pages. Calls `pace` after each group
-    /// and stops when it returns false. Returns whether it did anything
-    /// and the bytes saved.
-    pub(super) fn sweep(&self, all: bool, pace: &mut dyn FnMut() -> bool) -> (bool, u64) {
+    /// flags and recompresses idle pages. `background` (the worker's) does
+    /// nothing while recompression is paused. Calls `pace` after each
+    /// group and stops when it returns false. Returns whether it did
+    /// anything and the bytes saved.
+    pub(super) fn sweep(
+        &self,
+        all: bool,
+        background: bool,
+        pace: &mut dyn FnMut() -> bool,
+    ) -> (bool, u64) {
         let (mut worked, mut saved) = (false, 0);
         let mut scratch = Scratch::default();
         for si in 0..SHARDS {
             let groups = self.shard(si).read().table_len() / GROUP_PAGES as u32;
             for lg in 0..groups {
-                let (w, s) = self.recompress_group(si, lg, all, &mut scratch);
+                let (w, s) = self.recompress_group(si, lg, all, background, &mut scratch);
                 worked |= w;
                 saved += s;
                 if !pace() {
@@ -216,15 +258,22 @@ impl Inner {
     /// Every page recompressed now (see `CompressedStore::recompress_all`).
     pub(super) fn recompress_sweep(&self, all: bool) -> u64 {
         let t = thread_cpu_ns();
-        let saved = self.sweep(all, &mut || true).1;
+        let saved = self.sweep(all, false, &mut || true).1;
         self.recomp.cpu_ns.fetch_add(thread_cpu_ns() - t, Relaxed);
         saved
     }
 
     /// Visits local group `lg` of shard `si` (see the module docs).
-    fn recompress_group(&self, si: usize, lg: u32, all: bool, sc: &mut Scratch) -> (bool, u64) {
+    fn recompress_group(
+        &self,
+        si: usize,
+        lg: u32,
+        all: bool,
+        background: bool,
+        sc: &mut Scratch,
+    ) -> (bool, u64) {
         let _busy = self.recomp.busy.lock();
-        if !all && self.recomp.paused.load(Relaxed) > 0 {
+        if background && self.recomp.paused.load(Relaxed) > 0 {
             return (false, 0);
         }
         sc.cands.clear();
@@ -268,15 +317,14 @@ impl Inner {
         let mut saved = 0;
         for c in &sc.cands {
             worked = true;
-            saved += self.recompress_one(si, c, &sc.bytes[c.at..c.at + c.len], all);
+            saved += self.recompress_one(si, c, &sc.bytes[c.at..c.at + c.len]);
         }
         (worked, saved)
     }
 
     /// Recompresses one candidate whose stored bytes are `old`; returns the
-    /// bytes saved. `asked` (an explicit `CompressedStore::recompress_all`)
-    /// may use the last memory of a full drive, which it is there to free.
-    fn recompress_one(&self, si: usize, c: &Candidate, old: &[u8], asked: bool) -> u64 {
+    /// bytes saved.
+    fn recompress_one(&self, si: usize, c: &Candidate, old: &[u8]) -> u64 {
         let second = self.algo.secondary().expect("a drive that recompresses");
         self.recomp.attempts.fetch_add(1, Relaxed);
         let mut pg = [0u8; PAGE_BYTES];
@@ -294,18 +342,18 @@ impl Inner {
                 return 0;
             }
         };
-        if !asked && self.mem.headroom() < RESERVE_BYTES {
-            // Near a full budget the new object's page could be the one a
-            // client's write needs a moment later (the old object is freed
-            // only after).
-            return 0;
-        }
         let mut shard = self.shard(si).write();
         if shard.bits(c.local) != c.bits {
             return 0;
         }
         let placing = Placing::new(Packed::Compressed(n), &buf[..], &pg, 1);
-        match shard.place(c.local, placing, 0, &self.space()) {
+        let overdraft = Overdraft(&self.mem);
+        let space = Space {
+            pool: &self.pool,
+            arena: &self.arena,
+            charge: &overdraft,
+        };
+        match shard.place(c.local, placing, 0, &space) {
             Ok(()) => {
                 let s = (c.len - n) as u64;
                 self.recomp.saved_bytes.fetch_add(s, Relaxed);
@@ -410,6 +458,57 @@ mod tests {
             "{st:?}"
         );
         s.check().unwrap();
+    }
+
+    /// Under memory pressure (`hurry`) the worker recompresses pages that
+    /// are in use too: page 0, read all along, goes to zstd as well (the
+    /// test above shows that it stays lz4 otherwise).
+    #[test]
+    fn a_hurried_worker_recompresses_busy_pages_too() {
+        let s = store(None, Algorithm::Lz4Zstd { level: 1 });
+        for p in 0..64 {
+            s.write(p * PAGE, &text(p), false).unwrap();
+        }
+        let mut back = vec![0u8; PAGE as usize];
+        assert!(s.hurry_recompression());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while s.stats().recompressed_pages < 64 {
+            s.read(0, &mut back).unwrap();
+            assert!(std::time::Instant::now() < deadline, "{:?}", s.stats());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(back, text(0));
+        assert!(s.stats().urgent_sweeps >= 1);
+        s.check().unwrap();
+        assert!(!store(None, Algorithm::Lz4).hurry_recompression());
+    }
+
+    /// A drive filled to its limit with lz4 takes more data once its pages
+    /// are recompressed (through the overdraft), and ends within its limit.
+    #[test]
+    fn recompression_makes_room_in_a_full_drive() {
+        let limit = 64 * PAGE;
+        let s = store(Some(limit), Algorithm::Lz4Zstd { level: 3 });
+        let _paused = s.pause_recompression();
+        let fill = |from: u64| {
+            let mut n = from;
+            while s.write(n * PAGE, &text(n), false).is_ok() {
+                n += 1;
+            }
+            n
+        };
+        let full = fill(0);
+        s.recompress_all().unwrap();
+        assert!(s.allocated_bytes() < limit, "{:?}", s.stats());
+        let more = fill(full);
+        assert!(more > full + full / 8, "{full} pages, then {more}");
+        assert!(s.allocated_bytes() <= limit);
+        s.check().unwrap();
+        let mut back = vec![0u8; PAGE as usize];
+        for p in 0..more {
+            s.read(p * PAGE, &mut back).unwrap();
+            assert!(back == text(p), "page {p}");
+        }
     }
 
     /// A drive that recompresses as it fills (as the worker does while

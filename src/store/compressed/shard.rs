@@ -179,6 +179,9 @@ impl Shard {
                     }
                     _ => match sp.pool.alloc(bytes, sp.arena, sp.charge) {
                         Ok(id) => Entry::Stored(obj(class, id)),
+                        // A recompression (codec 1) that finds no memory
+                        // leaves the page as it is, to try again later.
+                        Err(e) if codec != 0 => return Err(e),
                         // No memory for it in its class: the page's own
                         // memory may hold it.
                         Err(e) => match old {

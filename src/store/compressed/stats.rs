@@ -41,6 +41,8 @@ pub struct CompressedStats {
     pub recompress_saved_bytes: u64,
     /// CPU time recompression spent, in milliseconds.
     pub recompress_cpu_ms: u64,
+    /// Sweeps the worker made of every page because host memory was short.
+    pub urgent_sweeps: u64,
 }
 
 impl CompressedStats {
@@ -82,6 +84,7 @@ impl CompressedStats {
         self.recompress_attempts += o.recompress_attempts;
         self.recompress_saved_bytes += o.recompress_saved_bytes;
         self.recompress_cpu_ms += o.recompress_cpu_ms;
+        self.urgent_sweeps += o.urgent_sweeps;
     }
 }
 
