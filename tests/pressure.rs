@@ -91,25 +91,8 @@ fn a_drive_in_a_small_cgroup_gets_enospc_at_the_reserve_and_the_daemon_lives() {
         return;
     }
     let cgroup = Cgroup::new("drive", LIMIT_BYTES);
-    let cfg = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(cfg.path(), "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
-    let args: Vec<String> = [
-        "daemon",
-        "--config",
-        cfg.path().to_str().unwrap(),
-        "--drive",
-        "big=2G",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut d = Daemon::launch(&args, &[]);
-    cgroup.add(d.pid());
-    wait_until(
-        "the watcher to see the cgroup",
-        Duration::from_secs(10),
-        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
-    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = daemon_in(&cgroup, dir.path(), &["--drive", "big=2G"]);
     let h = health(&d)["memory_pressure"].clone();
     assert_eq!(h["min_available_bytes"], 128u64 << 20, "{h}");
 
@@ -157,6 +140,65 @@ print("ok", len(held) * (4 << 20), flush=True)
 sys.stdin.readline()
 "#;
 
+/// `ramd daemon` with a 128 MiB reserve and `extra` flags, in `cgroup`,
+/// once its watcher sees the cgroup's limit; config in `dir`.
+fn daemon_in(cgroup: &Cgroup, dir: &Path, extra: &[&str]) -> Daemon {
+    let cfg = dir.join("ramd.toml");
+    std::fs::write(&cfg, "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
+    let mut args = vec![
+        "daemon".to_owned(),
+        "--config".into(),
+        cfg.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let d = Daemon::launch(&args, &[]);
+    cgroup.add(d.pid());
+    wait_until(
+        "the watcher to see the cgroup",
+        Duration::from_secs(10),
+        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
+    );
+    d
+}
+
+/// Another process in the cgroup holding memory (see [`HOG`]).
+struct Hog {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+}
+
+impl Hog {
+    /// Starts it in `cgroup` and waits until it holds `bytes`.
+    #[track_caller]
+    fn start(cgroup: &Cgroup, bytes: u64) -> Hog {
+        use std::io::{BufRead, Write};
+        let mut child = tool("/usr/bin/python3")
+            .args(["-c", HOG, &bytes.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        cgroup.add(child.id());
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "go").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("ok"),
+            "the other process did not get its memory: '{line}'"
+        );
+        Hog { child, stdin }
+    }
+
+    /// Lets it go and waits for it.
+    fn end(mut self) {
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
+}
+
 /// Whether two files hold the same bytes (read 1 MiB at a time).
 fn same_files(a: &Path, b: &Path) -> bool {
     use std::io::Read;
@@ -184,7 +226,6 @@ fn cache_stats(d: &Daemon) -> serde_json::Value {
 
 #[test]
 fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
-    use std::io::{BufRead, Write};
     if !require(&["nbdcopy"]) {
         return;
     }
@@ -195,13 +236,7 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
         .unwrap();
     let backing = tmp.path().join("backing.img");
     std::fs::write(&backing, random_bytes(448 << 20, 19)).unwrap();
-    let cfg = tmp.path().join("ramd.toml");
-    std::fs::write(&cfg, "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
-    let args: Vec<String> = ["daemon", "--config", cfg.to_str().unwrap()]
-        .map(String::from)
-        .to_vec();
-    let mut d = Daemon::launch(&args, &[]);
-    cgroup.add(d.pid());
+    let mut d = daemon_in(&cgroup, tmp.path(), &[]);
     run(d
         .cli()
         .args(["cache", "create", "c", "--size", "384M", "--mode"])
@@ -215,11 +250,6 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
             backing.to_str().unwrap(),
         ]))
     .ok();
-    wait_until(
-        "the watcher to see the cgroup",
-        Duration::from_secs(10),
-        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
-    );
     // Fill the cache with clean blocks: 384 of the cgroup's 640 MiB.
     run(tool("nbdcopy").arg(d.uri("c")).arg("null:")).ok();
     let full = cache_stats(&d);
@@ -231,23 +261,7 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
 
     // Another process in the cgroup takes 320 MiB: without the cache's
     // memory it would not fit above the reserve.
-    let mut hog = tool("/usr/bin/python3")
-        .args(["-c", HOG, &(320u64 << 20).to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    cgroup.add(hog.id());
-    let mut hog_in = hog.stdin.take().unwrap();
-    writeln!(hog_in, "go").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(hog.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.starts_with("ok"),
-        "the other process did not get its memory: '{line}'"
-    );
+    let hog = Hog::start(&cgroup, 320 << 20);
     assert!(d.is_running(), "the daemon must live; log:\n{}", d.log());
 
     let after = cache_stats(&d);
@@ -281,8 +295,7 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
     std::fs::remove_file(&copy).unwrap();
 
     // The other process ends: the cache grows back as it is read.
-    drop(hog_in);
-    let _ = hog.wait();
+    hog.end();
     wait_until("the cache to grow back", Duration::from_secs(30), || {
         run(tool("nbdcopy").arg(d.uri("c")).arg("null:")).ok();
         cache_stats(&d)["memory_bytes"].as_u64().unwrap() >= 300 << 20
@@ -295,7 +308,6 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
 /// the log names the drive, and the data stays as written.
 #[test]
 fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
-    use std::io::{BufRead, Write};
     if !require(&["nbdcopy"]) {
         return;
     }
@@ -304,24 +316,7 @@ fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
         .prefix("ramd-pressure-")
         .tempdir_in("/var/tmp")
         .unwrap();
-    let cfg = tmp.path().join("ramd.toml");
-    std::fs::write(&cfg, "[daemon]\npressure_min_available = \"128M\"\n").unwrap();
-    let args: Vec<String> = [
-        "daemon",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--drive",
-        "z=1G,compress=lz4+zstd",
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut d = Daemon::launch(&args, &[]);
-    cgroup.add(d.pid());
-    wait_until(
-        "the watcher to see the cgroup",
-        Duration::from_secs(10),
-        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
-    );
+    let mut d = daemon_in(&cgroup, tmp.path(), &["--drive", "z=1G,compress=lz4+zstd"]);
     let data = word_salad(128 << 20, 21);
     let file = tmp.path().join("text.img");
     std::fs::write(&file, &data).unwrap();
@@ -329,23 +324,7 @@ fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
     std::fs::remove_file(&file).unwrap();
 
     // 480 MiB in the cgroup beside the drive: below the 128 MiB reserve.
-    let mut hog = tool("/usr/bin/python3")
-        .args(["-c", HOG, &(480u64 << 20).to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    cgroup.add(hog.id());
-    let mut hog_in = hog.stdin.take().unwrap();
-    writeln!(hog_in, "go").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(hog.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.starts_with("ok"),
-        "the other process did not get its memory: '{line}'"
-    );
+    let hog = Hog::start(&cgroup, 480 << 20);
     let z = || {
         let (_, body) = d.http("GET", "/v1/drives/z", None);
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["compression"].clone()
@@ -361,8 +340,7 @@ fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
     );
     assert!(z()["recompressed_pages"].as_u64().unwrap() > 0, "{}", z());
     assert!(d.is_running(), "the daemon must live; log:\n{}", d.log());
-    drop(hog_in);
-    let _ = hog.wait();
+    hog.end();
     let back = tmp.path().join("back.img");
     run(tool("nbdcopy").arg(d.uri("z")).arg(&back)).ok();
     let got = std::fs::read(&back).unwrap();
