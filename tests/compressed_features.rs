@@ -110,12 +110,11 @@ fn snapshots_of_a_compressed_drive_push_and_restore() {
     )
     .ok();
     assert_same(&read_drive(&a, "copy"), &data, "restored snapshot");
-    // Restored into a persistent drive, then loaded into a compressed
-    // store: the state directory holds raw pages, any store reads them.
-    cli(
-        &a,
-        &g,
-        &[
+    // Restored compressed (`--compress`, with a limit below the size):
+    // into RAM, and into a persistent drive (its drive.json keeps the
+    // compression for later starts).
+    let restore = |name: &str, extra: &[&str]| {
+        let mut args = vec![
             "restore",
             "z",
             "--from",
@@ -123,26 +122,34 @@ fn snapshots_of_a_compressed_drive_push_and_restore() {
             "--snapshot",
             id,
             "--as",
-            "pz",
-            "--persist",
-        ],
-    )
-    .ok();
+            name,
+        ];
+        args.extend(extra);
+        cli(&a, &g, &args)
+    };
+    restore("cz", &["--compress", "lz4+zstd", "--mem-limit", "40M"]).ok();
+    let cz = drive(&a, "cz");
+    assert_eq!(cz["compression"]["algorithm"], "lz4+zstd:3", "{cz}");
+    assert_eq!(cz["mem_limit_bytes"], 40 * MIB as u64, "{cz}");
+    assert_same(&read_drive(&a, "cz"), &data, "restored compressed");
+    restore("pz", &["--persist", "--compress", "lz4"]).ok();
     wait_until("pz to be served", Duration::from_secs(60), || {
-        drive(&a, "pz")["state"] == "ready"
-    });
-    run(a.cli().args(["delete", "pz", "--keep-data"])).ok();
-    run(a
-        .cli()
-        .args(["create", "pz", "--persist", "--compress", "lz4"]))
-    .ok();
-    wait_until("pz to be restored", Duration::from_secs(60), || {
         drive(&a, "pz")["state"] == "ready"
     });
     let pz = drive(&a, "pz");
     assert_eq!(pz["compression"]["algorithm"], "lz4", "{pz}");
     assert!(pz["compression"]["ratio"].as_f64().unwrap() > 1.2, "{pz}");
-    assert_same(&read_drive(&a, "pz"), &data, "compressed again");
+    assert_same(
+        &read_drive(&a, "pz"),
+        &data,
+        "restored persistent, compressed",
+    );
+    // A snapshot that does not fit its limit compressed: refused, and no
+    // drive is left.
+    let job = restore("small", &["--compress", "lz4", "--mem-limit", "8M"]).failed();
+    assert!(job.stderr.contains("memory limit"), "{job}");
+    let (status, _) = a.http("GET", "/v1/drives/small", None);
+    assert_eq!(status, 404);
 }
 
 /// Extents `nbdinfo --map` reports: (offset, length, description).

@@ -237,6 +237,14 @@ pub enum Command {
         /// With --from --persist: encrypt the state directory with --key-file.
         #[arg(long, requires_all = ["persist", "key_file"])]
         encrypt: bool,
+        /// With --from: keep the new drive's pages compressed (lz4, zstd,
+        /// zstd:LEVEL, lz4+zstd[:LEVEL]; see `ramd create --compress`).
+        #[arg(long, value_name = "ALGO", requires = "from")]
+        compress: Option<String>,
+        /// With --from: the new drive's memory limit [default: none]. A
+        /// snapshot that does not fit it compressed fails, keeping nothing.
+        #[arg(long, value_name = "SIZE", requires = "from", value_parser = arg_mem_limit)]
+        mem_limit: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -665,6 +673,8 @@ fn restore(client: &Client, c: Command) -> Result<(), CliError> {
         durability,
         sync_interval,
         encrypt,
+        compress,
+        mem_limit,
         out,
     } = c
     else {
@@ -681,6 +691,8 @@ fn restore(client: &Client, c: Command) -> Result<(), CliError> {
             sync_interval: sync_interval.map(crate::api::wire::values::DurationValue::Text),
             encrypt,
             key_file: absolute_text(key_file.as_deref())?,
+            compress,
+            mem_limit: mem_limit.map(crate::api::wire::values::SizeValue::Text),
         };
         return snapshot::restore_from(client, &req, no_wait, out.json);
     }

@@ -127,7 +127,7 @@ fn access_change(p: &AccessPatch) -> Result<AccessChange, SpecError> {
 /// A memory limit in a request: a size of at least 1 byte, or `"none"`
 /// (`"unlimited"`) for no limit. 0 is refused (it would refuse every
 /// write; docs/api.md).
-fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
+pub(super) fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
     match v {
         SizeValue::Text(t) if matches!(t.trim(), "none" | "unlimited") => Ok(None),
         v => parse_mem_limit(&v.as_text()).map(Some),

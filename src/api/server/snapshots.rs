@@ -21,7 +21,7 @@ use crate::api::wire::snapshots::{
     RemoteFailure, RestoreResult, RestoreSnapshot, SnapshotDeleted, SnapshotInfo, SnapshotList,
     SnapshotQuery, SnapshotStatus, SnapshotStatusList,
 };
-use crate::control::drives::spec::{parse_durability, PersistOptions};
+use crate::control::drives::spec::{parse_compress, parse_durability, PersistOptions};
 use crate::control::snapshots::jobs::{Job, Outcome};
 use crate::control::snapshots::{PushRequest, RestoreRequest, SnapshotsError, Target};
 use crate::control::Daemon;
@@ -325,12 +325,24 @@ pub async fn restore(
             .transpose()?,
     }
     .into_spec()?;
+    let compress = req
+        .compress
+        .as_deref()
+        .map(parse_compress)
+        .transpose()?
+        .flatten();
+    let mem_limit_bytes = match &req.mem_limit {
+        Some(v) => super::drives::mem_limit(v)?,
+        None => None,
+    };
     let req = RestoreRequest {
         remote: req.remote,
         drive: req.drive,
         snapshot: req.snapshot,
         target: req.as_name,
         persist,
+        compress,
+        mem_limit_bytes,
     };
     let job = d.snapshots.start_restore(d.drives.clone(), &req)?;
     Ok(accepted(&job))

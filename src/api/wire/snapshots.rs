@@ -139,6 +139,13 @@ pub struct RestoreSnapshot {
     /// Absolute path of the state directory's key.
     #[serde(default)]
     pub key_file: Option<String>,
+    /// Keep the new drive's pages compressed: `lz4`, `zstd[:LEVEL]`,
+    /// `lz4+zstd[:LEVEL]` (absent or `off`: a raw drive).
+    #[serde(default)]
+    pub compress: Option<String>,
+    /// The new drive's memory limit (`none`: unlimited, the default).
+    #[serde(default)]
+    pub mem_limit: Option<super::values::SizeValue>,
 }
 
 /// `POST /v1/snapshots/prune`: retention, then GC of unneeded chunks.

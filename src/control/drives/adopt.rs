@@ -2,8 +2,8 @@
 //! the one rule a snapshot push imposes on the drives (no resize while a
 //! cut is open).
 //!
-//! [`Drives::adopt_ram`] registers a RAM drive around a store the caller
-//! already filled and verified, so the drive is served only once its data
+//! [`Drives::adopt`] registers a RAM drive (raw or compressed) around a
+//! store the caller already filled and verified, so the drive is served only once its data
 //! is complete (`control::snapshots` invariants). The name and budget are
 //! claimed here, at the end: a name taken meanwhile fails the adoption
 //! and the store is dropped.
@@ -15,20 +15,19 @@ use super::spec::{check_name, DriveSpec};
 use super::{check_size, promise_for, Drive, DriveData, DriveError, DriveKind, DriveState, Drives};
 use crate::control::ledger::{now_unix_s, Kind, Origin};
 use crate::size::format_size;
-use crate::store::RamStore;
 
 impl Drives {
-    /// Registers a RAM drive over `store` (filled by the caller, of
-    /// `spec.size_bytes`) and serves it.
-    pub fn adopt_ram(
+    /// Registers a RAM drive over `data` (a raw or compressed store filled
+    /// by the caller, of `spec.size_bytes`) and serves it.
+    pub fn adopt(
         self: &Arc<Self>,
         spec: &DriveSpec,
         origin: Origin,
-        store: Arc<RamStore>,
+        data: DriveData,
     ) -> Result<Arc<Drive>, DriveError> {
         check_name(&spec.name)?;
         check_size(spec.size_bytes)?;
-        debug_assert_eq!(store.size(), spec.size_bytes);
+        debug_assert!(matches!(data, DriveData::Ram(_) | DriveData::Compressed(_)));
         let mut drives = self.drives.lock();
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         let claim = self
@@ -39,7 +38,7 @@ impl Drives {
             claim,
             DriveKind::Ram,
             DriveState::Ready,
-            DriveData::Ram(store),
+            data,
             None,
             None,
             now_unix_s(),

@@ -5,7 +5,7 @@
 //!
 //! - A restored drive is served only once every chunk is verified and
 //!   written. A RAM drive: the restore fills a store no export reaches,
-//!   and the drive is registered with it only then (`Drives::adopt_ram`).
+//!   and the drive is registered with it only then (`Drives::adopt`).
 //!   A persistent drive: the restore fills a staged state directory, which
 //!   is made durable and renamed into place before the drive is
 //!   registered and loaded like any persistent drive (`persistent.rs`);
@@ -23,9 +23,10 @@ use super::ids::parse_id;
 use super::jobs::{Job, JobKind, Outcome};
 use super::persistent::{self, DiskRestore};
 use super::service::Snapshots;
+use crate::block::backend::Backend;
 use crate::control::drives::persistent::{drives_dir, probe, Found};
-use crate::control::drives::spec::{parse_drive_spec, DriveSpec, PersistSpec};
-use crate::control::drives::{DriveState, Drives};
+use crate::control::drives::spec::{check_compress, parse_drive_spec, DriveSpec, PersistSpec};
+use crate::control::drives::{DriveData, DriveState, Drives};
 use crate::control::ledger::Origin;
 use crate::control::remotes::RemoteSpec;
 use crate::snapshot::source::BackendSink;
@@ -33,6 +34,7 @@ use crate::snapshot::{
     self, Keys, Manifest, Progress, Remote, RestoreOptions, RestoreReport, SnapshotError,
     SnapshotId,
 };
+use crate::store::compressed::{Algorithm, CompressedStore};
 use crate::store::{MemoryBudget, RamStore};
 
 /// A restore asked for.
@@ -47,6 +49,10 @@ pub struct RestoreRequest {
     pub target: Option<String>,
     /// Make the new drive persistent with these settings (None: RAM).
     pub persist: Option<PersistSpec>,
+    /// Keep the new drive compressed (None: the raw store).
+    pub compress: Option<Algorithm>,
+    /// The new drive's memory limit (None: unlimited).
+    pub mem_limit_bytes: Option<u64>,
 }
 
 /// Frees the target name when the restore ends, however it ends.
@@ -313,6 +319,22 @@ async fn pick(
     }
 }
 
+/// The spec of a restore's new drive: `target` of `size` with the
+/// request's compression and memory limit; every other setting its
+/// default (through the spec parser).
+fn new_drive_spec(
+    target: &str,
+    size: u64,
+    req: &RestoreRequest,
+) -> Result<DriveSpec, SnapshotsError> {
+    let mut spec = parse_drive_spec(&format!("{target}={size}"))
+        .map_err(|e| SnapshotsError::Drive(e.into()))?;
+    spec.compress = req.compress;
+    spec.mem_limit_bytes = req.mem_limit_bytes;
+    check_compress(&spec).map_err(|e| SnapshotsError::Drive(e.into()))?;
+    Ok(spec)
+}
+
 /// The body of a restore job: newest (or given) snapshot into a new store,
 /// then the drive registered with it.
 async fn restore_new(
@@ -327,18 +349,28 @@ async fn restore_new(
     let id = pick(r, req, id).await?;
     let (manifest, keys) = manifest_with_keys(r, spec, &id).await?;
     let size = manifest.geometry.size_bytes;
-    let store = Arc::new(RamStore::new(size, None, drives.budget().clone())?);
-    let mut sink = BackendSink(&*store);
+    let drive_spec = new_drive_spec(target, size, req)?;
+    let (limit, budget) = (req.mem_limit_bytes, drives.budget().clone());
+    let data = match req.compress {
+        None => DriveData::Ram(Arc::new(RamStore::new(size, limit, budget)?)),
+        Some(algo) => DriveData::Compressed(Arc::new(
+            CompressedStore::new(size, algo, limit, budget)
+                .map_err(|e| SnapshotsError::Drive(e.into()))?,
+        )),
+    };
+    let backend: &dyn Backend = match &data {
+        DriveData::Ram(s) => &**s,
+        DriveData::Compressed(s) => &**s,
+        _ => unreachable!("a RAM or compressed store was made above"),
+    };
+    let mut sink = BackendSink(backend);
     let opts = RestoreOptions {
         keys,
         ..RestoreOptions::default()
     };
     let mut on_progress = |p: &Progress| *job.progress.lock() = *p;
     let report = snapshot::restore(r, &id, &mut sink, &opts, &mut on_progress).await?;
-    // Through the spec parser, so every other setting takes its default.
-    let drive_spec = parse_drive_spec(&format!("{target}={size}"))
-        .map_err(|e| SnapshotsError::Drive(e.into()))?;
-    drives.adopt_ram(&drive_spec, Origin::Api, store)?;
+    drives.adopt(&drive_spec, Origin::Api, data)?;
     Ok((id, report))
 }
 
@@ -358,8 +390,7 @@ async fn restore_persistent(
 ) -> Result<(SnapshotId, RestoreReport), SnapshotsError> {
     let id = pick(r, req, id).await?;
     let (manifest, keys) = manifest_with_keys(r, spec, &id).await?;
-    let mut drive_spec = parse_drive_spec(&format!("{target}={}", manifest.geometry.size_bytes))
-        .map_err(|e| SnapshotsError::Drive(e.into()))?;
+    let mut drive_spec = new_drive_spec(target, manifest.geometry.size_bytes, req)?;
     drive_spec.persist = Some(persist);
     let dir = drives.drive_dir(target)?;
     let disk = DiskRestore {
