@@ -574,3 +574,39 @@ fn a_persistent_drive_keeps_its_rules_across_a_restart() {
     assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
     assert_eq!(listed(&addr, &pki, "alice"), ["p"]);
 }
+
+/// The same rules given on the command line (`--drive NAME=SIZE,...`):
+/// identities and read-only identities as in the config, and a network.
+#[test]
+fn rules_given_with_drive_flags() {
+    if !require_openssl()
+        || !require(&["nbdinfo"])
+        || !require_python_module("nbd", "python3-libnbd")
+    {
+        return;
+    }
+    let pki = Pki::new();
+    let (_d, one, two) = daemon_with(
+        &pki,
+        "",
+        &[
+            "--drive",
+            "p=16M,allow-identity=alice,read-only-identity=bob",
+            "--drive",
+            "q=16M,allow-network=127.0.0.2/32",
+        ],
+    );
+    assert_eq!(listed(&one, &pki, "alice"), ["p"]);
+    assert_eq!(listed(&one, &pki, "bob"), ["p"]);
+    let bob = write_as(&one, "p", &pki, "bob");
+    assert!(
+        bob.contains("read_only True") && bob.contains("write failed EPERM"),
+        "{bob}"
+    );
+    let alice = write_as(&one, "p", &pki, "alice");
+    assert!(alice.contains("wrote"), "{alice}");
+    let ok = connect_from("127.0.0.2", &two, "q", &pki);
+    assert!(ok.contains("size 16777216"), "{ok}");
+    let refused = connect_from("127.0.0.1", &two, "q", &pki);
+    assert!(refused.contains("refused"), "{refused}");
+}
