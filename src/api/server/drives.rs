@@ -11,19 +11,18 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::persistence::{interval_ms, key_path, persist_info};
+use super::persistence::{interval_ms, key_path, mem_limit, persist_info};
 use super::{blocking, ApiError};
 use crate::api::wire::drives::{
     AccessPatch, CompressionInfo, CreateDrive, DeleteQuery, Deleted, DriveAccess, DriveInfo,
     DriveList, PatchDrive,
 };
 use crate::api::wire::persistence::RestoreRequest;
-use crate::api::wire::values::SizeValue;
 use crate::control::drives::persistent::settings::{self, Given};
 use crate::control::drives::persistent::{probe, Found};
 use crate::control::drives::spec::{
     check_compress, check_name, parse_access, parse_compress, parse_drive_size, parse_durability,
-    parse_mem_limit, parse_networks, AccessError, DriveSpec, PersistOptions, SpecError,
+    parse_networks, AccessError, DriveSpec, PersistOptions, SpecError,
 };
 use crate::control::drives::{AccessChange, Drive, DriveChange, DriveState};
 use crate::control::ledger::Origin;
@@ -122,16 +121,6 @@ fn access_change(p: &AccessPatch) -> Result<AccessChange, SpecError> {
             .map(parse_networks)
             .transpose()?,
     })
-}
-
-/// A memory limit in a request: a size of at least 1 byte, or `"none"`
-/// (`"unlimited"`) for no limit. 0 is refused (it would refuse every
-/// write; docs/api.md).
-pub(super) fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
-    match v {
-        SizeValue::Text(t) if matches!(t.trim(), "none" | "unlimited") => Ok(None),
-        v => parse_mem_limit(&v.as_text()).map(Some),
-    }
 }
 
 pub async fn list(State(d): State<Arc<Daemon>>) -> Json<DriveList> {

@@ -12,10 +12,10 @@ use super::{blocking, ApiError};
 use crate::api::wire::persistence::{
     PersistInfo, PersistStatusInfo, Progress, RestoreInfo, SyncResult,
 };
-use crate::api::wire::values::DurationValue;
+use crate::api::wire::values::{DurationValue, SizeValue};
 use crate::control::drives::persistent::{phase_name, report_text, RestoreRecord};
 use crate::control::drives::spec::{
-    check_sync_interval_ms, parse_sync_interval_ms, PersistError, SpecError,
+    check_sync_interval_ms, parse_mem_limit, parse_sync_interval_ms, PersistError, SpecError,
 };
 use crate::control::drives::Drive;
 use crate::control::Daemon;
@@ -183,4 +183,14 @@ pub async fn sync(
         }))
     })
     .await
+}
+
+/// A memory limit in a request: a size of at least 1 byte, or `"none"`
+/// (`"unlimited"`) for no limit. 0 is refused (it would refuse every
+/// write; docs/api.md).
+pub(super) fn mem_limit(v: &SizeValue) -> Result<Option<u64>, SpecError> {
+    match v {
+        SizeValue::Text(t) if matches!(t.trim(), "none" | "unlimited") => Ok(None),
+        v => parse_mem_limit(&v.as_text()).map(Some),
+    }
 }

@@ -332,7 +332,7 @@ pub async fn restore(
         .transpose()?
         .flatten();
     let mem_limit_bytes = match &req.mem_limit {
-        Some(v) => super::drives::mem_limit(v)?,
+        Some(v) => super::persistence::mem_limit(v)?,
         None => None,
     };
     let req = RestoreRequest {
