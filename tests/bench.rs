@@ -725,3 +725,52 @@ fn the_report_example_in_docs_bench_md_is_a_report() {
     let r: ramd::api::wire::bench::BenchReport = serde_json::from_value(v).unwrap();
     assert_eq!(r.version, ramd::api::wire::bench::REPORT_VERSION);
 }
+
+/// A cache as a target: refused without --destructive (its writes reach
+/// its backing), measured with it over the daemon's socket.
+#[test]
+fn a_cache_is_measured_only_with_destructive() {
+    let d = Daemon::start(&["x=16M"]);
+    let backing = d.dir().join("backing.img");
+    std::fs::write(&backing, common::random_bytes(32 << 20, 9)).unwrap();
+    run(d
+        .cli()
+        .args([
+            "cache",
+            "create",
+            "c",
+            "--size",
+            "16M",
+            "--mode",
+            "writethrough",
+            "--backing",
+        ])
+        .arg(&backing))
+    .ok();
+    let out = run(d.cli().args([
+        "bench",
+        "c",
+        "--test",
+        "randread-4k-qd1",
+        "--runtime",
+        "200ms",
+    ]))
+    .failed();
+    assert!(out.stderr.contains("--destructive"), "{out}");
+    let r = bench_json(
+        &d,
+        &[
+            "c",
+            "--destructive",
+            "--test",
+            "randrw-4k-qd32",
+            "--runtime",
+            "300ms",
+            "--size",
+            "16M",
+        ],
+    );
+    assert_eq!(r["targets"][0]["kind"], "cache", "{r}");
+    assert_eq!(r["targets"][0]["engine"], "nbd", "{r}");
+    check_figures(&r);
+}

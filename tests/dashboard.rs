@@ -7,15 +7,17 @@
 //!   JSON elsewhere), the token exchange (303 + cookie flags), the cookie
 //!   as a credential, CSRF refusals, read-only refusals, assets with
 //!   ETags, logout (for any session), revocation, expiry (`--expires`,
-//!   401 `token_expired`, pruning), the server-sent event stream and its
+//!   401 `token_expired`, pruning), sign-in links followed from another
+//!   site refused (login CSRF), the server-sent event stream and its
 //!   bounds.
 //! - Start-up refusals: `--http` off loopback without TLS, on the
 //!   `--api-listen` address; `ramd dashboard` without `--http`.
 //! - In a real browser (Debian's chromium, headless, through
 //!   chromium-driver and selenium; tests/browser/dashboard.py): the
 //!   overview lists every drive and cache, the IOPS chart moves when a
-//!   drive gets I/O (libnbd writes), an admin link creates, resizes and
-//!   syncs drives through the page, a read-only link's create is refused
+//!   drive gets I/O (libnbd writes), an admin link creates, resizes,
+//!   syncs, snapshots (to a Garage remote; the job runs to the end) and
+//!   deletes drives through the page, a read-only link's create is refused
 //!   by the server and the page says so, the token leaves the address
 //!   bar, the benchmark section shows a report PUT through the unix
 //!   socket, names holding markup are shown as text, the hit ratio chart
@@ -896,6 +898,8 @@ fn in_a_browser() {
         "cache_uri": dash.d.uri(CACHE),
         "new_drive": "webdrive",
         "refused_drive": "rodrive",
+        "delete_drive": "scrap",
+        "snapshot_drive": "plain",
         "bench_targets": targets.iter().map(|t| t.0).collect::<Vec<_>>(),
         "markup": MARKUP,
         "short_link": [
@@ -908,6 +912,14 @@ fn in_a_browser() {
         ],
         "out_dir": out_dir,
     });
+    common::run(dash.d.cli().args(["create", "scrap", "--size", "4M"])).ok();
+    // One remote (Garage), so the page's Snapshot button pushes to it.
+    let _serial = common::garage::serial();
+    let Some(garage) = common::garage::Garage::start() else {
+        return;
+    };
+    let creds = common::garage::creds_file(dash.d.dir(), &garage, None);
+    common::garage::add_remote(&dash.d, &garage, "g", &garage.bucket, &creds);
     let plan_file = dash.d.dir().join("plan.json");
     std::fs::write(&plan_file, plan.to_string()).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/dashboard.py");
@@ -958,6 +970,32 @@ fn in_a_browser() {
     assert!(
         drives.iter().all(|d| d["name"] != "rodrive"),
         "the read-only create went through"
+    );
+    assert!(
+        drives.iter().all(|d| d["name"] != "scrap"),
+        "the page's delete did not delete"
+    );
+    // The page's snapshot push ran to the end.
+    let started = seen["snapshot_notice"].as_str().unwrap().to_owned();
+    let id: u64 = started
+        .split("(job ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no job id in '{started}'"));
+    let job = common::garage::wait_job(&dash.d, id);
+    assert_eq!(job["state"], "done", "{job}");
+    assert_eq!(job["drive"], "plain", "{job}");
+    assert!(
+        seen["delete_confirm"]
+            .as_str()
+            .unwrap()
+            .contains("Delete drive 'scrap'")
+            && seen["delete_notice"]
+                .as_str()
+                .unwrap()
+                .contains("'scrap' deleted"),
+        "{seen}"
     );
     let keep = drives.iter().find(|d| d["name"] == "keep").unwrap();
     assert!(

@@ -157,6 +157,9 @@ pub enum Refusal {
     /// A drive too small to hold a working set.
     #[error("'{name}' has {} of room (size or memory limit): ramd bench needs at least {}", format_size(*room), format_size(MIN_WORKING_SET_BYTES))]
     TooSmall { name: String, room: u64 },
+    /// `--size` below the smallest working set.
+    #[error("--size {} is below the {} a working set needs: give --size 16M or more", format_size(*wanted), format_size(MIN_WORKING_SET_BYTES))]
+    SizeTooSmall { wanted: u64 },
 }
 
 /// The smallest working set worth measuring.
@@ -224,6 +227,9 @@ pub fn decide_export(e: &ExportSpec, destructive: bool, wanted: u64) -> Result<u
 
 /// `wanted` bytes within `room`, aligned down, at least the minimum.
 pub fn working_set(name: &str, wanted: u64, room: u64) -> Result<u64, Refusal> {
+    if wanted < MIN_WORKING_SET_BYTES {
+        return Err(Refusal::SizeTooSmall { wanted });
+    }
     let ws = wanted.min(room) / WORKING_SET_ALIGN * WORKING_SET_ALIGN;
     if ws < MIN_WORKING_SET_BYTES {
         return Err(Refusal::TooSmall {
@@ -317,5 +323,9 @@ mod tests {
             decide_export(&limited, false, 1 << 30),
             Err(Refusal::TooSmall { .. })
         ));
+        // A --size below the minimum is named as such, whatever the room.
+        let e = decide_export(&drive(0), false, 8 << 20).unwrap_err();
+        assert_eq!(e, Refusal::SizeTooSmall { wanted: 8 << 20 });
+        assert!(e.to_string().contains("--size 8 MiB"), "{e}");
     }
 }

@@ -262,6 +262,22 @@ def admin_session(d, plan, seen):
     seen["sync_notice"] = n["text"]
     wait(d, f"the dirty chart to show {plan['persistent']} clean again",
          lambda: legend(d, "dirty", plan["persistent"])["value"] == "0")
+    # Push a snapshot through the drive's button (one remote: no prompt).
+    snap = row(d, "drive-table", plan["snapshot_drive"])
+    snap.find_element(By.CSS_SELECTOR, "[data-action=snapshot]").click()
+    n = wait(d, "the snapshot to start", lambda: "started (job" in ((notice(d) or {}).get("text") or "") and notice(d))
+    assert n["kind"] == "ok", n
+    seen["snapshot_notice"] = n["text"]
+    # Delete a drive through its button and the confirmation.
+    scrap = plan["delete_drive"]
+    tr = wait(d, f"{scrap} in the overview", lambda: row(d, "drive-table", scrap))
+    tr.find_element(By.CSS_SELECTOR, "[data-action=delete]").click()
+    alert = wait(d, "the delete confirmation", lambda: d.switch_to.alert)
+    seen["delete_confirm"] = alert.text
+    alert.accept()
+    n = wait(d, f"the page to say {scrap} was deleted", lambda: "deleted" in ((notice(d) or {}).get("text") or "") and notice(d))
+    seen["delete_notice"] = n["text"]
+    wait(d, f"{scrap} to leave the overview", lambda: row(d, "drive-table", scrap) is None)
 
 
 def bench_section(d, plan, seen):
