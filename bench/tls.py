@@ -6,8 +6,12 @@ run_workload: IOPS, MiB/s, clat p50/p99/p99.9/max, server CPU per I/O),
 then the handshake time: connect to the first reply of a 4 KiB read, over
 HANDSHAKES fresh connections (libnbd's Python binding).
 
-    /usr/bin/python3 bench/tls.py --ramd-example target/release/examples/tls-serve \\
+    /usr/bin/python3 bench/tls.py --ramd target/release/ramd \\
         --certs DIR --client-home HOME --out run.json
+
+ramd is the daemon (`ramd daemon --drive ram0=DISK --nbd-listen ...`,
+`--tls require` with the certificates, `--tls off` for the plaintext
+figures), as a user runs it.
 
 bench/tls.sh makes the certificates and runs this. Every TLS server asks
 for and verifies a client certificate (mutual TLS): ramd by default when
@@ -64,10 +68,18 @@ def greets(port):
 def server_argv(name, args, port, tmp, shm):
     certs, disk = args.certs, args.disk
     if name.startswith("ramd"):
-        argv = [args.ramd_example, "--socket", os.path.join(tmp, "ramd.sock"),
-                "--listen", f"127.0.0.1:{port}", "--size", disk]
+        # Its sockets and state in a private directory (the daemon checks).
+        own = tempfile.mkdtemp(prefix="ramd-tls-daemon-")
+        peers.CLEAN.dirs.append(own)
+        argv = [args.ramd, "daemon", "--no-config", "--no-default-drive",
+                "--state-dir", os.path.join(own, "state"),
+                "--socket", os.path.join(own, "nbd.sock"),
+                "--api-socket", os.path.join(own, "api.sock"),
+                "--drive", f"{EXPORT}={disk}", "--nbd-listen", f"127.0.0.1:{port}"]
         if name == "ramd-tls":
             argv += ["--tls-certificates", certs, "--tls", "require"]
+        else:
+            argv += ["--tls", "off"]
         return argv, None
     if name == "nbdkit-tls":
         if not shutil.which("nbdkit"):
@@ -125,7 +137,7 @@ print(json.dumps(out))
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ramd-example", required=True, help="target/release/examples/tls-serve")
+    ap.add_argument("--ramd", required=True, help="the ramd binary (target/release/ramd)")
     ap.add_argument("--certs", required=True, help="the servers' certificates directory")
     ap.add_argument("--client-dir", required=True, help="the client's certificates directory")
     ap.add_argument("--fio", required=True, help="fio, or a wrapper that runs it as nobody")

@@ -11,10 +11,10 @@
 # Knobs: RUNTIME, RAMP, SIZE (fio's region, default 1g), DISK (default 2G),
 # SERVERS (comma list of ramd-tls,nbdkit-tls,qemu-nbd-tls,ramd-plain),
 # HANDSHAKES (default 50), OUT (default bench/results/tls-YYYYmmdd-HHMMSS),
-# RAMD_EXAMPLE (a built tls-serve to use instead of building one).
+# RAMD (a built ramd binary to use instead of building one).
 # Needs: openssl fio nbdkit qemu-utils python3-libnbd (scripts/test-deps.sh).
-# The ramd server is examples/tls-serve.rs (the NBD server alone) until the
-# daemon has --tls flags.
+# The ramd server is the daemon itself (`ramd daemon --nbd-listen ...
+# --tls require`, and `--tls off` for ramd-plain).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -22,11 +22,11 @@ out=${OUT:-$here/results/tls-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
 # A private copy, so a rebuild during the run cannot change the binary.
-if [ -n "${RAMD_EXAMPLE:-}" ]; then
-  cp "$RAMD_EXAMPLE" "$out/tls-serve"
+if [ -n "${RAMD:-}" ]; then
+  cp "$RAMD" "$out/ramd"
 else
-  cargo build --release --example tls-serve --manifest-path "$root/Cargo.toml" >&2
-  cp "$root/target/release/examples/tls-serve" "$out/tls-serve"
+  cargo build --release --bin ramd --manifest-path "$root/Cargo.toml" >&2
+  cp "$root/target/release/ramd" "$out/ramd"
 fi
 
 # Certificates: one CA (EC P-256), a server certificate for 127.0.0.1,
@@ -66,7 +66,7 @@ EOF
 chmod 755 "$work/fio"
 cd "$root"
 
-args=(--ramd-example "$out/tls-serve" --certs "$work/server"
+args=(--ramd "$out/ramd" --certs "$work/server"
       --client-dir "$work/home/.pki/libnbd" --fio "$work/fio"
       --runtime "${RUNTIME:-5}" --ramp "${RAMP:-1}" --size "${SIZE:-1g}" --disk "${DISK:-2G}"
       --handshakes "${HANDSHAKES:-50}" --out "$out/run.json")
