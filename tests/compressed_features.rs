@@ -343,7 +343,7 @@ fn lz4_zstd_drives_recompress_idle_pages_in_the_background() {
     }
     let d = Daemon::start(&["z=32M,compress=lz4+zstd:3"]);
     let data = word_salad(16 * MIB, 5);
-    common::garage::write_drive(&d, "z", &data);
+    write_drive(&d, "z", &data);
     let written = drive(&d, "z")["compression"].clone();
     assert_eq!(written["algorithm"], "lz4+zstd:3", "{written}");
     // Nobody touches the drive now: the worker tries every page once.
@@ -366,9 +366,7 @@ fn lz4_zstd_drives_recompress_idle_pages_in_the_background() {
     assert_same(&read_drive(&d, "z")[..data.len()], &data, "recompressed");
     // Overwritten pages go back to lz4 and read back as written.
     let new = word_salad(MIB, 6);
-    let file = d.dir().join("new.img");
-    std::fs::write(&file, &new).unwrap();
-    run(tool("nbdcopy").arg(&file).arg(d.uri("z"))).ok();
+    write_drive(&d, "z", &new);
     let now = drive(&d, "z")["compression"].clone();
     assert!(
         u(&now, "recompressed_pages") + 200 <= u(&done, "recompressed_pages"),

@@ -77,7 +77,7 @@ fn compression_lines(z: &CompressionInfo) -> String {
 
 /// `lz4+zstd` drives: what the recompression of idle pages did.
 fn recompression_line(z: &CompressionInfo) -> String {
-    if z.recompress_attempts == 0 && !z.algorithm.contains('+') {
+    if !z.algorithm.contains('+') {
         return String::new();
     }
     format!(

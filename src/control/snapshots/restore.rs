@@ -351,19 +351,20 @@ async fn restore_new(
     let size = manifest.geometry.size_bytes;
     let drive_spec = new_drive_spec(target, size, req)?;
     let (limit, budget) = (req.mem_limit_bytes, drives.budget().clone());
-    let data = match req.compress {
-        None => DriveData::Ram(Arc::new(RamStore::new(size, limit, budget)?)),
-        Some(algo) => DriveData::Compressed(Arc::new(
-            CompressedStore::new(size, algo, limit, budget)
-                .map_err(|e| SnapshotsError::Drive(e.into()))?,
-        )),
+    let (data, store): (DriveData, Arc<dyn Backend>) = match req.compress {
+        None => {
+            let s = Arc::new(RamStore::new(size, limit, budget)?);
+            (DriveData::Ram(s.clone()), s)
+        }
+        Some(algo) => {
+            let s = Arc::new(
+                CompressedStore::new(size, algo, limit, budget)
+                    .map_err(|e| SnapshotsError::Drive(e.into()))?,
+            );
+            (DriveData::Compressed(s.clone()), s)
+        }
     };
-    let backend: &dyn Backend = match &data {
-        DriveData::Ram(s) => &**s,
-        DriveData::Compressed(s) => &**s,
-        _ => unreachable!("a RAM or compressed store was made above"),
-    };
-    let mut sink = BackendSink(backend);
+    let mut sink = BackendSink(&*store);
     let opts = RestoreOptions {
         keys,
         ..RestoreOptions::default()

@@ -150,31 +150,33 @@ struct Overdraft<'a>(&'a DriveMem);
 
 impl Charge for Overdraft<'_> {
     fn reserve(&self, bytes: u64) -> bool {
-        let (m, over) = (self.0, recompress::OVERDRAFT_BYTES);
-        if !m.drive.try_reserve_over(bytes, over) {
-            return false;
-        }
-        if !m.global.try_reserve_over(bytes, over) {
-            m.drive.release(bytes);
-            return false;
-        }
-        true
+        let over = recompress::OVERDRAFT_BYTES;
+        self.0
+            .reserve_with(bytes, |b| b.try_reserve_over(bytes, over))
     }
     fn release(&self, bytes: u64) {
         self.0.release(bytes);
     }
 }
 
-impl Charge for DriveMem {
-    fn reserve(&self, bytes: u64) -> bool {
-        if !self.drive.try_reserve(bytes) {
+impl DriveMem {
+    /// Takes `bytes` from the drive's budget, then the daemon's, with
+    /// `take`; from neither when either refuses.
+    fn reserve_with(&self, bytes: u64, take: impl Fn(&MemoryBudget) -> bool) -> bool {
+        if !take(&self.drive) {
             return false;
         }
-        if !self.global.try_reserve(bytes) {
+        if !take(&self.global) {
             self.drive.release(bytes);
             return false;
         }
         true
+    }
+}
+
+impl Charge for DriveMem {
+    fn reserve(&self, bytes: u64) -> bool {
+        self.reserve_with(bytes, |b| b.try_reserve(bytes))
     }
     fn release(&self, bytes: u64) {
         self.drive.release(bytes);
@@ -196,7 +198,7 @@ enum Source<'a> {
 /// idle pages when the drive has a second codec (`recompress.rs`).
 pub struct CompressedStore {
     /// Stopped (and joined) when the drive is dropped, before `inner`.
-    _worker: Option<recompress::Worker>,
+    worker: Option<recompress::Worker>,
     inner: Arc<Inner>,
 }
 
@@ -331,10 +333,7 @@ impl CompressedStore {
             .map(|_| recompress::Worker::start(inner.clone()))
             .transpose()
             .map_err(Error::Io)?;
-        Ok(CompressedStore {
-            _worker: worker,
-            inner,
-        })
+        Ok(CompressedStore { worker, inner })
     }
 
     /// The drive's compression.
@@ -408,7 +407,7 @@ impl CompressedStore {
     /// recompresses every page lz4 holds, in use or not (at its usual CPU
     /// budget). False for a drive without a second codec.
     pub fn hurry_recompression(&self) -> bool {
-        match &self._worker {
+        match &self.worker {
             Some(w) => {
                 w.hurry(&self.inner);
                 true

@@ -284,7 +284,8 @@ impl Inner {
             for local in lg * GROUP_PAGES as u32..(lg + 1) * GROUP_PAGES as u32 {
                 let bits = shard.bits(local);
                 let flags = table::flags_of(bits);
-                let len = match shard.decode(local, bits) {
+                let entry = shard.decode(local, bits);
+                let len = match entry {
                     Entry::Stored(o) if o.codec == 0 => o.len as usize,
                     Entry::Raw(_) => PAGE_BYTES,
                     _ => continue,
@@ -297,7 +298,7 @@ impl Inner {
                     continue;
                 }
                 let at = sc.bytes.len();
-                match shard.decode(local, bits) {
+                match entry {
                     Entry::Stored(o) => self.pool.read(o.class as usize, o.id, len, |b| {
                         sc.bytes.extend_from_slice(b)
                     }),
@@ -394,6 +395,46 @@ mod tests {
         CompressedStore::new(1 << 24, algo, limit, Arc::new(MemoryBudget::new(u64::MAX))).unwrap()
     }
 
+    /// Writes `text` pages from page `from` on until a write is refused,
+    /// recompressing everything after every `every` pages (0: never);
+    /// returns the first page that did not fit.
+    fn fill(s: &CompressedStore, from: u64, every: u64) -> u64 {
+        let mut n = from;
+        while s.write(n * PAGE, &text(n), false).is_ok() {
+            n += 1;
+            if every > 0 && n % every == 0 {
+                s.recompress_all();
+            }
+        }
+        n
+    }
+
+    /// The clock, one sweep at a time with the worker paused: written
+    /// pages are accessed, so the first sweep only clears their marks; a
+    /// page read again before the next sweep is spared by it, and taken by
+    /// the one after once it stayed idle.
+    #[test]
+    fn a_sweep_takes_idle_pages_and_spares_the_ones_in_use() {
+        let s = store(None, Algorithm::Lz4Zstd { level: 1 });
+        let _paused = s.pause_recompression();
+        for p in 0..64 {
+            s.write(p * PAGE, &text(p), false).unwrap();
+        }
+        let sweep = || s.inner.sweep(false, false, &mut || true);
+        let recompressed = || s.stats().recompressed_pages;
+        sweep();
+        assert_eq!(recompressed(), 0, "written pages are in use");
+        let mut back = vec![0u8; PAGE as usize];
+        s.read(0, &mut back).unwrap();
+        sweep();
+        assert_eq!(recompressed(), 63, "page 0 was read since the last sweep");
+        sweep();
+        assert_eq!(recompressed(), 64, "page 0 stayed idle for a sweep");
+        s.read(0, &mut back).unwrap();
+        assert_eq!(back, text(0));
+        s.check().unwrap();
+    }
+
     #[test]
     fn recompression_keeps_the_data_and_saves_memory() {
         let s = store(None, Algorithm::Lz4Zstd { level: 3 });
@@ -461,8 +502,9 @@ mod tests {
     }
 
     /// Under memory pressure (`hurry`) the worker recompresses pages that
-    /// are in use too: page 0, read all along, goes to zstd as well (the
-    /// test above shows that it stays lz4 otherwise).
+    /// are in use too: page 0, read all along, goes to zstd as well
+    /// (`a_sweep_takes_idle_pages_and_spares_the_ones_in_use` shows that
+    /// an ordinary sweep spares it).
     #[test]
     fn a_hurried_worker_recompresses_busy_pages_too() {
         let s = store(None, Algorithm::Lz4Zstd { level: 1 });
@@ -490,17 +532,10 @@ mod tests {
         let limit = 64 * PAGE;
         let s = store(Some(limit), Algorithm::Lz4Zstd { level: 3 });
         let _paused = s.pause_recompression();
-        let fill = |from: u64| {
-            let mut n = from;
-            while s.write(n * PAGE, &text(n), false).is_ok() {
-                n += 1;
-            }
-            n
-        };
-        let full = fill(0);
+        let full = fill(&s, 0, 0);
         s.recompress_all().unwrap();
         assert!(s.allocated_bytes() < limit, "{:?}", s.stats());
-        let more = fill(full);
+        let more = fill(&s, full, 0);
         assert!(more > full + full / 8, "{full} pages, then {more}");
         assert!(s.allocated_bytes() <= limit);
         s.check().unwrap();
@@ -517,19 +552,9 @@ mod tests {
     #[test]
     fn recompression_makes_room_for_more_data() {
         let limit = 256 * PAGE;
-        let fill = |s: &CompressedStore, every: u64| {
-            let mut n = 0;
-            while s.write(n * PAGE, &text(n), false).is_ok() {
-                n += 1;
-                if every > 0 && n % every == 0 {
-                    s.recompress_all();
-                }
-            }
-            n
-        };
-        let lz4 = fill(&store(Some(limit), Algorithm::Lz4), 0);
+        let lz4 = fill(&store(Some(limit), Algorithm::Lz4), 0, 0);
         let s = store(Some(limit), Algorithm::Lz4Zstd { level: 3 });
-        let more = fill(&s, 16);
+        let more = fill(&s, 0, 16);
         assert!(
             more > lz4 + lz4 / 8,
             "lz4 held {lz4} pages, lz4+zstd {more}"
