@@ -3,7 +3,9 @@
 //! layer breaks (api/wire importing the server side, api/client importing
 //! more than wire, cli importing more than the client, wire and the pure
 //! helpers; see LAYERS in the script) are counted by scripts/arch_check.py,
-//! and each count may only go down.
+//! and each count may only go down. So may the circles of the one allowed
+//! pattern (a parent mod.rs that holds what its children share and is also
+//! their facade; the script's rule 1 says why it is allowed).
 //! When a count drops, lower its ceiling here in the same commit, so the
 //! gain is kept; the goal for each is 0.
 
@@ -12,6 +14,7 @@ use std::process::Command;
 /// Ceilings: (what the script prints before the count, the most allowed).
 const CEILINGS: &[(&str, usize)] = &[
     ("import circles: ", 0),
+    ("parent/child circles (allowed): ", 11),
     ("functions over 120 lines: ", 0),
     ("stringly-typed errors outside the HTTP edge: ", 0),
     ("layer breaks: ", 0),
@@ -40,11 +43,14 @@ fn the_shape_of_src_does_not_get_worse() {
     }
 }
 
-/// Rule 4 (layers) catches what it should: on a small made-up tree the
-/// script finds exactly the breaks planted in it, so a ceiling of 0 above
-/// means something.
+/// Rules 1 (circles) and 4 (layers) catch what they should: on small
+/// made-up trees the script finds exactly the circles and breaks planted
+/// in them (a circle between siblings, one that closes up and sideways
+/// through a parent; `use child::X` paths resolved), and counts the
+/// allowed parent/child pattern apart, so the ceilings above mean
+/// something.
 #[test]
-fn the_layer_rule_catches_planted_breaks() {
+fn the_circle_and_layer_rules_catch_planted_breaks() {
     let root = env!("CARGO_MANIFEST_DIR");
     let out = Command::new("/usr/bin/python3")
         .arg(format!("{root}/scripts/arch_check.py"))
