@@ -23,18 +23,16 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
-use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use common::nbdserver::{Drive, TestServer};
 use common::pki::{issue, make_ca, openssl};
 use common::pysession::PySession;
 use common::{random_bytes, require, run, tool, SKIP_ENV};
-use ramd::block::backend::Backend;
 use ramd::nbd::proto::*;
 use ramd::nbd::server::{TlsConfigError, TlsSetupError};
 use ramd::nbd::tls::{ClientCerts, TlsMode, TlsSettings};
-use ramd::nbd::{Export, ExportTable, Server, ServerConfig, ShutdownHandle};
-use ramd::store::{MemoryBudget, RamStore};
+use ramd::nbd::ServerConfig;
 
 const MIB: usize = 1 << 20;
 const DRIVE_BYTES: u64 = 64 << 20;
@@ -166,64 +164,42 @@ fn make_pki() -> Pki {
 
 // ------------------------------------------------------------------ server
 
-/// An in-process server exporting `ram0` on a unix socket and loopback TCP.
-struct TestServer {
-    socket: PathBuf,
-    tcp: SocketAddr,
-    shutdown: ShutdownHandle,
-    run: Option<JoinHandle<std::io::Result<()>>>,
-    _dir: tempfile::TempDir,
+/// An in-process server (`common::nbdserver`) exporting `ram0` on a unix
+/// socket and loopback TCP.
+fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    let ram0 = Drive::new("ram0", DRIVE_BYTES).described("tls test drive");
+    TestServer::start(&[ram0], |c| {
+        c.tcp = vec!["127.0.0.1:0".parse().unwrap()];
+        tweak(c)
+    })
 }
 
-impl TestServer {
-    fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
-        let dir = tempfile::tempdir().unwrap();
-        let exports = Arc::new(ExportTable::new());
-        let store =
-            RamStore::new(DRIVE_BYTES, None, Arc::new(MemoryBudget::new(u64::MAX))).expect("store");
-        let backend = Arc::new(store) as Arc<dyn Backend>;
-        assert!(exports.insert(Arc::new(Export::new(
-            "ram0",
-            "tls test drive",
-            backend,
-            false
-        ))));
-        let socket = dir.path().join("nbd.sock");
-        let mut config = ServerConfig::new(&socket);
-        config.tcp = vec!["127.0.0.1:0".parse().unwrap()];
-        tweak(&mut config);
-        let server = Server::bind(config, exports).expect("bind");
-        let tcp = server.tcp_addrs()[0];
-        let shutdown = server.shutdown_handle();
-        let run = thread::spawn(move || server.run());
-        TestServer {
-            socket,
-            tcp,
-            shutdown,
-            run: Some(run),
-            _dir: dir,
-        }
-    }
+/// Certificates from `dir`, TCP in `mode`, client certificates as
+/// `client_certs` (None: the default).
+fn with_tls(
+    dir: &Path,
+    mode: TlsMode,
+    client_certs: Option<ClientCerts>,
+) -> (TestServer, Arc<TlsSettings>) {
+    let settings = TlsSettings::load(dir, client_certs).expect("load certificates");
+    let s = settings.clone();
+    let server = start(|c| {
+        c.tls = Some(s);
+        c.tls_mode = Some(mode);
+    });
+    (server, settings)
+}
 
-    /// Certificates from `dir`, TCP in `mode`, client certificates as
-    /// `client_certs` (None: the default).
-    fn with_tls(
-        dir: &Path,
-        mode: TlsMode,
-        client_certs: Option<ClientCerts>,
-    ) -> (TestServer, Arc<TlsSettings>) {
-        let settings = TlsSettings::load(dir, client_certs).expect("load certificates");
-        let s = settings.clone();
-        let server = TestServer::start(|c| {
-            c.tls = Some(s);
-            c.tls_mode = Some(mode);
-        });
-        (server, settings)
-    }
+/// The URIs of a test server.
+trait Uris {
+    fn tcp_uri(&self, tls: bool, certs: Option<&Path>) -> String;
+    fn unix_uri(&self, certs: &Path) -> String;
+}
 
+impl Uris for TestServer {
     fn tcp_uri(&self, tls: bool, certs: Option<&Path>) -> String {
         let scheme = if tls { "nbds" } else { "nbd" };
-        let mut uri = format!("{scheme}://127.0.0.1:{}/ram0", self.tcp.port());
+        let mut uri = format!("{scheme}://127.0.0.1:{}/ram0", self.tcp[0].port());
         if let Some(dir) = certs {
             uri += &format!("?tls-certificates={}", dir.display());
         }
@@ -236,18 +212,6 @@ impl TestServer {
             self.socket.display(),
             certs.display()
         )
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.shutdown.shutdown();
-        if let Some(run) = self.run.take() {
-            let result = run.join();
-            if !thread::panicking() {
-                result.expect("server thread").expect("server run");
-            }
-        }
     }
 }
 
@@ -268,7 +232,7 @@ fn nbdinfo_over_tcp_and_unix_with_client_certificates() {
         return;
     }
     let p = pki();
-    let (server, settings) = TestServer::with_tls(&p.server, TlsMode::Require, None);
+    let (server, settings) = with_tls(&p.server, TlsMode::Require, None);
     assert_eq!(
         settings.client_certs(),
         ClientCerts::Require,
@@ -292,7 +256,7 @@ fn require_mode_refuses_plaintext_clients_without_listing_exports() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::Require, None);
+    let (server, _) = with_tls(&p.server, TlsMode::Require, None);
     let out = run(tool("nbdinfo").args(["--list", &server.tcp_uri(false, None)]));
     assert!(!out.status.success(), "{out}");
     assert!(
@@ -303,7 +267,7 @@ fn require_mode_refuses_plaintext_clients_without_listing_exports() {
 
     // The same, byte by byte: every option but STARTTLS and ABORT gets
     // TLS_REQD (no export names in the replies), EXPORT_NAME hangs up.
-    let mut c = RawClient::connect(server.tcp);
+    let mut c = RawClient::connect(server.tcp[0]);
     for (option, data) in [
         (OPT_LIST, Vec::new()),
         (OPT_GO, encode_info_request("ram0", &[])),
@@ -326,7 +290,7 @@ fn on_mode_serves_plaintext_and_tls() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::On, None);
+    let (server, _) = with_tls(&p.server, TlsMode::On, None);
     assert_eq!(nbdinfo_size(&server.tcp_uri(false, None)), Ok(DRIVE_BYTES));
     assert_eq!(
         nbdinfo_size(&server.tcp_uri(true, Some(&p.good))),
@@ -334,8 +298,8 @@ fn on_mode_serves_plaintext_and_tls() {
     );
     // A second STARTTLS over TLS is invalid; without certificates at all
     // STARTTLS is unsupported (tests/protocol.rs); with mode off, policy.
-    let (off, _) = TestServer::with_tls(&p.server, TlsMode::Off, None);
-    let mut c = RawClient::connect(off.tcp);
+    let (off, _) = with_tls(&p.server, TlsMode::Off, None);
+    let mut c = RawClient::connect(off.tcp[0]);
     assert_eq!(c.option(OPT_STARTTLS, &[]).0, REP_ERR_POLICY);
     let (_, listing) = c.option(OPT_LIST, &[]);
     assert!(
@@ -350,7 +314,7 @@ fn refused_client_certificates() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::Require, None);
+    let (server, _) = with_tls(&p.server, TlsMode::Require, None);
     for (what, dir) in [
         ("no client certificate", &p.anonymous),
         ("a certificate from another CA", &p.rogue),
@@ -377,8 +341,7 @@ fn optional_client_certificates_serve_anonymous_clients() {
         return;
     }
     let p = pki();
-    let (server, _) =
-        TestServer::with_tls(&p.server, TlsMode::Require, Some(ClientCerts::Optional));
+    let (server, _) = with_tls(&p.server, TlsMode::Require, Some(ClientCerts::Optional));
     assert_eq!(
         nbdinfo_size(&server.tcp_uri(true, Some(&p.anonymous))),
         Ok(DRIVE_BYTES)
@@ -406,7 +369,7 @@ fn nbdcopy_nbdsh_and_qemu_img_round_trip() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::Require, None);
+    let (server, _) = with_tls(&p.server, TlsMode::Require, None);
     let tmp = tempfile::tempdir().unwrap();
     let data = random_bytes(8 * MIB, 17);
     let src = tmp.path().join("src.img");
@@ -451,7 +414,7 @@ fn nbdcopy_nbdsh_and_qemu_img_round_trip() {
     );
     let target = format!(
         "driver=nbd,host=127.0.0.1,port={},export=ram0,tls-creds=tls0",
-        server.tcp.port()
+        server.tcp[0].port()
     );
     let out = run(tool("qemu-img").args([
         "convert",
@@ -493,7 +456,7 @@ fn fio_over_nbds() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::Require, None);
+    let (server, _) = with_tls(&p.server, TlsMode::Require, None);
     // fio takes only a URI and libnbd refuses tls-certificates= there
     // (no nbd_set_uri_allow_local_file), so fio finds the client's files
     // in $HOME/.pki/libnbd: libnbd's default for any user but root (root's
@@ -547,7 +510,7 @@ fn reload_swaps_certificates_without_dropping_sessions() {
     let tmp = tempfile::tempdir().unwrap();
     let live_dir = tmp.path().join("certs");
     copy_dir(&p.server, &live_dir);
-    let (server, settings) = TestServer::with_tls(&live_dir, TlsMode::Require, None);
+    let (server, settings) = with_tls(&live_dir, TlsMode::Require, None);
     let mut session = PySession::open(&server.tcp_uri(true, Some(&p.good)));
     assert!(session.round_trip());
     assert!(server
@@ -590,8 +553,8 @@ fn starttls_upgrade_forgets_plaintext_state() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::On, None);
-    let mut c = RawClient::connect(server.tcp);
+    let (server, _) = with_tls(&p.server, TlsMode::On, None);
+    let mut c = RawClient::connect(server.tcp[0]);
     assert_eq!(c.option(OPT_STRUCTURED_REPLY, &[]).0, REP_ACK);
     assert_eq!(c.option(OPT_STARTTLS, &[]).0, REP_ACK);
     let mut c = c.start_tls(&p.good);
@@ -658,8 +621,8 @@ fn plaintext_after_starttls_is_not_taken_as_options() {
         return;
     }
     let p = pki();
-    let (server, _) = TestServer::with_tls(&p.server, TlsMode::Require, None);
-    let mut c = RawClient::connect(server.tcp);
+    let (server, _) = with_tls(&p.server, TlsMode::Require, None);
+    let mut c = RawClient::connect(server.tcp[0]);
     let mut out = Vec::new();
     encode_option(&mut out, OPT_STARTTLS, &[]);
     encode_option(&mut out, OPT_LIST, &[]);
@@ -750,7 +713,7 @@ struct RawClient<S = TcpStream>(S);
 impl RawClient {
     fn connect(addr: SocketAddr) -> RawClient {
         let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut c = RawClient(s);
         let mut greeting = [0u8; 18];
         c.0.read_exact(&mut greeting).unwrap();

@@ -13,6 +13,7 @@ pub mod block;
 pub mod garage;
 pub mod mounts;
 pub mod nbdkit;
+pub mod nbdserver;
 pub mod openapi;
 pub mod pki;
 pub mod pysession;
@@ -33,7 +34,14 @@ pub const SKIP_ENV: &str = "RAMD_SKIP_MISSING_TOOLS";
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// How long the daemon may take to create its socket or to exit on SIGTERM.
-pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(20);
+/// Generous for the same reason.
+pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The deadline of a [`wait_until`] for something that takes a moment when
+/// idle (a background thread's next round, a daemon noticing a change).
+/// Generous, since the machine may be busy: it only costs time when the
+/// awaited thing never happens, that is when the test fails anyway.
+pub const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The Debian 12 package that provides each tool the tests use. The message
 /// for a missing tool names it, and scripts/test-deps.sh installs them all.
@@ -237,7 +245,9 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> 
     }
 }
 
-/// Polls `cond` every 20 ms until it holds; panics after `timeout`.
+/// Polls `cond` every 20 ms until it holds; panics after `timeout`. Wait
+/// on what the test can observe this way, never with a fixed sleep and
+/// then an assertion: on a busy machine that sleep may be too short.
 #[track_caller]
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -349,6 +359,32 @@ pub fn signal(pid: u32, sig: libc::c_int) {
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     ramd::sim::Rng::seed(seed).bytes(len)
 }
+
+/// Bytes to write: never zero (a write lost to a hole shows), different
+/// for every `seed` below 251, and different in every 4 KiB page (a write
+/// that landed elsewhere shows). `pattern_at(offset, ..)` is the part from
+/// `offset` on of one long pattern, so the bytes at a drive offset are the
+/// same whatever write put them there. [`PATTERN_PY`] makes the same
+/// bytes in Python.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    pattern_at(0, len, seed)
+}
+
+/// See [`pattern`].
+pub fn pattern_at(offset: u64, len: usize, seed: u64) -> Vec<u8> {
+    let s = seed % 251 * 101;
+    (offset..offset + len as u64)
+        .map(|p| ((p * 131 + (p >> 12) * 7 + s) % 251) as u8 + 1)
+        .collect()
+}
+
+/// Python for scripts that write or check [`pattern`]'s bytes: defines
+/// `pattern(n, seed, at=0)`, the same as `pattern_at(at, n, seed)`.
+pub const PATTERN_PY: &str = "
+def pattern(n, seed, at=0):
+    s = seed % 251 * 101
+    return bytes((p * 131 + (p >> 12) * 7 + s) % 251 + 1 for p in range(at, at + n))
+";
 
 /// Text from a vocabulary in an order no two pages share: lz4 ~2x, zstd
 /// a good deal better (as logs and source trees are).
