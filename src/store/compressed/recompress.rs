@@ -493,18 +493,18 @@ mod tests {
         }
         s.read(0, &mut back).unwrap();
         assert_eq!(back, text(0));
+        // Page 0 too when this thread fell behind the worker for a sweep
+        // (a busy machine): no more than every page either way.
         let st = s.stats();
-        assert!(
-            st.recompressed_pages <= 64 && st.recompress_cpu_ms < 60_000,
-            "{st:?}"
-        );
+        assert!(st.recompressed_pages <= 64, "{st:?}");
         s.check().unwrap();
     }
 
     /// Under memory pressure (`hurry`) the worker recompresses pages that
     /// are in use too: page 0, read all along, goes to zstd as well
     /// (`a_sweep_takes_idle_pages_and_spares_the_ones_in_use` shows that
-    /// an ordinary sweep spares it).
+    /// an ordinary sweep spares it, `an_urgent_sweep_takes_pages_in_use`
+    /// that an urgent one does not, one sweep at a time).
     #[test]
     fn a_hurried_worker_recompresses_busy_pages_too() {
         let s = store(None, Algorithm::Lz4Zstd { level: 1 });
@@ -514,15 +514,38 @@ mod tests {
         let mut back = vec![0u8; PAGE as usize];
         assert!(s.hurry_recompression());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while s.stats().recompressed_pages < 64 {
+        // Both: an ordinary sweep already under way when the worker was
+        // hurried may take every page first, page 0 too if this thread
+        // fell behind it (a busy machine); the urgent one follows it.
+        while s.stats().recompressed_pages < 64 || s.stats().urgent_sweeps < 1 {
             s.read(0, &mut back).unwrap();
             assert!(std::time::Instant::now() < deadline, "{:?}", s.stats());
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        // Read after the wait: the loop above may never have run its body
+        // (the worker done first), and then `back` would still be zeroes.
+        s.read(0, &mut back).unwrap();
         assert_eq!(back, text(0));
-        assert!(s.stats().urgent_sweeps >= 1);
         s.check().unwrap();
         assert!(!store(None, Algorithm::Lz4).hurry_recompression());
+    }
+
+    /// An urgent sweep (`all`) takes every page the first codec holds,
+    /// the ones just written or read included, in one go.
+    #[test]
+    fn an_urgent_sweep_takes_pages_in_use() {
+        let s = store(None, Algorithm::Lz4Zstd { level: 1 });
+        let _paused = s.pause_recompression();
+        for p in 0..64 {
+            s.write(p * PAGE, &text(p), false).unwrap();
+        }
+        let mut back = vec![0u8; PAGE as usize];
+        s.read(0, &mut back).unwrap();
+        s.inner.sweep(true, false, &mut || true);
+        assert_eq!(s.stats().recompressed_pages, 64, "{:?}", s.stats());
+        s.read(0, &mut back).unwrap();
+        assert_eq!(back, text(0));
+        s.check().unwrap();
     }
 
     /// A drive filled to its limit with lz4 takes more data once its pages
