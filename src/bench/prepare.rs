@@ -248,9 +248,7 @@ pub fn facts(path: &Path) -> Result<PathFacts, BenchError> {
             if let Some(fs) = pseudo_filesystem(parent) {
                 return Ok(PathFacts::Pseudo(fs));
             }
-            return Ok(PathFacts::Missing {
-                parent_is_dir: parent.is_dir(),
-            });
+            return Ok(PathFacts::Missing);
         }
         Err(e) => return Err(io_err(format!("look at {}", path.display()))(e)),
     };
@@ -300,7 +298,6 @@ pub fn path(
         _ => 0,
     };
     let (kind, file_path, mut undo) = match plan {
-        PathPlan::NewFile => (Kind::File, path.to_owned(), vec![]),
         PathPlan::EmptyFile | PathPlan::Overwrite => (
             Kind::File,
             path.to_owned(),
@@ -312,7 +309,7 @@ pub fn path(
             (Kind::Directory, scratch, vec![])
         }
     };
-    let create = matches!(plan, PathPlan::NewFile | PathPlan::Directory);
+    let create = plan == PathPlan::Directory;
     let (file, direct) = open_probing(&file_path, create, kind == Kind::BlockDevice)?;
     if create {
         undo.push(Undo::RemoveFile(file_path.clone()));
@@ -490,12 +487,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(facts(dir.path()).unwrap(), PathFacts::Directory);
-        assert_eq!(
-            facts(&dir.path().join("new")).unwrap(),
-            PathFacts::Missing {
-                parent_is_dir: true
-            }
-        );
+        assert_eq!(facts(&dir.path().join("new")).unwrap(), PathFacts::Missing);
     }
 
     #[test]

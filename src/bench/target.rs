@@ -97,10 +97,8 @@ impl TargetSpec {
 /// What a path is (looked up by `prepare`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathFacts {
-    /// Nothing there; whether its parent is a directory.
-    Missing {
-        parent_is_dir: bool,
-    },
+    /// Nothing there.
+    Missing,
     File {
         len: u64,
     },
@@ -115,8 +113,6 @@ pub enum PathFacts {
 /// How a path will be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathPlan {
-    /// Create the file, remove it afterwards.
-    NewFile,
     /// An empty file: fill it, empty it afterwards.
     EmptyFile,
     /// A file with data, overwritten (`--destructive`).
@@ -142,8 +138,9 @@ pub enum Refusal {
     /// On one of the kernel's pseudo-filesystems.
     #[error("{} is on {fs}, one of the kernel's own filesystems, whose files are controls rather than storage (writing to them can change or crash the system): name a directory on a disk filesystem instead", path.display())]
     PseudoFs { path: PathBuf, fs: &'static str },
-    /// A path whose directory does not exist.
-    #[error("{} does not exist, nor does its directory: name an existing directory, file or block device", .0.display())]
+    /// A path that does not exist (a typo, or a mount that is not there:
+    /// a new file would measure whatever filesystem holds the name).
+    #[error("{} does not exist: name an existing directory (ramd bench writes a scratch file there and removes it), file or block device", .0.display())]
     Missing(PathBuf),
     /// A drive holding data without `--destructive`.
     #[error("drive '{name}' holds {} of data that the write tests would overwrite: bench an empty drive (ramd create bench --size 2G && ramd bench bench), or give --destructive to overwrite it (the bench trims what it wrote afterwards)", format_size(*bytes))]
@@ -171,12 +168,7 @@ pub const WORKING_SET_ALIGN: u64 = 1 << 20;
 /// How `path` will be used, or why not.
 pub fn decide_path(path: &Path, facts: PathFacts, destructive: bool) -> Result<PathPlan, Refusal> {
     match facts {
-        PathFacts::Missing {
-            parent_is_dir: true,
-        } => Ok(PathPlan::NewFile),
-        PathFacts::Missing {
-            parent_is_dir: false,
-        } => Err(Refusal::Missing(path.to_owned())),
+        PathFacts::Missing => Err(Refusal::Missing(path.to_owned())),
         PathFacts::File { len: 0 } => Ok(PathPlan::EmptyFile),
         PathFacts::File { .. } if destructive => Ok(PathPlan::Overwrite),
         PathFacts::File { len } => Err(Refusal::FileHasData {
@@ -262,24 +254,11 @@ mod tests {
         let p = Path::new("/x/y");
         let plan = |f, d| decide_path(p, f, d);
         use PathFacts as F;
-        assert_eq!(
-            plan(
-                F::Missing {
-                    parent_is_dir: true
-                },
-                false
-            ),
-            Ok(PathPlan::NewFile)
-        );
-        assert!(matches!(
-            plan(
-                F::Missing {
-                    parent_is_dir: false
-                },
-                true
-            ),
-            Err(Refusal::Missing(_))
-        ));
+        // Not even with --destructive: /mnt/missing would measure the
+        // filesystem that holds /mnt.
+        let e = plan(F::Missing, true).unwrap_err();
+        assert!(matches!(e, Refusal::Missing(_)), "{e}");
+        assert!(e.to_string().contains("does not exist"), "{e}");
         assert_eq!(plan(F::File { len: 0 }, false), Ok(PathPlan::EmptyFile));
         assert!(matches!(
             plan(F::File { len: 5 }, false),

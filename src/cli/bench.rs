@@ -186,6 +186,10 @@ pub(crate) fn run(client: &Client, args: BenchArgs) -> Result<(), CliError> {
     if specs.is_empty() {
         return Err(BenchFailed::NoTargets.into());
     }
+    // Before minutes of work, not after: the plot must have a place.
+    if let Some(path) = &args.plot {
+        check_plot_path(path)?;
+    }
     let opts = options(&args);
     catch_stop_signals();
     let progress = Bar::new(opts.runtime, args.out.json);
@@ -279,6 +283,30 @@ fn export_spec(client: &Client, name: &str) -> Result<ExportSpec, CliError> {
     }
 }
 
+/// Whether the plot can be written at `path`: its directory exists and
+/// takes files (an existing file there must be writable).
+fn check_plot_path(path: &Path) -> Result<(), CliError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let refuse = |source: std::io::Error| CliError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    if !dir.is_dir() {
+        return Err(refuse(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "{} is not a directory; --plot needs an existing one",
+                dir.display()
+            ),
+        )));
+    }
+    let target = if path.exists() { path } else { dir };
+    rustix::fs::access(target, rustix::fs::Access::WRITE_OK).map_err(|e| refuse(e.into()))
+}
+
 fn write_plot(path: &Path, report: &BenchReport, svg: &str) -> Result<(), CliError> {
     let html = matches!(
         path.extension().and_then(|e| e.to_str()),
@@ -370,6 +398,9 @@ fn cells(x: &BenchResult) -> Vec<String> {
 /// with --json).
 struct Bar {
     bar: ProgressBar,
+    /// Off a terminal: a line on stderr per phase and run instead of the
+    /// bar (logs and CI see the progress of a long run).
+    lines: bool,
     runtime_ms: u64,
     /// The run in progress and its label.
     current: parking_lot::Mutex<(u64, String)>,
@@ -377,7 +408,8 @@ struct Bar {
 
 impl Bar {
     fn new(runtime: Duration, quiet: bool) -> Bar {
-        let bar = if quiet || !std::io::stderr().is_terminal() {
+        let terminal = std::io::stderr().is_terminal();
+        let bar = if quiet || !terminal {
             ProgressBar::hidden()
         } else {
             ProgressBar::new_spinner()
@@ -386,14 +418,25 @@ impl Bar {
         bar.enable_steady_tick(Duration::from_millis(120));
         Bar {
             bar,
+            lines: !terminal,
             runtime_ms: runtime.as_millis() as u64,
             current: parking_lot::Mutex::new((0, String::new())),
         }
     }
 }
 
+/// One progress line on stderr; a stderr that is gone costs the line,
+/// not the run.
+fn line(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
 impl bench::Progress for Bar {
     fn phase(&self, text: &str) {
+        if self.lines {
+            line(format_args!("ramd bench: {text}"));
+        }
         self.bar.set_message(text.to_owned());
     }
 
@@ -406,10 +449,11 @@ impl bench::Progress for Bar {
             );
             self.bar.set_length(runs as u64 * self.runtime_ms);
         }
-        *self.current.lock() = (
-            n as u64,
-            format!("{}/{runs} {} on {target}", n + 1, test.name),
-        );
+        let label = format!("{}/{runs} {} on {target}", n + 1, test.name);
+        if self.lines {
+            line(format_args!("ramd bench: run {label}"));
+        }
+        *self.current.lock() = (n as u64, label);
     }
 
     fn tick(&self, elapsed: Duration, ios: u64) {
@@ -427,6 +471,15 @@ impl bench::Progress for Bar {
     }
 
     fn finished(&self, r: &BenchResult) {
+        if self.lines {
+            line(format_args!(
+                "ramd bench: done {} on {}: {} IOPS, {:.1} MiB/s",
+                r.test,
+                r.target,
+                output::count_rate(r.iops),
+                r.mib_s
+            ));
+        }
         self.bar.println(format!(
             "{:18} {:24} {:>8} IOPS {:>9.1} MiB/s  p50 {:>7}  p99 {:>7}",
             r.test,

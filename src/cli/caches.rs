@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 
 use super::output::{
-    count_rate, errors_cell, export_rows, mib_s, micros, rate_cells, render, table,
+    count_rate, errors_cell, export_rows, mib_s, micros, rate_cells, render, table, uris_cell,
 };
 use super::{arg_cache_name, arg_size, print_json, CliError, JsonFlag};
 use crate::api::client::{Client, ClientError};
@@ -151,13 +151,24 @@ fn percent(v: &Option<String>) -> Option<PercentValue> {
     v.as_ref().map(|t| PercentValue::Text(t.clone()))
 }
 
+/// A backing as the daemon must see it: NBD URIs as given, a file or
+/// device made absolute (the daemon's working directory is not ours).
+fn backing_text(text: &str) -> Result<String, CliError> {
+    if text.contains("://") {
+        return Ok(text.to_owned());
+    }
+    Ok(super::absolute(std::path::Path::new(text))?
+        .display()
+        .to_string())
+}
+
 /// Runs `ramd cache ...`.
 pub fn run(client: &Client, cmd: CacheCommand) -> Result<(), CliError> {
     match cmd {
         CacheCommand::Create(a) => {
             let c = client.create_cache(&CreateCache {
                 name: a.name,
-                backing: a.backing,
+                backing: backing_text(&a.backing)?,
                 size: SizeValue::Text(a.size),
                 mode: a.mode,
                 block_size: size(&a.block_size),
@@ -362,7 +373,7 @@ pub fn list(caches: &[CacheInfo]) -> String {
             c.state.clone(),
             c.connections.to_string(),
             backing_cell(c),
-            c.uri.clone(),
+            uris_cell(&c.uri, &c.tcp_uris),
         ]);
     }
     render(&t)

@@ -42,6 +42,7 @@ pub mod tls;
 pub mod token;
 pub mod units;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -554,7 +555,9 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ramd: {e}");
+            // Not eprintln!: it panics when stderr is a dead pipe, and the
+            // exit code must say what happened, not that printing failed.
+            let _ = writeln!(std::io::stderr(), "ramd: {e}");
             ExitCode::from(1)
         }
     }
@@ -653,7 +656,11 @@ fn run_daemon(mut args: DaemonArgs, api_socket: Option<PathBuf>) -> Result<(), C
     if args.api_socket.is_none() {
         args.api_socket = api_socket;
     }
-    Ok(daemon::run(args)?)
+    let result = daemon::run(args);
+    // The last lines (its "stopped", a shutdown error) reach stderr before
+    // the process ends, when stderr takes them at all.
+    crate::control::logging::flush(std::time::Duration::from_secs(1));
+    Ok(result?)
 }
 
 /// Runs a parsed command.

@@ -66,7 +66,7 @@ pub mod dirs;
 pub mod drives;
 pub mod ledger;
 pub mod lock;
-mod logging;
+pub mod logging;
 pub mod pressure;
 pub mod remotes;
 pub mod run;
@@ -471,6 +471,41 @@ pub struct Settings {
 impl Settings {
     /// Merges flags over the config over defaults.
     pub fn resolve(args: &DaemonArgs) -> Result<Settings, DaemonError> {
+/// `path` made absolute against the working directory at start, with
+/// `.` and `..` resolved (mount tables and URIs hold resolved paths): its
+/// longest existing ancestor is canonicalized and the rest appended. As it
+/// is when it cannot be made absolute (an empty path, a working directory
+/// gone).
+fn absolute(path: PathBuf) -> PathBuf {
+    let Ok(abs) = std::path::absolute(&path) else {
+        return path;
+    };
+    let mut base = abs.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(base) {
+            let mut out = real;
+            for c in rest.iter().rev() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        out.pop();
+                    }
+                    std::path::Component::Normal(n) => out.push(n),
+                    _ => {}
+                }
+            }
+            return out;
+        }
+        match (base.parent(), base.components().next_back()) {
+            (Some(parent), Some(last)) => {
+                rest.push(last);
+                base = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
         let config = match (&args.config, args.no_config) {
             (Some(path), _) => config::load(path)?,
             (None, false) if Path::new(config::DEFAULT_CONFIG_PATH).exists() => {
@@ -479,10 +514,13 @@ impl Settings {
             _ => Config::default(),
         };
         let c = &config.daemon;
-        let runtime = args
-            .runtime_dir
-            .clone()
-            .unwrap_or_else(crate::paths::runtime_dir);
+        // Every directory and socket absolute from here on: mounts, URIs
+        // and later requests must not depend on the working directory.
+        let runtime = absolute(
+            args.runtime_dir
+                .clone()
+                .unwrap_or_else(crate::paths::runtime_dir),
+        );
         let in_runtime = |f: &str| runtime.join(f);
         let mut drives: Vec<(DriveSpec, Origin)> = Vec::new();
         let origin = config
@@ -511,17 +549,18 @@ impl Settings {
                 .api_socket
                 .clone()
                 .or(c.api_socket.clone())
-                .unwrap_or_else(|| in_runtime("api.sock")),
+                .map_or_else(|| in_runtime("api.sock"), absolute),
             nbd_socket: args
                 .nbd_socket
                 .clone()
                 .or(c.nbd_socket.clone())
-                .unwrap_or_else(|| in_runtime("nbd.sock")),
-            state_dir: args
-                .state_dir
-                .clone()
-                .or(c.state_dir.clone())
-                .unwrap_or_else(crate::paths::state_dir),
+                .map_or_else(|| in_runtime("nbd.sock"), absolute),
+            state_dir: absolute(
+                args.state_dir
+                    .clone()
+                    .or(c.state_dir.clone())
+                    .unwrap_or_else(crate::paths::state_dir),
+            ),
             nbd_listen: if args.nbd_listen.is_empty() {
                 c.nbd_listen.clone().unwrap_or_default()
             } else {
@@ -531,7 +570,11 @@ impl Settings {
             http: args.http.or(c.http),
             tls_mode: args.tls.or(c.tls),
             unix_tls_mode: args.nbd_socket_tls.or(c.nbd_socket_tls),
-            tls_certificates: args.tls_certificates.clone().or(c.tls_certificates.clone()),
+            tls_certificates: args
+                .tls_certificates
+                .clone()
+                .or(c.tls_certificates.clone())
+                .map(absolute),
             tls_verify_peer: args.tls_verify_peer.or(c.tls_verify_peer),
             nbd_socket_group: args.nbd_socket_group.clone().or(c.nbd_socket_group.clone()),
             mem_budget_bytes: args.mem_budget.or(c.mem_budget.map(|s| s.0)),
@@ -606,6 +649,9 @@ pub struct Daemon {
     /// NBD clients refused so far, by reason (`ramd_nbd_refusals_total`),
     /// counted by the server.
     pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
+    /// The TLS mode of the unix socket: `nbds+unix://` URIs when required
+    /// (a plain client cannot use the socket then).
+    pub unix_tls_mode: TlsMode,
     /// Bearer tokens of the API over TCP (`--api-listen`, `--http`).
     pub tokens: Arc<tokens::Tokens>,
     /// Where the dashboard is served (`--http`), once bound.
@@ -640,6 +686,10 @@ impl Daemon {
         format!(
             "nbd+unix:///{name}?socket={}",
             self.settings.nbd_socket.display()
+        let scheme = match self.unix_tls_mode {
+            TlsMode::Require => "nbds+unix",
+            TlsMode::Off | TlsMode::On => "nbd+unix",
+        };
         )
     }
 

@@ -231,7 +231,9 @@ fn cache_shutdown_result(
 
 /// The bound server, its certificates and the TLS mode of its TCP
 /// listeners.
-type BoundNbd = (Server, Option<Arc<TlsSettings>>, TlsMode);
+/// The bound server, its certificates, and the TLS modes it resolved for
+/// (TCP, the unix socket).
+type BoundNbd = (Server, Option<Arc<TlsSettings>>, (TlsMode, TlsMode));
 
 /// The NBD server bound to the settings' sockets, with its certificates
 /// (None: no TLS). TLS settings the server would refuse (certificates
@@ -279,7 +281,7 @@ fn bind_nbd(
         give_socket_group(&settings.nbd_socket, gid, group).inspect_err(|_| remove_new())?;
     }
     log_tls(&server, settings, modes, tls.as_deref());
-    Ok((server, tls, modes.0))
+    Ok((server, tls, modes))
 }
 
 /// Says which listeners use TLS and how; warns about plaintext on an
@@ -559,7 +561,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
-    let (server, tls, tcp_tls_mode) = bind_nbd(&settings, exports, drives.access_table())?;
+    let (server, tls, (tcp_tls_mode, unix_tls_mode)) =
+        bind_nbd(&settings, exports, drives.access_table())?;
     let mut bound = BoundSockets {
         paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
         serving: false,
@@ -600,6 +603,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         dirs: Arc::new(dirs),
         tls,
         tcp_tls_mode,
+        unix_tls_mode,
         nbd_refusals: nbd_handle.refusals(),
         tokens,
         http,

@@ -509,6 +509,15 @@ fn list_dir(dir: &Path) -> io::Result<Vec<(OsString, Meta)>> {
     Ok(out)
 }
 
+/// `None` when the entry no longer exists (deleted since it was listed).
+fn unless_vanished<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 fn fsync_path(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
@@ -665,7 +674,10 @@ impl Engine<'_> {
         dm: &Meta,
         entries_change: bool,
     ) -> Result<(), SyncError> {
-        let sx = meta::read_xattrs(s).map_err(rd(s))?;
+        let Some(sx) = unless_vanished(meta::read_xattrs(s)).map_err(rd(s))? else {
+            // Gone since it was listed: the next sync removes it.
+            return Ok(());
+        };
         let same =
             !entries_change && sm.same_attributes(dm) && meta::read_xattrs(d).map_err(rd(d))? == sx;
         if !same {
@@ -708,7 +720,10 @@ impl Engine<'_> {
             }
             self.create_copy(&sp, &tp, &rp, &em)?;
         }
-        let x = meta::read_xattrs(s).map_err(rd(s))?;
+        let Some(x) = unless_vanished(meta::read_xattrs(s)).map_err(rd(s))? else {
+            self.report.changed_during_sync.push(r.to_path_buf());
+            return Ok(false);
+        };
         self.report.xattrs_dropped += meta::write_xattrs(t, &x).map_err(wr(t))?;
         meta::apply_attributes(t, sm).map_err(wr(t))?;
         Ok(true)
@@ -866,7 +881,9 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// The cheap comparison (see [`meta`]).
+    /// The cheap comparison (see [`meta`]). A source that vanished since
+    /// it was listed counts as changed: the copy then finds it gone and
+    /// leaves it for the next sync, as for any change during a sync.
     fn unchanged(&self, s: &Path, d: &Path, sm: &Meta, dm: &Meta) -> Result<bool, SyncError> {
         if !(sm.same_content(dm) && sm.same_attributes(dm)) {
             return Ok(false);
@@ -875,12 +892,18 @@ impl Engine<'_> {
         if sm.nlink == 1 && dm.nlink != 1 {
             return Ok(false);
         }
-        if sm.kind == Kind::Symlink
-            && meta::read_link(s).map_err(rd(s))? != meta::read_link(d).map_err(rd(d))?
-        {
-            return Ok(false);
+        if sm.kind == Kind::Symlink {
+            let Some(target) = unless_vanished(meta::read_link(s)).map_err(rd(s))? else {
+                return Ok(false);
+            };
+            if target != meta::read_link(d).map_err(rd(d))? {
+                return Ok(false);
+            }
         }
-        Ok(meta::read_xattrs(s).map_err(rd(s))? == meta::read_xattrs(d).map_err(rd(d))?)
+        let Some(x) = unless_vanished(meta::read_xattrs(s)).map_err(rd(s))? else {
+            return Ok(false);
+        };
+        Ok(x == meta::read_xattrs(d).map_err(rd(d))?)
     }
 
     /// Creates a copy of the non-directory `s` at `t` (a free name).

@@ -244,7 +244,7 @@ pub fn default_per_client(max_connections: usize) -> usize {
 }
 
 /// Where a connection comes from, as the per-address limit counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Address {
     /// A TCP client (IPv4-mapped IPv6 addresses as IPv4).
     Ip(std::net::IpAddr),
@@ -395,6 +395,12 @@ impl ShutdownHandle {
         for l in self.0.live.lock().values() {
             let _ = l.stream.shutdown(Shutdown::Read);
         }
+    }
+
+    /// How many connections are in their handshake now (each holds one
+    /// of the handshake slots).
+    pub fn handshaking(&self) -> usize {
+        counted(&self.0.live.lock(), |l| l.export.is_none())
     }
 
     /// The certificate identities of the clients connected over TLS now
@@ -578,14 +584,8 @@ impl Server {
                 }
                 return;
             }
-            if !admit(&mut live, &shared.config) {
-                static REFUSED: RateLimit = RateLimit::per_10s();
-                if let Some(more) = REFUSED.admit() {
-                    tracing::warn!(
-                        "connection refused: the limit of {} connections is reached (raise --max-connections){more}",
-                        shared.config.max_connections
-                    );
-                }
+            if let Err(full) = admit(&mut live, &shared.config, address) {
+                refused_full(full, &shared.config, &peer);
                 return;
             }
             match stream.try_clone() {
@@ -648,34 +648,105 @@ fn counted(live: &HashMap<u64, Live>, f: impl Fn(&Live) -> bool) -> usize {
     live.values().filter(|l| !l.evicted && f(l)).count()
 }
 
-/// Whether a new connection may start its handshake; may evict the oldest
-/// slow handshake to make room. Established connections are never evicted.
-fn admit(live: &mut HashMap<u64, Live>, config: &ServerConfig) -> bool {
+/// Why a new connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// `max_connections` connections are live.
+    Connections,
+    /// Every handshake slot is held by a handshake too young to evict and
+    /// no address holds more of them than the newcomer's.
+    HandshakeSlots,
+}
+
+/// Whether a new connection from `address` may start its handshake; may
+/// evict a handshake to make room. Established connections are never
+/// evicted.
+///
+/// When the handshake slots are full, the victim is chosen fairly: the
+/// oldest handshake of the address holding the most slots, whatever its
+/// age, when that address holds more than the newcomer's does. So clients
+/// that reconnect in a tight loop from a few addresses (each freed slot
+/// is taken again at once) cannot keep out a client from another address:
+/// they only take slots from each other. Otherwise (the newcomer's address
+/// is among those holding the most) the oldest handshake older than
+/// `EVICT_AFTER` makes room, as real clients finish in milliseconds.
+fn admit(
+    live: &mut HashMap<u64, Live>,
+    config: &ServerConfig,
+    address: Address,
+) -> Result<(), Full> {
     let handshake_cap = handshake_slots(config);
-    let counted = || live.values().filter(|l| !l.evicted);
-    let total = counted().count();
-    let handshaking = counted().filter(|l| l.export.is_none()).count();
+    let total = counted(live, |_| true);
+    let handshaking = counted(live, |l| l.export.is_none());
     if total < config.max_connections && handshaking < handshake_cap {
-        return true;
+        return Ok(());
     }
-    // Full: a newcomer may take the place of the oldest slow handshake.
-    let oldest = live
-        .values_mut()
-        .filter(|l| !l.evicted && l.export.is_none() && l.since.elapsed() >= EVICT_AFTER)
-        .min_by_key(|l| l.since);
-    let Some(victim) = oldest else {
-        return false;
+    let full = if total >= config.max_connections {
+        Full::Connections
+    } else {
+        Full::HandshakeSlots
     };
+    let victim = fair_victim(live, address)
+        .or_else(|| {
+            live.iter()
+                .filter(|(_, l)| {
+                    !l.evicted && l.export.is_none() && l.since.elapsed() >= EVICT_AFTER
+                })
+                .min_by_key(|(_, l)| l.since)
+                .map(|(id, _)| *id)
+        })
+        .ok_or(full)?;
+    let victim = live.get_mut(&victim).expect("the victim is live");
     victim.evicted = true;
     let _ = victim.stream.shutdown(Shutdown::Both);
     static EVICTED: RateLimit = RateLimit::per_10s();
     if let Some(more) = EVICTED.admit() {
         tracing::info!(
-            "every handshake slot is taken: closed the oldest unfinished handshake ({:.1} s old) for a new client{more}",
+            peer = %victim.address,
+            "every handshake slot is taken: closed the oldest unfinished handshake of {} ({:.1} s old) for a new client from {address}{more}",
+            victim.address,
             victim.since.elapsed().as_secs_f64()
         );
     }
-    true
+    Ok(())
+}
+
+/// The oldest handshake of the address that holds the most handshake
+/// slots, when it holds more than `newcomer` does (see [`admit`]).
+fn fair_victim(live: &HashMap<u64, Live>, newcomer: Address) -> Option<u64> {
+    let mut held: HashMap<Address, usize> = HashMap::new();
+    for l in live.values().filter(|l| !l.evicted && l.export.is_none()) {
+        *held.entry(l.address).or_default() += 1;
+    }
+    let mine = held.get(&newcomer).copied().unwrap_or(0);
+    let (&top, &most) = held.iter().max_by_key(|(_, n)| **n)?;
+    if most <= mine + 1 {
+        return None;
+    }
+    live.iter()
+        .filter(|(_, l)| !l.evicted && l.export.is_none() && l.address == top)
+        .min_by_key(|(_, l)| l.since)
+        .map(|(id, _)| *id)
+}
+
+/// Logs (rate-limited) a connection refused because the server is full,
+/// naming the limit that was reached.
+fn refused_full(full: Full, config: &ServerConfig, peer: &str) {
+    static REFUSED: RateLimit = RateLimit::per_10s();
+    let Some(more) = REFUSED.admit() else { return };
+    match full {
+        Full::Connections => tracing::warn!(
+            peer = %peer,
+            "connection refused: the limit of {} connections is reached (raise --max-connections){more}",
+            config.max_connections
+        ),
+        Full::HandshakeSlots => tracing::warn!(
+            peer = %peer,
+            "connection refused: all {} handshake slots are held by clients still in their handshake, none older than {:.0} s (the slots are min(64, half of --max-connections)){more}",
+            handshake_slots(config),
+            EVICT_AFTER.as_secs_f64()
+        ),
+    }
 }
 
 /// How many connections may be in their handshake at once: the configured

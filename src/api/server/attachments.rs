@@ -61,11 +61,8 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<AttachmentInfo>), ApiError> {
     let Json(req) = body?;
     let drive = attachable(&d, &req.drive)?;
-    let info = blocking(move || {
-        Ok(d.attachments
-            .attach(drive, std::path::Path::new(&req.mountpoint), req.force)?)
-    })
-    .await?;
+    let mountpoint = super::host_paths::absolute("mountpoint", &req.mountpoint)?;
+    let info = blocking(move || Ok(d.attachments.attach(drive, &mountpoint, req.force)?)).await?;
     Ok((StatusCode::CREATED, Json(view(info))))
 }
 

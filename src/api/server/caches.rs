@@ -153,6 +153,7 @@ pub(crate) fn all(d: &Daemon) -> Vec<CacheInfo> {
 /// A create request as a spec (every option through `CacheSpec::set`, as
 /// the CLI flags and the config file).
 fn spec_of(req: &CreateCache) -> Result<CacheSpec, ApiError> {
+    super::host_paths::backing(&req.backing)?;
     let mut spec = CacheSpec::new(&req.name, &req.backing, &req.size.as_text(), &req.mode)?;
     let mut set = |key: &str, value: Option<String>| -> Result<(), ApiError> {
         match value {

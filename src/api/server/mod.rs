@@ -28,6 +28,7 @@ pub mod drives;
 pub mod error;
 pub mod events;
 pub mod health;
+pub mod host_paths;
 pub mod metrics;
 pub mod persistence;
 pub mod remotes;

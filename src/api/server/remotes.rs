@@ -77,8 +77,8 @@ pub async fn add(
         url: req.url,
         endpoint: req.endpoint,
         region: req.region,
-        credentials_file: req.credentials_file.map(Into::into),
-        encrypt_key_file: req.encrypt_key_file.map(Into::into),
+        credentials_file: file(&req.credentials_file, "credentials_file")?,
+        encrypt_key_file: file(&req.encrypt_key_file, "encrypt_key_file")?,
         chunk_bytes,
     };
     let d2 = d.clone();
@@ -104,4 +104,11 @@ pub async fn remove(
 ) -> Result<Json<RemoteRemoved>, ApiError> {
     let s = super::blocking(move || Ok(d.snapshots.remotes.remove(&name)?)).await?;
     Ok(Json(RemoteRemoved { name: s.name }))
+}
+
+/// An optional file path of a request, absolute.
+fn file(text: &Option<String>, field: &str) -> Result<Option<std::path::PathBuf>, ApiError> {
+    text.as_deref()
+        .map(|t| super::host_paths::absolute(field, t))
+        .transpose()
 }

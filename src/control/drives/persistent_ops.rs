@@ -574,36 +574,16 @@ impl Drives {
     /// Clean shutdown of every persistent drive: stops its sync thread and
     /// saves everything (sync and checkpoint), logging each. Call after
     /// the NBD server and attachments have stopped.
+    ///
+    /// Each drive is saved on its own: a panic while saving one (a bug,
+    /// never expected) is reported and the next drive is still saved.
     pub fn shutdown_persistent(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         for d in self.list() {
-            let Some(p) = &d.persist else { continue };
-            match (&d.data, &*d.state.lock()) {
-                (DriveData::Persistent(pd), _) => {
-                    p.stop_scheduler();
-                    let dirty = pd.status().dirty_bytes;
-                    let started = Instant::now();
-                    match pd.close() {
-                        Ok(r) => tracing::info!(
-                            drive = %d.name,
-                            dirty = %format_size(dirty),
-                            journal = %format_size(r.journal_bytes),
-                            ms = started.elapsed().as_millis() as u64,
-                            "saved to {}",
-                            p.dir.display()
-                        ),
-                        Err(e) => tracing::error!(
-                            drive = %d.name,
-                            "could not save at shutdown: {e}; the disk holds the last completed sync"
-                        ),
-                    }
-                }
-                (_, DriveState::Restoring) => tracing::info!(
-                    drive = %d.name,
-                    "was still restoring ({}); its state directory is unchanged and it restores at the next start",
-                    p.restore_text()
-                ),
-                _ => {}
+            let saved =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| save_at_shutdown(&d)));
+            if saved.is_err() {
+                tracing::error!(drive = %d.name, "saving at shutdown panicked; the disk holds the last completed sync");
             }
         }
     }
@@ -659,5 +639,38 @@ impl Drives {
             p.start_scheduler(pd, &drive.name);
         }
         Err(failed.into())
+    }
+}
+
+/// Saves one persistent drive at shutdown (sync and checkpoint), logging
+/// the outcome; a drive still restoring keeps its state directory as is.
+fn save_at_shutdown(d: &Arc<Drive>) {
+    let Some(p) = &d.persist else { return };
+    match (&d.data, &*d.state.lock()) {
+        (DriveData::Persistent(pd), _) => {
+            p.stop_scheduler();
+            let dirty = pd.status().dirty_bytes;
+            let started = Instant::now();
+            match pd.close() {
+                Ok(r) => tracing::info!(
+                    drive = %d.name,
+                    dirty = %format_size(dirty),
+                    journal = %format_size(r.journal_bytes),
+                    ms = started.elapsed().as_millis() as u64,
+                    "saved to {}",
+                    p.dir.display()
+                ),
+                Err(e) => tracing::error!(
+                    drive = %d.name,
+                    "could not save at shutdown: {e}; the disk holds the last completed sync"
+                ),
+            }
+        }
+        (_, DriveState::Restoring) => tracing::info!(
+            drive = %d.name,
+            "was still restoring ({}); its state directory is unchanged and it restores at the next start",
+            p.restore_text()
+        ),
+        _ => {}
     }
 }

@@ -21,6 +21,7 @@
 //! (unmaintained) nor an X.509 crate is needed.
 
 mod identity;
+pub mod key;
 mod settings;
 mod stream;
 

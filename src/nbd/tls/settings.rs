@@ -104,6 +104,10 @@ pub enum TlsError {
     /// A PEM file held no certificate.
     #[error("{} holds no certificate", path.display())]
     NoCertificate { path: PathBuf },
+    /// The private key is PEM but not one the TLS library can sign with
+    /// (say an RSA key of an odd size).
+    #[error("cannot use the private key {}: {why}", path.display())]
+    UnusableKey { path: PathBuf, why: String },
     /// Client certificates were required with no CA to check them against.
     #[error("client certificates are required but {} is missing", path.display())]
     NoCa { path: PathBuf },
@@ -187,9 +191,15 @@ fn load(dir: &Path, wanted: Option<ClientCerts>) -> Result<Loaded, TlsError> {
     let chain = certificates(&dir.join(SERVER_CERT))?;
     let key_path = dir.join(SERVER_KEY);
     let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|source| TlsError::Read {
-        path: key_path,
+        path: key_path.clone(),
         source,
     })?;
+    if let Some(why) = super::key::unusable(&key) {
+        return Err(TlsError::UnusableKey {
+            path: key_path,
+            why,
+        });
+    }
     let ca_path = dir.join(CA_CERT);
     let has_ca = ca_path.exists();
     let client_certs = wanted.unwrap_or(if has_ca {

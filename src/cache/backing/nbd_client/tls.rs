@@ -59,6 +59,9 @@ pub enum CertFileError {
     /// A PEM file held no certificate.
     #[error("{} holds no certificate", path.display())]
     NoCertificate { path: PathBuf },
+    /// The private key is PEM but not one the TLS library can sign with.
+    #[error("cannot use the private key {}: {why}", path.display())]
+    UnusableKey { path: PathBuf, why: String },
     /// A client certificate without its key, or the other way round.
     #[error("{} is missing (beside {beside})", path.display())]
     HalfPair { path: PathBuf, beside: &'static str },
@@ -265,9 +268,14 @@ fn client_pair(dir: &Path) -> Result<Option<ClientPair>, CertFileError> {
         (false, false) => Ok(None),
         (true, true) => {
             let chain = certificates(&cert)?;
-            let key = PrivateKeyDer::from_pem_file(&key)
-                .map_err(|source| CertFileError::Read { path: key, source })?;
-            Ok(Some((chain, key)))
+            let der = PrivateKeyDer::from_pem_file(&key).map_err(|source| CertFileError::Read {
+                path: key.clone(),
+                source,
+            })?;
+            if let Some(why) = crate::nbd::tls::key::unusable(&der) {
+                return Err(CertFileError::UnusableKey { path: key, why });
+            }
+            Ok(Some((chain, der)))
         }
         (true, false) => Err(CertFileError::HalfPair {
             path: key,
