@@ -5,7 +5,11 @@
 # tests/metrics.rs; chromium, chromium-driver and python3-selenium for the
 # dashboard in tests/dashboard.rs) plus the peer servers the benches
 # compare against (nbdkit, nbd-server), on Debian 12, as root; and Garage,
-# the S3 server of tests/snapshot_engine.rs (cargo install).
+# the S3 server of tests/snapshot_engine.rs (cargo install). Then the
+# guest-kernel harness of the guest tests (scripts/guest.sh setup: QEMU, a
+# Debian 6.12 kernel with ublk/nbd/nvme-tcp/brd, its initramfs), and on the
+# host the kernel-client tools those tests run in the guest (nvme-cli,
+# nbd-client, mdadm).
 #
 # Idempotent and fast when nothing is missing: apt is not touched at all
 # then. Otherwise one `apt-get update` and one `apt-get install`.
@@ -32,11 +36,14 @@ packages=(
     chromium       # the dashboard in a real browser (tests/dashboard.rs), headless
     chromium-driver # chromedriver, for selenium
     python3-selenium # drives chromium from tests/browser/dashboard.py
+    nvme-cli       # nvme connect, run in the guest (tests/guest*.rs)
+    nbd-client     # the kernel NBD client, run in the guest (tests/guest_nbd.rs)
+    mdadm          # md raid1, run in the guest
 )
 tools=(
     qemu-img qemu-io nbdinfo nbdcopy nbdfuse nbdsh fio nbdkit nbd-server
     fusermount3 mkfs.ext4 e2fsck losetup mount umount pgrep sha256sum fstrim openssl curl
-    chromium chromedriver
+    chromium chromedriver nvme nbd-client mdadm
 )
 
 # The tests run tools with the system directories first on PATH (so a
@@ -68,6 +75,10 @@ install_garage() {
     cargo install garage --locked --no-default-features --features sqlite,bundled-libs
 }
 install_garage
+
+# The guest-kernel harness (tests/guest*.rs): its own packages, a kernel
+# download and an initramfs the first time (~1 min), instant afterwards.
+bash "$(dirname "$0")/guest.sh" setup
 
 if ! what=$(missing); then
     echo "test-deps: all test tools are installed"

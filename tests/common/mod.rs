@@ -11,6 +11,7 @@
 
 pub mod block;
 pub mod garage;
+pub mod guest;
 pub mod mounts;
 pub mod nbdkit;
 pub mod nbdserver;
