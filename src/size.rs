@@ -68,11 +68,11 @@ pub fn parse(text: &str) -> Result<u64, SizeError> {
 fn unit_shift(unit: &str) -> Option<u32> {
     Some(match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
+        "k" | "kb" | "ki" | "kib" => 10,
+        "m" | "mb" | "mi" | "mib" => 20,
+        "g" | "gb" | "gi" | "gib" => 30,
+        "t" | "tb" | "ti" | "tib" => 40,
+        "p" | "pb" | "pi" | "pib" => 50,
         _ => return None,
     })
 }
@@ -135,6 +135,10 @@ mod tests {
         assert_eq!(parse("1.5G").unwrap(), 3 << 29);
         assert_eq!(parse("2GiB").unwrap(), 2 << 30);
         assert_eq!(parse(" 1m ").unwrap(), 1 << 20);
+        // kubectl's and Docker's spellings too.
+        assert_eq!(parse("4Gi").unwrap(), 4 << 30);
+        assert_eq!(parse("512Mi").unwrap(), 512 << 20);
+        assert_eq!(parse("8ki").unwrap(), 8 << 10);
     }
 
     #[test]

@@ -190,7 +190,7 @@ fn every_command_prints_a_table_and_json() {
     assert!(out.contains("db is now 32 MiB"), "{out}");
     let v = cli_json(&d, &["resize", "db", "24M", "--json"]);
     assert_eq!(v["size_bytes"], 24u64 << 20);
-    cli_fails(&d, &["resize", "db", "0"], 2, "at least 1 byte");
+    cli_fails(&d, &["resize", "db", "0"], 2, "at least 4 KiB (one page)");
     let out = cli_ok(&d, &["lock", "db"]);
     assert!(out.contains("db is read-only"), "{out}");
     let v = cli_json(&d, &["unlock", "db", "--json"]);
@@ -260,12 +260,12 @@ fn bad_sizes_and_names_are_usage_errors_exit_2() {
     for (args, want) in [
         (&["create", "Bad", "--size", "1M"][..], "invalid drive name"),
         (&["create", "x", "--size", "12Q"], "unknown size unit"),
-        (&["create", "x", "--size", "0"], "at least 1 byte"),
+        (&["create", "x", "--size", "0"], "at least 4 KiB (one page)"),
         (
             &["create", "x", "--size", "1M", "--mem-limit", "0"],
             "memory limit of 0",
         ),
-        (&["resize", "x", "0"], "at least 1 byte"),
+        (&["resize", "x", "0"], "at least 4 KiB (one page)"),
         (&["resize", "x", "1Q"], "unknown size unit"),
         (&["delete", "-x"], ""),
         (&["info", "Bad"], "invalid drive name"),

@@ -1088,7 +1088,7 @@ fn bad_command_lines_give_clear_errors() {
         ("x=12Q", &["x=12Q", "unknown size unit"][..]),
         ("BAD=1G", &["BAD=1G", "invalid drive name 'BAD'"]),
         ("x", &["expected NAME=SIZE"]),
-        ("x=0", &["at least 1 byte"]),
+        ("x=0", &["at least 4 KiB (one page)"]),
         ("x=1G,turbo", &["unknown option 'turbo'"]),
     ] {
         let out = run(ramd()

@@ -63,6 +63,8 @@ pub enum SettingError {
     UnknownMode(String),
     #[error("'{0}' is not a duration (like 500ms, 30s, 5m)")]
     NotADuration(String),
+    #[error("'{0}' has no time unit: write {0}ms, {0}s or {0}m")]
+    NoTimeUnit(String),
     #[error("unknown time unit '{unit}' in '{text}': use ms, s, m or h")]
     UnknownTimeUnit { unit: String, text: String },
     #[error("duration '{0}' is too long")]
@@ -216,12 +218,13 @@ impl CacheConfig {
 }
 
 /// Parses `250ms`, `30s`, `5m`, `1h 30m` (humantime, as every interval
-/// in ramd) or a bare number of milliseconds (what cache options took
-/// first, kept so existing configs load) into milliseconds.
+/// in ramd) into milliseconds. A bare number is refused: `10` read as
+/// 10 ms surprised users who meant seconds, so a unit is required (JSON
+/// numbers in the API are milliseconds by their documented type).
 pub fn parse_duration(text: &str) -> Result<u64, SettingError> {
     let t = text.trim();
-    if let Ok(ms) = t.parse::<u64>() {
-        return Ok(ms);
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SettingError::NoTimeUnit(t.to_owned()));
     }
     let d = humantime::parse_duration(t).map_err(|e| match e {
         humantime::DurationError::UnknownUnit { unit, .. } => SettingError::UnknownTimeUnit {
@@ -279,7 +282,10 @@ mod tests {
             e.contains("unknown cache option 'turbo'") && e.contains("block-size"),
             "{e}"
         );
-        assert_eq!(parse_duration("250"), Ok(250));
+        let e = parse_duration("250").unwrap_err();
+        assert_eq!(e, SettingError::NoTimeUnit("250".into()));
+        assert!(e.to_string().contains("250ms, 250s or 250m"), "{e}");
+        assert_eq!(parse_duration("250ms"), Ok(250));
         assert_eq!(parse_duration("1m 30s"), Ok(90_000));
         assert!(matches!(
             parse_duration("5 fortnights"),

@@ -34,7 +34,7 @@ pub fn check_name(text: &str) -> Result<(), SpecError> {
     crate::control::drives::spec::check_name(text)
 }
 
-/// A drive size: a size of at least 1 byte.
+/// A drive size: a size of at least one page (4 KiB).
 pub fn check_drive_size(text: &str) -> Result<(), SpecError> {
     crate::control::drives::spec::parse_drive_size(text).map(drop)
 }

@@ -770,7 +770,7 @@ nbd_socket_group = "ramd"
     fn caches() {
         let c = parse(
             Path::new("x.toml"),
-            "[[drive]]\nname = \"a\"\nsize = \"1G\"\n\n[[cache]]\nname = \"db\"\nbacking = \"/dev/sdb\"\nsize = \"64M\"\nmode = \"writeback\"\nblock_size = \"64K\"\ndirty_high = 70\nmax_dirty_age = \"5s\"\ndirect = true\nnbd_timeout = 10000\n",
+            "[[drive]]\nname = \"a\"\nsize = \"1G\"\n\n[[cache]]\nname = \"db\"\nbacking = \"/dev/sdb\"\nsize = \"64M\"\nmode = \"writeback\"\nblock_size = \"64K\"\ndirty_high = 70\nmax_dirty_age = \"5s\"\ndirect = true\nnbd_timeout = \"10s\"\n",
         )
         .unwrap();
         assert_eq!(c.caches.len(), 1);
@@ -992,7 +992,7 @@ nbd_socket_group = "ramd"
                 "ramd.toml:2:7: unknown log level 'infp'",
             ),
             (
-                "[[drive]]\nname = \"a\"\nsize = 1\nmem_limit = 0\n",
+                "[[drive]]\nname = \"a\"\nsize = \"1M\"\nmem_limit = 0\n",
                 "ramd.toml:4:13: a memory limit of 0",
             ),
         ] {
@@ -1007,7 +1007,7 @@ nbd_socket_group = "ramd"
         }
         let c = parse(
             Path::new("x.toml"),
-            "[[drive]]\nname = \"a\"\nsize = 1\n\n[[cache]]\nname = \"c\"\nbacking = \"/x\"\nsize = \"1M\"\nmode = \"wb\"\n",
+            "[[drive]]\nname = \"a\"\nsize = \"1M\"\n\n[[cache]]\nname = \"c\"\nbacking = \"/x\"\nsize = \"1M\"\nmode = \"wb\"\n",
         )
         .unwrap();
         assert_eq!(c.declared_at["a"], (2, 8));

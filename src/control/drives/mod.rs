@@ -897,9 +897,7 @@ fn not_found(name: &str) -> DriveError {
 }
 
 fn check_size(size: u64) -> Result<(), DriveError> {
-    if size == 0 {
-        return Err(SpecError::from(SizeError::ZeroDrive).into());
-    }
+    spec::check_drive_size(size)?;
     if size > MAX_DRIVE_BYTES {
         return Err(SpecError::from(SizeError::TooLarge {
             size,
@@ -1000,7 +998,7 @@ mod tests {
         over.overcommit = true;
         r.create(&over, Origin::Api).unwrap();
         assert!(matches!(
-            r.create(&spec("a", 1), Origin::Api),
+            r.create(&spec("a", 4096), Origin::Api),
             Err(DriveError::Ledger(LedgerError::Taken(_)))
         ));
         // Growing past the budget is refused too.

@@ -116,9 +116,9 @@ pub enum SizeError {
     /// Not a size (the size parser's reason).
     #[error(transparent)]
     Unparsable(#[from] crate::size::SizeError),
-    /// A drive of 0 bytes.
-    #[error("a drive size must be at least 1 byte")]
-    ZeroDrive,
+    /// A drive smaller than one page (`--size 3` was taken as 3 bytes).
+    #[error("a drive needs at least {} (one page), not {}: give a size with a unit, like 64M or 4G", format_size(MIN_DRIVE_BYTES), format_size(*size))]
+    TooSmall { size: u64 },
     /// A memory limit of 0 bytes.
     #[error("a memory limit of 0 bytes would refuse every write: give at least 1 byte, or \"none\" (leave it out) for no limit")]
     ZeroMemLimit,
@@ -166,11 +166,19 @@ pub fn check_name(name: &str) -> Result<(), SpecError> {
     Ok(ledger::check_name(Kind::Drive, name)?)
 }
 
-/// Parses a drive size: a human size of at least one byte.
+/// The smallest drive: one page (smaller ones are typos: `--size 3`).
+pub const MIN_DRIVE_BYTES: u64 = 4096;
+
+/// Parses a drive size: a human size of at least [`MIN_DRIVE_BYTES`].
 pub fn parse_drive_size(text: &str) -> Result<u64, SpecError> {
     let size = parse_size(text).map_err(SizeError::Unparsable)?;
-    if size == 0 {
-        return Err(SizeError::ZeroDrive.into());
+    check_drive_size(size)
+}
+
+/// Checks a drive size: at least [`MIN_DRIVE_BYTES`].
+pub fn check_drive_size(size: u64) -> Result<u64, SpecError> {
+    if size < MIN_DRIVE_BYTES {
+        return Err(SizeError::TooSmall { size }.into());
     }
     Ok(size)
 }
