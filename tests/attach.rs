@@ -463,7 +463,6 @@ fn ext4_on_an_attached_drive_survives_detach_and_reattach_over_io_uring() {
 #[test]
 fn kill_9_of_the_daemon_fails_io_on_the_ring_without_a_hang() {
     use std::os::unix::fs::FileExt;
-    use std::time::Duration;
     if !require(&["umount"]) || !require_root_block_devices() {
         return;
     }
@@ -483,6 +482,8 @@ fn kill_9_of_the_daemon_fails_io_on_the_ring_without_a_hang() {
     // thread, while the daemon dies; the thread reports how they ended.
     let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = written.clone();
     std::thread::spawn(move || {
         let buf = vec![7u8; 1 << 20];
         let mut at = 0u64;
@@ -490,17 +491,22 @@ fn kill_9_of_the_daemon_fails_io_on_the_ring_without_a_hang() {
             if let Err(e) = f.write_all_at(&buf, at) {
                 break e;
             }
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             at = (at + (1 << 20)) % (64 << 20);
         };
         let _ = tx.send(end);
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // Writing for a while (not a fixed sleep: a busy machine may not have
+    // started the thread by then).
+    wait_until("writes to the mount", WAIT_TIMEOUT, || {
+        written.load(std::sync::atomic::Ordering::Relaxed) >= 8
+    });
     assert!(rx.try_recv().is_err(), "the writes stopped early");
     d.kill9();
 
     // The kernel aborts the connection: the writes fail, nothing hangs.
     let end = rx
-        .recv_timeout(Duration::from_secs(20))
+        .recv_timeout(WAIT_TIMEOUT)
         .expect("writes to the mount hang after kill -9");
     assert!(
         matches!(

@@ -2,9 +2,11 @@
 //! age-triggered write-back, sequential bypass, hit accounting, the memory
 //! budget, FUA, and a full cache of dirty data over a dead backing.
 
-use std::sync::atomic::Ordering;
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use ramd::block::backend::Backend;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
@@ -13,15 +15,10 @@ use ramd::store::MemoryBudget;
 
 const BS: u64 = 4096;
 
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// Waits (bounded, generously) until `cond` holds.
+#[track_caller]
+fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    common::wait_until(what, common::WAIT_TIMEOUT, cond);
 }
 
 fn cfg(mode: Mode, slots: u64) -> CacheConfig {
@@ -39,14 +36,22 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
     c.dirty_low_percent = 20;
     c.max_dirty_age_ms = 3_600_000;
     let cache = Cache::new(backing.clone(), c, None).unwrap();
+    // The write-back lag (the oldest dirty block's age) is what a flusher
+    // round saw when it began: a round that saw the first block older
+    // than all these writes took began after the last of them.
+    let started = Instant::now();
     for b in 0..40 {
         cache
             .write(b * BS, &[b as u8 + 1; BS as usize], false)
             .unwrap();
     }
+    let writing_ms = started.elapsed().as_millis() as u64;
+    let lag = || cache.stats().writeback_lag_ms;
+    wait_until("a flusher round after the writes", || {
+        lag() > writing_ms + 2
+    });
     // Below the high watermark nothing is written back (the age limit is
-    // an hour away); give the flusher several ticks to prove it.
-    std::thread::sleep(Duration::from_millis(350));
+    // an hour away).
     assert_eq!(cache.dirty_bytes(), 40 * BS);
     assert_eq!(backing.writes.load(Ordering::Relaxed), 0);
     for b in 40..55 {
@@ -57,12 +62,15 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
     wait_until("the flusher to drain to the low watermark", || {
         cache.dirty_bytes() <= 20 * BS
     });
-    std::thread::sleep(Duration::from_millis(300));
-    // It stops at the low watermark: 20 blocks stay dirty.
+    // It stops at the low watermark: 20 blocks stay dirty, through the
+    // rounds after the drain too (the lag they see grows past what the
+    // last one seen had).
+    assert_eq!(cache.dirty_bytes(), 20 * BS);
+    let seen = lag();
+    wait_until("a flusher round after the drain", || lag() > seen + 2);
     assert_eq!(cache.dirty_bytes(), 20 * BS);
     let s = cache.stats();
     assert_eq!(s.writeback_bytes, 35 * BS);
-    assert!(s.writeback_lag_ms > 0, "{s:?}");
     cache.close(false).unwrap();
     let d = backing.durable();
     for b in 0..55u64 {
@@ -76,11 +84,16 @@ fn old_dirty_data_is_written_back_by_age() {
     let mut c = cfg(Mode::WriteBack, 64);
     c.max_dirty_age_ms = 30;
     let cache = Cache::new(backing.clone(), c, None).unwrap();
+    // Dirty, then written back by the flusher (not asserted dirty in
+    // between: 30 ms is a moment a busy machine can take between two
+    // lines; `fua_write_back_is_durable_before_the_reply` shows a write
+    // stays dirty while the age limit is far).
     cache.write(12_345, &[7; 10_000], false).unwrap();
-    assert!(cache.dirty_bytes() > 0);
     wait_until("age-triggered write-back", || cache.dirty_bytes() == 0);
     assert!(backing.contents()[12_345..22_345].iter().all(|&x| x == 7));
-    assert_eq!(cache.stats().writeback_lag_ms, 0);
+    let s = cache.stats();
+    assert!(s.writeback_bytes >= 10_000, "{s:?}");
+    assert_eq!(s.writeback_lag_ms, 0);
 }
 
 #[test]
@@ -313,9 +326,10 @@ fn close_during_writes_keeps_every_acknowledged_write() {
     let mut c = cfg(Mode::WriteBack, 256);
     c.max_dirty_age_ms = 3_600_000;
     let cache = Arc::new(Cache::new(backing.clone(), c, None).unwrap());
+    let acks = Arc::new([0, 1, 2].map(|_| AtomicU64::new(0)));
     let writers: Vec<_> = (0..3u64)
         .map(|t| {
-            let cache = cache.clone();
+            let (cache, acks) = (cache.clone(), acks.clone());
             std::thread::spawn(move || {
                 // Each thread owns a 1 MiB region and counts up in it.
                 let mut acked = Vec::new();
@@ -323,7 +337,10 @@ fn close_during_writes_keeps_every_acknowledged_write() {
                     let off = (t << 20) + (i % 256) * BS;
                     let v = ((i / 256) as u8).wrapping_add(1);
                     match cache.write(off, &[v; BS as usize], false) {
-                        Ok(()) => acked.push((off, v)),
+                        Ok(()) => {
+                            acked.push((off, v));
+                            acks[t as usize].fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(e) => {
                             assert!(e.to_string().contains("closed"), "{e}");
                             return acked;
@@ -334,7 +351,11 @@ fn close_during_writes_keeps_every_acknowledged_write() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(50));
+    // Every writer under way (not a fixed sleep: on a busy machine a
+    // thread may not have written anything yet).
+    wait_until("a write acknowledged to every writer", || {
+        acks.iter().all(|a| a.load(Ordering::Relaxed) > 0)
+    });
     cache.close(false).unwrap();
     let d = backing.durable();
     for w in writers {

@@ -213,6 +213,8 @@ try:
                 if buf is not None and buf.to_bytearray() != pat(blk):
                     bad += 1
                 done += 1
+                if done == 256:
+                    print("RUNNING", flush=True)
 except nbd.Error as e:
     err = str(e)
 print(json.dumps({"done": done, "bad": bad, "error": err}), flush=True)
@@ -233,14 +235,28 @@ fn sigterm_with_requests_in_flight_ends_without_a_torn_reply() {
             .expect("spawn the client"),
     );
     use std::io::BufRead;
+    // The client's lines, read on a thread so that every wait is bounded.
     let stdout = client.0.stdout.take().unwrap();
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "READY");
-    // Let it run at full depth for a moment, then stop the daemon.
-    std::thread::sleep(Duration::from_millis(300));
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    let next_line = |what: &str| {
+        lines
+            .recv_timeout(WAIT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("no {what} from the client: {e}"))
+    };
+    assert_eq!(next_line("READY"), "READY");
+    // Once it has run at full depth for a while (not a fixed sleep: a busy
+    // machine may not have got it going by then), stop the daemon.
+    assert_eq!(next_line("RUNNING"), "RUNNING");
     let status = d.terminate();
     assert!(status.success(), "ramd exited with {status}: {}", d.log());
-    let summary = lines.next().expect("a summary").unwrap();
+    let summary = next_line("summary");
     let v: Value = serde_json::from_str(&summary).unwrap();
     assert!(v["done"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["bad"], 0, "reads returned wrong data: {v}");
@@ -270,7 +286,7 @@ fn sigterm_with_requests_in_flight_ends_without_a_torn_reply() {
         .any(|w| err.contains(w)),
         "the connection should end by the server closing it: {v}"
     );
-    assert!(wait_timeout(&mut client.0, Duration::from_secs(30)).is_some());
+    assert!(wait_timeout(&mut client.0, WAIT_TIMEOUT).is_some());
 }
 
 /// A `ramd daemon` started by hand (not through [`Daemon`]): its output
