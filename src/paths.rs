@@ -255,11 +255,12 @@ pub struct ReplaceError {
 /// Replaces `path` with `bytes`: a new 0600 file `PATH.tmp` beside it
 /// (whatever the umask; a stale one from a crash is removed first),
 /// fsync, rename over `path`, fsync of the directory. A crash leaves the
-/// old file or the new one, and nobody else can read either. Writers of
-/// one path must take turns (they share the temporary name).
+/// old file or the new one, and nobody else can read either; a failure
+/// (a full disk) leaves the old file and no temporary. Writers of one
+/// path must take turns (they share the temporary name). The one helper
+/// for ramd's small state files (drive settings, remotes, directories in
+/// RAM, tokens, bench reports).
 pub fn replace_private_file(path: &Path, bytes: &[u8]) -> Result<(), ReplaceError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let fail = |op: &'static str, path: &Path| {
         let path = path.to_owned();
         move |source| ReplaceError { op, path, source }
@@ -268,21 +269,35 @@ pub fn replace_private_file(path: &Path, bytes: &[u8]) -> Result<(), ReplaceErro
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(fail("create", &tmp))?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(fail("chmod", &tmp))?;
-    f.write_all(bytes).map_err(fail("write", &tmp))?;
-    f.sync_all().map_err(fail("fsync", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(fail("rename into", path))?;
+    write_private_new(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(fail("rename into", path)))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(fail("fsync", dir))
+}
+
+/// Creates `tmp` (0600, which must not exist) holding `bytes`, synced.
+fn write_private_new(tmp: &Path, bytes: &[u8]) -> Result<(), ReplaceError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |op: &'static str| {
+        let path = tmp.to_owned();
+        move |source| ReplaceError { op, path, source }
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(fail("create"))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(fail("chmod"))?;
+    f.write_all(bytes).map_err(fail("write"))?;
+    f.sync_all().map_err(fail("fsync"))
 }
 
 #[cfg(test)]

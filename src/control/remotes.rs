@@ -21,8 +21,6 @@
 //! credentials come from ([`RemoteSpec::credentials_source`]).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -461,7 +459,8 @@ impl Remotes {
         Ok(spec)
     }
 
-    /// Writes the API remotes whole: a temp file (0600) renamed over.
+    /// Writes the API remotes whole (`paths::replace_private_file`: 0600,
+    /// atomic and durable).
     fn save(&self, map: &BTreeMap<String, RemoteSpec>) -> Result<(), RemotesError> {
         let Some(path) = &self.file else {
             return Ok(());
@@ -471,23 +470,11 @@ impl Remotes {
             .filter(|s| s.origin == RemoteOrigin::Api)
             .map(RemoteSpec::stored)
             .collect();
-        let err = |source| RemotesError::Save {
-            path: path.clone(),
-            source,
-        };
-        let text = serde_json::to_vec_pretty(&stored).map_err(|e| err(e.into()))?;
-        let tmp = path.with_extension("json.tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(err)?;
-        f.write_all(&text)
-            .and_then(|()| f.sync_all())
-            .map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        let text = serde_json::to_vec_pretty(&stored).expect("remotes serialize");
+        crate::paths::replace_private_file(path, &text).map_err(|e| RemotesError::Save {
+            path: e.path,
+            source: e.source,
+        })
     }
 }
 

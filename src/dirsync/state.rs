@@ -22,8 +22,7 @@
 //! [`make_private`] (run at every start) fixes what an older ramd or a hand
 //! left more open.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::mounts::MountMode;
@@ -233,20 +232,6 @@ impl StateFile {
             .mode(PRIVATE_DIR_MODE)
             .create(&self.dir)
             .map_err(io("create", &self.dir))?;
-        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(PRIVATE_FILE_MODE)
-            .open(&tmp)
-            .map_err(io("create", &tmp))?;
-        // A leftover temporary keeps its old mode: set it.
-        f.set_permissions(std::fs::Permissions::from_mode(PRIVATE_FILE_MODE))
-            .map_err(io("chmod", &tmp))?;
-        f.write_all(&encode(state)).map_err(io("write", &tmp))?;
-        f.sync_all().map_err(io("fsync", &tmp))?;
-        drop(f);
         let path = self.path();
         if path.exists() {
             let bak_tmp = self.dir.join(format!("{FILE_NAME}.bak.tmp"));
@@ -254,10 +239,12 @@ impl StateFile {
             std::fs::hard_link(&path, &bak_tmp).map_err(io("back up", &path))?;
             std::fs::rename(&bak_tmp, self.bak()).map_err(io("back up", &path))?;
         }
-        std::fs::rename(&tmp, &path).map_err(io("replace", &path))?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("fsync", &self.dir))
+        // 0600 whatever the umask, atomic and durable.
+        crate::paths::replace_private_file(&path, &encode(state)).map_err(|e| StateError::Io {
+            what: e.op,
+            path: e.path,
+            source: e.source,
+        })
     }
 }
 

@@ -338,7 +338,10 @@ impl<S: Storage, M: SyncStore> PersistentDrive<S, M> {
                     if let Err(e) = c {
                         // The data is durable in the journal: the sync
                         // stands. The checkpoint is retried next time.
-                        tracing::warn!("checkpoint failed (will retry): {e}");
+                        match e {
+                            Error::CheckpointPostponed { .. } => tracing::warn!("{e}"),
+                            _ => tracing::warn!("checkpoint failed (will retry): {e}"),
+                        }
                         let mut t = self.tracking.lock();
                         t.last_error = Some(format!("checkpoint: {e}"));
                         t.last_error_unix_ms = Some(now_unix_ms());

@@ -75,6 +75,37 @@ impl SyncProgress {
     }
 }
 
+/// The journal's share of a state disk that a checkpoint leaves free:
+/// an eighth of the file system, between these bounds.
+const JOURNAL_RESERVE_MIN_BYTES: u64 = 1 << 20;
+const JOURNAL_RESERVE_MAX_BYTES: u64 = 64 << 20;
+
+/// Whether a checkpoint may write `bytes` more to the image and still
+/// leave the journal its reserve. A checkpoint moves data from the journal
+/// into the image, so it needs room until the journal is emptied at its
+/// end; on a nearly full disk it would take the room the next FLUSH needs
+/// for its journal record, and every FLUSH would fail until the disk had
+/// room for the whole checkpoint. So it stops short (`CheckpointPostponed`,
+/// the journal keeps the data; image pages already written are rewritten
+/// by the next attempt) while the journal still has its reserve.
+fn room_for<S: Storage>(storage: &S, bytes: u64) -> Result<()> {
+    let Some(space) = storage
+        .space()
+        .map_err(io_err("statvfs", storage.describe("")))?
+    else {
+        return Ok(());
+    };
+    let reserve =
+        (space.total_bytes / 8).clamp(JOURNAL_RESERVE_MIN_BYTES, JOURNAL_RESERVE_MAX_BYTES);
+    if space.free_bytes < bytes.saturating_add(reserve) {
+        return Err(Error::CheckpointPostponed {
+            free_bytes: space.free_bytes,
+            reserve_bytes: reserve,
+        });
+    }
+    Ok(())
+}
+
 /// What one checkpoint did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckpointReport {
@@ -511,9 +542,10 @@ impl<S: Storage> Engine<S> {
             for rec in &g.records {
                 match rec.kind {
                     RecordKind::Pages => {
+                        let n = rec.n_pages as usize;
+                        room_for(&self.storage, (n * (PAGE_BYTES + eb)) as u64)?;
                         read_payload(self.journal.file(), rec, &mut self.read_buf)
                             .map_err(io_err("read back", jpath.clone()))?;
-                        let n = rec.n_pages as usize;
                         let (data, rest) = self.read_buf.split_at(n * PAGE_BYTES);
                         self.image
                             .write_data(rec.first_page, g.drive_size, data, &rest[..n * eb])

@@ -147,6 +147,10 @@ pub enum Error {
     /// The RAM store refused an operation (memory limits, sizes).
     #[error("RAM store: {0}")]
     Store(#[from] crate::block::backend::Error),
+    /// A checkpoint stopped (or did not start) so that the journal keeps
+    /// room on a nearly full disk; the journal holds the data meanwhile.
+    #[error("checkpoint postponed: {} free on the state disk, and {} is kept for the journal so that FLUSH keeps working; it resumes when there is room", crate::size::format_size(*free_bytes), crate::size::format_size(*reserve_bytes))]
+    CheckpointPostponed { free_bytes: u64, reserve_bytes: u64 },
     /// The drive's engine stopped after an earlier failure it cannot
     /// recover from in place.
     #[error("invalid: {0}")]

@@ -43,6 +43,20 @@ pub trait Storage: Send + Sync + 'static {
     fn sync_dir(&self) -> io::Result<()>;
     /// Where `name` lives, for messages (a path on real disks).
     fn describe(&self, name: &str) -> String;
+    /// Free and total bytes of the file system holding the directory;
+    /// None where unknown (then nothing is held back for the journal).
+    fn space(&self) -> io::Result<Option<Space>> {
+        Ok(None)
+    }
+}
+
+/// Room on the file system of a state directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes an unprivileged writer may still allocate.
+    pub free_bytes: u64,
+    /// The file system's size.
+    pub total_bytes: u64,
 }
 
 /// One open file. Offsets are bytes; all methods take `&self` (positioned
@@ -170,6 +184,14 @@ impl Storage for DirStorage {
 
     fn describe(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
+    }
+
+    fn space(&self) -> io::Result<Option<Space>> {
+        let st = rustix::fs::statvfs(&self.dir)?;
+        Ok(Some(Space {
+            free_bytes: st.f_bavail.saturating_mul(st.f_frsize),
+            total_bytes: st.f_blocks.saturating_mul(st.f_frsize),
+        }))
     }
 }
 

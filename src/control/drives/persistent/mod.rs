@@ -384,9 +384,13 @@ pub fn phase_name(p: crate::persist::restore::RestorePhase) -> &'static str {
 
 /// A one-line summary of a restore report, for logs and `ramd info`.
 pub fn report_text(r: &RestoreReport) -> String {
+    // A drive synced but never checkpointed has everything in the journal
+    // and nothing in the image: both are counted ("restored 0 B" said it
+    // had nothing).
     let mut s = format!(
-        "restored {} of data in {:.2}s (image generation {}, now {}; {} journal generation{} replayed)",
+        "restored {} from the image and {} of pages from the journal in {:.2}s (image generation {}, now {}; {} journal generation{} replayed)",
         crate::size::format_size(r.image_data_bytes),
+        crate::size::format_size(r.journal_pages * crate::persist::format::PAGE_BYTES as u64),
         r.duration.as_secs_f64(),
         r.image_gen,
         r.restored_gen,

@@ -44,7 +44,6 @@
 //!   which. A drive declared in the config or on the daemon's command
 //!   line is described by its declaration (edit it to change them).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -340,35 +339,19 @@ pub fn read(dir: &Path) -> Result<Option<DriveSettings>, SettingsError> {
         })
 }
 
-/// Replaces `dir/drive.json` atomically and durably.
+/// Replaces `dir/drive.json` atomically and durably (0600 whatever the
+/// umask: drive data is private, see `modes`; a failure leaves the old
+/// file and no temporary).
 pub fn write(dir: &Path, settings: &DriveSettings) -> Result<(), SettingsError> {
-    let path = dir.join(FILE);
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    let io = |op, path: &Path| {
-        let path = path.to_owned();
-        move |source| SettingsError::Io { op, path, source }
-    };
     let mut text = serde_json::to_string_pretty(settings).expect("settings serialize");
     text.push('\n');
-    // 0600 at creation, whatever the umask: drive data is private (see
-    // `modes`).
-    let mut f = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io("create", &tmp))?
-    };
-    f.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
-    f.sync_data().map_err(io("fdatasync", &tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync", dir))
+    crate::paths::replace_private_file(&dir.join(FILE), text.as_bytes()).map_err(|e| {
+        SettingsError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    })
 }
 
 #[cfg(test)]
