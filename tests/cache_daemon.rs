@@ -544,7 +544,7 @@ fn api_errors_have_the_right_status_and_code() {
     )
     .unwrap();
     assert_eq!(line.trim(), "connected");
-    wait_until("the connection to count", Duration::from_secs(10), || {
+    wait_until("the connection to count", WAIT_TIMEOUT, || {
         e.info("a")["connections"] == 1
     });
     let v = e.expect(

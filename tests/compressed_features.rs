@@ -23,7 +23,9 @@ use common::garage::{
     add_remote, assert_same, cli, creds_file, push, read_drive, serial, start_push, wait_job,
     write_drive, Garage,
 };
-use common::{random_bytes, require, run, tool, try_run, wait_until, word_salad, Daemon};
+use common::{
+    random_bytes, require, run, tool, try_run, wait_until, word_salad, Daemon, WAIT_TIMEOUT,
+};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -330,7 +332,7 @@ fn memory_accounting_matches_the_corpus_and_rss_follows_it() {
     // (Freed heap blocks are returned to the OS by the daemon's
     // once-a-second sampler.)
     let mut left = 0;
-    wait_until("RSS to come down", Duration::from_secs(10), || {
+    wait_until("RSS to come down", WAIT_TIMEOUT, || {
         left = status_kb(pid, "VmRSS:").saturating_sub(rss_before);
         left <= 16 * MIB as u64
     });

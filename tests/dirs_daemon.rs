@@ -20,7 +20,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::mounts::{require_root, Scratch};
 use common::openapi::Spec;
@@ -933,12 +933,7 @@ fn kill_9_the_daemon_during_syncs_many_times() {
         rng
     };
     let (mut k, mut mid_sync, rounds) = (0u64, 0, 24);
-    let deadline = Instant::now() + Duration::from_secs(300);
     for round in 1..=rounds {
-        assert!(
-            Instant::now() < deadline,
-            "the test is taking too long (round {round})"
-        );
         let stop = Arc::new(AtomicBool::new(false));
         let w = {
             let (dir, stop) = (dir.clone(), stop.clone());
@@ -958,6 +953,9 @@ fn kill_9_the_daemon_during_syncs_many_times() {
                 ok
             })
         };
+        // The behaviour under test: a kill at a random moment of the
+        // writes and syncs (nothing is asserted about what it interrupts
+        // but at least one sync over all the rounds, see below).
         std::thread::sleep(Duration::from_millis(200 + next() % 700));
         signal(d.pid(), libc::SIGKILL);
         assert!(!d.terminate().success(), "killed");
@@ -1303,7 +1301,7 @@ fn add_refuses_a_directory_other_processes_use_unless_forced() {
     );
     let (cwd_pid, fd_pid) = (cwd_holder.0.id(), fd_holder.0.id());
     // tail opens its file right after it starts.
-    wait_until("tail has the file open", Duration::from_secs(10), || {
+    wait_until("tail has the file open", WAIT_TIMEOUT, || {
         std::fs::read_dir(format!("/proc/{fd_pid}/fd"))
             .unwrap()
             .any(|e| std::fs::read_link(e.unwrap().path()).ok() == Some(dir.join("log")))
@@ -1561,7 +1559,7 @@ fn remove_force_with_a_writer_that_never_stops_loses_nothing() {
             f.ends_with("log") && std::fs::read(f).unwrap() == b"before remove\nafter remove\n"
         })
     });
-    wait_until("the RAM copy is freed", Duration::from_secs(10), || {
+    wait_until("the RAM copy is freed", WAIT_TIMEOUT, || {
         !s.path(&format!("run/dirs/{id}")).exists()
     });
     assert!(d.log().contains("saved as a recovery copy"), "{}", d.log());

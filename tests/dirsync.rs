@@ -32,6 +32,7 @@ use ramd::dirsync::sync::{is_internal_name, sync_tree, SyncOptions};
 mod common;
 
 use common::mounts::{require_root, Scratch};
+use common::{wait_until, WAIT_TIMEOUT};
 
 impl Scratch {
     fn manager_config(&self) -> ManagerConfig {
@@ -712,6 +713,15 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
+        // The kill lands at a random moment of the child's syncs: counted
+        // from its first note, not from its start (a busy machine may take
+        // longer than the whole delay to start a process).
+        wait_until("the child's first sync", WAIT_TIMEOUT, || {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the child ended before its first sync: {status}");
+            }
+            s.path("progress").exists()
+        });
         let delay_ms = 30 + rng.below(400);
         std::thread::sleep(Duration::from_millis(delay_ms));
         // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
@@ -1069,12 +1079,9 @@ fn worker_syncs_on_interval_before_suspend_and_on_stop() {
     let worker = SyncWorker::start(m.clone());
     let disk = disk_view(&s, &m, &dir);
     std::fs::write(dir.join("periodic"), b"synced by the interval").unwrap();
-    // Bounded wait for the periodic sync (no timing assertion: only a deadline).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !disk.join("periodic").exists() {
-        assert!(Instant::now() < deadline, "no periodic sync within 60 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("a periodic sync", WAIT_TIMEOUT, || {
+        disk.join("periodic").exists()
+    });
     std::fs::write(dir.join("suspend"), b"synced before suspend").unwrap();
     let out = worker.before_suspend();
     assert!(out.iter().all(|(_, r)| r.is_ok()), "{out:?}");

@@ -6,9 +6,12 @@
 //! the kernel's own accounting (`AnonHugePages` of this process, which runs
 //! only this test).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{pattern, WAIT_TIMEOUT};
 use ramd::block::backend::Backend;
 use ramd::store::{region, MemoryBudget, RamStore, StoreOptions, HUGE_IDLE_MS};
 
@@ -25,21 +28,9 @@ fn anon_huge_kib() -> u64 {
 }
 
 /// Waits until `f` holds (the collapses run on the drive's own thread).
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out waiting: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
-        .collect()
+#[track_caller]
+fn eventually(what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, WAIT_TIMEOUT, f);
 }
 
 #[test]
@@ -62,21 +53,37 @@ fn full_ranges_become_huge_pages_and_trims_split_them() {
     let base_kib = anon_huge_kib();
 
     // A fill in progress: one full range, then a fresh page every 20 ms
-    // for three idle periods. Nothing may be collapsed meanwhile.
+    // for three idle periods. Nothing may be collapsed meanwhile: that is,
+    // as long as no two commits were an idle period apart, which a busy
+    // machine may make them (this thread unscheduled for a while). The
+    // longest gap between two commits is at most the time from the start
+    // of one write to the end of the next.
     let early = pattern(2 * MIB as usize, 3);
+    let mut last_start = Instant::now();
     s.write(16 * MIB, &early, false).unwrap();
     let busy_until = Instant::now() + Duration::from_millis(3 * HUGE_IDLE_MS);
     let mut page = 32 * MIB;
+    let mut longest_gap = Duration::ZERO;
     while Instant::now() < busy_until {
+        let start = Instant::now();
         s.write(page, &[7u8; 4096], false).unwrap();
+        longest_gap = longest_gap.max(last_start.elapsed());
+        last_start = start;
         page += 4096;
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(
-        s.huge_collapsed(),
-        0,
-        "collapsed while pages were being committed"
-    );
+    if longest_gap < Duration::from_millis(HUGE_IDLE_MS) {
+        assert_eq!(
+            s.huge_collapsed(),
+            0,
+            "collapsed while pages were being committed"
+        );
+    } else {
+        eprintln!(
+            "commits {longest_gap:?} apart (a busy machine): the range may have been \
+             collapsed during the fill, not checked"
+        );
+    }
     let trickle = page - 32 * MIB;
     assert!(trickle < 2 * MIB, "the trickle must not fill its range");
 
@@ -88,6 +95,8 @@ fn full_ranges_become_huge_pages_and_trims_split_them() {
     s.write(8 * MIB, &partial, false).unwrap();
     eventually("three collapses", || s.huge_collapsed() == 3);
     eventually("6 MiB of huge pages", || anon_huge_kib() >= base_kib + 6144);
+    // Time for a wrong collapse of a partial range; a correct drive passes
+    // however long this is.
     std::thread::sleep(Duration::from_millis(2 * HUGE_IDLE_MS));
     assert_eq!(s.huge_collapsed(), 3, "partial ranges stay in 4 KiB pages");
 

@@ -4,11 +4,13 @@
 //! progress is proven by gates and bounded waits. The sync tests run over
 //! the raw store and over a compressed one (lz4).
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ramd::block::backend::{self, Backend};
 use ramd::persist::{
@@ -284,12 +286,9 @@ fn consistent_cuts<M: SyncStore>(make: impl Fn(u64) -> backend::Result<M>) {
     let _ = PAGES_PER_CHUNK;
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+#[track_caller]
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, common::WAIT_TIMEOUT, f);
 }
 
 #[test]

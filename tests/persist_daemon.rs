@@ -280,14 +280,31 @@ fn kill_cycles(
                 .spawn()
                 .expect("start the writer"),
         );
-        wait_until("the writer to connect", TOOL_TIMEOUT, || {
-            read_log(&log_path).connected
+        // The newest durable point the daemon reports.
+        let durable_as_of = || {
+            drive(&d, name)["persist"]["status"]["durable_as_of_unix_ms"]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        // Every cycle has something to check: the kill comes a random
+        // moment after the first acknowledged FLUSH, or after the first
+        // sync that covers acknowledged writes (counted from the writer's
+        // start, a busy machine could kill it before either).
+        wait_until("the writer's first durable writes", TOOL_TIMEOUT, || {
+            let log = read_log(&log_path);
+            if let Some(e) = &log.error {
+                panic!("cycle {cycle}: the writer failed: {e}");
+            }
+            if flush_every > 0 {
+                log.flushed > 0
+            } else {
+                let as_of = durable_as_of();
+                log.acked_by.iter().any(|&(_, ms)| ms < as_of)
+            }
         });
         std::thread::sleep(Duration::from_millis(rng.range(delay_ms.0, delay_ms.1)));
         // The newest durable point the daemon reported before the crash.
-        let as_of = drive(&d, name)["persist"]["status"]["durable_as_of_unix_ms"]
-            .as_u64()
-            .unwrap_or(0);
+        let as_of = durable_as_of();
         d.kill9();
         let status = wait_timeout(&mut writer.0, TOOL_TIMEOUT).expect("the writer stops");
         assert!(status.success(), "writer failed: {status}");
@@ -406,14 +423,14 @@ fn nbd_write(uri: &str, offset: u64, data_seed: u64, len: usize, flush: bool) {
 import nbd, sys
 uri, off, seed, n, fl = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 h = nbd.NBD(); h.connect_uri(uri)
-buf = bytes((seed * 131 + i * 7 + (i >> 12)) & 255 for i in range(n))
+buf = pattern(n, seed)
 h.pwrite(buf, off)
 if fl:
     h.flush()
 h.shutdown()
 "#;
     python(
-        script,
+        &format!("{PATTERN_PY}{script}"),
         &[
             uri,
             &offset.to_string(),
@@ -423,12 +440,6 @@ h.shutdown()
         ],
     )
     .ok();
-}
-
-fn pattern(data_seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((data_seed * 131 + i as u64 * 7 + (i as u64 >> 12)) & 255) as u8)
-        .collect()
 }
 
 #[test]
@@ -452,7 +463,7 @@ fn sigterm_saves_unsynced_data_of_a_periodic_drive() {
     d.restart();
     ready(&d, "t");
     let img = image(&d, "t");
-    assert_eq!(&img[8192..8192 + 300_000], &pattern(5, 300_000)[..]);
+    assert_eq!(&img[8192..8192 + 300_000], &pattern(300_000, 5)[..]);
     assert!(img[..8192].iter().all(|&b| b == 0));
 }
 
@@ -553,7 +564,7 @@ fn corrupt_state_fails_precisely_and_restore_decides() {
     );
     run(tool("nbdinfo").arg(d.uri("ram0"))).ok();
     ready(&d, "ok");
-    assert_eq!(&image(&d, "ok")[..65536], &pattern(1, 65536)[..]);
+    assert_eq!(&image(&d, "ok")[..65536], &pattern(65536, 1)[..]);
     let (s, body) = d.http("POST", "/v1/drives/j/sync", None);
     assert_eq!(s, 409, "{body}");
     assert!(body.contains("drive_not_ready"), "{body}");
@@ -562,13 +573,13 @@ fn corrupt_state_fails_precisely_and_restore_decides() {
     let out = run(d.cli().args(["restore", "j", "--discard-journal"])).ok();
     assert!(out.stdout.contains("j is ready"), "{out}");
     let img = image(&d, "j");
-    assert_eq!(&img[..65536], &pattern(1, 65536)[..]);
+    assert_eq!(&img[..65536], &pattern(65536, 1)[..]);
     assert!(img[65536..].iter().all(|&b| b == 0));
     // --force: the bad page as it is, the rest intact.
     let out = run(d.cli().args(["restore", "i", "--force"])).ok();
     assert!(out.stdout.contains("failed verification"), "{out}");
     let img = image(&d, "i");
-    let mut want = pattern(1, 65536);
+    let mut want = pattern(65536, 1);
     want[4096 * 3 + 17] ^= 0x5a;
     assert_eq!(&img[..65536], &want[..]);
     // A corrupt meta stays failed (nothing to load), with the same error.
@@ -626,10 +637,11 @@ fn disk_full_keeps_serving_fails_flush_with_eio_and_recovers() {
     // Leave 4 MiB free, then write 8 MiB and FLUSH.
     let filler = state.join("filler");
     std::fs::write(&filler, vec![1u8; 28 << 20]).unwrap();
-    let script = r#"
+    let script = PATTERN_PY.to_owned()
+        + r#"
 import nbd, sys, errno
 h = nbd.NBD(); h.connect_uri(sys.argv[1])
-buf = bytes((131 + i * 7 + (i >> 12)) & 255 for i in range(8 << 20))
+buf = pattern(8 << 20, 1)
 h.pwrite(buf, 0)
 try:
     h.flush()
@@ -639,7 +651,7 @@ except nbd.Error as e:
 # The drive still serves from RAM.
 print("read back", h.pread(8 << 20, 0) == buf)
 "#;
-    let out = python(script, &[&d.uri("full")]).ok();
+    let out = python(&script, &[&d.uri("full")]).ok();
     assert!(out.stdout.contains("flush failed: True EIO"), "{out}");
     assert!(out.stdout.contains("read back True"), "{out}");
     let v = drive(&d, "full");
@@ -667,7 +679,7 @@ print("read back", h.pread(8 << 20, 0) == buf)
     d.kill9();
     d.restart();
     ready(&d, "full");
-    assert_eq!(&image(&d, "full")[..8 << 20], &pattern(1, 8 << 20)[..]);
+    assert_eq!(&image(&d, "full")[..8 << 20], &pattern(8 << 20, 1)[..]);
 }
 
 fn hex(b: &[u8]) -> String {
@@ -701,7 +713,7 @@ fn encrypted_drive_round_trip_and_a_wrong_key_is_refused_clearly() {
     assert!(d.terminate().success());
     // Ciphertext on disk.
     let img = std::fs::read(d.state_dir().join("drives/enc/image")).unwrap();
-    let plain = pattern(9, 100_000);
+    let plain = pattern(100_000, 9);
     assert!(
         !img.windows(64).any(|w| w == &plain[..64]),
         "plaintext in the encrypted image"
@@ -1047,17 +1059,18 @@ fn cli_and_api_for_persistent_drives() {
     let v = ready(&d, "n");
     assert_eq!(v["origin"], "api");
     assert_eq!(v["persist"]["durability"], "none");
-    let check = r#"
+    let check = PATTERN_PY.to_owned()
+        + r#"
 import nbd, sys
 h = nbd.NBD(); h.connect_uri(sys.argv[1])
-print(h.pread(4096, int(sys.argv[2])) == bytes((int(sys.argv[3]) * 131 + i * 7) & 255 for i in range(4096)))
+print(h.pread(4096, int(sys.argv[2])) == pattern(4096, int(sys.argv[3])))
 "#;
-    assert!(python(check, &[&d.uri("cfg"), "4096", "4"])
+    assert!(python(&check, &[&d.uri("cfg"), "4096", "4"])
         .ok()
         .stdout
         .contains("True"));
     assert!(
-        python(check, &[&d.uri("n"), "0", "6"])
+        python(&check, &[&d.uri("n"), "0", "6"])
             .ok()
             .stdout
             .contains("True"),
@@ -1166,7 +1179,7 @@ fn state_dir_is_private_wide_modes_are_narrowed_and_another_users_is_refused() {
         assert!(log.contains(&want), "want {want:?} in:\n{log}");
     }
     assert!(log.contains("WARN"), "{log}");
-    assert_eq!(&image(&d, "p")[..100_000], &pattern(7, 100_000)[..]);
+    assert_eq!(&image(&d, "p")[..100_000], &pattern(100_000, 7)[..]);
     assert!(d.terminate().success());
 
     // Another user's drive directory: the daemon does not start.

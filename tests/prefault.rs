@@ -3,15 +3,27 @@
 //! budgets, be freed by trim, and never appear for random first writes or
 //! when a budget is short.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use common::{wait_until, WAIT_TIMEOUT};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use ramd::block::backend::{Backend, Extent};
 use ramd::store::{MemoryBudget, RamStore, PAGE_BYTES, PREFAULT_AHEAD_BYTES};
 
 const MIB: u64 = 1 << 20;
+
+/// One drive at a time in this binary, so that the prefault threads
+/// [`settle`] looks at are the drive's (a dropped drive's thread ends on
+/// its own).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn store(size: u64, budget: u64) -> (RamStore, Arc<MemoryBudget>) {
     let global = Arc::new(MemoryBudget::new(budget));
@@ -31,26 +43,47 @@ fn fill(s: &RamStore, from: u64, to: u64, b: u8) {
 }
 
 /// Waits until the drive holds more than `bytes` (the prefaulter runs on
-/// its own thread); panics after 10 s.
+/// its own thread).
 fn wait_allocated_above(s: &RamStore, bytes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.allocated_bytes() <= bytes {
-        assert!(
-            Instant::now() < deadline,
-            "prefaulter never committed pages past {bytes} (allocated {})",
-            s.allocated_bytes()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        &format!("the prefaulter to commit pages past {bytes}"),
+        WAIT_TIMEOUT,
+        || s.allocated_bytes() > bytes,
+    );
 }
 
-/// Lets the prefaulter finish whatever it was asked to do.
+/// Whether every prefault thread of this process waits for work: asleep
+/// (`S`) in a futex (the job channel), not merely between two steps of a
+/// job or in a huge-page pass's rest (a nanosleep).
+fn prefault_threads_wait_for_work() -> bool {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+        .filter(|t| read(t.path().join("comm")).trim() == "prefault")
+        .all(|t| {
+            let stat = read(t.path().join("stat"));
+            // The state follows the command name in parentheses; a thread
+            // gone meanwhile (empty stat) waits for nothing.
+            let state = stat.rsplit_once(')').map(|(_, r)| r.trim_start());
+            let wchan = read(t.path().join("wchan"));
+            state.is_none_or(|r| r.starts_with('S') && wchan.contains("futex"))
+        })
+}
+
+/// Waits until the prefaulter has done whatever it was asked to: its
+/// thread waits for work, twice in a row with the drive's allocation
+/// unchanged in between (a fixed quiet period would end early whenever a
+/// busy machine left the thread unscheduled for that long).
 fn settle(s: &RamStore) {
-    let mut last = u64::MAX;
-    while s.allocated_bytes() != last {
-        last = s.allocated_bytes();
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the prefaulter to finish its work", WAIT_TIMEOUT, || {
+        let before = s.allocated_bytes();
+        if !prefault_threads_wait_for_work() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        prefault_threads_wait_for_work() && s.allocated_bytes() == before
+    });
 }
 
 fn data_bytes(ext: &[Extent]) -> u64 {
@@ -59,6 +92,7 @@ fn data_bytes(ext: &[Extent]) -> u64 {
 
 #[test]
 fn sequential_fill_commits_ahead_but_reports_holes() {
+    let _serial = serial();
     let (s, global) = store(256 * MIB, u64::MAX);
     fill(&s, 0, 32 * MIB, 7);
     wait_allocated_above(&s, 32 * MIB);
@@ -94,6 +128,7 @@ fn sequential_fill_commits_ahead_but_reports_holes() {
 
 #[test]
 fn writing_a_prefaulted_page_makes_it_data() {
+    let _serial = serial();
     let (s, _) = store(256 * MIB, u64::MAX);
     fill(&s, 0, 16 * MIB, 1);
     wait_allocated_above(&s, 16 * MIB);
@@ -120,6 +155,7 @@ fn writing_a_prefaulted_page_makes_it_data() {
 
 #[test]
 fn trim_frees_prefaulted_pages() {
+    let _serial = serial();
     let (s, global) = store(128 * MIB, u64::MAX);
     fill(&s, 0, 8 * MIB, 3);
     wait_allocated_above(&s, 8 * MIB);
@@ -133,6 +169,7 @@ fn trim_frees_prefaulted_pages() {
 
 #[test]
 fn random_first_writes_commit_only_what_they_write() {
+    let _serial = serial();
     let (s, _) = store(512 * MIB, u64::MAX);
     // Never contiguous with the previous write: no sequential fill.
     let mut at = 0u64;
@@ -148,6 +185,7 @@ fn random_first_writes_commit_only_what_they_write() {
 
 #[test]
 fn prefaulter_keeps_clear_of_the_budget() {
+    let _serial = serial();
     // 48 MiB of budget is inside the prefaulter's safety margin: it must not
     // commit anything, so the writer can use the whole budget.
     let (s, global) = store(256 * MIB, 48 * MIB);
@@ -194,6 +232,7 @@ proptest! {
     #[test]
     fn prefaulted_store_matches_oracle(steps in prop::collection::vec(step(), 1..12)) {
         const SIZE: u64 = 64 * MIB;
+        let _serial = serial();
         let (s, global) = store(SIZE, u64::MAX);
         let mut oracle = vec![0u8; SIZE as usize];
         for (i, st) in steps.iter().enumerate() {

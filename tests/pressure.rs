@@ -115,7 +115,7 @@ fn a_drive_in_a_small_cgroup_gets_enospc_at_the_reserve_and_the_daemon_lives() {
     let trim =
         "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nh.trim(h.get_size(), 0)\n";
     python(trim, &[&d.uri("big")]).ok();
-    wait_until("writes to be taken again", Duration::from_secs(15), || {
+    wait_until("writes to be taken again", WAIT_TIMEOUT, || {
         write(&d, 64 << 20)["error"].is_null()
     });
     assert!(d.is_running());
@@ -153,11 +153,9 @@ fn daemon_in(cgroup: &Cgroup, dir: &Path, extra: &[&str]) -> Daemon {
     args.extend(extra.iter().map(|a| a.to_string()));
     let d = Daemon::launch(&args, &[]);
     cgroup.add(d.pid());
-    wait_until(
-        "the watcher to see the cgroup",
-        Duration::from_secs(10),
-        || health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES,
-    );
+    wait_until("the watcher to see the cgroup", WAIT_TIMEOUT, || {
+        health(&d)["memory_pressure"]["cgroup_limit_bytes"] == LIMIT_BYTES
+    });
     d
 }
 
@@ -264,9 +262,15 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
     let hog = Hog::start(&cgroup, 320 << 20);
     assert!(d.is_running(), "the daemon must live; log:\n{}", d.log());
 
-    let after = cache_stats(&d);
+    // The kernel may first have found the other process room elsewhere
+    // (the page cache charged to the cgroup); the daemon's watcher sees
+    // the pressure at its next reading.
+    let mut after = cache_stats(&d);
+    wait_until("the cache to give back clean blocks", WAIT_TIMEOUT, || {
+        after = cache_stats(&d);
+        after["given_back_bytes"].as_u64().unwrap() >= 64 << 20
+    });
     let given = after["given_back_bytes"].as_u64().unwrap();
-    assert!(given >= 64 << 20, "{after}");
     assert!(
         after["memory_bytes"].as_u64().unwrap() <= (384 << 20) - given + (64 << 10),
         "{after}"
@@ -282,11 +286,9 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
     ] {
         assert!(metrics.contains(family), "{family} missing:\n{metrics}");
     }
-    assert!(
-        d.log().contains("caches gave back clean blocks"),
-        "{}",
-        d.log()
-    );
+    wait_until("the give-back logged", WAIT_TIMEOUT, || {
+        d.log().contains("caches gave back clean blocks")
+    });
 
     // Nothing was lost: the cache still reads as its backing.
     let copy = tmp.path().join("copy.img");
@@ -296,7 +298,7 @@ fn caches_give_back_clean_blocks_when_another_process_needs_the_memory() {
 
     // The other process ends: the cache grows back as it is read.
     hog.end();
-    wait_until("the cache to grow back", Duration::from_secs(30), || {
+    wait_until("the cache to grow back", WAIT_TIMEOUT, || {
         run(tool("nbdcopy").arg(d.uri("c")).arg("null:")).ok();
         cache_stats(&d)["memory_bytes"].as_u64().unwrap() >= 300 << 20
     });
@@ -329,16 +331,17 @@ fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
         let (_, body) = d.http("GET", "/v1/drives/z", None);
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["compression"].clone()
     };
-    wait_until("an urgent sweep", Duration::from_secs(30), || {
+    wait_until("an urgent sweep", WAIT_TIMEOUT, || {
         z()["urgent_sweeps"].as_u64().unwrap() >= 1
     });
-    assert!(
+    wait_until("the hurry logged", WAIT_TIMEOUT, || {
         d.log()
-            .contains("host memory is short: recompressing every page of z"),
-        "{}",
-        d.log()
-    );
-    assert!(z()["recompressed_pages"].as_u64().unwrap() > 0, "{}", z());
+            .contains("host memory is short: recompressing every page of z")
+    });
+    // The sweep is counted when it starts; its first pages come after.
+    wait_until("pages recompressed", WAIT_TIMEOUT, || {
+        z()["recompressed_pages"].as_u64().unwrap() > 0
+    });
     assert!(d.is_running(), "the daemon must live; log:\n{}", d.log());
     hog.end();
     let back = tmp.path().join("back.img");
