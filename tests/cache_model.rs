@@ -18,8 +18,11 @@
 //!
 //! A failing case prints its seed; set PROPTEST_RNG_SEED to replay others.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::pattern_at;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use ramd::block::backend::Backend;
@@ -86,12 +89,6 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => range.prop_map(|(o, l)| Op::Prefetch(o, l)),
         1 => Just(Op::Flush),
     ]
-}
-
-fn pattern(len: u64, seed: u8, offset: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((offset + i) as u8).wrapping_mul(31).wrapping_add(seed) | 1)
-        .collect()
 }
 
 /// What a crash may leave: per byte, the value it must at least have
@@ -183,7 +180,7 @@ fn run_case(
                 seed,
                 fua,
             } => {
-                let data = pattern(len, seed, offset);
+                let data = pattern_at(offset, len as usize, seed.into());
                 cache.write(offset, &data, fua).unwrap();
                 oracle[offset as usize..(offset + len) as usize].copy_from_slice(&data);
                 if fua {
@@ -320,7 +317,7 @@ fn concurrent_writers_and_readers_on_disjoint_regions() {
                                 "{mode} t{t} i{i}"
                             );
                         } else {
-                            let data = pattern(len, i as u8, off);
+                            let data = pattern_at(off, len as usize, i as u64);
                             cache.write(base + off, &data, i % 97 == 0).unwrap();
                             expect[off as usize..(off + len) as usize].copy_from_slice(&data);
                         }

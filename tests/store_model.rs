@@ -23,10 +23,13 @@
 //! by page (a byte vector stored sparsely) so that a 130 MiB drive costs no
 //! more than the pages a case actually writes.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
+use common::pattern;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use ramd::block::backend::{check_range, Backend, Error, Extent};
@@ -134,14 +137,6 @@ fn pages_of(offset: u64, len: u64) -> Range<u64> {
         return 0..0;
     }
     offset / PAGE_BYTES..(offset + len).div_ceil(PAGE_BYTES)
-}
-
-/// Bytes a write stores: never zero, and different for every step, so a lost
-/// or misplaced write cannot pass for an older one or for a hole.
-fn pattern(len: usize, step: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i.wrapping_mul(131) ^ step.wrapping_mul(7919)) % 251) as u8 + 1)
-        .collect()
 }
 
 // -------------------------------------------------------------- operations
@@ -348,7 +343,7 @@ impl Model {
                 }
             }
             Op::Write(_, fua, via) => {
-                let data = pattern(len as usize, step);
+                let data = pattern(len as usize, step as u64);
                 let (r, given, injected) = self.write_via(offset, &data, fua, via);
                 if span.bad.is_none() {
                     self.oracle.write(offset, &data[..given]);
@@ -659,13 +654,13 @@ fn run_thread(
         let len = op.len.min(range.end - offset);
         match op.kind {
             0 => {
-                let data = pattern(len as usize, step * THREADS + id);
+                let data = pattern(len as usize, (step * THREADS + id) as u64);
                 store.write(offset, &data, op.flag).expect("write");
                 oracle.write(offset, &data);
             }
             1 => {
                 // The same in chunk-aligned pieces, as the server streams.
-                let data = pattern(len as usize, step * THREADS + id);
+                let data = pattern(len as usize, (step * THREADS + id) as u64);
                 write_in_pieces(store, offset, &data, op.flag, |_, _| false)
                     .expect("write in pieces");
                 oracle.write(offset, &data);
