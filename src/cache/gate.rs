@@ -96,7 +96,10 @@ mod tests {
         assert!(!g.close(Duration::from_millis(20)));
         assert!(g.enter().is_none());
         let g2 = g.clone();
-        let t = std::thread::spawn(move || g2.close(Duration::from_secs(10)));
+        // Generous: only a close that never sees the pass go would use it.
+        let t = std::thread::spawn(move || g2.close(Duration::from_secs(60)));
+        // A head start for the close to wait; if it comes late, it finds
+        // the gate empty and passes all the same.
         std::thread::sleep(Duration::from_millis(20));
         drop(pass);
         assert!(t.join().unwrap());

@@ -871,7 +871,8 @@ mod tests {
         assert!(matches!(c.sync("later"), Err(CachesError::Unavailable(_))));
         assert!(c.ledger.export("later").is_none());
         file(dir.path(), "later.img", 4 << 20);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        // Generous: a busy machine may delay the reopen thread.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while e.live().is_none() {
             assert!(std::time::Instant::now() < deadline, "never came up");
             std::thread::sleep(Duration::from_millis(50));

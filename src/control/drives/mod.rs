@@ -1183,7 +1183,7 @@ mod tests {
     }
 
     fn wait_state(r: &Drives, name: &str) -> Arc<Drive> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let d = r.get(name).unwrap();
             if *d.state.lock() != DriveState::Restoring {
