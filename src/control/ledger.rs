@@ -408,6 +408,29 @@ impl Ledger {
         self.claim_with(kind, name, origin, Some(promise), promise.bytes())
     }
 
+    /// Whether [`Ledger::claim`] would succeed now (the name free, the
+    /// promise within the budget), without claiming: for work that must
+    /// know before it starts (a snapshot restore checks before it
+    /// downloads; the claim itself comes at the end and may still fail).
+    pub fn check_claim(
+        &self,
+        kind: Kind,
+        name: &str,
+        promise: &Promise,
+    ) -> Result<(), LedgerError> {
+        check_name(kind, name)?;
+        let claims = self.claims.lock();
+        if let Some(holder) = claims.get(name) {
+            return Err(Taken {
+                wanted: kind,
+                holder: holder.kind,
+                name: name.to_owned(),
+            }
+            .into());
+        }
+        self.check_fits(&claims, None, kind, name, promise)
+    }
+
     /// Claims `name` with `bytes` promised without a budget check: for an
     /// object that held its promise before (put back after a failed
     /// delete) or that holds nothing yet.

@@ -17,6 +17,18 @@ use crate::control::ledger::{now_unix_s, Kind, Origin};
 use crate::size::format_size;
 
 impl Drives {
+    /// Whether a drive of `spec` could be registered now (the name free,
+    /// the size legal, its promise within the budget): checked before a
+    /// restore downloads anything, so an answer that would come at the end
+    /// comes at once. (Also for restores into persistent drives, which
+    /// promise the same.)
+    pub fn check_room(&self, spec: &DriveSpec) -> Result<(), DriveError> {
+        check_name(&spec.name)?;
+        check_size(spec.size_bytes)?;
+        let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
+        Ok(self.ledger.check_claim(Kind::Drive, &spec.name, &promise)?)
+    }
+
     /// Registers a RAM drive over `data` (a raw or compressed store filled
     /// by the caller, of `spec.size_bytes`) and serves it.
     pub fn adopt(

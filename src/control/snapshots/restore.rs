@@ -114,10 +114,11 @@ impl Snapshots {
                 }
             };
             match outcome {
-                Ok((id, report)) => {
-                    tracing::info!(drive = %target, snapshot = %id, remote = %req.remote, bytes = report.bytes_written, persistent = req.persist.is_some(), "drive restored from snapshot; serving it");
+                Ok((id, label, report)) => {
+                    tracing::info!(drive = %target, snapshot = %id, label = %label, remote = %req.remote, bytes = report.bytes_written, persistent = req.persist.is_some(), "drive restored from snapshot; serving it");
                     j.finish(Outcome::Restored {
                         id: id.to_string(),
+                        label,
                         drive: target,
                         report,
                         persistent: req.persist.is_some(),
@@ -336,7 +337,7 @@ fn new_drive_spec(
 }
 
 /// The body of a restore job: newest (or given) snapshot into a new store,
-/// then the drive registered with it.
+/// then the drive registered with it. Returns the snapshot's id and label.
 async fn restore_new(
     drives: &Arc<Drives>,
     spec: &RemoteSpec,
@@ -345,11 +346,14 @@ async fn restore_new(
     id: Option<SnapshotId>,
     target: &str,
     job: &Job,
-) -> Result<(SnapshotId, RestoreReport), SnapshotsError> {
+) -> Result<(SnapshotId, String, RestoreReport), SnapshotsError> {
     let id = pick(r, req, id).await?;
     let (manifest, keys) = manifest_with_keys(r, spec, &id).await?;
     let size = manifest.geometry.size_bytes;
     let drive_spec = new_drive_spec(target, size, req)?;
+    // Before any chunk is fetched: a drive the budget cannot take is
+    // refused now, not after the whole download.
+    drives.check_room(&drive_spec)?;
     let (limit, budget) = (req.mem_limit_bytes, drives.budget().clone());
     let (data, store): (DriveData, Arc<dyn Backend>) = match req.compress {
         None => {
@@ -372,7 +376,7 @@ async fn restore_new(
     let mut on_progress = |p: &Progress| *job.progress.lock() = *p;
     let report = snapshot::restore(r, &id, &mut sink, &opts, &mut on_progress).await?;
     drives.adopt(&drive_spec, Origin::Api, data)?;
-    Ok((id, report))
+    Ok((id, manifest.label, report))
 }
 
 /// The body of a restore job into a new persistent drive: the state
@@ -388,11 +392,12 @@ async fn restore_persistent(
     target: &str,
     persist: PersistSpec,
     job: &Arc<Job>,
-) -> Result<(SnapshotId, RestoreReport), SnapshotsError> {
+) -> Result<(SnapshotId, String, RestoreReport), SnapshotsError> {
     let id = pick(r, req, id).await?;
     let (manifest, keys) = manifest_with_keys(r, spec, &id).await?;
     let mut drive_spec = new_drive_spec(target, manifest.geometry.size_bytes, req)?;
     drive_spec.persist = Some(persist);
+    drives.check_room(&drive_spec)?;
     let dir = drives.drive_dir(target)?;
     let disk = DiskRestore {
         remote: r.clone(),
@@ -426,7 +431,7 @@ async fn restore_persistent(
         }
     };
     wait_loaded(drives, &drive.name, &dir).await?;
-    Ok((id, report))
+    Ok((id, manifest.label, report))
 }
 
 /// Waits until the drive `name` has loaded from `dir` (ready), or says
