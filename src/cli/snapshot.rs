@@ -328,7 +328,13 @@ fn finish(client: &Client, mut job: Job, no_wait: bool, json: bool) -> Result<()
 
 fn print_job(job: &Job) {
     if let Some(p) = &job.push {
-        let ratio = p.dedup_ratio.map_or("-".to_owned(), |r| format!("{r:.1}x"));
+        // The ratio is data per plaintext byte sent: 1.0x on a first push
+        // of data without repeated chunks (nothing to save), higher as
+        // chunks repeat or are on the remote already; so its parts are
+        // named, not only the ratio.
+        let ratio = p.dedup_ratio.map_or("nothing new to send".to_owned(), |r| {
+            format!("{r:.1}x less than the data")
+        });
         println!(
             "snapshot {} pushed to '{}': {} of data, {} uploaded ({} chunk(s) sent, {} already there, {} zero; dedup {ratio})",
             p.snapshot,
