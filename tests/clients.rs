@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use common::{
     ramd, random_bytes, require, run, tool, try_run, wait_timeout, wait_until, Daemon, KillOnDrop,
+    WAIT_TIMEOUT,
 };
 
 const MIB: usize = 1 << 20;
@@ -1017,7 +1018,8 @@ fn sigterm_during_fio_exits_zero_and_removes_socket() {
     }
     let mut d = Daemon::start(&["ram0=256M"]);
     let uri = d.uri("ram0");
-    // A load that would run for a minute: the daemon must not wait for it.
+    // A load that would run for ten minutes: the daemon must not wait for
+    // it (and fio's end within the minute below cannot be its runtime's).
     let mut fio = KillOnDrop(
         tool("fio")
             .current_dir(d.dir())
@@ -1031,7 +1033,7 @@ fn sigterm_during_fio_exits_zero_and_removes_socket() {
                 "--size=128M",
                 "--offset_increment=128M",
                 "--time_based",
-                "--runtime=60",
+                "--runtime=600",
             ])
             .arg(format!("--uri={uri}"))
             .stdin(Stdio::null())
@@ -1041,7 +1043,7 @@ fn sigterm_during_fio_exits_zero_and_removes_socket() {
             .expect("spawn fio"),
     );
     // Wait until fio's writes are landing, so requests are in flight.
-    wait_until("fio to write to the drive", Duration::from_secs(30), || {
+    wait_until("fio to write to the drive", WAIT_TIMEOUT, || {
         assert!(fio.0.try_wait().unwrap().is_none(), "fio exited early");
         nbdinfo_map(&uri).iter().any(|e| e.desc == "data")
     });
@@ -1049,7 +1051,7 @@ fn sigterm_during_fio_exits_zero_and_removes_socket() {
     let socket = d.socket().to_owned();
     let status = d.terminate();
     // fio loses its server; it only has to notice and stop.
-    let fio_status = wait_timeout(&mut fio.0, Duration::from_secs(30));
+    let fio_status = wait_timeout(&mut fio.0, WAIT_TIMEOUT);
     assert!(status.success(), "ramd exited with {status}:\n{}", d.log());
     assert!(!socket.exists(), "the socket file was left behind");
     assert!(
