@@ -915,7 +915,9 @@ fn in_a_browser() {
             dash.d.api_socket(),
             "dashboard",
             "--expires",
-            "5s",
+            // Long enough for a busy machine to open it before it expires
+            // (the page must see the session end while it is open).
+            "15s",
         ],
         "out_dir": out_dir,
     });

@@ -83,7 +83,7 @@ pub fn drive_list(drives: &[DriveInfo]) -> String {
     }
     let mut t = table(
         &[
-            "NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI",
+            "NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "COMPRESS", "URI",
         ],
         &[1, 2, 3, 5],
     );
@@ -100,10 +100,30 @@ pub fn drive_list(drives: &[DriveInfo]) -> String {
             } else {
                 d.attachments.join(",")
             },
-            d.uri.clone(),
+            compress_cell(d),
+            uris_cell(&d.uri, &d.tcp_uris),
         ]);
     }
     render(&t)
+}
+
+/// The COMPRESS column: the algorithm and the ratio so far (`lz4 1.54x`),
+/// `-` for a raw drive.
+fn compress_cell(d: &DriveInfo) -> String {
+    match &d.compression {
+        None => "-".into(),
+        Some(c) if c.ratio > 0.0 => format!("{} {:.2}x", c.algorithm, c.ratio),
+        Some(c) => c.algorithm.clone(),
+    }
+}
+
+/// A URI column: the unix socket's URI, then one line per TCP listener
+/// (`nbds://` where the listeners require TLS).
+pub fn uris_cell(uri: &str, tcp_uris: &[String]) -> String {
+    std::iter::once(uri)
+        .chain(tcp_uris.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The MODE column: rw/ro, with the durability of a persistent drive
@@ -506,7 +526,7 @@ pub fn stats(report: &StatsReport, caches: &str) -> String {
             "READ p50/p99/p99.9",
             "WRITE p50/p99/p99.9",
             "FLUSH p50/p99/p99.9",
-            "MEMORY",
+            "MEMORY USED/LIMIT",
             "CONNS",
             "ERRORS",
         ],
@@ -517,6 +537,7 @@ pub fn stats(report: &StatsReport, caches: &str) -> String {
     }
     if !report.drives.is_empty() || report.caches.is_empty() {
         out.push_str(&render(&t));
+        out.push_str(LATENCY_NOTE);
     }
     if !report.caches.is_empty() {
         if !report.drives.is_empty() {
@@ -534,15 +555,20 @@ pub fn stats(report: &StatsReport, caches: &str) -> String {
     out
 }
 
+/// What the latency columns measure (a client sees more).
+const LATENCY_NOTE: &str =
+    "latency: server-side, from a request read to its reply written (clients add their own and the transport's)\n";
+
 fn stats_row(d: &DriveStats) -> Vec<String> {
     let mut row = vec![d.name.clone()];
     row.extend(rate_cells(d.rates.as_ref(), &["read", "write", "flush"]));
+    // Memory against what bounds it: the drive's limit (its size says
+    // nothing about memory: pages are allocated on first write).
+    let limit = d
+        .mem_limit_bytes
+        .map_or_else(|| "no limit".to_owned(), format_size);
     row.extend([
-        format!(
-            "{} / {}",
-            format_size(d.allocated_bytes),
-            format_size(d.size_bytes)
-        ),
+        format!("{} / {limit}", format_size(d.allocated_bytes)),
         d.connections.to_string(),
         errors_cell(d.totals.as_ref()),
     ]);

@@ -89,6 +89,7 @@ use super::drives::spec::{
     parse_durability, parse_sync_interval_ms, DriveSpec, PersistOptions,
 };
 use super::ledger::{Kind, Ledger, LedgerError, Origin};
+use super::listen_addr::{de_listen_addr, de_listen_addrs};
 use super::remotes::{RemoteEntry, RemoteSpec};
 use super::snapshots::{DrivePolicy, PolicyKeys};
 use crate::nbd::access::{AccessRules, Network};
@@ -160,10 +161,14 @@ pub struct DaemonSection {
     pub api_socket: Option<PathBuf>,
     pub nbd_socket: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
+    /// Addresses as `--nbd-listen` takes them (`localhost:10809` too).
+    #[serde(default, deserialize_with = "de_listen_addrs")]
     pub nbd_listen: Option<Vec<SocketAddr>>,
     /// The REST API on TCP too (TLS and bearer tokens; docs/api.md).
+    #[serde(default, deserialize_with = "de_listen_addr")]
     pub api_listen: Option<SocketAddr>,
     /// The web dashboard and the API on TCP (docs/dashboard.md).
+    #[serde(default, deserialize_with = "de_listen_addr")]
     pub http: Option<SocketAddr>,
     /// TLS on every TCP listener (`nbd_listen` is a list of addresses, so
     /// the mode is daemon-wide; the unix socket has its own key).
@@ -762,6 +767,26 @@ nbd_socket_group = "ramd"
         let e = err("[daemon]\n\ntls_verify_peer = \"maybe\"\n");
         assert!(
             e.starts_with("ramd.toml:3:") && e.contains("require, optional or off"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn listen_addresses_take_host_names() {
+        let c = parse(
+            Path::new("x.toml"),
+            "[daemon]\nnbd_listen = [\"localhost:10809\", \"[::1]:10810\"]\napi_listen = \"127.0.0.1:8443\"\nhttp = \"localhost:8080\"\n",
+        )
+        .unwrap();
+        let d = &c.daemon;
+        let nbd = d.nbd_listen.as_deref().unwrap();
+        assert_eq!(nbd[0], "127.0.0.1:10809".parse().unwrap());
+        assert_eq!(nbd[1], "[::1]:10810".parse().unwrap());
+        assert_eq!(d.api_listen, Some("127.0.0.1:8443".parse().unwrap()));
+        assert_eq!(d.http, Some("127.0.0.1:8080".parse().unwrap()));
+        let e = err("[daemon]\n\nhttp = \"localhost\"\n");
+        assert!(
+            e.starts_with("ramd.toml:3:") && e.contains("no port"),
             "{e}"
         );
     }

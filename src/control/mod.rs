@@ -65,6 +65,7 @@ pub mod config;
 pub mod dirs;
 pub mod drives;
 pub mod ledger;
+pub mod listen_addr;
 pub mod lock;
 pub mod logging;
 pub mod pressure;
@@ -123,24 +124,26 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// Also serve NBD on this TCP address (e.g. 127.0.0.1:10809). Without
-    /// TLS only a loopback address is allowed, unless --tls off says so.
-    /// Repeatable.
-    #[arg(long = "nbd-listen", value_name = "ADDR")]
+    /// Also serve NBD on this TCP address (e.g. 127.0.0.1:10809, or a
+    /// host name such as localhost:10809). Without TLS only a loopback
+    /// address is allowed, unless --tls off says so. Repeatable.
+    #[arg(long = "nbd-listen", value_name = "ADDR", value_parser = listen_addr::parse_listen_addr)]
     pub nbd_listen: Vec<SocketAddr>,
 
     /// Also serve the REST API on this TCP address (e.g. 0.0.0.0:8443),
     /// over TLS with the --tls-certificates, every request needing a
     /// bearer token (`ramd token create`). Plaintext only on a loopback
-    /// address with --tls off. See docs/api.md "Remote access".
-    #[arg(long, value_name = "ADDR")]
+    /// address with --tls off. See docs/api.md "Remote access". A host
+    /// name (localhost:8443) binds the first address it resolves to.
+    #[arg(long, value_name = "ADDR", value_parser = listen_addr::parse_listen_addr)]
     pub api_listen: Option<SocketAddr>,
 
     /// Serve the web dashboard, and the REST API beside it, on this TCP
-    /// address (e.g. 127.0.0.1:8080): TLS and bearer tokens as for
-    /// --api-listen (plaintext only on a loopback address with --tls off).
-    /// Open it with the URL `ramd dashboard` prints. See docs/dashboard.md.
-    #[arg(long, value_name = "ADDR")]
+    /// address (e.g. 127.0.0.1:8080 or localhost:8080): TLS and bearer
+    /// tokens as for --api-listen (plaintext only on a loopback address
+    /// with --tls off). Open it with the URL `ramd dashboard` prints. See
+    /// docs/dashboard.md.
+    #[arg(long, value_name = "ADDR", value_parser = listen_addr::parse_listen_addr)]
     pub http: Option<SocketAddr>,
 
     /// TLS on the TCP listeners: off, on (clients choose) or require
