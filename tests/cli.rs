@@ -125,7 +125,7 @@ fn every_command_prints_a_table_and_json() {
     let r = rows(&table);
     assert_eq!(
         r[0],
-        ["NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "URI"],
+        ["NAME", "SIZE", "USED", "LIMIT", "MODE", "CONNS", "ATTACHED", "COMPRESS", "URI"],
         "{table}"
     );
     assert_eq!(r.len(), 4, "{table}");
@@ -653,4 +653,74 @@ fn restore_uses_a_fixed_drive_json() {
     let v = cli_json(&d, &["info", "db", "--json"]);
     assert_eq!(v["state"], "ready", "{v}");
     assert_eq!(v["persist"]["durability"], "flush", "{v}");
+}
+
+/// `ramd list` shows what a drive is stored as (COMPRESS) and every URI
+/// it is served at (one line per TCP listener), as `--json` does; listen
+/// addresses take host names (`localhost:PORT` binds loopback, so
+/// plaintext is allowed), and names that do not resolve or lack a port
+/// are usage errors.
+#[test]
+fn list_shows_compression_and_every_uri_and_listeners_take_host_names() {
+    let d = Daemon::launch(
+        &[
+            "daemon",
+            "--drive",
+            "z=64M,compress=lz4",
+            "--drive",
+            "r=16M",
+            "--nbd-listen",
+            "localhost:0",
+            "--http",
+            "localhost:0",
+            "--tls",
+            "off",
+        ]
+        .map(String::from),
+        &[],
+    );
+    let v = cli_json(&d, &["list", "--json"]);
+    let z = &v["drives"][1];
+    assert_eq!(z["name"], "z", "{v}");
+    assert_eq!(z["compression"]["algorithm"], "lz4", "{v}");
+    let tcp = z["tcp_uris"][0].as_str().unwrap_or_default().to_owned();
+    assert!(
+        tcp.starts_with("nbd://127.0.0.1:") && tcp.ends_with("/z"),
+        "{v}"
+    );
+    let table = cli_ok(&d, &["list"]);
+    let r = rows(&table);
+    assert_eq!(r[0][7], "COMPRESS", "{table}");
+    // r, its TCP URI, z, its TCP URI.
+    assert_eq!(r.len(), 5, "{table}");
+    assert_eq!((r[1][0].as_str(), r[1][7].as_str()), ("r", "-"), "{table}");
+    assert_eq!(
+        (r[3][0].as_str(), r[3][7].as_str()),
+        ("z", "lz4"),
+        "{table}"
+    );
+    assert_eq!(r[4], [tcp.as_str()], "{table}");
+    run(tool("nbdinfo").arg(&tcp)).ok();
+    let info = cli_ok(&d, &["info"]);
+    assert!(
+        rows(&info)
+            .iter()
+            .any(|r| r[0] == "nbd tcp" && r[1].starts_with("127.0.0.1:")),
+        "{info}"
+    );
+    let link = cli_ok(&d, &["dashboard"]);
+    assert!(link.contains("http://127.0.0.1:"), "{link}");
+    for (flag, addr, want) in [
+        (
+            "--http",
+            "no-such-host.invalid:8080",
+            "cannot resolve 'no-such-host.invalid:8080'",
+        ),
+        ("--api-listen", "localhost", "'localhost' has no port"),
+        ("--nbd-listen", "localhost:http", "has no port"),
+    ] {
+        let out = run(ramd().args(["daemon", "--no-config", flag, addr])).failed();
+        assert_eq!(out.code(), 2, "{out}");
+        assert!(out.stderr.contains(want), "{flag} {addr}: {out}");
+    }
 }
