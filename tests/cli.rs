@@ -724,3 +724,45 @@ fn list_shows_compression_and_every_uri_and_listeners_take_host_names() {
         assert!(out.stderr.contains(want), "{flag} {addr}: {out}");
     }
 }
+
+/// `ramd info CACHE` asks for a drive first, then for the cache: the 404
+/// of the first question is no failure to log. Other refusals still are.
+#[test]
+fn info_of_a_cache_logs_no_failed_request() {
+    let d = Daemon::start(&["a=16M"]);
+    let backing = d.dir().join("backing.img");
+    std::fs::File::create(&backing)
+        .and_then(|f| f.set_len(32 << 20))
+        .unwrap();
+    cli_ok(
+        &d,
+        &[
+            "cache",
+            "create",
+            "c",
+            "--backing",
+            backing.to_str().unwrap(),
+            "--size",
+            "8M",
+            "--mode",
+            "writethrough",
+        ],
+    );
+    let out = cli_ok(&d, &["info", "c"]);
+    assert!(out.contains("writethrough"), "{out}");
+    cli_fails(&d, &["info", "nosuch"], 1, "no drive named 'nosuch'");
+    let (status, _) = d.http("POST", "/v1/drives", Some(r#"{"name":"x","size":"12Q"}"#));
+    assert_eq!(status, 422);
+    wait_until(
+        "the 422 in the log",
+        std::time::Duration::from_secs(10),
+        || d.log().contains("status=422"),
+    );
+    let log = d.log();
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("API request failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "only the 422 is a failure:\n{log}");
+    assert!(failed[0].contains("status=422"), "{log}");
+}

@@ -209,16 +209,23 @@ pub fn tcp_router(daemon: Arc<Daemon>) -> Router {
 
 /// Logs each request at debug level, errors at info: method and path
 /// only, never the query string nor a header (tokens travel in both).
+/// A 404 is logged at debug too: a lookup that finds nothing is an
+/// answer, not a failure, and clients look names up by asking (`ramd
+/// info NAME` asks for a drive, then for a cache of that name), so at
+/// info every `ramd info CACHE` would log a failure nobody made.
 pub(crate) async fn log_request(
     req: Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let res = next.run(req).await;
-    if res.status().is_client_error() || res.status().is_server_error() {
-        tracing::info!(%method, %path, status = res.status().as_u16(), "API request failed");
+    let status = res.status();
+    if status == axum::http::StatusCode::NOT_FOUND {
+        tracing::debug!(%method, %path, status = status.as_u16(), "API request: not found");
+    } else if status.is_client_error() || status.is_server_error() {
+        tracing::info!(%method, %path, status = status.as_u16(), "API request failed");
     } else {
-        tracing::debug!(%method, %path, status = res.status().as_u16(), "API request");
+        tracing::debug!(%method, %path, status = status.as_u16(), "API request");
     }
     res
 }
