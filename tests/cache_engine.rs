@@ -6,7 +6,6 @@ mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use ramd::block::backend::Backend;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
@@ -36,19 +35,16 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
     c.dirty_low_percent = 20;
     c.max_dirty_age_ms = 3_600_000;
     let cache = Cache::new(backing.clone(), c, None).unwrap();
-    // The write-back lag (the oldest dirty block's age) is what a flusher
-    // round saw when it began: a round that saw the first block older
-    // than all these writes took began after the last of them.
-    let started = Instant::now();
+    // A flusher scan that began after the last of these writes saw them
+    // all (and, below the high watermark, must leave them dirty).
     for b in 0..40 {
         cache
             .write(b * BS, &[b as u8 + 1; BS as usize], false)
             .unwrap();
     }
-    let writing_ms = started.elapsed().as_millis() as u64;
-    let lag = || cache.stats().writeback_lag_ms;
-    wait_until("a flusher round after the writes", || {
-        lag() > writing_ms + 2
+    let scans = cache.stats().flusher_scans;
+    wait_until("a flusher scan after the writes", || {
+        cache.stats().flusher_scans >= scans + 2
     });
     // Below the high watermark nothing is written back (the age limit is
     // an hour away).
@@ -63,11 +59,12 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
         cache.dirty_bytes() <= 20 * BS
     });
     // It stops at the low watermark: 20 blocks stay dirty, through the
-    // rounds after the drain too (the lag they see grows past what the
-    // last one seen had).
+    // scans after the drain too.
     assert_eq!(cache.dirty_bytes(), 20 * BS);
-    let seen = lag();
-    wait_until("a flusher round after the drain", || lag() > seen + 2);
+    let scans = cache.stats().flusher_scans;
+    wait_until("flusher scans after the drain", || {
+        cache.stats().flusher_scans >= scans + 2
+    });
     assert_eq!(cache.dirty_bytes(), 20 * BS);
     let s = cache.stats();
     assert_eq!(s.writeback_bytes, 35 * BS);
@@ -416,4 +413,31 @@ fn sector_writes_to_uncached_blocks_need_no_backing() {
         backing.durable() == want,
         "write-back must not touch units it never held"
     );
+}
+
+/// The write-back lag keeps growing while the flusher waits on a dead
+/// backing (it was the age seen at the last scan, frozen between retries).
+#[test]
+fn the_writeback_lag_grows_while_the_backing_is_down() {
+    let backing = Arc::new(MemBacking::new(4 << 20));
+    let mut c = cfg(Mode::WriteBack, 32);
+    c.max_dirty_age_ms = 1;
+    // After its first failure the flusher waits an hour before it scans
+    // again.
+    c.retry_initial_ms = 3_600_000;
+    c.retry_max_ms = 3_600_000;
+    let cache = Cache::new(backing.clone(), c, None).unwrap();
+    backing.faults.set_all(true);
+    cache.write(0, &[7u8; BS as usize], false).unwrap();
+    wait_until("the flusher to find the backing down", || {
+        cache.stats().backing.failing
+    });
+    let first = cache.stats().writeback_lag_ms;
+    wait_until("the lag to grow past the last scan", || {
+        cache.stats().writeback_lag_ms >= first + 200
+    });
+    assert_eq!(cache.dirty_bytes(), BS);
+    backing.faults.set_all(false);
+    cache.close(false).unwrap();
+    assert_eq!(backing.durable()[0], 7);
 }

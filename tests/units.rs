@@ -46,4 +46,10 @@ fn durations_need_a_unit_sizes_take_gi_and_drives_have_a_minimum() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["size_bytes"], 4u64 << 30, "{v}");
     assert_eq!(v["mem_limit_bytes"], 512u64 << 20, "{v}");
+    // `ramd stats`: memory against the limit (not the size), and the
+    // latency said to be the server's.
+    let stats = run(d.cli().arg("stats")).ok().stdout;
+    assert!(stats.contains("MEMORY USED/LIMIT"), "{stats}");
+    assert!(stats.contains("0 B / 512 MiB"), "{stats}");
+    assert!(stats.contains("latency: server-side"), "{stats}");
 }

@@ -207,8 +207,14 @@ pub(crate) struct Inner {
     pub flusher_signal: Signal,
     /// Flusher's last measured write-back throughput.
     pub writeback_rate: AtomicU64,
-    /// Age of the oldest dirty block at the flusher's last scan.
-    pub writeback_lag_ms: AtomicU64,
+    /// When the oldest dirty block went dirty (`now_ms` clock; `u64::MAX`
+    /// for none): set by the flusher's scans, lowered by `mark_dirty`. A
+    /// time, not an age, so that the lag read from it keeps growing while
+    /// the flusher waits on a dead backing (an age stored at the last
+    /// scan froze there).
+    pub oldest_dirty_ms: AtomicU64,
+    /// Scans of the dirty set made by the flusher.
+    pub flusher_scans: AtomicU64,
 }
 
 /// A slot claimed for a block: mapped in the index, write-locked, empty.
@@ -288,7 +294,8 @@ impl Inner {
             gate: Gate::new(),
             flusher_signal: Signal::default(),
             writeback_rate: AtomicU64::new(0),
-            writeback_lag_ms: AtomicU64::new(0),
+            oldest_dirty_ms: AtomicU64::new(u64::MAX),
+            flusher_scans: AtomicU64::new(0),
             backing,
             cfg,
         })
@@ -670,6 +677,13 @@ impl Inner {
     pub(crate) fn mark_dirty(&self, s: u32, g: &mut Meta) {
         g.state = State::Dirty;
         g.dirty_since_ms = self.now_ms();
+        // A block dirtied since the flusher's last scan may be the oldest
+        // (the scan found none): the lag counts from it. A load first, so
+        // the common case (an older block is dirty) writes nothing.
+        if self.oldest_dirty_ms.load(Ordering::Relaxed) > g.dirty_since_ms {
+            self.oldest_dirty_ms
+                .fetch_min(g.dirty_since_ms, Ordering::Relaxed);
+        }
         self.dirty.set(s as usize);
         let n = self.dirty_count.fetch_add(1, Ordering::Relaxed) + 1;
         if n * 100 >= self.nslots as u64 * self.cfg.dirty_high_percent as u64 {

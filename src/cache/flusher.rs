@@ -128,10 +128,10 @@ fn round(
     let mut dirty = inner.scan_dirty();
     let now = inner.now_ms();
     let oldest = dirty.iter().map(|d| d.since_ms).min();
-    inner.writeback_lag_ms.store(
-        oldest.map_or(0, |t| now.saturating_sub(t)),
-        Ordering::Relaxed,
-    );
+    inner
+        .oldest_dirty_ms
+        .store(oldest.unwrap_or(u64::MAX), Ordering::Relaxed);
+    inner.flusher_scans.fetch_add(1, Ordering::Relaxed);
     let slots = inner.nslots as u64;
     let high = slots * inner.cfg.dirty_high_percent as u64 / 100;
     let low = slots * inner.cfg.dirty_low_percent as u64 / 100;

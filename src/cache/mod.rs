@@ -241,11 +241,12 @@ impl Cache {
             invalidations: c.get(Invalidations),
             writeback_bytes: c.get(WritebackBytes),
             writeback_rate_bytes_per_s: i.writeback_rate.load(Ordering::Relaxed),
-            writeback_lag_ms: if i.dirty_count.load(Ordering::Relaxed) == 0 {
-                0
-            } else {
-                i.writeback_lag_ms.load(Ordering::Relaxed)
+            writeback_lag_ms: match i.oldest_dirty_ms.load(Ordering::Relaxed) {
+                _ if i.dirty_count.load(Ordering::Relaxed) == 0 => 0,
+                u64::MAX => 0,
+                oldest => i.now_ms().saturating_sub(oldest),
             },
+            flusher_scans: i.flusher_scans.load(Ordering::Relaxed),
             bypassed_requests: c.get(BypassedRequests),
             bypassed_bytes: c.get(BypassedBytes),
             backing_read_bytes: c.get(BackingReadBytes),

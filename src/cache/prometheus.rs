@@ -157,6 +157,7 @@ mod tests {
             writeback_bytes: 0,
             writeback_rate_bytes_per_s: 0,
             writeback_lag_ms: 15,
+            flusher_scans: 0,
             bypassed_requests: 0,
             bypassed_bytes: 0,
             backing_read_bytes: 4096,

@@ -126,8 +126,10 @@ pub struct CacheStats {
     pub writeback_bytes: u64,
     /// Write-back throughput over the flusher's last interval.
     pub writeback_rate_bytes_per_s: u64,
-    /// Age of the oldest dirty block (0 when nothing is dirty).
+    /// Age of the oldest dirty block (0 when nothing is dirty), now.
     pub writeback_lag_ms: u64,
+    /// Scans of the dirty set the flusher has made (tests wait on it).
+    pub flusher_scans: u64,
     pub bypassed_requests: u64,
     pub bypassed_bytes: u64,
     pub backing_read_bytes: u64,
@@ -382,6 +384,7 @@ mod tests {
             writeback_bytes: 0,
             writeback_rate_bytes_per_s: 0,
             writeback_lag_ms: 0,
+            flusher_scans: 0,
             bypassed_requests: 0,
             bypassed_bytes: 0,
             backing_read_bytes: 0,
