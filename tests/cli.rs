@@ -766,3 +766,46 @@ fn info_of_a_cache_logs_no_failed_request() {
     assert_eq!(failed.len(), 1, "only the 422 is a failure:\n{log}");
     assert!(failed[0].contains("status=422"), "{log}");
 }
+
+/// `ramd install-units` will not point units into a cargo build tree
+/// (the next build replaces the binary, `cargo clean` removes it) unless
+/// --bin names it on purpose; --dry-run and --bin warn instead.
+#[test]
+fn install_units_refuses_a_binary_in_the_build_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let units = dir.path().join("units");
+    let conf = dir.path().join("ramd.toml");
+    std::fs::write(&conf, "").unwrap();
+    let bin = std::path::PathBuf::from(ramd().get_program());
+    let base = |extra: &[&str]| {
+        let mut c = ramd();
+        c.env("RAMD_API_SOCKET", dir.path().join("api.sock"))
+            .args(["install-units", "--dir", units.to_str().unwrap()])
+            .args(["--config", conf.to_str().unwrap()])
+            .args(extra);
+        c
+    };
+    let out = run(&mut base(&[])).failed();
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(
+        out.stderr.contains("cargo build tree") && out.stderr.contains("install -m 0755"),
+        "{out}"
+    );
+    assert!(!units.exists(), "refused, yet wrote units");
+    let out = run(&mut base(&["--dry-run"])).ok();
+    assert!(
+        out.stderr.contains("warning") && out.stderr.contains("build tree"),
+        "{out}"
+    );
+    assert!(!units.exists(), "--dry-run wrote units");
+    let out = run(&mut base(&["--bin", bin.to_str().unwrap()])).ok();
+    assert!(
+        out.stderr.contains("warning") && out.stderr.contains("build tree"),
+        "{out}"
+    );
+    let service = std::fs::read_to_string(units.join("ramd.service")).unwrap();
+    assert!(
+        service.contains(&format!("ExecStart={} daemon", bin.display())),
+        "{service}"
+    );
+}

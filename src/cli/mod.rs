@@ -494,6 +494,9 @@ pub enum CliError {
     /// `ramd install-units` without --bin, when this binary's path is unknown.
     #[error("cannot find this binary's path: {0}; give it with --bin")]
     NoBinaryPath(#[source] std::io::Error),
+    /// `ramd install-units` for a binary in a build tree, without --bin.
+    #[error(transparent)]
+    BuildTree(#[from] units::InBuildTree),
     /// A file `ramd install-units` or `ramd man` writes.
     #[error("cannot write {}: {source}", path.display())]
     Write {

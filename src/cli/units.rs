@@ -9,6 +9,13 @@
 //! ramd-sleep.service           `ramd dir sync --all` before suspend
 //! ramd.service.d/dirs.conf     After=<escaped path>.mount per directory
 //! ```
+//!
+//! The units name a binary by its path, so that path must outlive the
+//! build: a binary inside a cargo build tree (`target/release/ramd`) is
+//! replaced by the next `cargo build` and gone after `cargo clean`, and
+//! the service would then run another version, or nothing, at the next
+//! boot. Writing units for such a binary is refused unless `--bin` names
+//! it on purpose (then, and for `--dry-run`, a warning says why).
 
 use std::path::{Path, PathBuf};
 
@@ -31,13 +38,61 @@ pub struct InstallArgs {
     /// Print what would be written; write nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// The ramd binary the units run [default: this binary].
+    /// The ramd binary the units run [default: this binary, unless it is
+    /// in a cargo build tree: install it first, e.g. to
+    /// /usr/local/sbin/ramd].
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
     /// Also order after the directories of this config file's [[dir]]s
     /// [default: /etc/ramd/ramd.toml when it exists].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+}
+
+/// Units would run this binary, which lives in a cargo build tree.
+#[derive(Debug, thiserror::Error)]
+#[error("this ramd is {}, in the cargo build tree {}: units that run it break at the next `cargo build` or `cargo clean`. Install it and run the installed one: `install -m 0755 {} /usr/local/sbin/ramd && /usr/local/sbin/ramd install-units`; or pass --bin {} to use the build tree anyway", bin.display(), tree.display(), bin.display(), bin.display())]
+pub struct InBuildTree {
+    pub bin: PathBuf,
+    pub tree: PathBuf,
+}
+
+/// The cargo target directory `bin` lives in, if any: an ancestor that
+/// holds cargo's `CACHEDIR.TAG`, or a `target` next to a `Cargo.toml`.
+pub fn build_tree(bin: &Path) -> Option<PathBuf> {
+    let is_target = |d: &Path| {
+        let tagged =
+            std::fs::read_to_string(d.join("CACHEDIR.TAG")).is_ok_and(|t| t.contains("cargo"));
+        let named = d.file_name().is_some_and(|n| n == "target")
+            && d.parent().is_some_and(|p| p.join("Cargo.toml").is_file());
+        tagged || named
+    };
+    bin.ancestors()
+        .skip(1)
+        .find(|d| is_target(d))
+        .map(Path::to_path_buf)
+}
+
+/// The binary the units run: `--bin`, else this one, refused when it is
+/// in a build tree (a warning instead with `--bin` or `--dry-run`).
+fn unit_binary(args: &InstallArgs) -> Result<PathBuf, CliError> {
+    let bin = match &args.bin {
+        Some(b) => std::path::absolute(b).unwrap_or_else(|_| b.clone()),
+        None => std::env::current_exe()
+            .and_then(std::fs::canonicalize)
+            .map_err(CliError::NoBinaryPath)?,
+    };
+    if let Some(tree) = build_tree(&bin) {
+        if args.bin.is_none() && !args.dry_run {
+            return Err(InBuildTree { bin, tree }.into());
+        }
+        eprintln!(
+            "warning: the units run {}, in the cargo build tree {}: they break at the next `cargo build` or `cargo clean` (install the binary, e.g. to /usr/local/sbin/ramd, and pass that with --bin)",
+            bin.display(),
+            tree.display()
+        );
+    }
+    Ok(bin)
 }
 
 /// A path as a systemd unit name (what `systemd-escape --path` prints):
@@ -130,12 +185,7 @@ fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// Runs `ramd install-units`.
 pub fn run(client: &Client, args: InstallArgs) -> Result<(), CliError> {
-    let bin = match args.bin {
-        Some(b) => std::path::absolute(&b).unwrap_or(b),
-        None => std::env::current_exe()
-            .and_then(std::fs::canonicalize)
-            .map_err(CliError::NoBinaryPath)?,
-    };
+    let bin = unit_binary(&args)?;
     let dirs = managed_dirs(client, args.config.as_deref())?;
     let files = units(&bin, &dirs);
     for (rel, text) in &files {
@@ -197,6 +247,25 @@ mod tests {
         ] {
             assert_eq!(escape_path(Path::new(path)), want, "{path}");
         }
+    }
+
+    #[test]
+    fn binaries_in_a_cargo_build_tree_are_found() {
+        let root = tempfile::tempdir().unwrap();
+        let repo = root.path().join("repo");
+        std::fs::create_dir_all(repo.join("target/release")).unwrap();
+        std::fs::write(repo.join("Cargo.toml"), "[package]\n").unwrap();
+        let bin = repo.join("target/release/ramd");
+        assert_eq!(build_tree(&bin), Some(repo.join("target")));
+        // A target directory elsewhere (CARGO_TARGET_DIR) has cargo's tag.
+        let other = root.path().join("build-out");
+        std::fs::create_dir_all(other.join("debug")).unwrap();
+        std::fs::write(other.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55\n# This file is a cache directory tag created by cargo.\n").unwrap();
+        assert_eq!(build_tree(&other.join("debug/ramd")), Some(other.clone()));
+        // An installed binary, or a `target` directory of something else.
+        assert_eq!(build_tree(Path::new("/usr/local/sbin/ramd")), None);
+        std::fs::create_dir_all(root.path().join("x/target")).unwrap();
+        assert_eq!(build_tree(&root.path().join("x/target/ramd")), None);
     }
 
     #[test]
