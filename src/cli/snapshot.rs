@@ -207,7 +207,7 @@ fn list(
     if json {
         return print_json(&l);
     }
-    let mut t = table(&["REMOTE", "DRIVE", "ID", "CREATED"], &[]);
+    let mut t = table(&["REMOTE", "DRIVE", "ID", "CREATED", "LABEL"], &[]);
     for s in &l.snapshots {
         let when = std::time::UNIX_EPOCH + Duration::from_millis(s.created_unix_ms);
         t.add_row(vec![
@@ -215,6 +215,7 @@ fn list(
             s.drive.clone(),
             s.id.clone(),
             humantime::format_rfc3339_seconds(when).to_string(),
+            s.label.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     print!("{}", render(&t));
@@ -256,8 +257,9 @@ fn status(client: &Client, drive: &str, json: bool) -> Result<(), CliError> {
             if st.running { ": pushing now" } else { "" }
         );
         println!(
-            "  last snapshot: {}",
-            st.last_snapshot.as_deref().unwrap_or("-")
+            "  last snapshot: {}{}",
+            st.last_snapshot.as_deref().unwrap_or("-"),
+            labelled(st.last_label.as_deref())
         );
         if let Some(e) = &st.last_error {
             println!("  last error:    {e}");
@@ -326,6 +328,11 @@ fn finish(client: &Client, mut job: Job, no_wait: bool, json: bool) -> Result<()
     Ok(())
 }
 
+/// ` ("LABEL")` after a snapshot's id, nothing for none.
+fn labelled(label: Option<&str>) -> String {
+    label.map_or_else(String::new, |l| format!(" ({l:?})"))
+}
+
 fn print_job(job: &Job) {
     if let Some(p) = &job.push {
         // The ratio is data per plaintext byte sent: 1.0x on a first push
@@ -336,8 +343,9 @@ fn print_job(job: &Job) {
             format!("{r:.1}x less than the data")
         });
         println!(
-            "snapshot {} pushed to '{}': {} of data, {} uploaded ({} chunk(s) sent, {} already there, {} zero; dedup {ratio})",
+            "snapshot {}{} pushed to '{}': {} of data, {} uploaded ({} chunk(s) sent, {} already there, {} zero; dedup {ratio})",
             p.snapshot,
+            labelled(p.label.as_deref()),
             job.remote,
             format_size(p.bytes_data),
             format_size(p.bytes_uploaded),
@@ -347,9 +355,10 @@ fn print_job(job: &Job) {
         );
     } else if let Some(r) = &job.restore {
         println!(
-            "drive '{}' restored from snapshot {} on '{}': {} written, {} downloaded; serving it{}",
+            "drive '{}' restored from snapshot {}{} on '{}': {} written, {} downloaded; serving it{}",
             r.drive,
             r.snapshot,
+            labelled(r.label.as_deref()),
             job.remote,
             format_size(r.bytes_written),
             format_size(r.bytes_downloaded),

@@ -7,7 +7,8 @@
 //!  PREFIX/chunks/ab/cdef..      one object per distinct non-zero chunk,
 //!                               named by its content address (chunk.rs),
 //!                               zstd + optional AEAD envelope (codec.rs)
-//!  PREFIX/snapshots/DRIVE/MS-X  one manifest per snapshot (manifest.rs)
+//!  PREFIX/snapshots/DRIVE/MS-X  one manifest per snapshot (manifest.rs),
+//!                               its label also in its metadata (label.rs)
 //!  PREFIX/locks/push-.. gc-..   leases of running pushes / GCs (lease.rs)
 //! ```
 //!
@@ -53,6 +54,7 @@ pub mod chunk;
 pub mod codec;
 pub mod error;
 pub mod gc;
+pub mod label;
 pub mod lease;
 pub mod manifest;
 pub mod push;

@@ -24,6 +24,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::chunk::{is_zero, Addresser, Geometry, DEFAULT_CHUNK_BYTES};
 use super::codec::{self, Keys};
 use super::error::{Progress, SnapshotError};
+use super::label;
 use super::lease::{Lease, LeaseConfig, LeaseKind};
 use super::manifest::{valid_drive_name, Entry, Manifest, SnapshotId, MAX_TEXT_BYTES};
 use super::remote::{now_ms, random_u32, Remote};
@@ -234,9 +235,15 @@ pub async fn push<S: ChunkSource + ?Sized>(
     };
     let name = id.object_name();
     let bytes = codec::encode(&name, &manifest.encode(), opts.keys.as_deref());
+    let metadata: Vec<_> = label::encode(&name, &opts.label, opts.keys.as_deref())
+        .map(|v| (label::METADATA_KEY, v))
+        .into_iter()
+        .collect();
     let written = async {
         lease.ensure_live().await?;
-        remote.put(&name, bytes.clone()).await?;
+        remote
+            .put_with_metadata(&name, bytes.clone(), &metadata)
+            .await?;
         Ok::<_, SnapshotError>(())
     }
     .await;

@@ -39,7 +39,10 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryConfig};
+use object_store::{
+    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore, PutPayload,
+    RetryConfig,
+};
 
 /// `s3://BUCKET/PREFIX`, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -428,6 +431,31 @@ impl Remote {
         }
     }
 
+    /// The object's user metadata (`x-amz-meta-KEY` on S3, one HEAD), or
+    /// None when it does not exist.
+    pub async fn metadata(
+        &self,
+        name: &str,
+    ) -> Result<Option<std::collections::HashMap<String, String>>, RemoteError> {
+        let opts = GetOptions {
+            head: true,
+            ..GetOptions::default()
+        };
+        match self.store.get_opts(&self.path(name), opts).await {
+            Ok(r) => Ok(Some(
+                r.attributes
+                    .iter()
+                    .filter_map(|(k, v)| match k {
+                        Attribute::Metadata(k) => Some((k.to_string(), v.to_string())),
+                        _ => None,
+                    })
+                    .collect(),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("HEAD", name, e)),
+        }
+    }
+
     /// True when the object exists.
     pub async fn exists(&self, name: &str) -> Result<bool, RemoteError> {
         match self.store.head(&self.path(name)).await {
@@ -440,15 +468,33 @@ impl Remote {
     /// Writes the object whole (one PUT; objects above 8 MiB go up as a
     /// multipart upload, so a large manifest is not one huge request).
     pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), RemoteError> {
+        self.put_with_metadata(name, bytes, &[]).await
+    }
+
+    /// [`Remote::put`] with user metadata (`x-amz-meta-KEY: VALUE` on S3;
+    /// values must be ASCII).
+    pub async fn put_with_metadata(
+        &self,
+        name: &str,
+        bytes: Vec<u8>,
+        metadata: &[(&'static str, String)],
+    ) -> Result<(), RemoteError> {
         const MULTIPART_ABOVE_BYTES: usize = 8 << 20;
         let path = self.path(name);
+        let mut attributes = Attributes::new();
+        for (k, v) in metadata {
+            attributes.insert(Attribute::Metadata((*k).into()), v.clone().into());
+        }
         let r = if bytes.len() <= MULTIPART_ABOVE_BYTES {
             self.store
-                .put(&path, PutPayload::from(bytes))
+                .put_opts(&path, PutPayload::from(bytes), attributes.into())
                 .await
                 .map(|_| ())
         } else {
-            let upload = self.store.put_multipart(&path).await;
+            let upload = self
+                .store
+                .put_multipart_opts(&path, attributes.into())
+                .await;
             match upload {
                 Ok(u) => {
                     let mut w =

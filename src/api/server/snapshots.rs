@@ -105,11 +105,16 @@ fn job_view(j: &Job) -> WireJob {
             w.state = "failed".into();
             w.error = Some(m);
         }
-        Outcome::Pushed { id, report: r } => {
+        Outcome::Pushed {
+            id,
+            label,
+            report: r,
+        } => {
             w.state = "done".into();
             let ratio = r.dedup_ratio();
             w.push = Some(PushResult {
                 snapshot: id,
+                label: non_empty(label),
                 chunks_total: r.chunks_total,
                 chunks_uploaded: r.chunks_uploaded,
                 chunks_skipped: r.chunks_skipped,
@@ -122,6 +127,7 @@ fn job_view(j: &Job) -> WireJob {
         }
         Outcome::Restored {
             id,
+            label,
             drive,
             report: r,
             persistent,
@@ -129,6 +135,7 @@ fn job_view(j: &Job) -> WireJob {
             w.state = "done".into();
             w.restore = Some(RestoreResult {
                 snapshot: id,
+                label: non_empty(label),
                 drive,
                 chunks_fetched: r.chunks_fetched,
                 chunks_zero: r.chunks_zero,
@@ -139,6 +146,11 @@ fn job_view(j: &Job) -> WireJob {
         }
     }
     w
+}
+
+/// A label as the API shows it: null for none.
+fn non_empty(label: String) -> Option<String> {
+    Some(label).filter(|l| !l.is_empty())
 }
 
 fn accepted(j: &Job) -> impl IntoResponse {
@@ -219,6 +231,7 @@ pub(crate) fn status_of(d: &Daemon, name: &str) -> SnapshotStatusList {
             remote,
             running: s.running,
             last_snapshot: s.last_snapshot,
+            last_label: s.last_label,
             last_success_unix_ms: s.last_success_unix_ms,
             last_error: s.last_error,
             last_error_unix_ms: s.last_error_unix_ms,
@@ -247,11 +260,12 @@ pub async fn list(
     Ok(Json(SnapshotList {
         snapshots: found
             .into_iter()
-            .map(|(remote, id)| SnapshotInfo {
-                id: id.to_string(),
-                drive: id.drive.clone(),
-                remote,
-                created_unix_ms: id.created_ms,
+            .map(|l| SnapshotInfo {
+                id: l.id.to_string(),
+                drive: l.id.drive.clone(),
+                remote: l.remote,
+                created_unix_ms: l.id.created_ms,
+                label: l.label,
             })
             .collect(),
         failed: failed

@@ -70,6 +70,11 @@ pub struct SnapshotInfo {
     pub remote: String,
     /// When the cut was taken.
     pub created_unix_ms: u64,
+    /// The label given at push time (null: none, or pushed by a ramd that
+    /// kept it only in the manifest, or sealed with a key this daemon
+    /// lacks).
+    #[serde(default)]
+    pub label: Option<String>,
 }
 
 /// A remote that could not be listed.
@@ -199,6 +204,9 @@ pub struct JobProgress {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PushResult {
     pub snapshot: String,
+    /// The label given (null: none).
+    #[serde(default)]
+    pub label: Option<String>,
     pub chunks_total: u64,
     pub chunks_uploaded: u64,
     pub chunks_skipped: u64,
@@ -217,6 +225,9 @@ pub struct PushResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RestoreResult {
     pub snapshot: String,
+    /// The snapshot's label, from its manifest (null: none).
+    #[serde(default)]
+    pub label: Option<String>,
     /// The new drive.
     pub drive: String,
     pub chunks_fetched: u64,
@@ -260,6 +271,9 @@ pub struct SnapshotStatus {
     pub interval_ms: Option<u64>,
     pub running: bool,
     pub last_snapshot: Option<String>,
+    /// Its label (null: none).
+    #[serde(default)]
+    pub last_label: Option<String>,
     pub last_success_unix_ms: Option<u64>,
     /// The last push's error (cleared by a success).
     pub last_error: Option<String>,

@@ -41,10 +41,14 @@ pub enum Outcome {
     Running,
     Pushed {
         id: String,
+        /// As given ("" for none).
+        label: String,
         report: PushReport,
     },
     Restored {
         id: String,
+        /// The snapshot's, from its manifest ("" for none).
+        label: String,
         drive: String,
         report: RestoreReport,
         /// Into a persistent drive.

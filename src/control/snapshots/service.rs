@@ -49,6 +49,8 @@ use crate::snapshot::{
 pub struct PushStatus {
     /// The newest snapshot this daemon pushed.
     pub last_snapshot: Option<String>,
+    /// Its label, when it has one.
+    pub last_label: Option<String>,
     pub last_success_unix_ms: Option<u64>,
     /// The last push's error, cleared by a success.
     pub last_error: Option<String>,
@@ -64,6 +66,16 @@ pub struct PushStatus {
     pub running: bool,
     /// A drive's or a cache's.
     pub kind: TargetKind,
+}
+
+/// A snapshot in a listing.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// The remote's name.
+    pub remote: String,
+    pub id: SnapshotId,
+    /// Its label, when it has one a listing can read.
+    pub label: Option<String>,
 }
 
 /// A push asked for.
@@ -241,12 +253,17 @@ impl Snapshots {
                     s.running = false;
                     s.pushes_total += 1;
                     s.last_snapshot = Some(id.clone());
+                    s.last_label = Some(req.label.clone()).filter(|l| !l.is_empty());
                     s.last_success_unix_ms = Some(now);
                     s.last_error = None;
                     s.bytes_uploaded_total += report.bytes_uploaded;
                     s.last_dedup_ratio = ratio.is_finite().then_some(ratio);
                 });
-                job.finish(Outcome::Pushed { id, report });
+                job.finish(Outcome::Pushed {
+                    id,
+                    label: req.label.clone(),
+                    report,
+                });
             }
             Err(e) => {
                 let msg = e.to_string();
@@ -264,13 +281,16 @@ impl Snapshots {
     }
 
     /// The snapshots on `remote` (every remote when None), of `drive`
-    /// (every drive when None): (remote, id) oldest first per remote, and
-    /// the remotes that could not be listed with why.
+    /// (every drive when None): (remote, id, label) oldest first per
+    /// remote, and the remotes that could not be listed with why. Labels
+    /// come from the manifests' metadata (`snapshot::label`), sealed ones
+    /// opened with the remote's key; a key that does not load only hides
+    /// those labels (restores and pushes report it).
     pub async fn list(
         &self,
         remote: Option<&str>,
         drive: Option<&str>,
-    ) -> Result<(Vec<(String, SnapshotId)>, Vec<(String, String)>), SnapshotsError> {
+    ) -> Result<(Vec<Listed>, Vec<(String, String)>), SnapshotsError> {
         let specs = match remote {
             Some(r) => vec![self.remotes.get(r)?],
             None => self.remotes.list(),
@@ -279,11 +299,18 @@ impl Snapshots {
         for spec in specs {
             let listed = async {
                 let r = spec.open()?;
-                Ok::<_, SnapshotsError>(snapshot::list_snapshots(&r, drive).await?)
+                let ids = snapshot::list_snapshots(&r, drive).await?;
+                let keys = spec.keys().ok().flatten();
+                let labels = snapshot::label::labels(&r, &ids, keys.as_deref()).await?;
+                Ok::<_, SnapshotsError>(ids.into_iter().zip(labels))
             }
             .await;
             match listed {
-                Ok(ids) => found.extend(ids.into_iter().map(|id| (spec.name.clone(), id))),
+                Ok(ids) => found.extend(ids.map(|(id, label)| Listed {
+                    remote: spec.name.clone(),
+                    id,
+                    label,
+                })),
                 Err(e) if remote.is_some() => return Err(e),
                 Err(e) => failed.push((spec.name.clone(), e.to_string())),
             }
