@@ -566,6 +566,35 @@ fn brief(detail: &str) -> String {
     }
 }
 
+/// S3 error bodies are XML: their text with the five predefined entities
+/// turned back into characters (`&apos;` would reach the user as is).
+fn unescape_xml(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
+}
+
+/// The region the server says it expects, when it refused a request for
+/// being signed for another one: AWS and MinIO say "expecting 'REGION'",
+/// Garage "expected: 'DATE/REGION/s3/aws4_request'".
+fn expected_region(detail: &str) -> Option<String> {
+    let quoted = |after: &str| {
+        let start = detail.find(after)? + after.len();
+        let len = detail[start..].find('\'')?;
+        Some(detail[start..start + len].to_owned())
+    };
+    if !detail.contains("AuthorizationHeaderMalformed") {
+        return None;
+    }
+    if let Some(r) = quoted("expecting '") {
+        return Some(r);
+    }
+    let scope = quoted("expected: '")?;
+    scope.split('/').nth(1).map(str::to_owned)
+}
+
 fn classify(
     remote: &str,
     bucket: &str,
@@ -573,9 +602,15 @@ fn classify(
     name: &str,
     e: object_store::Error,
 ) -> RemoteError {
-    let full = chain(&e);
+    let full = unescape_xml(&chain(&e));
     let detail = brief(&full);
     let remote = remote.to_owned();
+    if let Some(region) = expected_region(&full) {
+        return RemoteError::Config {
+            remote,
+            detail: format!("the server answers to region '{region}', and the requests were signed for another ({detail}): give the remote that region (`ramd remote add ... --region {region}`, or `region = \"{region}\"` in its config or credentials file)"),
+        };
+    }
     let has = |needles: &[&str]| needles.iter().any(|n| full.contains(n));
     // A listing answered 404 is a missing bucket (a missing prefix lists
     // as empty).
@@ -681,6 +716,25 @@ mod tests {
             "HTTP error: error sending request: tcp connect error: Connection refused (os error 111)"
         );
         assert_eq!(brief("plain"), "plain");
+    }
+
+    #[test]
+    fn a_wrong_region_says_which_one_the_server_wants() {
+        // Garage 2.x, as object_store reports it (the XML escaped).
+        let garage = unescape_xml("Error performing GET http://127.0.0.1:3900/backups?list-type=2 in 2ms - Server returned non-2xx status code: 400 Bad Request: <?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AuthorizationHeaderMalformed</Code><Message>Authorization header malformed, unexpected scope: &apos;20261128/us-east-1/s3/aws4_request&apos;, expected: &apos;20261128/garage/s3/aws4_request&apos;</Message><Resource>/backups</Resource><Region>garage</Region></Error>");
+        assert!(!garage.contains("&apos;"), "{garage}");
+        assert_eq!(expected_region(&garage).as_deref(), Some("garage"));
+        assert_eq!(
+            brief(&garage),
+            "AuthorizationHeaderMalformed: Authorization header malformed, unexpected scope: '20261128/us-east-1/s3/aws4_request', expected: '20261128/garage/s3/aws4_request'"
+        );
+        let aws = "<Error><Code>AuthorizationHeaderMalformed</Code><Message>The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'eu-west-1'</Message><Region>eu-west-1</Region></Error>";
+        assert_eq!(expected_region(aws).as_deref(), Some("eu-west-1"));
+        assert_eq!(
+            expected_region("<Code>AccessDenied</Code> expecting 'x'"),
+            None
+        );
+        assert_eq!(unescape_xml("a &amp;lt; b &lt; c"), "a &lt; b < c");
     }
 
     #[test]
