@@ -446,6 +446,11 @@ impl<S: Storage, M: SyncStore> PersistentDrive<S, M> {
     }
 }
 
+/// Not a `Layer`, on purpose: the drive must see every write (FUA, the
+/// durability promise, dirty tracking), and a `Layer` forwards what it
+/// does not override straight to the store. As a plain `Backend`, a
+/// method added later is served by `Backend`'s default, which goes through
+/// this impl's own `write`/`read`: it can be slower, never wrong.
 impl<S: Storage, M: SyncStore> Backend for PersistentDrive<S, M> {
     fn size(&self) -> u64 {
         self.store.size()

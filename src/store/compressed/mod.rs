@@ -746,30 +746,11 @@ pub struct Inconsistency {
     pub what: &'static str,
 }
 
-impl Backend for CompressedStore {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.inner.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.inner.write(offset, data, fua)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<()> {
-        self.inner.write_zeroes(offset, len, may_trim)
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.trim(offset, len)
-    }
-    fn flush(&self) -> Result<()> {
-        self.inner.flush()
-    }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.extents(offset, len)
-    }
-    fn capabilities(&self) -> Caps {
-        self.inner.capabilities()
+/// The store's handle forwards everything to the store itself through
+/// `Layer` (no method can be missed, as a hand-written forwarding could).
+impl crate::block::layer::Layer for CompressedStore {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
 }
 
