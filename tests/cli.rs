@@ -655,6 +655,16 @@ fn restore_uses_a_fixed_drive_json() {
     assert_eq!(v["persist"]["durability"], "flush", "{v}");
 }
 
+/// `ramd --help` takes the NBD URI from `ramd info` instead of naming a
+/// socket path, which is wrong wherever the runtime directory is not
+/// /run/ramd (XDG_RUNTIME_DIR set, or not root).
+#[test]
+fn help_takes_the_uri_from_ramd_info() {
+    let out = run(ramd().arg("--help")).ok();
+    assert!(!out.stdout.contains("/run/ramd/nbd.sock"), "{out}");
+    assert!(out.stdout.contains("ramd info db"), "{out}");
+}
+
 /// `ramd list` shows what a drive is stored as (COMPRESS) and every URI
 /// it is served at (one line per TCP listener), as `--json` does; listen
 /// addresses take host names (`localhost:PORT` binds loopback, so

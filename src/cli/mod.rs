@@ -61,7 +61,11 @@ use daemon::DaemonArgs;
 /// Then, in another shell:
 ///   ramd list                          drives, sizes, memory, URIs
 ///   ramd create db --size 4G           a new drive, served at once
-///   nbdinfo 'nbd+unix:///db?socket=/run/ramd/nbd.sock'
+///   uri=$(ramd info db | awk '$1 == "uri" {print $2}')
+///   nbdinfo "$uri"                     its NBD URI: the socket is in the
+///                                      runtime dir ($XDG_RUNTIME_DIR/ramd,
+///                                      else /run/ramd for root, else
+///                                      /tmp/ramd-UID)
 ///   mkdir -p /mnt/db && ramd attach db /mnt/db   (then losetup /mnt/db/db)
 ///   ramd stats --watch                 IOPS, MiB/s, latency, memory
 ///   ramd cache create c --backing /dev/sdb --size 2G --mode writeback
