@@ -291,6 +291,10 @@ pub enum RemoteError {
     },
 }
 
+/// An object's user metadata: key (without the `x-amz-meta-` prefix) to
+/// value.
+pub type Metadata = std::collections::HashMap<String, String>;
+
 /// An object seen in a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
@@ -433,10 +437,7 @@ impl Remote {
 
     /// The object's user metadata (`x-amz-meta-KEY` on S3, one HEAD), or
     /// None when it does not exist.
-    pub async fn metadata(
-        &self,
-        name: &str,
-    ) -> Result<Option<std::collections::HashMap<String, String>>, RemoteError> {
+    pub async fn metadata(&self, name: &str) -> Result<Option<Metadata>, RemoteError> {
         let opts = GetOptions {
             head: true,
             ..GetOptions::default()
