@@ -501,7 +501,7 @@ fn drives_lifecycle_and_every_error() {
         at,
         Some(r#"{"drive":"capped","mountpoint":"relative/dir"}"#),
         422,
-        Some("bad_mountpoint"),
+        Some("relative_path"),
     );
     let missing = api.d.dir().join("no-such-dir");
     let body = json!({"drive": "capped", "mountpoint": missing}).to_string();

@@ -408,6 +408,23 @@ impl Ledger {
         self.claim_with(kind, name, origin, Some(promise), promise.bytes())
     }
 
+    /// [`Ledger::claim`] held by a guard that gives the name (and its
+    /// promise) back when dropped, unless [`ClaimGuard::keep`] hands the
+    /// claim on: a creation that fails half-way cannot leak its name.
+    pub fn claim_guarded(
+        &self,
+        kind: Kind,
+        name: &str,
+        origin: Origin,
+        promise: &Promise,
+    ) -> Result<ClaimGuard<'_>, LedgerError> {
+        let claim = self.claim(kind, name, origin, promise)?;
+        Ok(ClaimGuard {
+            ledger: self,
+            claim: Some(claim),
+        })
+    }
+
     /// Whether [`Ledger::claim`] would succeed now (the name free, the
     /// promise within the budget), without claiming: for work that must
     /// know before it starts (a snapshot restore checks before it
@@ -603,6 +620,39 @@ impl Ledger {
     }
 }
 
+/// A claim being made into an object: released on drop unless kept
+/// (see [`Ledger::claim_guarded`]).
+#[must_use = "dropping the guard releases the claim at once"]
+pub struct ClaimGuard<'a> {
+    ledger: &'a Ledger,
+    /// Some until kept or dropped.
+    claim: Option<Arc<Claim>>,
+}
+
+impl ClaimGuard<'_> {
+    /// The claim (for the object being built).
+    pub fn claim(&self) -> &Arc<Claim> {
+        self.claim
+            .as_ref()
+            .expect("a guard holds its claim until kept")
+    }
+
+    /// The object is registered: the claim is its from now on.
+    pub fn keep(mut self) -> Arc<Claim> {
+        self.claim
+            .take()
+            .expect("a guard holds its claim until kept")
+    }
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.ledger.release(&claim);
+        }
+    }
+}
+
 fn is_current(claims: &Claims, claim: &Arc<Claim>) -> bool {
     claims
         .get(&claim.name)
@@ -639,6 +689,40 @@ mod tests {
         }
         let e = check_name(Kind::Cache, "DB").unwrap_err().to_string();
         assert!(e.starts_with("invalid cache name 'DB'"), "{e}");
+    }
+
+    #[test]
+    fn a_guarded_claim_is_given_back_unless_kept() {
+        let l = ledger(1 << 20);
+        {
+            let g = l
+                .claim_guarded(Kind::Drive, "a", Origin::Api, &Promise::Bytes(1000))
+                .unwrap();
+            assert_eq!(g.claim().name, "a");
+            assert_eq!(l.committed_bytes(), 1000);
+            // A failure half-way: the guard is dropped.
+        }
+        assert_eq!(l.committed_bytes(), 0);
+        assert_eq!(l.kind_of("a"), None);
+        let kept = l
+            .claim_guarded(Kind::Drive, "a", Origin::Api, &Promise::Bytes(1000))
+            .unwrap()
+            .keep();
+        assert_eq!(l.kind_of("a"), Some(Kind::Drive));
+        assert_eq!(kept.promised_bytes(), 1000);
+        // check_claim: a dry run that says what claim would.
+        let e = l
+            .check_claim(Kind::Cache, "a", &Promise::Bytes(0))
+            .unwrap_err();
+        assert!(e.to_string().contains("a drive named 'a'"), "{e}");
+        let e = l
+            .check_claim(Kind::Drive, "b", &Promise::Bytes(2 << 20))
+            .unwrap_err();
+        assert!(matches!(e, LedgerError::OverBudget(_)), "{e}");
+        assert!(l
+            .check_claim(Kind::Drive, "b", &Promise::Bytes(1000))
+            .is_ok());
+        assert_eq!(l.kind_of("b"), None);
     }
 
     #[test]

@@ -415,9 +415,8 @@ impl Caches {
         // Nothing promised until the backing's size is known.
         let claim = self
             .ledger
-            .claim(Kind::Cache, &name, origin, &Promise::Bytes(0))?;
+            .claim_guarded(Kind::Cache, &name, origin, &Promise::Bytes(0))?;
         if let Some(other) = map.values().find(|e| e.backing_id == backing_id) {
-            self.ledger.release(&claim);
             return Err(error::BackingRefused::Shared {
                 backing: spec.backing,
                 other: other.name.clone(),
@@ -427,7 +426,7 @@ impl Caches {
         let entry = Arc::new(CacheEntry {
             name: name.clone(),
             spec,
-            claim,
+            claim: claim.keep(),
             backing_kind,
             backing_id,
             created_unix_s: now_unix_s(),

@@ -44,10 +44,10 @@ impl Drives {
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         let claim = self
             .ledger
-            .claim(Kind::Drive, &spec.name, origin, &promise)?;
+            .claim_guarded(Kind::Drive, &spec.name, origin, &promise)?;
         let drive = self.assemble(
             spec,
-            claim,
+            claim.claim().clone(),
             DriveKind::Ram,
             DriveState::Ready,
             data,
@@ -56,6 +56,7 @@ impl Drives {
             now_unix_s(),
         );
         self.insert(&mut drives, &drive)?;
+        claim.keep();
         tracing::info!(drive = %spec.name, size = %format_size(spec.size_bytes), "drive created from restored data");
         Ok(drive)
     }

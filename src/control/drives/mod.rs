@@ -553,7 +553,7 @@ impl Drives {
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         let claim = self
             .ledger
-            .claim(Kind::Drive, &spec.name, origin, &promise)?;
+            .claim_guarded(Kind::Drive, &spec.name, origin, &promise)?;
         let (limit, budget) = (spec.mem_limit_bytes, self.budget().clone());
         let (size, lock) = (spec.size_bytes, spec.lock_memory);
         let data = match spec.compress {
@@ -561,17 +561,10 @@ impl Drives {
                 .map(|s| DriveData::Ram(s.into())),
             Some(a) => CompressedStore::with_lock(size, a, limit, budget, lock)
                 .map(|s| DriveData::Compressed(s.into())),
-        };
-        let data = match data {
-            Ok(d) => d,
-            Err(e) => {
-                self.ledger.release(&claim);
-                return Err(e.into());
-            }
-        };
+        }?;
         let drive = self.assemble(
             spec,
-            claim,
+            claim.claim().clone(),
             DriveKind::Ram,
             DriveState::Ready,
             data,
@@ -580,6 +573,7 @@ impl Drives {
             now_unix_s(),
         );
         self.insert(&mut drives, &drive)?;
+        claim.keep();
         tracing::info!(
             drive = %spec.name,
             size = %format_size(spec.size_bytes),

@@ -47,20 +47,19 @@ impl Drives {
         let dir = self.drive_dir(&spec.name)?;
         let drives = self.drives.lock();
         // The name first (nothing promised yet), then the disk.
-        let claim = self
-            .ledger
-            .claim(Kind::Drive, &spec.name, origin, &Promise::Bytes(0))?;
+        let guard =
+            self.ledger
+                .claim_guarded(Kind::Drive, &spec.name, origin, &Promise::Bytes(0))?;
+        let claim = guard.claim();
         let made = match probe_with_settings(&dir, &spec.name) {
-            Found::New => self.create_fresh(drives, dir, spec, persist, &claim),
+            Found::New => self.create_fresh(drives, dir, spec, persist, claim),
             Found::Existing { size_bytes } => {
-                self.queue_restore(drives, dir, spec, persist, &claim, size_bytes)
+                self.queue_restore(drives, dir, spec, persist, claim, size_bytes)
             }
-            Found::Broken(error) => self.add_broken(drives, dir, spec, persist, &claim, error),
-        };
-        if made.is_err() {
-            self.ledger.release(&claim);
-        }
-        made
+            Found::Broken(error) => self.add_broken(drives, dir, spec, persist, claim, error),
+        }?;
+        guard.keep();
+        Ok(made)
     }
 
     /// A new persistent drive in the empty `dir`: its files, then served.
