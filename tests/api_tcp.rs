@@ -109,7 +109,7 @@ impl Remote {
     fn launch(args: &[&str], pki: Option<Pki>) -> Remote {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let d = Daemon::launch(&args, &[]);
-        let port = api_port(&d.log());
+        let port = api_port(&d.wait_log("the API address", |l| l.contains("API also on ")));
         Remote { d, pki, port }
     }
 
@@ -463,7 +463,9 @@ fn tokens_stay_out_of_the_log_and_their_file_is_private() {
     r.curl("POST", "/v1/drives", Some(&ro), Some("{}"));
     r.curl("GET", &format!("/v1/drives?token={ro}"), Some(&ro), None);
     r.curl("GET", &format!("/v1/nothing?token={admin}"), None, None);
-    let log = r.d.log();
+    // The last request's line there, every earlier one is.
+    let log =
+        r.d.wait_log("the last request", |l| l.contains("/v1/nothing"));
     for secret in [&admin, &ro] {
         let tail = secret.rsplit_once('_').unwrap().1;
         assert!(!log.contains(tail), "a token secret is in the log:\n{log}");

@@ -400,11 +400,9 @@ fn daemon_caches_over_nbds_reach_nbdkit_and_refusals_reach_the_api() {
         .args(["cache", "create", "unchecked", "--backing", &backing])
         .args(["--size", "8M", "--mode", "writethrough"]))
     .ok();
-    let log = d.log();
-    assert!(
-        log.contains("WARN") && log.contains("tls-verify-peer=false"),
-        "no warning in the log:\n{log}"
-    );
+    d.wait_log("the warning about tls-verify-peer=false", |log| {
+        log.contains("WARN") && log.contains("tls-verify-peer=false")
+    });
     run(d.cli().args(["cache", "delete", "unchecked"])).ok();
     drop(kit);
     let kit = Server::nbdkit(false, &["--tls=require", &server_dir, "--tls-verify-peer"]);

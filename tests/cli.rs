@@ -763,12 +763,8 @@ fn info_of_a_cache_logs_no_failed_request() {
     cli_fails(&d, &["info", "nosuch"], 1, "no drive named 'nosuch'");
     let (status, _) = d.http("POST", "/v1/drives", Some(r#"{"name":"x","size":"12Q"}"#));
     assert_eq!(status, 422);
-    wait_until(
-        "the 422 in the log",
-        std::time::Duration::from_secs(10),
-        || d.log().contains("status=422"),
-    );
-    let log = d.log();
+    // Every earlier request's line is there once the 422's is.
+    let log = d.wait_log("the 422", |l| l.contains("status=422"));
     let failed: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("API request failed"))

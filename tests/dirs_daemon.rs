@@ -1059,11 +1059,9 @@ fn sigterm_syncs_before_exit_and_a_reboot_restores_from_disk() {
         json!([]),
         "nothing in RAM survived a reboot: {info}"
     );
-    assert!(
-        d.log().contains("restored into RAM from the on-disk copy"),
-        "{}",
-        d.log()
-    );
+    d.wait_log("the restore", |l| {
+        l.contains("restored into RAM from the on-disk copy")
+    });
 }
 
 #[test]
@@ -1328,7 +1326,7 @@ fn add_refuses_a_directory_other_processes_use_unless_forced() {
     let out = cli_ok(&d, &["dir", "add", dir.to_str().unwrap(), "--force"]);
     assert!(out.stdout.contains("is in RAM"), "{out}");
     assert_eq!(fs_type_at(&dir).as_deref(), Some("tmpfs"));
-    assert!(d.log().contains("added with --force"), "{}", d.log());
+    d.wait_log("the forced add", |l| l.contains("added with --force"));
     drop(fd_holder);
     drop(cwd_holder);
     cli_ok(&d, &["dir", "remove", dir.to_str().unwrap()]);
@@ -1475,7 +1473,7 @@ fn sync_keeps_entries_written_to_the_disk_copy_after_add() {
         std::fs::read(disk.join(&aside)).unwrap(),
         b"k + written behind + more"
     );
-    assert!(d.log().contains("kept on disk, not in RAM"), "{}", d.log());
+    d.wait_log("the conflict", |l| l.contains("kept on disk, not in RAM"));
     // Reported at every sync until resolved, also by the CLI; nothing new
     // is set aside.
     let out = cli_ok(&d, &["dir", "sync", dir.to_str().unwrap()]);
@@ -1562,7 +1560,9 @@ fn remove_force_with_a_writer_that_never_stops_loses_nothing() {
     wait_until("the RAM copy is freed", WAIT_TIMEOUT, || {
         !s.path(&format!("run/dirs/{id}")).exists()
     });
-    assert!(d.log().contains("saved as a recovery copy"), "{}", d.log());
+    d.wait_log("the recovery copy", |l| {
+        l.contains("saved as a recovery copy")
+    });
     // Nothing on disk was overwritten by the late writes.
     assert_eq!(std::fs::read(dir.join("log")).unwrap(), b"before remove\n");
     assert_eq!(std::fs::read(dir.join("opened-after")).unwrap(), b"on disk");

@@ -1077,7 +1077,7 @@ print(h.pread(4096, int(sys.argv[2])) == pattern(4096, int(sys.argv[3])))
         "mode none is saved at shutdown"
     );
     // The restore is in the drive's JSON and the log.
-    assert!(d.log().contains("restored"), "{}", d.log());
+    d.wait_log("the restore", |l| l.contains("restored"));
 }
 
 #[test]
@@ -1173,11 +1173,13 @@ fn state_dir_is_private_wide_modes_are_narrowed_and_another_users_is_refused() {
     d.restart();
     ready(&d, "p");
     assert_eq!(open_to_others(&state), vec![]);
-    let log = d.log();
-    for p in [&state, &drive_dir, &drive_dir.join("drive.json")] {
-        let want = format!("{} was open to other users (mode 0", p.display());
-        assert!(log.contains(&want), "want {want:?} in:\n{log}");
-    }
+    let wants: Vec<String> = [&state, &drive_dir, &drive_dir.join("drive.json")]
+        .iter()
+        .map(|p| format!("{} was open to other users (mode 0", p.display()))
+        .collect();
+    let log = d.wait_log("the warnings about open modes", |l| {
+        wants.iter().all(|w| l.contains(w))
+    });
     assert!(log.contains("WARN"), "{log}");
     assert_eq!(&image(&d, "p")[..100_000], &pattern(100_000, 7)[..]);
     assert!(d.terminate().success());

@@ -100,11 +100,9 @@ snapshot_keep_last = 3
         &image,
         "the backing after the cache's push (its dirty data written back)",
     );
-    assert!(
-        a.log().contains("cache written back before its snapshot"),
-        "{}",
-        a.log()
-    );
+    a.wait_log("the write-back", |l| {
+        l.contains("cache written back before its snapshot")
+    });
     let id = job["push"]["snapshot"].as_str().unwrap().to_owned();
     assert!(id.starts_with("c1/"), "{job}");
 

@@ -325,11 +325,9 @@ fn scheduled_pushes_show_in_metrics_and_restore_from_fills_a_new_daemon() {
     // drive holds the data when it is first served.
     let b = config_daemon(&config(true), &env);
     assert_same(&read_drive(&b, "db"), &data, "restore_from at start");
-    assert!(
-        b.log().contains("restore_from: drive restored"),
-        "{}",
-        b.log()
-    );
+    b.wait_log("the restore", |l| {
+        l.contains("restore_from: drive restored")
+    });
     for d in [&a, &b] {
         assert!(
             !d.log().contains(&g.secret),

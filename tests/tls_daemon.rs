@@ -249,11 +249,11 @@ fn plaintext_on_a_network_address_needs_tls_off() {
     .map(String::from)
     .to_vec();
     let d = Daemon::launch(&args, &[]);
-    let log = d.log();
-    assert!(
-        log.contains("WARN") && log.contains("plaintext and reachable from other machines"),
-        "{log}"
-    );
+    // Written as the listener starts, which may be after the API answers.
+    common::wait_until("the plaintext warning", common::WAIT_TIMEOUT, || {
+        let log = d.log();
+        log.contains("WARN") && log.contains("plaintext and reachable from other machines")
+    });
 }
 
 /// Bad TLS settings stop the start with a reason.

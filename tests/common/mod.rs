@@ -571,9 +571,28 @@ impl Daemon {
         format!("nbd+unix:///{export}?socket={}", self.socket.display())
     }
 
-    /// Everything the daemon logged so far.
+    /// Everything the daemon logged so far. Its lines reach the file from
+    /// a writer thread of their own, a moment after the event (at exit
+    /// they are all written): to look for a line of a running daemon, use
+    /// [`Daemon::wait_log`].
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ramd.log")).unwrap_or_default()
+    }
+
+    /// Waits (bounded, generously) until the log satisfies `holds`;
+    /// returns the log then. For lines of a running daemon (see
+    /// [`Daemon::log`]); a line being there means every line logged
+    /// before it is there too.
+    #[track_caller]
+    pub fn wait_log(&self, what: &str, holds: impl Fn(&str) -> bool) -> String {
+        let mut log = String::new();
+        let waiting = format!("{what} in the daemon's log");
+        // The log itself is printed on failure by Daemon's drop.
+        wait_until(&waiting, WAIT_TIMEOUT, || {
+            log = self.log();
+            holds(&log)
+        });
+        log
     }
 
     /// True while the daemon process has not exited.
