@@ -88,7 +88,7 @@ impl Dash {
         ];
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let d = Daemon::launch(&args, &[]);
-        let port = dashboard_port(&d.log(), "https");
+        let port = dashboard_port(&dashboard_line(&d), "https");
         let dash = Dash { d, pki, port };
         dash.add_cache();
         dash
@@ -182,8 +182,15 @@ fn plaintext_daemon() -> (Daemon, u16) {
         .map(String::from),
         &[],
     );
-    let port = dashboard_port(&d.log(), "http");
+    let port = dashboard_port(&dashboard_line(&d), "http");
     (d, port)
+}
+
+/// The daemon's log once it has its "Dashboard and API on" line.
+fn dashboard_line(d: &Daemon) -> String {
+    d.wait_log("the dashboard address", |l| {
+        l.contains("Dashboard and API on ")
+    })
 }
 
 /// The port of the daemon's "Dashboard and API on SCHEME://127.0.0.1:PORT" line.
@@ -485,13 +492,15 @@ fn links_cookies_csrf_and_roles() {
     );
     assert_eq!(dash.with_cookie(&ro, &[], "/").status, 401);
 
-    // Tokens never reach the log (the link's query string included).
-    let log = dash.d.log();
+    // Tokens never reach the log (the link's query string included): in
+    // what it holds once the session's start is there.
+    let log = dash.d.wait_log("the session's start", |l| {
+        l.contains("dashboard session started")
+    });
     assert!(
         !log.contains(&ro) && !log.contains(&admin),
         "a token in the log"
     );
-    assert!(log.contains("dashboard session started"), "{log}");
 }
 
 /// Checks `instance` against the schema `name` of docs/openapi.yaml.
@@ -577,25 +586,35 @@ fn event_stream() {
             .arg(format!("{}/v1/events?count=1", dash.base()));
         common::run(&mut c).ok().stdout
     };
-    let mut open: Vec<_> = (0..8)
-        .map(|_| {
+    let outputs: Vec<_> = (0..8)
+        .map(|i| dash.d.dir().join(format!("stream-{i}.txt")))
+        .collect();
+    let mut open: Vec<_> = outputs
+        .iter()
+        .map(|out| {
             let mut c = common::tool("curl");
-            c.args(["-sS", "-N", "-o", "/dev/null", "--cacert"])
+            c.args(["-sS", "-N", "-o"])
+                .arg(out)
+                .arg("--cacert")
                 .arg(dash.ca_cert())
                 .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
                 .arg(format!("{}/v1/events", dash.base()));
             common::KillOnDrop(c.spawn().unwrap())
         })
         .collect();
-    common::wait_until(
-        "8 streams open on one token",
-        Duration::from_secs(30),
-        || probe(&token) == "503",
-    );
+    // Every stream open: each has had its first event (eight TLS clients
+    // can take a while on a busy machine; probing meanwhile would only
+    // add a ninth).
+    common::wait_until("8 streams open on one token", common::WAIT_TIMEOUT, || {
+        outputs
+            .iter()
+            .all(|out| std::fs::read_to_string(out).is_ok_and(|t| t.contains("event: stats")))
+    });
+    assert_eq!(probe(&token), "503", "a ninth stream on the token");
     let other = token_of(&dash.link(false));
     assert_eq!(probe(&other), "200");
     drop(open.pop());
-    common::wait_until("a closed stream's place", Duration::from_secs(30), || {
+    common::wait_until("a closed stream's place", common::WAIT_TIMEOUT, || {
         probe(&token) == "200"
     });
     drop(open);
@@ -622,13 +641,13 @@ fn event_stream() {
         .arg("http://ramd/v1/events")
         .stdout(std::fs::File::create(&streamed).unwrap());
     let mut stream = common::KillOnDrop(c.spawn().unwrap());
-    common::wait_until("the stream's first event", Duration::from_secs(30), || {
+    common::wait_until("the stream's first event", common::WAIT_TIMEOUT, || {
         std::fs::read_to_string(&streamed).is_ok_and(|t| t.contains("event: stats"))
     });
     let mut dash = dash;
     let status = dash.d.terminate();
     assert!(status.success(), "{status}: {}", dash.d.log());
-    let ended = common::wait_timeout(&mut stream.0, Duration::from_secs(30));
+    let ended = common::wait_timeout(&mut stream.0, common::WAIT_TIMEOUT);
     assert!(ended.is_some(), "the event stream outlived the daemon");
 }
 
