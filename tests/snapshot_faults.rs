@@ -235,12 +235,9 @@ fn a_killed_pushs_lease_is_freed_by_its_restarted_daemon() {
     // The restarted daemon recognises its own leftover and goes on.
     a.restart();
     cli(&a, &g, &["snapshot", "prune", "--remote", "g"]).ok();
-    assert!(
-        a.log()
-            .contains("deleted a lease left by an earlier run of this daemon"),
-        "{}",
-        a.log()
-    );
+    a.wait_log("the leftover lease deleted", |l| {
+        l.contains("deleted a lease left by an earlier run of this daemon")
+    });
     cli(&other, &g, &["snapshot", "prune", "--remote", "g"]).ok();
     // And pushes work again.
     push(&a, &g, "big", "g");

@@ -158,12 +158,9 @@ fn restore_into_a_persistent_drive_survives_restarts_and_a_crash_leaves_nothing(
     wait_ready(&b, "db", "db to load");
     assert_eq!(drive_names(&b), vec!["db".to_owned()]);
     assert_eq!(drives_dir_entries(&b), vec!["db".to_owned()]);
-    assert!(
-        b.log()
-            .contains("a restore from a snapshot that did not finish"),
-        "{}",
-        b.log()
-    );
+    b.wait_log("the unfinished restore noticed", |l| {
+        l.contains("a restore from a snapshot that did not finish")
+    });
     // The next restore of that name works.
     restore_matches(
         &b,

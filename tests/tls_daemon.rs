@@ -216,11 +216,9 @@ fn certificates_make_tcp_require_tls() {
         "plaintext must be refused: {plain}"
     );
     assert!(!plain.stdout.contains("ram0"), "no export list: {plain}");
-    let log = d.log();
-    assert!(
-        log.contains(&format!("NBD on {addr}: TLS require")),
-        "the log says which listeners use TLS:\n{log}"
-    );
+    // The log says which listeners use TLS.
+    let want = format!("NBD on {addr}: TLS require");
+    d.wait_log(&want, |l| l.contains(&want));
     // The API shows nbds:// for drives on a TLS-only listener.
     let (_, body) = d.http("GET", "/v1/drives/ram0", None);
     assert!(body.contains(&format!("nbds://{addr}/ram0")), "{body}");
