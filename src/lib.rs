@@ -86,3 +86,4 @@ pub mod sim;
 pub mod size;
 pub mod snapshot;
 pub mod store;
+pub mod ublk;

@@ -241,6 +241,56 @@ fn check_owned_dir(
     }
 }
 
+/// `path` made absolute against the working directory, with `.`, `..`
+/// and symbolic links resolved as far as the path exists: its longest
+/// existing ancestor is canonicalized and the rest appended (mount tables,
+/// URIs and containment checks need the real location). As it is when it
+/// cannot be made absolute (an empty path, a working directory gone).
+pub fn resolve(path: &Path) -> PathBuf {
+    let Ok(abs) = std::path::absolute(path) else {
+        return path.to_owned();
+    };
+    let mut base = abs.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(base) {
+            let mut out = real;
+            for c in rest.iter().rev() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        out.pop();
+                    }
+                    std::path::Component::Normal(n) => out.push(n),
+                    _ => {}
+                }
+            }
+            return out;
+        }
+        match (base.parent(), base.components().next_back()) {
+            (Some(parent), Some(last)) => {
+                rest.push(last);
+                base = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
+/// The operating system's own trees: ramd never mounts over them nor
+/// inside them (an attachment with `--force`, a directory in RAM), since
+/// a mount there hides or replaces what the system runs on.
+pub const SYSTEM_TREES: &[&str] = &[
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root",
+    "/sbin", "/sys", "/usr", "/var/lib",
+];
+
+/// The system tree (see [`SYSTEM_TREES`]) that the resolved `path` is or
+/// lies in, if any.
+pub fn system_tree(path: &Path) -> Option<&'static str> {
+    let real = resolve(path);
+    SYSTEM_TREES.iter().copied().find(|t| real.starts_with(t))
+}
+
 /// Why a private file could not be replaced: the step, and the path it
 /// failed on.
 #[derive(Debug, thiserror::Error)]

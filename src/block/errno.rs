@@ -3,7 +3,10 @@
 //! wire (the protocol's eight values, which are Linux's), `fuse()` in a
 //! FUSE reply. The two columns differ only where a file has a better word
 //! than a block device: a read-only drive is EPERM over NBD (the spec's
-//! value) and EROFS through the FUSE file.
+//! value) and EROFS through the FUSE file. `ublk()` is what a ublk COMMIT
+//! carries: only the errnos the kernel's block layer turns into a status of
+//! their own (`errno_to_blk_status`: ENOSPC, EOPNOTSUPP, ENOMEM); every
+//! other one would become EIO there anyway, so it is EIO here.
 
 use crate::block::backend::Error;
 
@@ -54,6 +57,16 @@ impl Errno {
         }
     }
 
+    /// The (negative) result of a ublk COMMIT_AND_FETCH_REQ.
+    pub fn ublk(self) -> i32 {
+        -match self {
+            Errno::NoSpace => libc::ENOSPC,
+            Errno::NotSup => libc::EOPNOTSUPP,
+            Errno::NoMem => libc::ENOMEM,
+            _ => libc::EIO,
+        }
+    }
+
     /// The NBD protocol's value (the spec defines eight, numbered as
     /// Linux's).
     pub fn nbd(self) -> u32 {
@@ -94,5 +107,13 @@ mod tests {
         assert_eq!(Errno::of(&Error::ReadOnly).fuse(), libc::EROFS);
         assert_eq!(Errno::of(&io(libc::EBADF)), Errno::Io);
         assert_eq!(Errno::of(&Error::NoSpace("x".into())), Errno::NoSpace);
+    }
+
+    #[test]
+    fn ublk_results_are_negative_block_layer_errnos() {
+        assert_eq!(Errno::NoSpace.ublk(), -libc::ENOSPC);
+        assert_eq!(Errno::NotSup.ublk(), -libc::EOPNOTSUPP);
+        assert_eq!(Errno::ReadOnly.ublk(), -libc::EIO);
+        assert_eq!(Errno::Inval.ublk(), -libc::EIO);
     }
 }

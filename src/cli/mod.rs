@@ -356,19 +356,25 @@ pub enum Command {
     #[command(subcommand)]
     Cache(caches::CacheCommand),
 
-    /// Expose a drive (or a cache) as a file MOUNTPOINT/NAME through FUSE.
+    /// Expose a drive (or a cache) as a file MOUNTPOINT/NAME through FUSE,
+    /// or with --ublk as a block device /dev/ublkbN.
     ///
     /// Then: dev=$(losetup -f --show --direct-io=on MOUNTPOINT/NAME); mkfs.ext4 $dev;
     /// mount $dev /mnt/data. Undo with `ramd detach MOUNTPOINT` after
-    /// umount and losetup -d. See docs/attach.md.
+    /// umount and losetup -d. With --ublk: mkfs.ext4 /dev/ublkbN directly;
+    /// undo with `ramd detach NAME` after umount. See docs/attach.md.
     #[command(verbatim_doc_comment)]
     Attach {
         /// The drive.
         #[arg(required_unless_present = "list", value_parser = arg_name)]
         name: Option<String>,
         /// An existing, empty directory that is not a mount point (never /).
-        #[arg(required_unless_present = "list")]
+        #[arg(required_unless_present_any = ["list", "ublk"])]
         mountpoint: Option<PathBuf>,
+        /// A block device /dev/ublkbN (the kernel's ublk_drv) instead of a
+        /// FUSE file; it survives a ramd crash (persistent drives).
+        #[arg(long, conflicts_with_all = ["mountpoint", "list"])]
+        ublk: bool,
         /// Attach over a non-empty directory or a mount point anyway: what
         /// is there stays hidden until detach.
         #[arg(long, conflicts_with = "list")]
@@ -380,9 +386,15 @@ pub enum Command {
         out: JsonFlag,
     },
 
-    /// Undo `ramd attach` (unmount the FUSE file).
+    /// Undo `ramd attach`: unmount the FUSE file (MOUNTPOINT), or remove
+    /// the ublk device (the drive's NAME or /dev/ublkbN).
     Detach {
+        /// The FUSE mountpoint, or the drive's name or device for ublk.
         mountpoint: PathBuf,
+        /// ublk: remove the device even while it is mounted or open (I/O
+        /// on it then fails).
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -776,15 +788,21 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             name,
             mountpoint,
             force,
+            ublk,
             list,
             out,
         } => match (name, mountpoint) {
+            (Some(name), None) if ublk => attach::attach_ublk(&client(), name, out.json)?,
             (Some(name), Some(mp)) if !list => {
                 attach::attach(&client(), name, &mp, force, out.json)?
             }
             _ => attach::attach_list(&client(), out.json)?,
         },
-        Command::Detach { mountpoint, out } => attach::detach(&client(), &mountpoint, out.json)?,
+        Command::Detach {
+            mountpoint,
+            force,
+            out,
+        } => attach::detach(&client(), &mountpoint, force, out.json)?,
         Command::Cache(cmd) => caches::run(&client(), cmd)?,
         Command::Sync { name, out } => {
             // A cache's name syncs the cache; else the drive's.

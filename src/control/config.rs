@@ -149,6 +149,26 @@ pub struct ConfigFile {
     /// Object storage for drive snapshots.
     #[serde(default, rename = "remote")]
     pub remotes: Vec<RemoteEntry>,
+    /// What requests over TCP (the API and the dashboard) may name.
+    #[serde(default)]
+    pub api: ApiSection,
+}
+
+/// `[api]`: what a token holder over TCP may name on this host. The unix
+/// socket's callers are not limited by it (the socket's permissions and
+/// the peer's uid decide); over TCP, a token is not a local shell, so host
+/// paths and NBD hosts are refused unless listed here (default: none).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSection {
+    /// Directories inside which TCP requests may name host paths
+    /// (mountpoints, cache backings, key and credentials files).
+    #[serde(default)]
+    pub allowed_paths: Vec<Spanned<PathBuf>>,
+    /// Hosts that TCP requests may name in `nbd://` / `nbds://` cache
+    /// backings (as written in the URI).
+    #[serde(default)]
+    pub allowed_backing_hosts: Vec<String>,
 }
 
 /// `[daemon]`: each key matches a `ramd daemon` flag, which wins over it.
@@ -460,6 +480,8 @@ fn drive_access(
 pub struct Config {
     /// The file it came from (None: built-in defaults).
     pub path: Option<PathBuf>,
+    /// `[api]`, resolved.
+    pub api: ApiPolicy,
     pub daemon: DaemonSection,
     pub drives: Vec<DriveSpec>,
     /// Caches to create at start.
@@ -473,6 +495,14 @@ pub struct Config {
     /// Line and column of each drive's and cache's `name`, so start-up
     /// refusals (a drive over the budget) can point at the declaration.
     pub declared_at: BTreeMap<String, (usize, usize)>,
+}
+
+/// What requests over TCP may name on this host (`[api]`, resolved:
+/// directories canonical, so a symbolic link cannot lead out of them).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ApiPolicy {
+    pub allowed_paths: Vec<PathBuf>,
+    pub allowed_backing_hosts: Vec<String>,
 }
 
 /// 1-based line and column of a byte offset.
@@ -656,8 +686,28 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
         dirs.push(spec);
     }
+    for p in &file.api.allowed_paths {
+        if !p.get_ref().is_absolute() {
+            return Err(invalid(
+                p.span().start,
+                format!(
+                    "allowed_paths: '{}' is relative: give absolute directories",
+                    p.get_ref().display()
+                ),
+            ));
+        }
+    }
     Ok(Config {
         path: Some(path.to_owned()),
+        api: ApiPolicy {
+            allowed_paths: file
+                .api
+                .allowed_paths
+                .iter()
+                .map(|p| crate::paths::resolve(p.get_ref()))
+                .collect(),
+            allowed_backing_hosts: file.api.allowed_backing_hosts.clone(),
+        },
         daemon: file.daemon,
         drives,
         caches,

@@ -469,44 +469,14 @@ pub struct Settings {
     pub remotes: Vec<remotes::RemoteSpec>,
     /// Per-drive snapshot settings, from the config.
     pub snapshot_policies: std::collections::BTreeMap<String, snapshots::DrivePolicy>,
+    /// What requests over TCP may name on this host (`[api]`).
+    pub api_policy: config::ApiPolicy,
 }
 
-impl Settings {
-    /// Merges flags over the config over defaults.
-    pub fn resolve(args: &DaemonArgs) -> Result<Settings, DaemonError> {
-/// `path` made absolute against the working directory at start, with
-/// `.` and `..` resolved (mount tables and URIs hold resolved paths): its
-/// longest existing ancestor is canonicalized and the rest appended. As it
-/// is when it cannot be made absolute (an empty path, a working directory
-/// gone).
+/// `path` made absolute (and resolved) against the working directory at
+/// start: see `paths::resolve`.
 fn absolute(path: PathBuf) -> PathBuf {
-    let Ok(abs) = std::path::absolute(&path) else {
-        return path;
-    };
-    let mut base = abs.as_path();
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(base) {
-            let mut out = real;
-            for c in rest.iter().rev() {
-                match c {
-                    std::path::Component::ParentDir => {
-                        out.pop();
-                    }
-                    std::path::Component::Normal(n) => out.push(n),
-                    _ => {}
-                }
-            }
-            return out;
-        }
-        match (base.parent(), base.components().next_back()) {
-            (Some(parent), Some(last)) => {
-                rest.push(last);
-                base = parent;
-            }
-            _ => return abs,
-        }
-    }
+    crate::paths::resolve(&path)
 }
 
         let config = match (&args.config, args.no_config) {
@@ -607,6 +577,7 @@ fn absolute(path: PathBuf) -> PathBuf {
             snapshot_policies: config.snapshot_policies,
         })
     }
+            api_policy: config.api,
 }
 
 impl Settings {
@@ -633,6 +604,8 @@ pub struct Daemon {
     /// The drives (the field keeps the name the API handlers use).
     pub drives: Arc<Drives>,
     pub attachments: Attachments,
+    /// Drives attached as ublk block devices (`ramd attach --ublk`).
+    pub ublk: crate::ublk::Devices,
     pub settings: Settings,
     /// TCP addresses actually bound (ports resolved).
     pub tcp_addrs: Vec<SocketAddr>,

@@ -594,6 +594,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ledger,
         drives: drives.clone(),
         attachments: Attachments::new(),
+        ublk: crate::ublk::Devices::new(&settings.runtime_dir),
         settings: settings.clone(),
         tcp_addrs,
         started: Instant::now(),
@@ -641,7 +642,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Ok(Err(e)) => tracing::error!("NBD server: {e}"),
         Err(_) => tracing::error!("NBD server thread panicked"),
     }
-    daemon.attachments.shutdown();
+    detach_all(&daemon);
     pressure_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // No client can write any more: save every persistent drive, and
     // write every cache back (bounded, loud).
@@ -708,7 +709,11 @@ fn remove_if_socket(path: &Path) {
 }
 
 /// Tells the user where everything is and what to try.
-fn announce(d: &Daemon) {
+fn announce(d: &Arc<Daemon>) {
+    // Ready: take over the ublk devices an earlier ramd left behind.
+    if let Err(e) = recover_ublk(d) {
+        tracing::error!("cannot start recovering ublk devices: {e}");
+    }
     let s = &d.settings;
     let drives = d.drives.list();
     tracing::info!(
@@ -837,4 +842,42 @@ pub fn wait_restores(drives: &Drives) {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// At exit: unmounts the FUSE attachments, removes the ublk devices.
+fn detach_all(daemon: &Daemon) {
+    daemon.attachments.shutdown();
+    daemon.ublk.shutdown();
+}
+
+/// Takes over, in the background, the ublk devices an earlier ramd left
+/// quiesced (see `ublk`): each waits for its drive to serve (a persistent
+/// drive restores first) while the kernel holds its I/O.
+fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
+    /// How long a device waits for its drive's restore.
+    const DRIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+    let d = daemon.clone();
+    std::thread::Builder::new()
+        .name("ublk-recover".into())
+        .spawn(move || {
+            let drive = |name: &str| {
+                let deadline = Instant::now() + DRIVE_WAIT;
+                loop {
+                    match d.drives.get_ready(name) {
+                        Ok(x) => {
+                            let persistent = x.persist.is_some();
+                            let x: Arc<dyn crate::fuse::Attachable> = x;
+                            return Some((x, persistent));
+                        }
+                        Err(_) if d.drives.get(name).is_ok() && Instant::now() < deadline => {
+                            std::thread::sleep(std::time::Duration::from_millis(100));
+                        }
+                        Err(_) => return None,
+                    }
+                }
+            };
+            d.ublk.recover(&drive, &|| d.attachments.reserve_id());
+        })
+        .map(drop)
+        .map_err(DaemonError::Start)
 }

@@ -117,6 +117,8 @@ pub enum BadMountpoint {
     Unreadable { path: PathBuf, source: io::Error },
     #[error("refusing to attach over / (the root directory), even with force: pick an empty directory such as /mnt/NAME")]
     Root,
+    #[error("refusing to attach at {} inside {tree}, which belongs to the operating system, even with force (a mount there hides what the system runs on): pick an empty directory such as /mnt/NAME", .path.display())]
+    SystemTree { path: PathBuf, tree: &'static str },
     #[error("{} is already a mount point ({what}): the attachment would hide it; {FREE_HINT}", .path.display())]
     MountPoint { path: PathBuf, what: String },
     #[error("{} is not empty (it holds '{first}'): the attachment would hide its files; {FREE_HINT}", .path.display())]
@@ -215,6 +217,14 @@ fn user_allow_other() -> bool {
 impl Attachments {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fresh attachment id, for attachments kept elsewhere (ublk
+    /// devices): ids are unique across both kinds.
+    pub fn reserve_id(&self) -> u64 {
+        let mut inner = self.inner.lock();
+        inner.next_id += 1;
+        inner.next_id
     }
 
     /// Every attachment, by id.
@@ -438,6 +448,9 @@ fn check_free(mp: &Path, force: bool) -> Result<(), AttachError> {
     };
     if mp.parent().is_none() {
         return Err(BadMountpoint::Root.into());
+    }
+    if let Some(tree) = crate::paths::system_tree(mp) {
+        return Err(BadMountpoint::SystemTree { path: path(), tree }.into());
     }
     let meta = std::fs::metadata(mp).map_err(unreadable)?;
     if let Some(what) = mounted_at(mp, &meta)? {

@@ -397,9 +397,15 @@ impl Client {
     }
 
     pub fn detach(&self, id: u64) -> Result<AttachmentInfo, ClientError> {
+        self.detach_with(id, false)
+    }
+
+    /// Detaches; `force` removes a ublk device even while it is in use.
+    pub fn detach_with(&self, id: u64, force: bool) -> Result<AttachmentInfo, ClientError> {
+        let query = if force { "?force=true" } else { "" };
         self.call(
             Method::DELETE,
-            &format!("/v1/attachments/{id}"),
+            &format!("/v1/attachments/{id}{query}"),
             None::<&()>,
         )
     }

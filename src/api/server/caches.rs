@@ -153,7 +153,6 @@ pub(crate) fn all(d: &Daemon) -> Vec<CacheInfo> {
 /// A create request as a spec (every option through `CacheSpec::set`, as
 /// the CLI flags and the config file).
 fn spec_of(req: &CreateCache) -> Result<CacheSpec, ApiError> {
-    super::host_paths::backing(&req.backing)?;
     let mut spec = CacheSpec::new(&req.name, &req.backing, &req.size.as_text(), &req.mode)?;
     let mut set = |key: &str, value: Option<String>| -> Result<(), ApiError> {
         match value {
@@ -222,9 +221,11 @@ pub async fn get(
 
 pub async fn create(
     State(d): State<Arc<Daemon>>,
+    who: super::host_paths::Requester,
     body: Result<Json<CreateCache>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
+    super::host_paths::backing(&d.settings.api_policy, who, &req.backing)?;
     let spec = spec_of(&req)?;
     let d2 = d.clone();
     // Opening an NBD backing may take up to its timeout: off the async threads.
@@ -248,6 +249,7 @@ pub async fn delete(
         if q.force {
             // A forced delete detaches first; a busy mount stops it.
             d.attachments.detach_drive(&name)?;
+            d.ublk.detach_drive(&name)?;
         }
         let r = d.caches.delete(&name, q.force)?;
         Ok(Json(CacheDeleted {

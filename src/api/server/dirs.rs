@@ -122,9 +122,11 @@ pub async fn list(State(d): State<Arc<Daemon>>) -> Result<Json<DirList>, ApiErro
 pub async fn add(
     State(d): State<Arc<Daemon>>,
     ConnectInfo(peer): ConnectInfo<Peer>,
+    who: super::host_paths::Requester,
     body: Result<Json<AddDir>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
+    super::host_paths::host_path(&d.settings.api_policy, who, "path", &req.path)?;
     let path = clean_path(Path::new(&req.path)).map_err(|e| ApiError::invalid(e.to_string()))?;
     let sync_interval_ms = match &req.interval {
         Some(v) => interval_ms(v)?,

@@ -13,6 +13,7 @@ use crate::control::drives::DriveError;
 use crate::control::ledger::{Kind, LedgerError};
 use crate::dirsync::manager::DirError;
 use crate::fuse::AttachError;
+use crate::ublk::UblkError;
 
 /// An error response.
 #[derive(Debug)]
@@ -114,6 +115,23 @@ impl From<AttachError> for ApiError {
             AttachError::NotFound(_) => (StatusCode::NOT_FOUND, "attachment_not_found"),
             AttachError::Busy(_) => (StatusCode::CONFLICT, "mount_busy"),
             AttachError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "attach_failed"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<UblkError> for ApiError {
+    fn from(e: UblkError) -> Self {
+        let (status, code) = match &e {
+            UblkError::NoModule => (StatusCode::SERVICE_UNAVAILABLE, "ublk_unavailable"),
+            UblkError::NotPermitted(_) => (StatusCode::FORBIDDEN, "ublk_not_permitted"),
+            UblkError::AlreadyAttached { .. } => (StatusCode::CONFLICT, "already_attached"),
+            UblkError::NotFound(_) => (StatusCode::NOT_FOUND, "attachment_not_found"),
+            UblkError::Busy { .. } => (StatusCode::CONFLICT, "device_busy"),
+            UblkError::NotServing(_) => (StatusCode::SERVICE_UNAVAILABLE, "attach_failed"),
+            UblkError::Control { .. } | UblkError::Device { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "attach_failed")
+            }
         };
         ApiError::new(status, code, e.to_string())
     }

@@ -64,6 +64,7 @@ pub async fn list(State(d): State<Arc<Daemon>>) -> Json<RemoteList> {
 
 pub async fn add(
     State(d): State<Arc<Daemon>>,
+    who: super::host_paths::Requester,
     body: Result<Json<AddRemote>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
@@ -77,8 +78,8 @@ pub async fn add(
         url: req.url,
         endpoint: req.endpoint,
         region: req.region,
-        credentials_file: file(&req.credentials_file, "credentials_file")?,
-        encrypt_key_file: file(&req.encrypt_key_file, "encrypt_key_file")?,
+        credentials_file: file(&d, who, &req.credentials_file, "credentials_file")?,
+        encrypt_key_file: file(&d, who, &req.encrypt_key_file, "encrypt_key_file")?,
         chunk_bytes,
     };
     let d2 = d.clone();
@@ -106,9 +107,14 @@ pub async fn remove(
     Ok(Json(RemoteRemoved { name: s.name }))
 }
 
-/// An optional file path of a request, absolute.
-fn file(text: &Option<String>, field: &str) -> Result<Option<std::path::PathBuf>, ApiError> {
+/// An optional file path of a request, if the requester may name it.
+fn file(
+    d: &Daemon,
+    who: super::host_paths::Requester,
+    text: &Option<String>,
+    field: &str,
+) -> Result<Option<std::path::PathBuf>, ApiError> {
     text.as_deref()
-        .map(|t| super::host_paths::absolute(field, t))
+        .map(|t| super::host_paths::host_path(&d.settings.api_policy, who, field, t))
         .transpose()
 }

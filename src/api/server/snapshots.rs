@@ -316,9 +316,11 @@ pub async fn prune(
 /// with `persist`), served once verified (and, persistent, durable).
 pub async fn restore(
     State(d): State<Arc<Daemon>>,
+    who: super::host_paths::Requester,
     body: Result<Json<RestoreSnapshot>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
+    super::drives::allowed_key_file(&d, who, req.key_file.as_deref())?;
     let persist = PersistOptions {
         persist: req.persist,
         durability: req

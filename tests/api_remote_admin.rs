@@ -1,0 +1,160 @@
+//! An admin token over TCP is not root on the host (issue 28 item 1):
+//! the attacks outside testing made, each refused, and what the operator
+//! allowed still working. Over the unix socket the peer keeps its rights,
+//! but no attachment ever covers a system tree.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+
+/// A daemon with the API on loopback over plaintext TCP and `[api]`
+/// allowing `allowed` and the host `storage1`.
+fn daemon(dir: &Path, allowed: &Path) -> (Daemon, u16) {
+    let config = dir.join("ramd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[drive]]\nname = \"d\"\nsize = \"16M\"\n\n[api]\nallowed_paths = [\"{}\"]\nallowed_backing_hosts = [\"storage1\"]\n",
+            allowed.display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::launch(
+        &[
+            "daemon",
+            "--config",
+            config.to_str().unwrap(),
+            "--api-listen",
+            "127.0.0.1:0",
+            "--tls",
+            "off",
+        ]
+        .map(String::from),
+        &[],
+    );
+    let log = d.wait_log("the API address", |l| l.contains("API also on "));
+    let at =
+        log.find("API also on http://127.0.0.1:").unwrap() + "API also on http://127.0.0.1:".len();
+    let port = log[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {log}"));
+    (d, port)
+}
+
+/// `curl` with the token: (status, JSON body).
+fn post(port: u16, token: &str, path: &str, body: &str) -> (u16, Value) {
+    let out = run(tool("curl").args([
+        "-sS",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        body,
+        &format!("http://127.0.0.1:{port}{path}"),
+    ]))
+    .ok();
+    let (json, code) = out.stdout.trim_end().rsplit_once('\n').unwrap();
+    (
+        code.parse().unwrap(),
+        serde_json::from_str(json).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn an_admin_token_over_tcp_cannot_name_host_paths_or_hosts_outside_the_config() {
+    if !require(&["curl"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = tmp.path().join("srv");
+    std::fs::create_dir(&allowed).unwrap();
+    let (d, port) = daemon(tmp.path(), &allowed);
+    let token = run(d
+        .cli()
+        .args(["token", "create", "--admin", "--name", "ops"]))
+    .ok()
+    .stdout
+    .trim()
+    .to_owned();
+
+    // The attacks: a root-owned secret as a cache backing (then pushed to
+    // the attacker's S3), an NBD backing on the attacker's host, and an
+    // attachment over /etc/cron.d.
+    let attacks = [
+        (
+            "/v1/caches",
+            r#"{"name": "c1", "backing": "/etc/shadow", "size": "1M", "mode": "writethrough"}"#,
+            "path_not_allowed",
+        ),
+        (
+            "/v1/caches",
+            r#"{"name": "c2", "backing": "nbd://attacker.example:10809/x", "size": "1M", "mode": "writethrough"}"#,
+            "host_not_allowed",
+        ),
+        (
+            "/v1/attachments",
+            r#"{"drive": "d", "mountpoint": "/etc/cron.d", "force": true}"#,
+            "path_not_allowed",
+        ),
+        (
+            "/v1/drives",
+            r#"{"name": "e", "size": "1M", "persist": true, "encrypt": true, "key_file": "/etc/shadow"}"#,
+            "path_not_allowed",
+        ),
+        (
+            "/v1/remotes",
+            r#"{"name": "s3", "url": "s3://b/p", "endpoint": "http://127.0.0.1:1", "region": "garage", "credentials_file": "/root/.aws/credentials"}"#,
+            "path_not_allowed",
+        ),
+    ];
+    for (route, body, code) in attacks {
+        let (status, v) = post(port, &token, route, body);
+        assert_eq!(status, 403, "{route} {body}: {v}");
+        assert_eq!(v["error"]["code"], code, "{route} {body}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("[api] allowed_"), "{msg}");
+    }
+    // A link inside the allowed directory that leads out of it is no way
+    // around it.
+    std::os::unix::fs::symlink("/etc/shadow", allowed.join("innocent.img")).unwrap();
+    let body = format!(
+        r#"{{"name": "c3", "backing": "{}/innocent.img", "size": "1M", "mode": "writethrough"}}"#,
+        allowed.display()
+    );
+    let (status, v) = post(port, &token, "/v1/caches", &body);
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (403, &Value::from("path_not_allowed")),
+        "{v}"
+    );
+
+    // What the operator allowed works over TCP.
+    std::fs::write(allowed.join("disk.img"), vec![0u8; 4 << 20]).unwrap();
+    let body = format!(
+        r#"{{"name": "ok", "backing": "{}/disk.img", "size": "1M", "mode": "writethrough"}}"#,
+        allowed.display()
+    );
+    let (status, v) = post(port, &token, "/v1/caches", &body);
+    assert_eq!(status, 201, "{v}");
+
+    // The unix socket keeps its peer's rights (root here) but never
+    // covers a system tree, even with --force.
+    let out = run(d.cli().args(["attach", "d", "/etc/cron.d", "--force"])).failed();
+    assert!(
+        out.stderr.contains("belongs to the operating system"),
+        "{out}"
+    );
+    assert!(Path::new("/etc/cron.d").exists());
+}
