@@ -241,6 +241,60 @@ fn check_owned_dir(
     }
 }
 
+/// What a client's refusal of the runtime directory suggests.
+const CLIENT_HINT: &str = " (as its owner or root), then start the daemon again; or name the daemon's socket yourself with --api-socket or RAMD_API_SOCKET";
+
+/// For a client about to use the default runtime directory: as the
+/// daemon checks it, it must be a real directory of this user (or root)
+/// that nobody else may write in. A directory another user made first
+/// (`/tmp/ramd-UID` is a guessable name) would let that user put a socket
+/// there and impersonate the daemon to this client. Ok when it does not
+/// exist (no daemon to talk to; the connection then says so).
+pub fn check_client_runtime_dir(dir: &Path) -> Result<(), DirError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(DirError::Io {
+                op: "inspect",
+                path: dir.to_owned(),
+                source,
+            })
+        }
+    };
+    let path = dir.to_owned();
+    if meta.file_type().is_symlink() {
+        return Err(DirError::Symlink {
+            path,
+            hint: CLIENT_HINT,
+        });
+    }
+    let uid = euid();
+    if meta.uid() != uid && meta.uid() != 0 {
+        return Err(DirError::Owner {
+            path,
+            owner: meta.uid(),
+            uid,
+            hint: CLIENT_HINT,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    match writers(mode) {
+        Some(who) => Err(DirError::Writable {
+            path,
+            who,
+            mode,
+            hint: CLIENT_HINT,
+        }),
+        None if !meta.is_dir() => Err(DirError::NotDir {
+            path,
+            hint: CLIENT_HINT,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `path` made absolute against the working directory, with `.`, `..`
 /// and symbolic links resolved as far as the path exists: its longest
 /// existing ancestor is canonicalized and the rest appended (mount tables,

@@ -158,3 +158,76 @@ fn an_admin_token_over_tcp_cannot_name_host_paths_or_hosts_outside_the_config() 
     );
     assert!(Path::new("/etc/cron.d").exists());
 }
+
+/// Stored XSS through the benchmark plot: an SVG a client PUTs is never
+/// served back; the daemon draws the plot from the report's figures.
+#[test]
+fn a_stored_plot_is_the_daemons_own_drawing_never_the_clients_markup() {
+    let d = Daemon::launch(&["daemon", "--drive", "b=64M"].map(String::from), &[]);
+    run(d.cli().args([
+        "bench",
+        "b",
+        "--test",
+        "randread-4k-qd1",
+        "--runtime",
+        "200ms",
+        "--size",
+        "16M",
+    ]))
+    .ok();
+    let (status, body) = d.http("GET", "/v1/bench/latest", None);
+    assert_eq!(status, 200, "{body}");
+    let mut latest: Value = serde_json::from_str(&body).unwrap();
+    let drawn = latest["svg"].as_str().unwrap().to_owned();
+    // The payloads that slipped past the markup filter.
+    latest["svg"] = Value::from(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\"><x:script xmlns:x=\"http://www.w3.org/2000/svg\">fetch('/v1/drives',{method:'POST'})</x:script><rect title='\">' onload=\"alert(1)\"/></svg>",
+    );
+    let (status, body) = d.http("PUT", "/v1/bench/latest", Some(&latest.to_string()));
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = d.http("GET", "/v1/bench/latest", None);
+    let back: Value = serde_json::from_str(&body).unwrap();
+    let svg = back["svg"].as_str().unwrap();
+    assert!(!svg.contains("script") && !svg.contains("onload"), "{svg}");
+    assert_eq!(svg, drawn);
+}
+
+/// The CLI trusts the default runtime directory only as the daemon does:
+/// one another user made first (a squatted `/tmp/ramd-UID`) is refused
+/// before anything is sent to a socket in it.
+#[test]
+fn the_cli_refuses_a_runtime_dir_another_user_owns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let squatted = tmp.path().join("ramd");
+    std::fs::create_dir(&squatted).unwrap();
+    // SAFETY: chown on a path we own, to an unused uid.
+    let rc = unsafe {
+        let c = std::ffi::CString::new(squatted.to_str().unwrap()).unwrap();
+        libc::chown(c.as_ptr(), 54321, 54321)
+    };
+    assert_eq!(
+        rc,
+        0,
+        "chown needs root: {}",
+        std::io::Error::last_os_error()
+    );
+    let out = run(ramd()
+        .env_remove("RAMD_API_SOCKET")
+        .env_remove("RAMD_HOST")
+        .env("XDG_RUNTIME_DIR", tmp.path())
+        .arg("list"))
+    .failed();
+    assert!(
+        out.stderr
+            .contains("refusing the default runtime directory"),
+        "{out}"
+    );
+    assert!(out.stderr.contains("owned by uid 54321"), "{out}");
+    // A socket named explicitly is the user's own choice.
+    let out = run(ramd()
+        .env("RAMD_API_SOCKET", squatted.join("api.sock"))
+        .env("XDG_RUNTIME_DIR", tmp.path())
+        .arg("list"))
+    .failed();
+    assert!(out.stderr.contains("not running"), "{out}");
+}

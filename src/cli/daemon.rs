@@ -26,7 +26,11 @@ pub const DEFAULT_CONFIG_PATH: &str = crate::control::config::DEFAULT_CONFIG_PAT
 
 /// Runs the daemon in the foreground until SIGTERM/SIGINT.
 pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
-    crate::control::run::run(args)
+    let result = crate::control::run::run(args);
+    // The last lines (its "stopped", a shutdown error) reach stderr before
+    // the process ends, when stderr takes them at all.
+    crate::control::logging::flush(std::time::Duration::from_secs(1));
+    result
 }
 
 /// The naming rule of drives and caches.

@@ -495,6 +495,9 @@ pub enum CliError {
     /// `--host`, its token or its CA cannot be used.
     #[error(transparent)]
     Host(#[from] token::HostArgsError),
+    /// The default runtime directory is not safely this user's.
+    #[error("refusing the default runtime directory: {0}. Another user may be impersonating the daemon there")]
+    UntrustedRuntimeDir(#[source] crate::paths::DirError),
     /// A path given on the command line could not be made absolute.
     #[error("{}: {source}", path.display())]
     Path {
@@ -662,6 +665,12 @@ fn target(cli: &Cli) -> Result<Target, CliError> {
     ) {
         return Ok(Target::Unix(socket));
     }
+    // The default socket's directory has a guessable name: trust it only
+    // as the daemon would (a socket named explicitly is the user's call).
+    if cli.api_socket.is_none() && cli.host.is_none() {
+        crate::paths::check_client_runtime_dir(&crate::paths::runtime_dir())
+            .map_err(CliError::UntrustedRuntimeDir)?;
+    }
     Ok(token::target(
         socket,
         cli.host.as_deref(),
@@ -675,11 +684,7 @@ fn run_daemon(mut args: DaemonArgs, api_socket: Option<PathBuf>) -> Result<(), C
     if args.api_socket.is_none() {
         args.api_socket = api_socket;
     }
-    let result = daemon::run(args);
-    // The last lines (its "stopped", a shutdown error) reach stderr before
-    // the process ends, when stderr takes them at all.
-    crate::control::logging::flush(std::time::Duration::from_secs(1));
-    Ok(result?)
+    Ok(daemon::run(args)?)
 }
 
 /// Runs a parsed command.

@@ -343,14 +343,15 @@ fn print_job(job: &Job) {
             format!("{r:.1}x less than the data")
         });
         println!(
-            "snapshot {}{} pushed to '{}': {} of data, {} uploaded ({} chunk(s) sent, {} already there, {} zero; dedup {ratio})",
+            "snapshot {}{} pushed to '{}': {} of data, {} uploaded, {ratio} ({} chunk(s) sent, {} on the remote already, {} repeated in this drive, {} zero)",
             p.snapshot,
             labelled(p.label.as_deref()),
             job.remote,
             format_size(p.bytes_data),
             format_size(p.bytes_uploaded),
             p.chunks_uploaded,
-            p.chunks_skipped + p.chunks_deduped,
+            p.chunks_skipped,
+            p.chunks_deduped,
             p.chunks_zero
         );
     } else if let Some(r) = &job.restore {

@@ -479,6 +479,9 @@ fn absolute(path: PathBuf) -> PathBuf {
     crate::paths::resolve(&path)
 }
 
+impl Settings {
+    /// Merges flags over the config over defaults.
+    pub fn resolve(args: &DaemonArgs) -> Result<Settings, DaemonError> {
         let config = match (&args.config, args.no_config) {
             (Some(path), _) => config::load(path)?,
             (None, false) if Path::new(config::DEFAULT_CONFIG_PATH).exists() => {
@@ -574,10 +577,10 @@ fn absolute(path: PathBuf) -> PathBuf {
             dirs: config.dirs,
             declared_at: config.declared_at,
             remotes: config.remotes,
+            api_policy: config.api,
             snapshot_policies: config.snapshot_policies,
         })
     }
-            api_policy: config.api,
 }
 
 impl Settings {
@@ -622,12 +625,12 @@ pub struct Daemon {
     /// The TLS mode of the TCP listeners, as the server resolved it (the
     /// URIs it shows: `nbds://` when TLS is required).
     pub tcp_tls_mode: TlsMode,
-    /// NBD clients refused so far, by reason (`ramd_nbd_refusals_total`),
-    /// counted by the server.
-    pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
     /// The TLS mode of the unix socket: `nbds+unix://` URIs when required
     /// (a plain client cannot use the socket then).
     pub unix_tls_mode: TlsMode,
+    /// NBD clients refused so far, by reason (`ramd_nbd_refusals_total`),
+    /// counted by the server.
+    pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
     /// Bearer tokens of the API over TCP (`--api-listen`, `--http`).
     pub tokens: Arc<tokens::Tokens>,
     /// Where the dashboard is served (`--http`), once bound.
@@ -659,13 +662,13 @@ fn pressure_thresholds(c: &config::DaemonSection) -> pressure::Thresholds {
 impl Daemon {
     /// The unix-socket NBD URI of a drive.
     pub fn unix_uri(&self, name: &str) -> String {
-        format!(
-            "nbd+unix:///{name}?socket={}",
-            self.settings.nbd_socket.display()
         let scheme = match self.unix_tls_mode {
             TlsMode::Require => "nbds+unix",
             TlsMode::Off | TlsMode::On => "nbd+unix",
         };
+        format!(
+            "{scheme}:///{name}?socket={}",
+            self.settings.nbd_socket.display()
         )
     }
 

@@ -95,15 +95,24 @@ fn latest_path(d: &Daemon) -> PathBuf {
 
 pub async fn get(State(d): State<Arc<Daemon>>) -> Result<Json<BenchLatest>, ApiError> {
     let path = latest_path(&d);
-    Ok(Json(blocking(move || Ok(load(&path)?)).await?))
+    let mut latest = blocking(move || Ok(load(&path)?)).await?;
+    // Even a report stored by an older daemon: its plot drawn here.
+    latest.svg = crate::bench::plot::svg(&latest.report);
+    Ok(Json(latest))
 }
 
 pub async fn put(
     State(d): State<Arc<Daemon>>,
     body: Result<Json<BenchLatest>, JsonRejection>,
 ) -> Result<Json<BenchLatest>, ApiError> {
-    let Json(latest) = body?;
+    let Json(mut latest) = body?;
     check(&latest).map_err(BenchStoreError::from)?;
+    // The plot kept and served is the one this daemon draws from the
+    // figures, never the client's text: a filter on SVG markup cannot be
+    // complete (namespaced `<x:script>`, an `onload=` after a `">"` inside
+    // an attribute slipped past it), and a plot opened in its own tab runs
+    // in the dashboard's origin.
+    latest.svg = crate::bench::plot::svg(&latest.report);
     let path = latest_path(&d);
     let stored = latest.clone();
     blocking(move || Ok(store(&path, &stored)?)).await?;

@@ -9,14 +9,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::serve::IncomingStream;
 use axum::Json;
 
+use super::host_paths::Peer;
 use super::{blocking, ApiError};
 use crate::api::wire::dirs::DirInfo as WireDirInfo;
 use crate::api::wire::dirs::{
@@ -34,21 +34,6 @@ use crate::dirsync::manager::{
 };
 use crate::dirsync::mounts::MountMode;
 use crate::size::parse as parse_size;
-
-/// Who is calling, from the API socket (`SO_PEERCRED`).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer {
-    /// The caller's uid; None when the kernel did not say.
-    pub uid: Option<u32>,
-}
-
-impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
-        Peer {
-            uid: stream.io().peer_cred().ok().map(|c| c.uid()),
-        }
-    }
-}
 
 /// Mounting needs root; say so plainly instead of a mount's EPERM.
 fn require_root() -> Result<(), ApiError> {

@@ -142,7 +142,7 @@ pub async fn create(
     body: Result<Json<CreateDrive>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
-    allowed_key_file(&d, who, req.key_file.as_deref())?;
+    super::host_paths::key_file(&d.settings.api_policy, who, req.key_file.as_deref())?;
     check_name(&req.name)?;
     let given = Given {
         durability: req.durability.is_some(),
@@ -383,7 +383,7 @@ pub async fn restore(
     body: Result<Json<RestoreRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<DriveInfo>), ApiError> {
     let Json(req) = body?;
-    allowed_key_file(&d, who, req.key_file.as_deref())?;
+    super::host_paths::key_file(&d.settings.api_policy, who, req.key_file.as_deref())?;
     if req.force && req.discard_journal {
         return Err(ApiError::invalid(
             "give force or discard_journal, not both: force keeps the journal up to its damage, discard_journal drops it whole",
@@ -397,19 +397,4 @@ pub async fn restore(
     let d2 = d.clone();
     let drive = blocking(move || Ok(d2.drives.restore(&name, opts, key_file)?)).await?;
     Ok((StatusCode::ACCEPTED, Json(info(&d, &drive, None))))
-}
-
-/// A key file named in a request, if the requester may name it (over
-/// TCP: inside `[api] allowed_paths`; see `host_paths`).
-pub(crate) fn allowed_key_file(
-    d: &Daemon,
-    who: super::host_paths::Requester,
-    key_file: Option<&str>,
-) -> Result<(), ApiError> {
-    match key_file {
-        Some(k) if !k.is_empty() => {
-            super::host_paths::host_path(&d.settings.api_policy, who, "key_file", k).map(drop)
-        }
-        _ => Ok(()),
-    }
 }

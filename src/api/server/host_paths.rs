@@ -24,16 +24,32 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
+use axum::serve::IncomingStream;
 
 use super::auth::Caller;
-use super::dirs::Peer;
 use super::error::ApiError;
 use crate::cache::backing::nbd_client::Address;
 use crate::cache::backing::BackingSpec;
 use crate::control::config::ApiPolicy;
+
+/// Who is calling, from the API socket (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The caller's uid; None when the kernel did not say.
+    pub uid: Option<u32>,
+}
+
+impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        Peer {
+            uid: stream.io().peer_cred().ok().map(|c| c.uid()),
+        }
+    }
+}
 
 /// Who sent a request: a peer of the unix socket (its uid, when the
 /// kernel said), or a token holder over TCP.
@@ -165,6 +181,22 @@ fn owned_by_caller(path: &Path, who: Requester) -> Result<(), ApiError> {
     }
     match std::fs::metadata(path) {
         Ok(m) if !ok(m.uid()) => Err(refuse("the file", m.uid())),
+        _ => Ok(()),
+    }
+}
+
+/// A key file named in a request (drive encryption, snapshot restore),
+/// if `who` may name it. Over the unix socket the route's own check
+/// (absolute, else 422 `invalid_persistence`) decides.
+pub(crate) fn key_file(
+    policy: &ApiPolicy,
+    who: Requester,
+    text: Option<&str>,
+) -> Result<(), ApiError> {
+    match text {
+        Some(k) if !k.is_empty() && who == Requester::Tcp => {
+            host_path(policy, who, "key_file", k).map(drop)
+        }
         _ => Ok(()),
     }
 }

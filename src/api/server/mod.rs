@@ -198,7 +198,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
 pub fn tcp_router(daemon: Arc<Daemon>) -> Router {
     let tokens = daemon.tokens.clone();
     app()
-        .layer(axum::Extension(ConnectInfo(dirs::Peer { uid: None })))
+        .layer(axum::Extension(ConnectInfo(host_paths::Peer { uid: None })))
         .layer(axum::middleware::from_fn_with_state(
             tokens,
             auth::require_token,
@@ -238,7 +238,7 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     // With the caller's credentials (SO_PEERCRED) for handlers that need them.
-    let app = router(daemon).into_make_service_with_connect_info::<dirs::Peer>();
+    let app = router(daemon).into_make_service_with_connect_info::<host_paths::Peer>();
     axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await

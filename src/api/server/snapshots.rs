@@ -320,7 +320,7 @@ pub async fn restore(
     body: Result<Json<RestoreSnapshot>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
-    super::drives::allowed_key_file(&d, who, req.key_file.as_deref())?;
+    super::host_paths::key_file(&d.settings.api_policy, who, req.key_file.as_deref())?;
     let persist = PersistOptions {
         persist: req.persist,
         durability: req

@@ -79,7 +79,7 @@ pub fn router(daemon: Arc<Daemon>, endpoint: HttpEndpoint) -> Router {
         .route("/logout", post(logout))
         .route("/assets/{name}", get(assets::get));
     super::with_fallbacks(routes)
-        .layer(axum::Extension(ConnectInfo(super::dirs::Peer {
+        .layer(axum::Extension(ConnectInfo(super::host_paths::Peer {
             uid: None,
         })))
         .layer(axum::Extension(endpoint))
