@@ -579,10 +579,26 @@ pub fn main() -> ExitCode {
         Err(e) => {
             // Not eprintln!: it panics when stderr is a dead pipe, and the
             // exit code must say what happened, not that printing failed.
-            let _ = writeln!(std::io::stderr(), "ramd: {e}");
+            let _ = writeln!(std::io::stderr(), "ramd: {}", terminal_safe(&e.to_string()));
             ExitCode::from(1)
         }
     }
+}
+
+/// `text` with its control characters shown as `\u{..}` escapes (line
+/// breaks and tabs kept): an error may carry text from a remote server (an
+/// S3 error body, an NBD backing's message), which must not drive the
+/// user's terminal (escape sequences can rewrite what the screen shows).
+pub(crate) fn terminal_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Restores the default SIGPIPE action (Rust ignores it): a client whose
@@ -828,4 +844,21 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Man { into, dir } => docs::man(into.or(dir))?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    #[test]
+    fn remote_text_cannot_drive_the_terminal() {
+        let evil = "S3 said: \x1b]0;owned\x07\x1b[2J<Error>\r\nline\tok";
+        let safe = super::terminal_safe(evil);
+        assert!(
+            !safe
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{safe:?}"
+        );
+        assert!(safe.contains("\\u{1b}]0;owned\\u{7}"), "{safe}");
+        assert!(safe.ends_with("\nline\tok"), "{safe}");
+    }
 }
