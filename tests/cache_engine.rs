@@ -7,18 +7,13 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use common::{wait_until, WAIT_TIMEOUT};
 use ramd::block::backend::Backend;
 use ramd::cache::{Cache, CacheConfig, Mode, PolicyKind};
 use ramd::sim::MemBacking;
 use ramd::store::MemoryBudget;
 
 const BS: u64 = 4096;
-
-/// Waits (bounded, generously) until `cond` holds.
-#[track_caller]
-fn wait_until(what: &str, cond: impl FnMut() -> bool) {
-    common::wait_until(what, common::WAIT_TIMEOUT, cond);
-}
 
 fn cfg(mode: Mode, slots: u64) -> CacheConfig {
     let mut c = CacheConfig::new(mode, slots * BS);
@@ -43,7 +38,7 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
             .unwrap();
     }
     let scans = cache.stats().flusher_scans;
-    wait_until("a flusher scan after the writes", || {
+    wait_until("a flusher scan after the writes", WAIT_TIMEOUT, || {
         cache.stats().flusher_scans >= scans + 2
     });
     // Below the high watermark nothing is written back (the age limit is
@@ -55,14 +50,16 @@ fn flusher_drains_from_the_high_to_the_low_watermark() {
             .write(b * BS, &[b as u8 + 1; BS as usize], false)
             .unwrap();
     }
-    wait_until("the flusher to drain to the low watermark", || {
-        cache.dirty_bytes() <= 20 * BS
-    });
+    wait_until(
+        "the flusher to drain to the low watermark",
+        WAIT_TIMEOUT,
+        || cache.dirty_bytes() <= 20 * BS,
+    );
     // It stops at the low watermark: 20 blocks stay dirty, through the
     // scans after the drain too.
     assert_eq!(cache.dirty_bytes(), 20 * BS);
     let scans = cache.stats().flusher_scans;
-    wait_until("flusher scans after the drain", || {
+    wait_until("flusher scans after the drain", WAIT_TIMEOUT, || {
         cache.stats().flusher_scans >= scans + 2
     });
     assert_eq!(cache.dirty_bytes(), 20 * BS);
@@ -86,7 +83,9 @@ fn old_dirty_data_is_written_back_by_age() {
     // lines; `fua_write_back_is_durable_before_the_reply` shows a write
     // stays dirty while the age limit is far).
     cache.write(12_345, &[7; 10_000], false).unwrap();
-    wait_until("age-triggered write-back", || cache.dirty_bytes() == 0);
+    wait_until("age-triggered write-back", WAIT_TIMEOUT, || {
+        cache.dirty_bytes() == 0
+    });
     assert!(backing.contents()[12_345..22_345].iter().all(|&x| x == 7));
     let s = cache.stats();
     assert!(s.writeback_bytes >= 10_000, "{s:?}");
@@ -350,7 +349,7 @@ fn close_during_writes_keeps_every_acknowledged_write() {
         .collect();
     // Every writer under way (not a fixed sleep: on a busy machine a
     // thread may not have written anything yet).
-    wait_until("a write acknowledged to every writer", || {
+    wait_until("a write acknowledged to every writer", WAIT_TIMEOUT, || {
         acks.iter().all(|a| a.load(Ordering::Relaxed) > 0)
     });
     cache.close(false).unwrap();
@@ -429,11 +428,11 @@ fn the_writeback_lag_grows_while_the_backing_is_down() {
     let cache = Cache::new(backing.clone(), c, None).unwrap();
     backing.faults.set_all(true);
     cache.write(0, &[7u8; BS as usize], false).unwrap();
-    wait_until("the flusher to find the backing down", || {
+    wait_until("the flusher to find the backing down", WAIT_TIMEOUT, || {
         cache.stats().backing.failing
     });
     let first = cache.stats().writeback_lag_ms;
-    wait_until("the lag to grow past the last scan", || {
+    wait_until("the lag to grow past the last scan", WAIT_TIMEOUT, || {
         cache.stats().writeback_lag_ms >= first + 200
     });
     assert_eq!(cache.dirty_bytes(), BS);

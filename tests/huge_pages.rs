@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{pattern, WAIT_TIMEOUT};
+use common::{pattern, wait_until, WAIT_TIMEOUT};
 use ramd::block::backend::Backend;
 use ramd::store::{region, MemoryBudget, RamStore, StoreOptions, HUGE_IDLE_MS};
 
@@ -25,12 +25,6 @@ fn anon_huge_kib() -> u64 {
         .find_map(|l| l.strip_prefix("AnonHugePages:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("AnonHugePages line")
-}
-
-/// Waits until `f` holds (the collapses run on the drive's own thread).
-#[track_caller]
-fn eventually(what: &str, f: impl FnMut() -> bool) {
-    common::wait_until(what, WAIT_TIMEOUT, f);
 }
 
 #[test]
@@ -93,8 +87,10 @@ fn full_ranges_become_huge_pages_and_trims_split_them() {
     s.write(12_345, &data[12_345..], false).unwrap();
     let partial = pattern(MIB as usize, 2);
     s.write(8 * MIB, &partial, false).unwrap();
-    eventually("three collapses", || s.huge_collapsed() == 3);
-    eventually("6 MiB of huge pages", || anon_huge_kib() >= base_kib + 6144);
+    wait_until("three collapses", WAIT_TIMEOUT, || s.huge_collapsed() == 3);
+    wait_until("6 MiB of huge pages", WAIT_TIMEOUT, || {
+        anon_huge_kib() >= base_kib + 6144
+    });
     // Time for a wrong collapse of a partial range; a correct drive passes
     // however long this is.
     std::thread::sleep(Duration::from_millis(2 * HUGE_IDLE_MS));
@@ -125,8 +121,10 @@ fn full_ranges_become_huge_pages_and_trims_split_them() {
 
     // Full again: collapsed again.
     s.write(4096, &data[4096..8192], false).unwrap();
-    eventually("the range collapsed again", || s.huge_collapsed() == 4);
-    eventually("6 MiB of huge pages again", || {
+    wait_until("the range collapsed again", WAIT_TIMEOUT, || {
+        s.huge_collapsed() == 4
+    });
+    wait_until("6 MiB of huge pages again", WAIT_TIMEOUT, || {
         anon_huge_kib() >= base_kib + 6144
     });
     s.read(0, &mut back).unwrap();

@@ -233,12 +233,6 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// Waits (bounded, generously) until `f` holds.
-#[track_caller]
-fn eventually(what: &str, f: impl FnMut() -> bool) {
-    wait_until(what, WAIT_TIMEOUT, f);
-}
-
 /// 64 connections each send the 28-byte header of a refused 32 MiB WRITE
 /// and nothing more. The server must not gather (and zero) a 32 MiB input
 /// buffer for each: it drains refused payloads through its normal buffer.
@@ -265,7 +259,7 @@ fn refused_write_headers_do_not_make_connections_hold_their_payload() {
     // Every connection's thread has read its header (no reply comes before
     // the refused payload is drained, but the header leaving the socket
     // shows it)...
-    eventually("every header read by the server", || {
+    wait_until("every header read by the server", WAIT_TIMEOUT, || {
         conns.iter().all(|s| unread_by_server(s) == 0)
     });
     // ...and had a moment to (wrongly) grow its buffer for the payload. A
@@ -289,7 +283,7 @@ fn refused_write_headers_do_not_make_connections_hold_their_payload() {
     read_reply(&mut s, 99, 4096);
     drop(conns);
     drop(s);
-    eventually("connection buffers given back", || {
+    wait_until("connection buffers given back", WAIT_TIMEOUT, || {
         ramd::nbd::conn::buffer_bytes() <= before
     });
 }
@@ -433,7 +427,7 @@ fn one_address_cannot_take_every_connection() {
     let unix: Vec<UnixStream> = (0..4).map(|_| server.open("ram0")).collect();
     // A connection that ends gives its slot back.
     drop(held.pop());
-    eventually("a slot for 127.0.0.1 again", || {
+    wait_until("a slot for 127.0.0.1 again", WAIT_TIMEOUT, || {
         greet(&mut tcp_from("127.0.0.1", to)).is_ok()
     });
     assert!(refusals.get(Reason::PerAddressLimit) >= 1);
@@ -474,7 +468,9 @@ fn memory_of_a_connection_burst_is_given_back() {
     for _ in 0..3 {
         burst(&server, 64);
     }
-    eventually("connections gone", || ramd::nbd::conn::buffer_bytes() == 0);
+    wait_until("connections gone", WAIT_TIMEOUT, || {
+        ramd::nbd::conn::buffer_bytes() == 0
+    });
     let after = rss_bytes();
     let kept = after.saturating_sub(before);
     eprintln!(
@@ -539,7 +535,7 @@ fn a_connection_flood_logs_one_line_per_interval() {
     held.write_all(&request(CMD_READ, 0, 5, 0, 512)).unwrap();
     read_reply(&mut held, 5, 512);
     let lines = || d.log().matches("connection refused").count();
-    eventually("a refused connection logged", || lines() >= 1);
+    wait_until("a refused connection logged", WAIT_TIMEOUT, || lines() >= 1);
     let log = d.log();
     assert!(
         lines() as u64 <= intervals,

@@ -12,6 +12,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{wait_until, WAIT_TIMEOUT};
 use ramd::block::backend::{self, Backend};
 use ramd::persist::{
     Durability, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress, Storage,
@@ -286,11 +287,6 @@ fn consistent_cuts<M: SyncStore>(make: impl Fn(u64) -> backend::Result<M>) {
     let _ = PAGES_PER_CHUNK;
 }
 
-#[track_caller]
-fn wait_until(what: &str, f: impl FnMut() -> bool) {
-    common::wait_until(what, common::WAIT_TIMEOUT, f);
-}
-
 #[test]
 fn scheduler_syncs_periodically_retries_with_backoff_and_recovers() {
     let sim = SimDisk::new(3);
@@ -309,7 +305,7 @@ fn scheduler_syncs_periodically_retries_with_backoff_and_recovers() {
     );
     let sched = SyncScheduler::spawn(d.clone(), "t").unwrap();
     d.write(0, &[7; 4096], false).unwrap();
-    wait_until("a periodic sync saves the write", || {
+    wait_until("a periodic sync saves the write", WAIT_TIMEOUT, || {
         d.status().dirty_bytes == 0 && d.status().durable_gen >= 1
     });
     // The disk fails: quick retries, then `failing`, error visible.
@@ -319,7 +315,7 @@ fn scheduler_syncs_periodically_retries_with_backoff_and_recovers() {
         enospc: false,
     });
     d.write(PAGE, &[8; 4096], false).unwrap();
-    wait_until("sync failures are reported", || {
+    wait_until("sync failures are reported", WAIT_TIMEOUT, || {
         let s = d.status();
         s.consecutive_failures > 2 && s.state == SyncState::Failing && s.last_error.is_some()
     });
@@ -329,7 +325,7 @@ fn scheduler_syncs_periodically_retries_with_backoff_and_recovers() {
     assert_eq!(b, [8; 4]);
     // The disk comes back: the next attempt succeeds.
     sim.set_faults(Faults::default());
-    wait_until("recovery", || {
+    wait_until("recovery", WAIT_TIMEOUT, || {
         let s = d.status();
         s.state == SyncState::Idle && s.consecutive_failures == 0 && s.dirty_bytes == 0
     });
