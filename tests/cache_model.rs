@@ -317,7 +317,7 @@ fn concurrent_writers_and_readers_on_disjoint_regions() {
                                 "{mode} t{t} i{i}"
                             );
                         } else {
-                            let data = pattern_at(off, len as usize, i as u64);
+                            let data = pattern_at(off, len as usize, i);
                             cache.write(base + off, &data, i % 97 == 0).unwrap();
                             expect[off as usize..(off + len) as usize].copy_from_slice(&data);
                         }

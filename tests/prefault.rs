@@ -67,7 +67,7 @@ fn prefault_threads_wait_for_work() -> bool {
             // gone meanwhile (empty stat) waits for nothing.
             let state = stat.rsplit_once(')').map(|(_, r)| r.trim_start());
             let wchan = read(t.path().join("wchan"));
-            state.is_none_or(|r| r.starts_with('S') && wchan.contains("futex"))
+            state.map_or(true, |r| r.starts_with('S') && wchan.contains("futex"))
         })
 }
 
