@@ -77,6 +77,7 @@
 
 mod ctrl;
 mod error;
+pub mod metrics;
 pub mod proto;
 mod queue;
 

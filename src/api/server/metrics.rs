@@ -98,6 +98,7 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
                 Box::new(CompressedCollector(compressed_samples(&d))),
                 Box::new(CacheCollector(caches)),
                 Box::new(AttachCollector(d.attachments.list())),
+                Box::new(crate::ublk::metrics::UblkCollector(d.ublk.list())),
                 Box::new(RefusalCollector::of(&d.nbd_refusals)),
                 Box::new(crate::control::pressure::PressureCollector {
                     status: d.pressure.status(),
