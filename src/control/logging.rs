@@ -47,7 +47,7 @@ pub fn init(level: Option<&str>, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::new(format!("{spec},fuser=warn,fuser::mnt=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| LineWriter::default())
+        .with_writer(LineWriter::default)
         .log_internal_errors(false);
     // try_init: a second daemon in the same process (tests) keeps the first.
     let _ = match format {
