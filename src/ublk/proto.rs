@@ -34,7 +34,7 @@ pub const DEV_INFO_BYTES: usize = 64;
 
 /// Control commands (ioctl-encoded: `UBLK_F_CMD_IOCTL_ENCODE`).
 pub mod ctrl {
-    use super::{ior, iowr, CTRL_CMD_BYTES};
+    use crate::ublk::proto::{ior, iowr, CTRL_CMD_BYTES};
     const S: u32 = CTRL_CMD_BYTES as u32;
     pub const GET_DEV_INFO: u32 = ior(0x02, S);
     pub const ADD_DEV: u32 = iowr(0x04, S);
@@ -50,7 +50,7 @@ pub mod ctrl {
 
 /// I/O commands on `/dev/ublkcN` (ioctl-encoded).
 pub mod io {
-    use super::{iowr, IO_CMD_BYTES};
+    use crate::ublk::proto::{iowr, IO_CMD_BYTES};
     const S: u32 = IO_CMD_BYTES as u32;
     pub const FETCH_REQ: u32 = iowr(0x20, S);
     pub const COMMIT_AND_FETCH_REQ: u32 = iowr(0x21, S);
