@@ -39,7 +39,9 @@
 //!
 //! # Recovery (`UBLK_F_USER_RECOVERY`)
 //!
-//! Every device is added with user recovery, and a record of it (drive
+//! Every device is added with user recovery (with REISSUE: requests the
+//! dead process had fetched but not completed are requeued for the next
+//! one instead of failing with EIO), and a record of it (drive
 //! name, device id) is written to `RUNTIME_DIR/ublk/` (a tmpfs: devices
 //! and records both end with a reboot).
 //!
@@ -207,7 +209,10 @@ impl Devices {
             max_io_buf_bytes: MAX_IO_BYTES,
             dev_id: u32::MAX,
             ublksrv_pid: std::process::id() as i32,
-            flags: flags::USER_RECOVERY | flags::CMD_IOCTL_ENCODE,
+            // REISSUE: requests the dead ramd had fetched but not
+            // completed are handed to the new one instead of failing with
+            // EIO (writes to RAM are idempotent, so a replay is safe).
+            flags: flags::USER_RECOVERY | flags::USER_RECOVERY_REISSUE | flags::CMD_IOCTL_ENCODE,
             ..DevInfo::default()
         })?;
         let dev_id = info.dev_id;
