@@ -204,8 +204,11 @@ fn a_drive_against_a_file_on_disk_report_plot_and_stored_results() {
 
     let dir = disk_dir(&d, "disk");
     std::fs::write(dir.join("keep.txt"), b"not the bench's").unwrap();
-    let before = listing(&dir);
+    // An empty file of the user's (a target must exist: a missing one is
+    // refused): filled for the run, emptied again afterwards.
     let file = dir.join("scratch.img");
+    std::fs::File::create(&file).unwrap();
+    let before = listing(&dir);
     let svg = d.dir().join("plot.svg");
     let r = bench_json(
         &d,

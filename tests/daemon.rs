@@ -86,7 +86,7 @@ fn bad_config_fails_with_file_line_and_reason() {
             ":2:8: invalid drive name 'A'",
         ),
         (
-            "[[drive]]\nname = \"a\"\nsize = 1\n\n[[drive]]\nname = \"a\"\nsize = 2\n",
+            "[[drive]]\nname = \"a\"\nsize = \"1M\"\n\n[[drive]]\nname = \"a\"\nsize = \"2M\"\n",
             ":6:8: drive 'a' is declared twice",
         ),
         ("[daemon]\nnbd_listen = [\"no-port\"]\n", ":2:"),

@@ -473,10 +473,25 @@ pub struct Settings {
     pub api_policy: config::ApiPolicy,
 }
 
-/// `path` made absolute (and resolved) against the working directory at
-/// start: see `paths::resolve`.
+/// `path` made absolute against the working directory at start, with `.`
+/// and `..` taken out lexically (mount tables and URIs hold such paths).
+/// Symbolic links are not followed: the runtime and state directories are
+/// checked as given (a link there is refused, `paths::ensure_runtime_dir`).
 fn absolute(path: PathBuf) -> PathBuf {
-    crate::paths::resolve(&path)
+    let Ok(abs) = std::path::absolute(&path) else {
+        return path;
+    };
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 impl Settings {
