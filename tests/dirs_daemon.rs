@@ -377,7 +377,7 @@ fn api_round_trip_and_every_error() {
         list,
         Some(r#"{"path":"relative/dir"}"#),
         422,
-        "invalid_request",
+        "relative_path",
     );
     expect_err(
         "POST",
