@@ -72,18 +72,37 @@ fn prefault_threads_wait_for_work() -> bool {
 }
 
 /// Waits until the prefaulter has done whatever it was asked to: its
-/// thread waits for work, twice in a row with the drive's allocation
-/// unchanged in between (a fixed quiet period would end early whenever a
-/// busy machine left the thread unscheduled for that long).
+/// thread waits for work, three times in a row over 60 ms with the
+/// drive's allocation unchanged meanwhile (a fixed quiet period would end
+/// early whenever a busy machine left the thread unscheduled for that
+/// long). Seen from outside, so not proof: see [`trim_all`].
 fn settle(s: &RamStore) {
     wait_until("the prefaulter to finish its work", WAIT_TIMEOUT, || {
         let before = s.allocated_bytes();
-        if !prefault_threads_wait_for_work() {
-            return false;
+        for _ in 0..3 {
+            if !prefault_threads_wait_for_work() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
-        prefault_threads_wait_for_work() && s.allocated_bytes() == before
+        s.allocated_bytes() == before
     });
+}
+
+/// Trims the whole drive and checks that nothing is left. Pages a prefault
+/// job still under way committed behind the trim (in loaded runs, twice in
+/// some 200, [`settle`] had let a job through) are zero pages, reported as
+/// holes: they go with a second trim once the job is done. Written data
+/// left by the trim would be a failure either way.
+fn trim_all(s: &RamStore, size: u64) {
+    s.trim(0, size).unwrap();
+    if s.allocated_bytes() != 0 {
+        let ext = s.extents(0, size).unwrap();
+        assert!(ext.iter().all(|e| e.hole), "the trim left data: {ext:?}");
+        settle(s);
+        s.trim(0, size).unwrap();
+    }
+    assert_eq!(s.allocated_bytes(), 0);
 }
 
 fn data_bytes(ext: &[Extent]) -> u64 {
@@ -160,8 +179,7 @@ fn trim_frees_prefaulted_pages() {
     fill(&s, 0, 8 * MIB, 3);
     wait_allocated_above(&s, 8 * MIB);
     settle(&s);
-    s.trim(0, 128 * MIB).unwrap();
-    assert_eq!(s.allocated_bytes(), 0);
+    trim_all(&s, 128 * MIB);
     assert_eq!(global.used_bytes(), 0);
     drop(s);
     assert_eq!(global.used_bytes(), 0);
@@ -274,7 +292,6 @@ proptest! {
         }
         prop_assert_eq!(pos as u64, SIZE);
         prop_assert_eq!(global.used_bytes(), s.allocated_bytes());
-        s.trim(0, SIZE).unwrap();
-        prop_assert_eq!(s.allocated_bytes(), 0);
+        trim_all(&s, SIZE);
     }
 }
