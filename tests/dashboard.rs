@@ -1,15 +1,17 @@
-//! The web dashboard (issue 20, part 2): `ramd daemon --http ADDR` serves
-//! the page and the API over TLS with bearer tokens; `ramd dashboard
-//! [--admin]` prints a link with a fresh token, which the page moves into
-//! an HttpOnly, SameSite=Strict, Secure cookie.
+//! The web dashboard (issue 20, part 2; sessions from issue 28): `ramd
+//! daemon --http ADDR` serves the page and the API over TLS with bearer
+//! tokens; `ramd dashboard [--admin]` prints a one-time sign-in link for a
+//! fresh token, which the page exchanges for a session cookie (a random
+//! session id, never the token).
 //!
 //! - HTTP level, with curl: 401 without a token (an HTML page at `/`,
-//!   JSON elsewhere), the token exchange (303 + cookie flags), the cookie
-//!   as a credential, CSRF refusals, read-only refusals, assets with
-//!   ETags, logout (for any session), revocation, expiry (`--expires`,
-//!   401 `token_expired`, pruning), sign-in links followed from another
-//!   site refused (login CSRF), the server-sent event stream and its
-//!   bounds.
+//!   JSON elsewhere), the code exchange (204 + cookie flags; a code works
+//!   once; login CSRF refused), the cookie as a credential and not as a
+//!   bearer token, the token not as a cookie, CSRF refusals, read-only
+//!   refusals, assets with ETags, logout (ends the session), revocation
+//!   (sessions and streams end at once), expiry (`--expires`, 401
+//!   `token_expired`, pruning), the server-sent event stream and its
+//!   bounds (per token, per address).
 //! - Start-up refusals: `--http` off loopback without TLS, on the
 //!   `--api-listen` address; `ramd dashboard` without `--http`.
 //! - In a real browser (Debian's chromium, headless, through
@@ -130,11 +132,50 @@ impl Dash {
         let out = common::run(&mut c).ok();
         let url = out.stdout.lines().last().unwrap_or("").trim().to_owned();
         assert!(
-            url.starts_with(&format!("{}/?token=ramd_", self.base())),
+            url.starts_with(&format!("{}/signin#", self.base())),
             "{out}"
         );
+        assert!(!url.contains("ramd_"), "a token in the link: {url}");
         assert!(out.stderr.contains("ramd token revoke dashboard-"), "{out}");
         url
+    }
+
+    /// What the sign-in page does with `url`: POST its code to /session.
+    fn exchange(&self, url: &str, extra: &[&str]) -> Reply {
+        let body = json!({ "code": code_of(url) }).to_string();
+        let mut args = vec![
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "X-Ramd-Csrf: 1",
+            "--data",
+            &body,
+        ];
+        args.extend(extra);
+        self.curl(&args, "/session")
+    }
+
+    /// A session from a new link (`admin` or read-only): its id.
+    fn session(&self, admin: bool) -> String {
+        let ex = self.exchange(&self.link(admin), &[]);
+        assert_eq!(ex.status, 204, "{}", ex.body);
+        session_of(&ex, &self.cookie_name())
+    }
+
+    /// The session cookie's name on this (TLS) listener.
+    fn cookie_name(&self) -> String {
+        format!("__Host-ramd_{}", self.port)
+    }
+
+    /// `ramd token create [--admin]`: a bearer token.
+    fn token(&self, admin: bool) -> String {
+        let role = if admin { "--admin" } else { "--read-only" };
+        let out = common::run(self.d.cli().args(["token", "create", role])).ok();
+        let token = out.stdout.trim().to_owned();
+        assert!(token.starts_with("ramd_"), "{out}");
+        token
     }
 
     /// curl -i with the test CA: (status, headers, body).
@@ -145,9 +186,9 @@ impl Dash {
         Reply::parse(&common::run(&mut c).ok().stdout)
     }
 
-    /// curl with the session cookie of `token` (as a browser sends it).
-    fn with_cookie(&self, token: &str, args: &[&str], path: &str) -> Reply {
-        let cookie = format!("Cookie: other=1; ramd_token_{}={token}", self.port);
+    /// curl with the session cookie `session` (as a browser sends it).
+    fn with_cookie(&self, session: &str, args: &[&str], path: &str) -> Reply {
+        let cookie = format!("Cookie: other=1; {}={session}", self.cookie_name());
         let mut all = vec!["-H", cookie.as_str()];
         all.extend(args);
         self.curl(&all, path)
@@ -207,15 +248,26 @@ fn dashboard_port(log: &str, scheme: &str) -> u16 {
     digits.parse().expect("a port")
 }
 
-/// The token in a dashboard URL.
-fn token_of(url: &str) -> String {
-    url.split("token=").nth(1).expect("a token").to_owned()
+/// The sign-in code in a dashboard link (after `#`).
+fn code_of(url: &str) -> String {
+    url.split_once('#').expect("a code").1.to_owned()
+}
+
+/// The session id the exchange's `Set-Cookie` named `name` holds.
+fn session_of(ex: &Reply, name: &str) -> String {
+    let cookie = ex.raw_header("set-cookie").expect("a session cookie");
+    let value = cookie
+        .strip_prefix(&format!("{name}="))
+        .unwrap_or_else(|| panic!("not {name}: {cookie}"));
+    value.split(';').next().unwrap().to_owned()
 }
 
 /// An HTTP answer as curl -i prints it (the last response).
 struct Reply {
     status: u16,
     headers: String,
+    /// The headers as sent (cookie values are case-sensitive).
+    raw: String,
     body: String,
 }
 
@@ -230,8 +282,17 @@ impl Reply {
         Reply {
             status,
             headers: head.to_ascii_lowercase(),
+            raw: head.to_owned(),
             body: body.to_owned(),
         }
+    }
+
+    /// The value of header `name` (lowercase) as sent.
+    fn raw_header(&self, name: &str) -> Option<String> {
+        self.raw
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with(&format!("{name}: ")))
+            .map(|l| l[name.len() + 2..].trim().to_owned())
     }
 
     /// The value of header `name` (lowercase).
@@ -273,37 +334,48 @@ fn links_cookies_csrf_and_roles() {
     let api = dash.curl(&[], "/v1/drives");
     assert_eq!((api.status, api.code().as_str()), (401, "token_required"));
     assert_eq!(dash.curl(&[], "/assets/app.js").status, 401);
+    // An old-style link with a token in its query: only the sign-in
+    // page's refusal, no cookie.
     let bad = dash.curl(&[], "/?token=ramd_000000000000_nope");
     assert_eq!(bad.status, 401);
     assert!(bad.header("set-cookie").is_none());
-    assert!(bad.body.contains("not valid"), "{}", bad.body);
 
-    // The exchange: a redirect to / with the token in a cookie.
+    // The sign-in page needs no credential and carries no code itself.
+    let signin = dash.curl(&[], "/signin");
+    assert_eq!(signin.status, 200, "{}", signin.body);
+    assert!(signin.body.contains("/assets/signin.js"), "{}", signin.body);
+    assert_eq!(dash.curl(&[], "/assets/signin.js").status, 200);
+    assert_eq!(dash.curl(&[], "/assets/app.js").status, 401);
+
+    // The exchange: the code of a link, once, for a session cookie.
     let ro_url = dash.link(false);
-    let ro = token_of(&ro_url);
-    let path = ro_url.strip_prefix(&dash.base()).unwrap();
-    // Followed from another site (login CSRF): refused, no cookie. As the
-    // browser opens it from the address bar (or from this origin): taken.
-    for site in ["cross-site", "same-site"] {
-        let header = format!("Sec-Fetch-Site: {site}");
-        let from = dash.curl(&["-H", &header], path);
-        assert_eq!(from.status, 403, "{site}: {}", from.headers);
-        assert!(from.header("set-cookie").is_none(), "{site}");
-        assert!(from.body.contains("address bar"), "{}", from.body);
-    }
-    for site in ["none", "same-origin"] {
-        let header = format!("Sec-Fetch-Site: {site}");
-        assert_eq!(dash.curl(&["-H", &header], path).status, 303, "{site}");
-    }
-    let ex = dash.curl(&[], path);
-    assert_eq!(ex.status, 303, "{}", ex.headers);
-    assert_eq!(ex.header("location").as_deref(), Some("/"));
-    let cookie = ex.header("set-cookie").expect("a session cookie");
-    let name = format!("ramd_token_{}=", dash.port);
-    assert!(
-        cookie.starts_with(&format!("{name}{}", ro.to_ascii_lowercase())),
-        "{cookie}"
+    // Without the CSRF header, or from another site (login CSRF): refused.
+    let body = json!({ "code": code_of(&ro_url) }).to_string();
+    let forged = dash.curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "--data",
+            &body,
+        ],
+        "/session",
     );
+    assert_eq!(
+        (forged.status, forged.code().as_str()),
+        (403, "csrf_refused")
+    );
+    let cross = dash.exchange(&ro_url, &["-H", "Origin: https://evil.example"]);
+    assert_eq!((cross.status, cross.code().as_str()), (403, "csrf_refused"));
+    let cross = dash.exchange(&ro_url, &["-H", "Sec-Fetch-Site: cross-site"]);
+    assert_eq!(cross.status, 403);
+    assert!(cross.header("set-cookie").is_none());
+    // From the page itself: a session.
+    let ex = dash.exchange(&ro_url, &["-H", &format!("Origin: {}", dash.base())]);
+    assert_eq!(ex.status, 204, "{}", ex.body);
+    let cookie = ex.header("set-cookie").expect("a session cookie");
+    let name = dash.cookie_name();
     for flag in [
         "httponly",
         "samesite=strict",
@@ -313,7 +385,16 @@ fn links_cookies_csrf_and_roles() {
     ] {
         assert!(cookie.contains(flag), "{flag} missing: {cookie}");
     }
+    assert!(!cookie.contains("domain="), "{cookie}");
+    let ro = session_of(&ex, &name);
+    assert_eq!(ro.len(), 43, "256 random bits: {ro}");
+    assert!(!ro.contains(&code_of(&ro_url)));
     assert_eq!(ex.header("referrer-policy").as_deref(), Some("no-referrer"));
+    // A code works once.
+    let twice = dash.exchange(&ro_url, &[]);
+    assert_eq!((twice.status, twice.code().as_str()), (401, "code_invalid"));
+    assert!(twice.body.contains("ramd dashboard"), "{}", twice.body);
+    assert!(twice.header("set-cookie").is_none());
 
     // The cookie is a credential: the page, its assets, the API.
     let index = dash.with_cookie(&ro, &[], "/");
@@ -375,8 +456,26 @@ fn links_cookies_csrf_and_roles() {
         (403, "token_read_only")
     );
 
+    // The session id is not a bearer token, and a token is not a session
+    // (what another web service on this host would receive as a cookie).
+    let as_bearer = dash.curl(
+        &["-H", &format!("Authorization: Bearer {ro}")],
+        "/v1/drives",
+    );
+    assert_eq!(
+        (as_bearer.status, as_bearer.code().as_str()),
+        (401, "invalid_token")
+    );
+    let ro_token = dash.token(false);
+    let as_cookie = dash.with_cookie(&ro_token, &[], "/v1/drives");
+    assert_eq!(
+        (as_cookie.status, as_cookie.code().as_str()),
+        (401, "session_ended")
+    );
+
     // An admin session: changes need the CSRF header and the same origin.
-    let admin = token_of(&dash.link(true));
+    let admin = dash.session(true);
+    let admin_token = dash.token(true);
     let no_header = dash.with_cookie(&admin, &json_post, "/v1/drives");
     assert_eq!(
         (no_header.status, no_header.code().as_str()),
@@ -400,7 +499,7 @@ fn links_cookies_csrf_and_roles() {
     let made = dash.with_cookie(&admin, &[&json_post[..], &same].concat(), "/v1/drives");
     assert_eq!(made.status, 201, "{}", made.body);
     // A bearer header needs no CSRF header (browsers never add one).
-    let bearer = format!("Authorization: Bearer {admin}");
+    let bearer = format!("Authorization: Bearer {admin_token}");
     let gone = dash.curl(&["-X", "DELETE", "-H", &bearer], "/v1/drives/x1");
     assert_eq!(gone.status, 200, "{}", gone.body);
     // Links are made through the unix socket only, even by an admin.
@@ -466,15 +565,11 @@ fn links_cookies_csrf_and_roles() {
         &dash.with_cookie(&ro, &[], "/v1/whoami").body,
     );
 
-    // Signing out clears the cookie, for any session: a read-only one
-    // (which may not POST elsewhere) and one whose token is gone (its
-    // stale cookie would stay), from the page itself (the CSRF rule).
+    // Signing out ends the session and clears the cookie, for any
+    // session: a read-only one (which may not POST elsewhere) and one
+    // that is gone (its stale cookie would stay), from the page itself
+    // (the CSRF rule).
     let sign_out = ["-X", "POST", "-H", "X-Ramd-Csrf: 1"];
-    for token in [admin.as_str(), ro.as_str(), "ramd_000000000000_gone"] {
-        let out = dash.with_cookie(token, &sign_out, "/logout");
-        assert_eq!(out.status, 204, "{token}: {}", out.body);
-        assert!(out.header("set-cookie").unwrap().contains("max-age=0"));
-    }
     let forced = dash.with_cookie(&ro, &["-X", "POST"], "/logout");
     assert_eq!(
         (forced.status, forced.code().as_str()),
@@ -482,25 +577,37 @@ fn links_cookies_csrf_and_roles() {
     );
     assert!(forced.header("set-cookie").is_none());
     let me = dash.with_cookie(&ro, &[], "/v1/whoami").json();
-    let name = me["token_name"].as_str().unwrap().to_owned();
-    assert!(name.starts_with("dashboard-"), "{me}");
-    common::run(dash.d.cli().args(["token", "revoke", &name])).ok();
-    let ended = dash.with_cookie(&ro, &[], "/v1/drives");
+    let ro_name = me["token_name"].as_str().unwrap().to_owned();
+    assert!(ro_name.starts_with("dashboard-"), "{me}");
+    for session in [admin.as_str(), ro.as_str(), "gone"] {
+        let out = dash.with_cookie(session, &sign_out, "/logout");
+        assert_eq!(out.status, 204, "{session}: {}", out.body);
+        assert!(out.header("set-cookie").unwrap().contains("max-age=0"));
+    }
+    let ended = dash.with_cookie(&admin, &[], "/v1/drives");
     assert_eq!(
         (ended.status, ended.code().as_str()),
-        (401, "invalid_token")
+        (401, "session_ended")
     );
-    assert_eq!(dash.with_cookie(&ro, &[], "/").status, 401);
+    // Revoking a token ends its sessions at once.
+    let ro2 = dash.session(false);
+    let me = dash.with_cookie(&ro2, &[], "/v1/whoami").json();
+    let name2 = me["token_name"].as_str().unwrap().to_owned();
+    common::run(dash.d.cli().args(["token", "revoke", &name2])).ok();
+    let ended = dash.with_cookie(&ro2, &[], "/v1/drives");
+    assert_eq!(
+        (ended.status, ended.code().as_str()),
+        (401, "session_ended")
+    );
+    assert_eq!(dash.with_cookie(&ro2, &[], "/").status, 401);
 
-    // Tokens never reach the log (the link's query string included): in
-    // what it holds once the session's start is there.
+    // Neither tokens nor session ids nor codes reach the log.
     let log = dash.d.wait_log("the session's start", |l| {
         l.contains("dashboard session started")
     });
-    assert!(
-        !log.contains(&ro) && !log.contains(&admin),
-        "a token in the log"
-    );
+    for secret in [&ro, &admin, &admin_token, &ro_token, &code_of(&ro_url)] {
+        assert!(!log.contains(secret.as_str()), "a secret in the log");
+    }
 }
 
 /// Checks `instance` against the schema `name` of docs/openapi.yaml.
@@ -543,12 +650,13 @@ fn event_stream() {
         return;
     }
     let dash = Dash::start();
-    let token = token_of(&dash.link(false));
+    let session = dash.session(false);
+    let cookie = format!("{}={session}", dash.cookie_name());
     // Three events, then the stream ends (count=3).
     let mut c = common::tool("curl");
     c.args(["-sS", "-N", "--cacert"])
         .arg(dash.ca_cert())
-        .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
+        .args(["-b", &cookie])
         .arg(format!("{}/v1/events?interval_ms=250&count=3", dash.base()));
     let out = common::run(&mut c).ok();
     let events = stats_events(&out.stdout);
@@ -576,13 +684,51 @@ fn event_stream() {
         );
     }
     assert!(out.stdout.contains("retry: 3000"), "{}", out.stdout);
-    // One token holds at most 8 streams (another token still gets its
-    // own); a stream that closes gives its place back.
-    let probe = |token: &str| {
+
+    // A stream ends, with an `ended` event, when its session does
+    // (signed out) and when its token is revoked: a page never stays
+    // "live" on a credential that is gone.
+    let follow = |cookie: &str, file: &str| {
+        let out = dash.d.dir().join(file);
+        let mut c = common::tool("curl");
+        c.args(["-sS", "-N", "-o"])
+            .arg(&out)
+            .arg("--cacert")
+            .arg(dash.ca_cert())
+            .args(["-b", cookie])
+            .arg(format!("{}/v1/events?interval_ms=250", dash.base()));
+        let child = common::KillOnDrop(c.spawn().unwrap());
+        common::wait_until("the stream's first event", common::WAIT_TIMEOUT, || {
+            std::fs::read_to_string(&out).is_ok_and(|t| t.contains("event: stats"))
+        });
+        (child, out)
+    };
+    let (mut signed_out, out1) = follow(&cookie, "ended-1.txt");
+    let other = dash.session(false);
+    let (mut revoked, out2) = follow(&format!("{}={other}", dash.cookie_name()), "ended-2.txt");
+    let bye = dash.with_cookie(&session, &["-X", "POST", "-H", "X-Ramd-Csrf: 1"], "/logout");
+    assert_eq!(bye.status, 204);
+    let me = dash.with_cookie(&other, &[], "/v1/whoami").json();
+    let name = me["token_name"].as_str().unwrap().to_owned();
+    common::run(dash.d.cli().args(["token", "revoke", &name])).ok();
+    for (child, out) in [(&mut signed_out, &out1), (&mut revoked, &out2)] {
+        let ended = common::wait_timeout(&mut child.0, common::WAIT_TIMEOUT);
+        assert!(ended.is_some(), "the stream outlived its credential");
+        let text = std::fs::read_to_string(out).unwrap();
+        assert!(text.contains("event: ended"), "{text}");
+    }
+
+    // Bounds: at most 8 streams per token and 8 per client address (the
+    // second address is 127.0.0.2, also loopback); a stream that closes
+    // gives its place back.
+    let a = dash.token(false);
+    let b = dash.token(false);
+    let probe = |token: &str, from: &str| {
         let mut c = common::tool("curl");
         c.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
             .arg(dash.ca_cert())
-            .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
+            .args(["--interface", from])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
             .arg(format!("{}/v1/events?count=1", dash.base()));
         common::run(&mut c).ok().stdout
     };
@@ -597,7 +743,8 @@ fn event_stream() {
                 .arg(out)
                 .arg("--cacert")
                 .arg(dash.ca_cert())
-                .args(["-b", &format!("ramd_token_{}={token}", dash.port)])
+                .args(["--interface", "127.0.0.1"])
+                .args(["-H", &format!("Authorization: Bearer {a}")])
                 .arg(format!("{}/v1/events", dash.base()));
             common::KillOnDrop(c.spawn().unwrap())
         })
@@ -610,12 +757,20 @@ fn event_stream() {
             .iter()
             .all(|out| std::fs::read_to_string(out).is_ok_and(|t| t.contains("event: stats")))
     });
-    assert_eq!(probe(&token), "503", "a ninth stream on the token");
-    let other = token_of(&dash.link(false));
-    assert_eq!(probe(&other), "200");
+    assert_eq!(probe(&a, "127.0.0.2"), "503", "a ninth stream on the token");
+    assert_eq!(
+        probe(&b, "127.0.0.1"),
+        "503",
+        "a ninth stream from the address"
+    );
+    assert_eq!(
+        probe(&b, "127.0.0.2"),
+        "200",
+        "another token, another address"
+    );
     drop(open.pop());
     common::wait_until("a closed stream's place", common::WAIT_TIMEOUT, || {
-        probe(&token) == "200"
+        probe(&a, "127.0.0.1") == "200"
     });
     drop(open);
     // Over the unix socket too, and bad queries are refused.
@@ -686,22 +841,20 @@ fn refused_at_start_and_without_http() {
         );
     }
     // Plaintext on loopback with --tls off: an http:// link, a cookie
-    // without Secure.
+    // without Secure (and so without the __Host- prefix, which needs it).
     let (d, port) = plaintext_daemon();
     let out = common::run(d.cli().arg("dashboard")).ok();
     let url = out.stdout.trim();
     assert!(
-        url.starts_with(&format!("http://127.0.0.1:{port}/?token=")),
+        url.starts_with(&format!("http://127.0.0.1:{port}/signin#")),
         "{out}"
     );
-    let mut c = common::tool("curl");
-    c.args(["-sS", "-i", url]);
-    let ex = Reply::parse(&common::run(&mut c).ok().stdout);
-    assert_eq!(ex.status, 303);
+    let ex = plain_exchange(port, url);
+    assert_eq!(ex.status, 204, "{}", ex.body);
+    let cookie = ex.header("set-cookie").unwrap();
     assert!(
-        !ex.header("set-cookie").unwrap().contains("secure"),
-        "{}",
-        ex.headers
+        cookie.starts_with(&format!("ramd_session_{port}=")) && !cookie.contains("secure"),
+        "{cookie}"
     );
     // --url-host names the host in the link; a bad one is refused.
     let out = common::run(
@@ -767,16 +920,18 @@ fn links_expire() {
     // 10 s: long enough for the link to be used before it expires on a
     // busy machine (a process or two to start), short for the test.
     let short = link(&["--expires", "10s"]);
+    let late = link(&["--expires", "10s"]);
     let url = short["url"].as_str().unwrap();
-    let token = token_of(url);
     let name = short["token_name"].as_str().unwrap().to_owned();
+    let until = short["sign_in_expires_unix_s"].as_u64().unwrap();
+    assert!((before + 290..=now() + 300).contains(&until), "{until}");
     let curl = |args: &[&str], url: &str| {
         let mut c = common::tool("curl");
         c.args(["-sS", "-i"]).args(args).arg(url);
         Reply::parse(&common::run(&mut c).ok().stdout)
     };
-    let ex = curl(&[], url);
-    assert_eq!(ex.status, 303);
+    let ex = plain_exchange(port, url);
+    assert_eq!(ex.status, 204, "{}", ex.body);
     let max_age: u64 = ex
         .header("set-cookie")
         .unwrap()
@@ -786,7 +941,8 @@ fn links_expire() {
         .and_then(|v| v.trim().parse().ok())
         .expect("a Max-Age");
     assert!(max_age <= 10, "the cookie outlives the token: {max_age}");
-    let cookie = format!("Cookie: ramd_token_{port}={token}");
+    let session = session_of(&ex, &format!("ramd_session_{port}"));
+    let cookie = format!("Cookie: ramd_session_{port}={session}");
     let base = format!("http://127.0.0.1:{port}");
     let api = |path: &str| curl(&["-H", &cookie], &format!("{base}{path}"));
     // The behaviour under test: the token expires. Sleep until then by the
@@ -807,31 +963,46 @@ fn links_expire() {
     let page = api("/");
     assert_eq!(page.status, 401);
     assert!(page.body.contains("expired"), "{}", page.body);
-    let again = curl(&[], url);
-    assert_eq!(again.status, 401);
-    assert!(again.body.contains("has expired"), "{}", again.body);
+    // A link whose token expired before it was used starts nothing.
+    let again = plain_exchange(port, late["url"].as_str().unwrap());
+    assert_eq!((again.status, again.code().as_str()), (401, "code_invalid"));
+    assert!(again.body.contains("expired"), "{}", again.body);
     assert!(again.header("set-cookie").is_none());
     // whoami tells the page when its session ends.
-    let weekly_bearer = format!(
-        "Authorization: Bearer {}",
-        token_of(weekly["url"].as_str().unwrap())
-    );
-    let me = curl(&["-H", &weekly_bearer], &format!("{base}/v1/whoami")).json();
+    let weekly_ex = plain_exchange(port, weekly["url"].as_str().unwrap());
+    let weekly_session = session_of(&weekly_ex, &format!("ramd_session_{port}"));
+    let weekly_cookie = format!("Cookie: ramd_session_{port}={weekly_session}");
+    let me = curl(&["-H", &weekly_cookie], &format!("{base}/v1/whoami")).json();
     assert_eq!(me["expires_unix_s"], week, "{me}");
-    let bearer = format!("Authorization: Bearer {token}");
-    let b = curl(&["-H", &bearer], &format!("{base}/v1/drives"));
-    assert_eq!((b.status, b.code().as_str()), (401, "token_expired"));
     let list = common::run(d.cli().args(["token", "list"])).ok();
     let row = list.stdout.lines().find(|l| l.contains(&name)).unwrap();
     assert!(row.contains("(expired)"), "{list}");
 
-    // The next token made deletes it: unknown from then on.
+    // The next token made deletes it: the session is gone from then on.
     link(&[]);
     let list = common::run(d.cli().args(["token", "list", "--json"])).ok();
     assert!(!list.stdout.contains(&name), "{list}");
     assert!(list.stdout.contains("expires_unix_s"), "{list}");
-    assert_eq!(api("/v1/whoami").code(), "invalid_token");
-    assert!(!d.log().contains(&token), "a token in the log");
+    assert_eq!(api("/v1/whoami").code(), "session_ended");
+    assert!(!d.log().contains(&code_of(url)), "a code in the log");
+}
+
+/// `POST /session` with the code of `url`, on the plaintext dashboard on
+/// `port` (what the sign-in page does).
+fn plain_exchange(port: u16, url: &str) -> Reply {
+    let body = json!({ "code": code_of(url) }).to_string();
+    let mut c = common::tool("curl");
+    c.args([
+        "-sS",
+        "-i",
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+    ])
+    .args(["-H", "X-Ramd-Csrf: 1", "--data", &body])
+    .arg(format!("http://127.0.0.1:{port}/session"));
+    Reply::parse(&common::run(&mut c).ok().stdout)
 }
 
 /// A benchmark report in `ramd bench --json`'s shape, with a small plot

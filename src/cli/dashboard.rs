@@ -1,15 +1,16 @@
-//! `ramd dashboard [--admin]`: a link to the daemon's web dashboard
-//! (`ramd daemon --http ADDR`) with a fresh token, printed as the last
-//! line of stdout, like Jupyter's: `https://HOST:PORT/?token=ramd_...`.
-//! Opening it stores the token in a cookie (HttpOnly, SameSite=Strict,
-//! Secure under TLS) and drops it from the address bar.
+//! `ramd dashboard [--admin]`: a sign-in link to the daemon's web
+//! dashboard (`ramd daemon --http ADDR`), printed as the last line of
+//! stdout: `https://HOST:PORT/signin#CODE`. The code works once, for 5
+//! minutes: opening the link starts a browser session (a cookie holding
+//! a random session id, never the token) and the page drops the code from
+//! the address bar.
 //!
 //! Each call makes a new token (`dashboard-<8 hex>`, read-only unless
 //! `--admin`, working for `--expires`: 7 days by default) through the
 //! unix socket (the daemon refuses token callers), so run it on the
-//! daemon's host as its user. What the token is and how
-//! to end it goes to stderr, the URL alone to stdout, so
-//! `url=$(ramd dashboard)` works.
+//! daemon's host as its user; the session lasts as long as the token.
+//! What the token is and how to end it goes to stderr, the URL alone to
+//! stdout, so `url=$(ramd dashboard)` works.
 
 use super::{print_json, CliError, JsonFlag};
 use crate::api::client::Client;
@@ -31,9 +32,10 @@ pub struct DashboardArgs {
     #[arg(long, value_name = "NAME")]
     pub url_host: Option<String>,
 
-    /// How long the link works: 7d, 12h, 30m, or never. After that the
-    /// page says the session expired (run ramd dashboard again), and the
-    /// token is deleted the next time one is made or revoked
+    /// How long the session lasts (the link's token): 7d, 12h, 30m, or
+    /// never. After that the page says the session expired (run ramd
+    /// dashboard again), and the token is deleted the next time one is
+    /// made or revoked. The link itself works once, within 5 minutes
     /// [default: 7d].
     #[arg(long, value_name = "DURATION|never", value_parser = arg_expires)]
     pub expires: Option<String>,
@@ -89,7 +91,7 @@ pub fn run(client: &Client, args: DashboardArgs) -> Result<(), CliError> {
         None => "until".into(),
     };
     eprintln!(
-        "a new {} token '{}' is in this link: whoever opens it can {can} {until} `ramd token revoke {}`. Open it in a browser (the page keeps the token in a cookie and drops it from the address bar):",
+        "a one-time sign-in link (it works once, within 5 minutes) for a new {} token '{}': the browser that opens it can {can} {until} `ramd token revoke {}`. Open it in a browser:",
         link.role.name(),
         link.token_name,
         link.token_name

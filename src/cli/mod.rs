@@ -423,8 +423,8 @@ pub enum Command {
     #[command(subcommand)]
     Token(token::TokenCommand),
 
-    /// Print a link to the web dashboard (ramd daemon --http ADDR) with a
-    /// fresh token, as the last line.
+    /// Print a one-time sign-in link to the web dashboard (ramd daemon
+    /// --http ADDR), as the last line.
     ///
     /// Examples:
     ///   ramd dashboard                  read-only: see everything
@@ -432,8 +432,10 @@ pub enum Command {
     ///   ramd dashboard --url-host db1.example.com
     ///
     /// Run it on the daemon's host as its user (it makes a token through
-    /// the unix socket). Opening the link stores the token in a cookie;
-    /// `ramd token revoke NAME` ends it. See docs/dashboard.md.
+    /// the unix socket). The link works once, within 5 minutes: the
+    /// browser that opens it gets a session for the token's life (7 days
+    /// unless --expires); `ramd token revoke NAME` ends it. See
+    /// docs/dashboard.md.
     #[command(verbatim_doc_comment)]
     Dashboard(dashboard::DashboardArgs),
 

@@ -41,6 +41,9 @@ pub struct TcpApi {
     pub listener: std::net::TcpListener,
     pub transport: ApiTransport,
     pub surface: Surface,
+    /// Most connections it keeps at once (`api::server::conns`; sized
+    /// from the descriptor budget by `control::fds`).
+    pub max_connections: usize,
 }
 
 /// Where the dashboard is served (`--http`), as bound (port resolved):
@@ -126,6 +129,7 @@ pub fn bind_all(
             listener,
             transport,
             surface,
+            max_connections: super::fds::MAX_WEB_CONNECTIONS,
         });
     }
     Ok(bound)

@@ -64,6 +64,7 @@ pub mod caches;
 pub mod config;
 pub mod dirs;
 pub mod drives;
+pub mod fds;
 pub mod ledger;
 pub mod listen_addr;
 pub mod lock;
@@ -72,6 +73,7 @@ pub mod pressure;
 pub mod remotes;
 pub mod run;
 pub mod sampler;
+pub mod sessions;
 pub mod snapshots;
 pub mod spec;
 pub mod tokens;
@@ -648,6 +650,8 @@ pub struct Daemon {
     pub nbd_refusals: Arc<crate::nbd::access::Refusals>,
     /// Bearer tokens of the API over TCP (`--api-listen`, `--http`).
     pub tokens: Arc<tokens::Tokens>,
+    /// The dashboard's sign-in codes and sessions (memory only).
+    pub sessions: Arc<sessions::Sessions>,
     /// Where the dashboard is served (`--http`), once bound.
     pub http: Option<api_listen::HttpEndpoint>,
     /// Turns true when the daemon stops: endless responses (the event

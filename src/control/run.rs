@@ -13,6 +13,7 @@ use super::caches::{self, Caches};
 use super::dirs::Dirs;
 use super::drives::persistent::{self, drives_dir, probe, scan, Found, Stored};
 use super::drives::Drives;
+use super::fds;
 use super::ledger::{now_unix_s, Ledger, Origin};
 use super::lock::PidLock;
 use super::logging;
@@ -246,10 +247,11 @@ fn bind_nbd(
     settings: &Settings,
     exports: Arc<ExportTable>,
     access: Arc<AccessTable>,
+    fds: &fds::Plan,
 ) -> Result<BoundNbd, DaemonError> {
     let mut nbd_config = ServerConfig::new(&settings.nbd_socket);
     nbd_config.tcp = settings.nbd_listen.clone();
-    nbd_config.max_connections = settings.max_connections;
+    nbd_config.max_connections = fds.nbd;
     nbd_config.max_connections_per_address = settings.max_connections_per_address;
     nbd_config.max_connections_per_identity = settings.max_connections_per_identity;
     nbd_config.poll_us = settings.poll_us;
@@ -311,14 +313,35 @@ fn log_tls(
     tracing::info!("NBD on {}: TLS {unix_mode}", settings.nbd_socket.display());
 }
 
+/// Raises the descriptor limit and shares it between the listeners
+/// (`fds`), saying so; warns when NBD gets fewer connections than asked.
+fn descriptor_plan(settings: &Settings) -> fds::Plan {
+    let web = usize::from(settings.api_listen.is_some()) + usize::from(settings.http.is_some());
+    let plan = fds::Plan::new(fds::raise_limit(), settings.max_connections, web);
+    if plan.nbd < settings.max_connections {
+        tracing::warn!(
+            "NBD serves at most {} connections, not {}: the file descriptor limit is {} (raise it, e.g. LimitNOFILE= in the systemd unit or ulimit -n)",
+            plan.nbd, settings.max_connections, plan.limit
+        );
+    }
+    tracing::debug!(
+        "file descriptors: limit {}, {} kept back, NBD up to {} connections, each web listener up to {}",
+        plan.limit, plan.reserved, plan.nbd, plan.web
+    );
+    plan
+}
+
 /// The API's TCP listeners (`--api-listen`, `--http`), bound, with their
 /// transports; refused (stopping the start) without TLS off loopback.
 fn bind_api_tcp(
     settings: &Settings,
     tls: Option<&Arc<TlsSettings>>,
+    fds: &fds::Plan,
 ) -> Result<Vec<TcpApi>, DaemonError> {
-    let apis = api_listen::bind_all(settings.api_listen, settings.http, settings.tls_mode, tls)?;
-    for api in &apis {
+    let mut apis =
+        api_listen::bind_all(settings.api_listen, settings.http, settings.tls_mode, tls)?;
+    for api in &mut apis {
+        api.max_connections = fds.web;
         let bound = api.listener.local_addr().map_err(DaemonError::Start)?;
         let (what, open) = match api.surface {
             Surface::Api => ("API also", ""),
@@ -561,8 +584,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
+    let fds = descriptor_plan(&settings);
     let (server, tls, (tcp_tls_mode, unix_tls_mode)) =
-        bind_nbd(&settings, exports, drives.access_table())?;
+        bind_nbd(&settings, exports, drives.access_table(), &fds)?;
     let mut bound = BoundSockets {
         paths: [settings.nbd_socket.as_path(), settings.api_socket.as_path()],
         serving: false,
@@ -576,7 +600,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     api_listener
         .set_nonblocking(true)
         .map_err(DaemonError::Start)?;
-    let api_tcp = bind_api_tcp(&settings, tls.as_ref())?;
+    let api_tcp = bind_api_tcp(&settings, tls.as_ref(), &fds)?;
     let http = http_endpoint(&api_tcp)?;
     // Before the API serves and before READY=1: every directory is in RAM
     // (or listed as failed) before anything may use it. API requests made
@@ -607,6 +631,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         unix_tls_mode,
         nbd_refusals: nbd_handle.refusals(),
         tokens,
+        sessions: Arc::default(),
         http,
         stopping: stop_rx.clone(),
         snapshots,
@@ -618,12 +643,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .spawn(move || server.run())
         .map_err(DaemonError::Start)?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("ramd-api")
-        .enable_all()
-        .build()
-        .map_err(DaemonError::Start)?;
+    let runtime = api_runtime()?;
     spawn_signal_waiter(signals, daemon.clone(), stop_tx)?;
 
     bound.serving = true;
@@ -655,6 +675,17 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     cache_shutdown_result(&outcomes)?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The tokio runtime of the API (two worker threads: requests are small;
+/// blocking work goes to `spawn_blocking`).
+fn api_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ramd-api")
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Start)
 }
 
 /// Starts the memory-pressure watcher over the daemon-wide budget; it

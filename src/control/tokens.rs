@@ -160,6 +160,9 @@ pub struct Tokens {
     /// revoked (a parking_lot lock, never held across `.await`; the file
     /// is written while it is held so file and memory change together).
     records: RwLock<Vec<Record>>,
+    /// Counts revocations, so long-lived answers made with a token (the
+    /// event stream) end as soon as it is revoked (`revocations`).
+    revoked: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -183,7 +186,29 @@ impl Tokens {
         Ok(Tokens {
             path,
             records: RwLock::new(records),
+            revoked: tokio::sync::watch::Sender::new(0),
         })
+    }
+
+    /// The token with the public id `id`, if it exists and has not
+    /// expired (a dashboard session holds the id of the token it was
+    /// made from, never its secret: `control::sessions`).
+    pub fn by_id(&self, id: &str) -> Result<Token, Refused> {
+        let records = self.records.read();
+        let token = records
+            .iter()
+            .find(|r| r.id == id)
+            .ok_or(Refused::Unknown)?
+            .token();
+        if token.expired_at(now_unix_s()) {
+            return Err(Refused::Expired(token));
+        }
+        Ok(token)
+    }
+
+    /// Changes whenever a token is revoked.
+    pub fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revoked.subscribe()
     }
 
     /// The token `presented` stands for, if it is one that exists and
@@ -270,6 +295,8 @@ impl Tokens {
             .collect();
         write_file(&self.path, &next)?;
         *records = next;
+        drop(records);
+        self.revoked.send_modify(|n| *n += 1);
         Ok(gone.token())
     }
 }

@@ -99,12 +99,14 @@ def screenshot(d, path):
 def open_link(d, url, base, role):
     d.get(url)
     wait(d, f"the {role} page", lambda: d.find_element(By.ID, "role").text.startswith(role))
-    # The token went into a cookie and left the address bar (and history).
-    assert d.current_url == base, f"after loading, the URL is {d.current_url}, not {base}"
-    assert "token" not in d.current_url
+    # The page exchanged the link's one-time code for a session cookie,
+    # and the code left the address bar (and history).
+    wait(d, "the sign-in page to open the dashboard", lambda: d.current_url == base)
+    assert "#" not in d.current_url and "signin" not in d.current_url
     assert d.execute_script("return document.cookie") == "", "the session cookie is visible to scripts (not HttpOnly)"
     cookies = d.get_cookies()
-    assert any(c["name"].startswith("ramd_token") and c["httpOnly"] and c["sameSite"] == "Strict" for c in cookies), cookies
+    assert any(c["name"].startswith("__Host-ramd_") and c["httpOnly"] and c["sameSite"] == "Strict" for c in cookies), cookies
+    assert not any(c["value"].startswith("ramd_") for c in cookies), "a token in a cookie"
     return cookies
 
 
@@ -160,7 +162,7 @@ def shown_as_text(d, plan, seen, section):
 
 def read_only_session(d, plan, seen):
     cookies = open_link(d, plan["read_only_url"], plan["base_url"], "read-only")
-    seen["cookie_secure"] = all(c["secure"] for c in cookies if c["name"].startswith("ramd_token"))
+    seen["cookie_secure"] = all(c["secure"] for c in cookies if c["name"].startswith("__Host-ramd_"))
     for name in plan["drives"]:
         wait(d, f"drive {name} in the overview", lambda: row(d, "drive-table", name))
     for name in plan["caches"]:

@@ -1,35 +1,44 @@
-//! Bearer-token authentication: an axum middleware for every listener
-//! that is not the unix socket (`--api-listen`, and `--http`, where the
-//! dashboard adds a `?token=` to cookie exchange in front of the same
-//! check: `dashboard::gate`).
+//! Authentication of every request on a listener that is not the unix
+//! socket (`--api-listen`, and `--http`, where the dashboard's gate adds
+//! its sign-in routes in front of the same check: `dashboard::gate`).
 //!
 //! ```text
-//! request ──► Authorization: Bearer ramd_<id>_<secret>
-//!             (none: the dashboard's session cookie, `session`)
+//! request ──► ADDR over its failure budget (`throttle`)  429 too_many_failures + Retry-After
+//!         ──► Authorization: Bearer ramd_<id>_<secret>
+//!             (none: the dashboard's session cookie, `session`, `control::sessions`)
 //!               missing                     401 token_required  + WWW-Authenticate: Bearer
 //!               unknown, revoked, malformed 401 invalid_token   + WWW-Authenticate: Bearer error="invalid_token"
 //!               past its expiry             401 token_expired   + the same challenge
+//!               a session that is no more   401 session_ended
+//!                 (signed out, from another address, its token revoked, the daemon restarted)
 //!               cookie, not GET/HEAD, no
 //!                 X-Ramd-Csrf or cross-origin 403 csrf_refused
 //!               read-only, not GET/HEAD     403 token_read_only
-//!               else ──► the route, with [`Caller`] (the token) and [`Via`] extensions
+//!               else ──► the route, with [`Caller`] (the token) and [`Via`] extensions;
+//!                        the connection counts as authenticated (`conns`)
 //! ```
 //!
 //! Every route is behind it, unknown routes included (a caller without a
-//! token learns nothing, not even which routes exist). The token's value
-//! is never logged nor echoed: answers and log lines name the token by
-//! its name and public id only. The unix socket has no such layer: its
-//! mode (0600) is its access control, as before.
+//! token learns nothing, not even which routes exist). A refused
+//! credential is logged with the client's address (at most a line per
+//! address every few seconds: `throttle`), never with its value: answers
+//! and log lines name a token by its name and public id only. The unix
+//! socket has no such layer: its mode (0600) is its access control.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::conns::ConnState;
 use super::session::{self, CsrfError};
+use super::throttle::{LogIt, Throttle};
 use super::ApiError;
+use crate::control::sessions::Sessions;
 use crate::control::tokens::{Refused, Role, Token, Tokens};
 
 /// The token a request came with, for handlers that treat token callers
@@ -46,42 +55,74 @@ pub enum Via {
     Cookie,
 }
 
+/// What authentication needs: the tokens, the dashboard's sessions and
+/// the failure budgets of client addresses.
+#[derive(Debug, Clone)]
+pub struct Gatekeeper {
+    pub tokens: Arc<Tokens>,
+    pub sessions: Arc<Sessions>,
+    pub throttle: Arc<Throttle>,
+}
+
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthError {
-    /// No `Authorization: Bearer` header.
+    /// No `Authorization: Bearer` header and no session cookie.
     Missing,
     /// A token that is not (or no longer) one of the daemon's.
     Invalid,
     /// One of the daemon's tokens, past its expiry.
     Expired { name: String },
+    /// Session cookies, none of them a live session from this address.
+    SessionEnded,
     /// A read-only token on a route that changes something.
     ReadOnly { name: String, method: Method },
     /// The session cookie on a request that changes something, without
     /// the CSRF header or from another origin.
     Csrf(CsrfError),
+    /// The client's address made too many failed attempts.
+    Throttled { retry_after_s: u64 },
 }
 
-/// The token that authorizes `method` with these headers.
+impl AuthError {
+    /// True for a credential that was checked and refused (what the
+    /// failure budget counts).
+    pub fn is_failed_credential(&self) -> bool {
+        matches!(
+            self,
+            AuthError::Invalid | AuthError::Expired { .. } | AuthError::SessionEnded
+        )
+    }
+
+    /// True when a valid token was presented (the connection counts as
+    /// authenticated even if this request is refused).
+    fn token_was_valid(&self) -> bool {
+        matches!(self, AuthError::ReadOnly { .. } | AuthError::Csrf(_))
+    }
+}
+
+/// The token that authorizes `method` with these headers, from `addr`.
 pub fn authorize(
-    tokens: &Tokens,
+    gate: &Gatekeeper,
     method: &Method,
     headers: &HeaderMap,
+    addr: IpAddr,
 ) -> Result<Token, AuthError> {
-    authorize_via(tokens, method, headers).map(|(token, _)| token)
+    authorize_via(gate, method, headers, addr).map(|(token, _)| token)
 }
 
 /// [`authorize`], and how the token came.
 pub fn authorize_via(
-    tokens: &Tokens,
+    gate: &Gatekeeper,
     method: &Method,
     headers: &HeaderMap,
+    addr: IpAddr,
 ) -> Result<(Token, Via), AuthError> {
     let reads_only = matches!(*method, Method::GET | Method::HEAD);
     let (token, via) = match bearer(headers) {
-        Ok(presented) => (tokens.verify(presented).map_err(refused)?, Via::Bearer),
+        Ok(presented) => (gate.tokens.verify(presented).map_err(refused)?, Via::Bearer),
         Err(AuthError::Missing) => {
-            let token = from_cookie(tokens, headers)?;
+            let token = from_cookie(gate, headers, addr)?;
             if !reads_only {
                 session::check_csrf(headers).map_err(AuthError::Csrf)?;
             }
@@ -98,19 +139,72 @@ pub fn authorize_via(
     Ok((token, via))
 }
 
-/// The token of the first session cookie that verifies (`session`); if
-/// none does, expired rather than unknown when one of them expired.
-fn from_cookie(tokens: &Tokens, headers: &HeaderMap) -> Result<Token, AuthError> {
-    let presented = session::session_tokens(headers);
+/// [`authorize_via`] behind the failure budget of the connection's
+/// address (module docs); marks the connection authenticated, logs a
+/// refused credential with the address.
+pub fn admit(
+    gate: &Gatekeeper,
+    method: &Method,
+    headers: &HeaderMap,
+    conn: Option<&ConnState>,
+) -> Result<(Token, Via), AuthError> {
+    let addr = conn.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.addr);
+    let now = Instant::now();
+    if presents_credential(headers) {
+        gate.throttle
+            .check(addr, now)
+            .map_err(|retry_after_s| AuthError::Throttled { retry_after_s })?;
+    }
+    let result = authorize_via(gate, method, headers, addr);
+    let valid = match &result {
+        Ok(_) => true,
+        Err(e) if e.is_failed_credential() => {
+            note_failure(&gate.throttle, addr, now, e);
+            false
+        }
+        Err(e) => e.token_was_valid(),
+    };
+    if let (true, Some(c)) = (valid, conn) {
+        c.mark_authenticated();
+    }
+    result
+}
+
+/// Counts a refused credential from `addr`, and logs it unless a line
+/// about that address was written a moment ago.
+pub fn note_failure(throttle: &Throttle, addr: IpAddr, now: Instant, e: &AuthError) {
+    let what = match e {
+        AuthError::Expired { .. } => "an expired token",
+        AuthError::SessionEnded => "a dashboard session that has ended",
+        _ => "an unknown or revoked token",
+    };
+    if let LogIt::Yes { suppressed } = throttle.failed(addr, now) {
+        tracing::warn!(client = %addr, more_since_last_line = suppressed, "refused {what} from {addr}");
+    }
+}
+
+/// True when the request carries a bearer header or a session cookie.
+fn presents_credential(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::AUTHORIZATION) || !session::session_ids(headers).is_empty()
+}
+
+/// The token of the first session cookie that is a live session of this
+/// address (`control::sessions`); expired when that session's token
+/// expired.
+fn from_cookie(gate: &Gatekeeper, headers: &HeaderMap, addr: IpAddr) -> Result<Token, AuthError> {
+    let presented = session::session_ids(headers);
     if presented.is_empty() {
         return Err(AuthError::Missing);
     }
-    let mut why = AuthError::Invalid;
-    for t in presented {
-        match tokens.verify(t) {
+    let mut why = AuthError::SessionEnded;
+    for id in presented {
+        let Some(token_id) = gate.sessions.lookup(id, addr) else {
+            continue;
+        };
+        match gate.tokens.by_id(&token_id) {
             Ok(token) => return Ok(token),
             Err(Refused::Expired(e)) => why = AuthError::Expired { name: e.name },
-            Err(Refused::Unknown) => {}
+            Err(Refused::Unknown) => gate.sessions.end_token(&token_id),
         }
     }
     Err(why)
@@ -138,13 +232,14 @@ fn bearer(headers: &HeaderMap) -> Result<&str, AuthError> {
     Ok(token.trim())
 }
 
-/// The middleware: `axum::middleware::from_fn_with_state(tokens, require_token)`.
+/// The middleware: `axum::middleware::from_fn_with_state(gatekeeper, require_token)`.
 pub async fn require_token(
-    State(tokens): State<Arc<Tokens>>,
+    State(gate): State<Gatekeeper>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    match authorize_via(&tokens, req.method(), req.headers()) {
+    let conn = req.extensions().get::<Arc<ConnState>>().cloned();
+    match admit(&gate, req.method(), req.headers(), conn.as_deref()) {
         Ok((token, via)) => {
             req.extensions_mut().insert(Caller(token));
             req.extensions_mut().insert(via);
@@ -184,6 +279,21 @@ impl IntoResponse for AuthError {
                 return ApiError::new(StatusCode::FORBIDDEN, "csrf_refused", e.to_string())
                     .into_response();
             }
+            AuthError::SessionEnded => (
+                StatusCode::UNAUTHORIZED,
+                "session_ended",
+                "this dashboard session has ended (signed out, its token was revoked, the daemon restarted, or the browser's address changed): run `ramd dashboard` on the daemon's host and open the new link".to_owned(),
+                r#"Bearer realm="ramd", error="invalid_token""#,
+            ),
+            AuthError::Throttled { retry_after_s } => {
+                let message = format!("too many failed sign-ins from this address: try again in {retry_after_s} s (each address gets a few failures at once, then one a second)");
+                let mut res =
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_failures", message)
+                        .into_response();
+                res.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+                return res;
+            }
         };
         let mut res = ApiError::new(status, code, message).into_response();
         res.headers_mut().insert(
@@ -198,19 +308,36 @@ impl IntoResponse for AuthError {
 mod tests {
     use super::*;
 
+    const HOME: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn gate() -> (tempfile::TempDir, Gatekeeper) {
+        let dir = tempfile::tempdir().unwrap();
+        let g = Gatekeeper {
+            tokens: Arc::new(Tokens::load(dir.path()).unwrap()),
+            sessions: Arc::default(),
+            throttle: Arc::default(),
+        };
+        (dir, g)
+    }
+
     fn headers(value: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
         h
     }
 
+    fn cookie(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
     #[test]
     fn roles_decide_by_method() {
-        let dir = tempfile::tempdir().unwrap();
-        let tokens = Tokens::load(dir.path()).unwrap();
-        let ro = tokens.create(Role::ReadOnly, Some("ro")).unwrap().secret;
-        let admin = tokens.create(Role::Admin, Some("admin")).unwrap().secret;
-        let check = |t: &str, m: Method| authorize(&tokens, &m, &headers(&format!("bearer {t}")));
+        let (_dir, g) = gate();
+        let ro = g.tokens.create(Role::ReadOnly, Some("ro")).unwrap().secret;
+        let admin = g.tokens.create(Role::Admin, Some("admin")).unwrap().secret;
+        let check = |t: &str, m: Method| authorize(&g, &m, &headers(&format!("bearer {t}")), HOME);
         assert!(check(&ro, Method::GET).is_ok());
         assert!(check(&ro, Method::HEAD).is_ok());
         for m in [Method::POST, Method::PATCH, Method::DELETE] {
@@ -228,9 +355,8 @@ mod tests {
 
     #[test]
     fn headers_without_a_bearer_token_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let tokens = Tokens::load(dir.path()).unwrap();
-        let get = |h: &HeaderMap| authorize(&tokens, &Method::GET, h);
+        let (_dir, g) = gate();
+        let get = |h: &HeaderMap| authorize(&g, &Method::GET, h, HOME);
         assert_eq!(get(&HeaderMap::new()), Err(AuthError::Missing));
         assert_eq!(get(&headers("Basic dXNlcjpwdw==")), Err(AuthError::Missing));
         assert_eq!(get(&headers("Bearer")), Err(AuthError::Invalid));
@@ -238,60 +364,115 @@ mod tests {
     }
 
     #[test]
-    fn the_session_cookie_is_a_token_with_csrf_rules() {
-        let dir = tempfile::tempdir().unwrap();
-        let tokens = Tokens::load(dir.path()).unwrap();
-        let admin = tokens.create(Role::Admin, Some("admin")).unwrap().secret;
-        let mut h = HeaderMap::new();
-        let cookie = format!("x=1; ramd_token_9=stale; ramd_token_8443={admin}");
-        h.insert(header::COOKIE, HeaderValue::from_str(&cookie).unwrap());
-        let (t, via) = authorize_via(&tokens, &Method::GET, &h).unwrap();
+    fn a_session_cookie_is_its_tokens_rights_with_csrf_rules() {
+        let (_dir, g) = gate();
+        let admin = g.tokens.create(Role::Admin, Some("admin")).unwrap();
+        let code = g.sessions.new_code(&admin.token.id).unwrap();
+        let sid = g.sessions.redeem(&code, HOME).unwrap().id;
+        let mut h = cookie(&format!(
+            "x=1; ramd_session_9=stale; __Host-ramd_8443={sid}"
+        ));
+        let (t, via) = authorize_via(&g, &Method::GET, &h, HOME).unwrap();
         assert_eq!((t.name.as_str(), via), ("admin", Via::Cookie));
         assert!(matches!(
-            authorize(&tokens, &Method::POST, &h),
+            authorize(&g, &Method::POST, &h, HOME),
             Err(AuthError::Csrf(CsrfError::MissingHeader))
         ));
         h.insert(session::CSRF_HEADER, HeaderValue::from_static("1"));
-        assert!(authorize(&tokens, &Method::POST, &h).is_ok());
+        assert!(authorize(&g, &Method::POST, &h, HOME).is_ok());
+        // Not from another address, and the token itself is no session.
+        let other = IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3));
+        assert_eq!(
+            authorize(&g, &Method::GET, &h, other),
+            Err(AuthError::SessionEnded)
+        );
+        let as_cookie = cookie(&format!("__Host-ramd_1={}", admin.secret));
+        assert_eq!(
+            authorize(&g, &Method::GET, &as_cookie, HOME),
+            Err(AuthError::SessionEnded)
+        );
+        // Nor is the session id a bearer token.
+        assert_eq!(
+            authorize(&g, &Method::GET, &headers(&format!("Bearer {sid}")), HOME),
+            Err(AuthError::Invalid)
+        );
         // A bearer header needs no CSRF header, and wins over the cookie.
-        let mut b = headers(&format!("Bearer {admin}"));
+        let mut b = headers(&format!("Bearer {}", admin.secret));
         b.insert(
             header::COOKIE,
-            HeaderValue::from_static("ramd_token_1=nope"),
+            HeaderValue::from_static("ramd_session_1=nope"),
         );
         assert_eq!(
-            authorize_via(&tokens, &Method::DELETE, &b).unwrap().1,
+            authorize_via(&g, &Method::DELETE, &b, HOME).unwrap().1,
             Via::Bearer
         );
-        let mut bad = HeaderMap::new();
-        bad.insert(
-            header::COOKIE,
-            HeaderValue::from_static("ramd_token_1=nope"),
-        );
+        // Revoking the token ends the session at once.
+        g.tokens.revoke("admin").unwrap();
         assert_eq!(
-            authorize(&tokens, &Method::GET, &bad),
-            Err(AuthError::Invalid)
+            authorize(&g, &Method::GET, &h, HOME),
+            Err(AuthError::SessionEnded)
         );
     }
 
     #[test]
     fn expired_tokens_are_refused_as_expired() {
-        let dir = tempfile::tempdir().unwrap();
-        let tokens = Tokens::load(dir.path()).unwrap();
+        let (_dir, g) = gate();
         let past = crate::control::ledger::now_unix_s() - 1;
-        let old = tokens
+        let old = g
+            .tokens
             .create_expiring(Role::Admin, Some("old"), Some(past))
-            .unwrap()
-            .secret;
+            .unwrap();
         let expired = Err(AuthError::Expired { name: "old".into() });
-        let get = |h: &HeaderMap| authorize(&tokens, &Method::GET, h);
-        assert_eq!(get(&headers(&format!("Bearer {old}"))), expired);
-        let mut c = HeaderMap::new();
-        let cookie = format!("ramd_token_1=nope; ramd_token_2={old}");
-        c.insert(header::COOKIE, HeaderValue::from_str(&cookie).unwrap());
-        assert_eq!(get(&c), expired);
+        let get = |h: &HeaderMap| authorize(&g, &Method::GET, h, HOME);
+        assert_eq!(get(&headers(&format!("Bearer {}", old.secret))), expired);
+        let sid = g
+            .sessions
+            .redeem(&g.sessions.new_code(&old.token.id).unwrap(), HOME)
+            .unwrap()
+            .id;
+        assert_eq!(
+            get(&cookie(&format!(
+                "ramd_session_1=nope; ramd_session_2={sid}"
+            ))),
+            expired
+        );
         let res = AuthError::Expired { name: "old".into() }.into_response();
         assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
         assert!(res.headers().contains_key(header::WWW_AUTHENTICATE));
+    }
+
+    #[test]
+    fn failures_from_an_address_are_throttled() {
+        let (_dir, g) = gate();
+        let good = g.tokens.create(Role::ReadOnly, Some("ro")).unwrap().secret;
+        let conn = ConnState::for_tests(HOME);
+        let bad = headers("Bearer ramd_000000000000_nope");
+        let mut refused = 0;
+        for _ in 0..200 {
+            match admit(&g, &Method::GET, &bad, Some(&conn)) {
+                Err(AuthError::Invalid) => refused += 1,
+                Err(AuthError::Throttled { retry_after_s }) => assert!(retry_after_s >= 1),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(refused <= 12, "{refused} checked in a burst");
+        // While throttled, even a good token is not checked...
+        let ok = headers(&format!("Bearer {good}"));
+        assert!(matches!(
+            admit(&g, &Method::GET, &ok, Some(&conn)),
+            Err(AuthError::Throttled { .. })
+        ));
+        // ...from that address only; and requests without a credential
+        // are not counted.
+        let elsewhere = ConnState::for_tests(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+        assert!(admit(&g, &Method::GET, &ok, Some(&elsewhere)).is_ok());
+        assert!(elsewhere.is_authenticated());
+        assert_eq!(
+            admit(&g, &Method::GET, &HeaderMap::new(), Some(&conn)),
+            Err(AuthError::Missing)
+        );
+        let res = AuthError::Throttled { retry_after_s: 3 }.into_response();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[header::RETRY_AFTER], "3");
     }
 }

@@ -16,28 +16,35 @@
 //! full second (`control::sampler`), as in `GET /v1/stats`: an interval
 //! below a second repeats figures, one above skips some.
 //!
-//! Bounds: at most [`MAX_STREAMS`] streams at once, and at most
-//! [`MAX_STREAMS_PER_TOKEN`] of them on one token (503 `too_many_streams`
-//! beyond: each is a task building a report every interval, and one
-//! token's tabs or script must not lock every other session out). A
-//! stream ends when the daemon stops (`Daemon::stopping`), so the API's
-//! graceful shutdown never waits for a browser tab.
+//! Bounds: at most [`MAX_STREAMS`] streams at once, at most
+//! [`MAX_STREAMS_PER_TOKEN`] of them on one token and
+//! [`MAX_STREAMS_PER_ADDRESS`] from one client address (503
+//! `too_many_streams` beyond: each is a task building a report every
+//! interval, and one token's tabs, or one address's many tokens, must not
+//! lock every other session out). A stream ends when the daemon stops
+//! (`Daemon::stopping`), so the API's graceful shutdown never waits for a
+//! browser tab; and when its credential ends (the token revoked or
+//! expired, the dashboard session signed out), with a last `ended` event
+//! saying why, so a page never shows "live" on a credential that is gone.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Extension;
 use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::auth::Caller;
+use super::auth::{Caller, Via};
+use super::conns::ConnState;
+use super::session;
 use super::ApiError;
 use crate::api::wire::dashboard::StatsEvent;
 use crate::control::Daemon;
@@ -49,6 +56,11 @@ pub const MAX_INTERVAL_MS: u64 = 60_000;
 pub const MAX_STREAMS: usize = 64;
 /// Most event streams open at once on one token (a few dashboard tabs).
 pub const MAX_STREAMS_PER_TOKEN: usize = 8;
+/// Most event streams open at once from one client address.
+pub const MAX_STREAMS_PER_ADDRESS: usize = 8;
+/// How often a stream checks that its credential still works, besides
+/// every revocation.
+const RECHECK: Duration = Duration::from_secs(5);
 /// How long a browser waits before it reconnects a dropped stream.
 const RETRY: Duration = Duration::from_secs(3);
 /// A comment this often when no event is due.
@@ -56,29 +68,33 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// One permit per open stream.
 static STREAMS: Semaphore = Semaphore::const_new(MAX_STREAMS);
-/// Open streams by token id (the unix socket's are not counted here).
-static PER_TOKEN: parking_lot::Mutex<BTreeMap<String, usize>> =
+/// Open streams by `token:ID` and by `addr:IP` (the unix socket's are
+/// not counted here).
+static PER_KEY: parking_lot::Mutex<BTreeMap<String, usize>> =
     parking_lot::Mutex::new(BTreeMap::new());
 
-/// A token's count of open streams, given back on drop.
-struct TokenStreams(String);
+/// One more open stream counted under a key, given back on drop.
+struct Counted(String);
 
-impl TokenStreams {
-    /// One more stream for token `id`, unless it holds the most already.
-    fn take(id: &str) -> Option<TokenStreams> {
-        let mut open = PER_TOKEN.lock();
-        let n = open.entry(id.to_owned()).or_default();
-        if *n >= MAX_STREAMS_PER_TOKEN {
+impl Counted {
+    /// One more stream under `key`, unless it holds `most` already.
+    fn take(key: String, most: usize) -> Option<Counted> {
+        let mut open = PER_KEY.lock();
+        let n = open.entry(key.clone()).or_default();
+        if *n >= most {
+            if *n == 0 {
+                open.remove(&key);
+            }
             return None;
         }
         *n += 1;
-        Some(TokenStreams(id.to_owned()))
+        Some(Counted(key))
     }
 }
 
-impl Drop for TokenStreams {
+impl Drop for Counted {
     fn drop(&mut self) {
-        let mut open = PER_TOKEN.lock();
+        let mut open = PER_KEY.lock();
         if let Some(n) = open.get_mut(&self.0) {
             *n -= 1;
             if *n == 0 {
@@ -110,13 +126,40 @@ struct Ticker {
     stopping: tokio::sync::watch::Receiver<bool>,
     /// Held while the stream is open.
     _permit: SemaphorePermit<'static>,
-    /// The token's count, held while the stream is open.
-    _token: Option<TokenStreams>,
+    /// The token's and the address's counts, held while the stream is open.
+    _counts: Vec<Counted>,
+    /// The credential the stream was opened with (None: the unix socket).
+    credential: Option<Credential>,
+}
+
+/// What a stream re-checks: its token, and its dashboard session if it
+/// came with one.
+struct Credential {
+    token_id: String,
+    session: Option<(String, IpAddr)>,
+    revoked: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Credential {
+    /// Why the credential no longer works, if it does not.
+    fn ended(&self, d: &Daemon) -> Option<&'static str> {
+        if d.tokens.by_id(&self.token_id).is_err() {
+            return Some("the token was revoked or has expired");
+        }
+        let (id, addr) = self.session.as_ref()?;
+        d.sessions
+            .lookup(id, *addr)
+            .is_none()
+            .then_some("the dashboard session has ended")
+    }
 }
 
 pub async fn stream(
     State(daemon): State<Arc<Daemon>>,
     caller: Option<Extension<Caller>>,
+    via: Option<Extension<Via>>,
+    conn: Option<Extension<Arc<ConnState>>>,
+    headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let Query(q) = query?;
@@ -136,16 +179,39 @@ pub async fn stream(
             "count=0 asks for no events: give at least 1, or leave it out for an endless stream",
         ));
     }
-    let token = match caller {
-        Some(Extension(Caller(t))) => Some(TokenStreams::take(&t.id).ok_or_else(|| {
+    let addr = conn.map(|Extension(c)| c.addr);
+    let mut counts = Vec::new();
+    let mut credential = None;
+    if let Some(Extension(Caller(t))) = caller {
+        let too_many = |what: String| {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too_many_streams",
-                format!("token '{}' has {MAX_STREAMS_PER_TOKEN} event streams open already: close some dashboard tabs, or poll GET /v1/stats", t.name),
+                format!("{what} has the most event streams open already: close some dashboard tabs, or poll GET /v1/stats"),
             )
-        })?),
-        None => None,
-    };
+        };
+        let mine = Counted::take(format!("token:{}", t.id), MAX_STREAMS_PER_TOKEN)
+            .ok_or_else(|| too_many(format!("token '{}' ({MAX_STREAMS_PER_TOKEN})", t.name)))?;
+        counts.push(mine);
+        if let Some(a) = addr {
+            let here = Counted::take(format!("addr:{a}"), MAX_STREAMS_PER_ADDRESS)
+                .ok_or_else(|| too_many(format!("this address ({MAX_STREAMS_PER_ADDRESS})")))?;
+            counts.push(here);
+        }
+        let cookie = matches!(via, Some(Extension(Via::Cookie)));
+        let session = match (cookie, addr) {
+            (true, Some(a)) => session::session_ids(&headers)
+                .into_iter()
+                .find(|id| daemon.sessions.lookup(id, a).as_deref() == Some(&t.id))
+                .map(|id| (id.to_owned(), a)),
+            _ => None,
+        };
+        credential = Some(Credential {
+            token_id: t.id,
+            session,
+            revoked: daemon.tokens.revocations(),
+        });
+    }
     let permit = STREAMS.try_acquire().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -160,7 +226,8 @@ pub async fn stream(
         count,
         interval: Duration::from_millis(interval_ms),
         _permit: permit,
-        _token: token,
+        _counts: counts,
+        credential,
     };
     let events = futures::stream::unfold(ticker, next_event);
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
@@ -173,9 +240,22 @@ async fn next_event(mut t: Ticker) -> Option<(Result<Event, Infallible>, Ticker)
         return None;
     }
     if t.seq > 0 {
-        tokio::select! {
-            _ = tokio::time::sleep(t.interval) => {}
-            _ = t.stopping.wait_for(|stop| *stop) => return None,
+        let tick = tokio::time::Instant::now() + t.interval;
+        loop {
+            let recheck = tokio::time::Instant::now() + RECHECK;
+            tokio::select! {
+                _ = tokio::time::sleep_until(tick.min(recheck)) => {}
+                _ = t.stopping.wait_for(|stop| *stop) => return None,
+                _ = revoked(&mut t.credential) => {}
+            }
+            if let Some(why) = t.credential.as_ref().and_then(|c| c.ended(&t.daemon)) {
+                t.count = t.seq;
+                let last = Event::default().event("ended").data(why);
+                return Some((Ok(last), t));
+            }
+            if tokio::time::Instant::now() >= tick {
+                break;
+            }
         }
     }
     if *t.stopping.borrow() {
@@ -184,6 +264,18 @@ async fn next_event(mut t: Ticker) -> Option<(Result<Event, Infallible>, Ticker)
     let event = stats_event(&t.daemon, t.seq);
     t.seq += 1;
     Some((Ok(event), t))
+}
+
+/// Resolves when a token is revoked (never without a credential).
+async fn revoked(c: &mut Option<Credential>) {
+    match c {
+        Some(c) => {
+            if c.revoked.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// The `stats` event numbered `seq`.
@@ -214,16 +306,17 @@ mod tests {
 
     #[test]
     fn one_token_holds_a_bounded_number_of_streams() {
-        let id = "events-test-token";
+        let key = || "token:events-test-token".to_owned();
         let mut held: Vec<_> = (0..MAX_STREAMS_PER_TOKEN)
-            .map(|_| TokenStreams::take(id).expect("below the bound"))
+            .map(|_| Counted::take(key(), MAX_STREAMS_PER_TOKEN).expect("below the bound"))
             .collect();
-        assert!(TokenStreams::take(id).is_none());
-        let other = TokenStreams::take("events-test-other").expect("another token's own count");
+        assert!(Counted::take(key(), MAX_STREAMS_PER_TOKEN).is_none());
+        let other = Counted::take("token:events-test-other".into(), MAX_STREAMS_PER_TOKEN)
+            .expect("another token's own count");
         held.pop();
-        held.push(TokenStreams::take(id).expect("a stream closed"));
+        held.push(Counted::take(key(), MAX_STREAMS_PER_TOKEN).expect("a stream closed"));
         drop(held);
         drop(other);
-        assert!(!PER_TOKEN.lock().contains_key(id), "forgotten at zero");
+        assert!(!PER_KEY.lock().contains_key(&key()), "forgotten at zero");
     }
 }

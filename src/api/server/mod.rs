@@ -20,6 +20,7 @@ pub mod attachments;
 pub mod auth;
 pub mod bench;
 pub mod caches;
+pub mod conns;
 pub mod counters;
 pub mod dashboard;
 pub mod dir_wire;
@@ -36,6 +37,7 @@ pub mod session;
 pub mod snapshots;
 pub mod stats;
 pub mod tcp;
+pub mod throttle;
 pub mod tls;
 pub mod tokens;
 
@@ -195,12 +197,11 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
 /// The API router of the TCP listener: every route (unknown ones too)
 /// behind a bearer token (`auth`). Handlers that ask for the caller's
 /// uid get none, as from a socket whose peer the kernel did not name.
-pub fn tcp_router(daemon: Arc<Daemon>) -> Router {
-    let tokens = daemon.tokens.clone();
+pub fn tcp_router(daemon: Arc<Daemon>, gate: auth::Gatekeeper) -> Router {
     app()
         .layer(axum::Extension(ConnectInfo(host_paths::Peer { uid: None })))
         .layer(axum::middleware::from_fn_with_state(
-            tokens,
+            gate,
             auth::require_token,
         ))
         .layer(axum::middleware::from_fn(log_request))
@@ -220,8 +221,16 @@ pub(crate) async fn log_request(
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let res = next.run(req).await;
     let status = res.status();
-    if status == axum::http::StatusCode::NOT_FOUND {
-        tracing::debug!(%method, %path, status = status.as_u16(), "API request: not found");
+    // 401 and 429 too: `auth` logs refused credentials itself, with the
+    // client's address and at most a line per address every few seconds,
+    // so a flood of guesses cannot flood the log.
+    let quiet = [
+        axum::http::StatusCode::NOT_FOUND,
+        axum::http::StatusCode::UNAUTHORIZED,
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+    ];
+    if quiet.contains(&status) {
+        tracing::debug!(%method, %path, status = status.as_u16(), "API request refused or not found");
     } else if status.is_client_error() || status.is_server_error() {
         tracing::info!(%method, %path, status = status.as_u16(), "API request failed");
     } else {

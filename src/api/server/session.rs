@@ -1,27 +1,30 @@
 //! The dashboard's session cookie, and the CSRF rule for the requests it
-//! authorizes (pure: headers in, decisions out; `auth` applies them).
+//! authorizes (pure: headers in, decisions out; `auth` applies them; the
+//! sessions themselves are `control::sessions`).
 //!
 //! ```text
-//! GET /?token=ramd_...   ──► 303 Location: /   Set-Cookie: ramd_token_PORT=ramd_...;
-//!                                              Path=/; HttpOnly; SameSite=Strict;
-//!                                              Max-Age=min(30 days, the token's life left)
-//!                                              [; Secure under TLS]
-//! later requests         ──► Cookie: ramd_token_PORT=ramd_...   (the token, as a bearer)
-//! cookie + not GET/HEAD  ──► also X-Ramd-Csrf: 1, Origin (when sent) = the Host's,
-//!                            Sec-Fetch-Site (when sent) = same-origin; else 403 csrf_refused
+//! POST /session {"code"}  ──► 204  Set-Cookie: __Host-ramd_PORT=<session id>; Path=/; Secure;
+//!   (the sign-in page)             HttpOnly; SameSite=Strict; Max-Age=min(30 days, token's life)
+//!                                  (plaintext loopback: ramd_session_PORT=..., no Secure)
+//! later requests          ──► Cookie: __Host-ramd_PORT=<session id>
+//! cookie + not GET/HEAD   ──► also X-Ramd-Csrf: 1, Origin (when sent) = the Host's,
+//!                             Sec-Fetch-Site (when sent) = same-origin; else 403 csrf_refused
 //! ```
 //!
 //! Why each piece:
-//! - The cookie holds the token itself, as Jupyter's does: revoking the
-//!   token (`ramd token revoke`) ends every session made from it, and
-//!   there is no second kind of secret to keep. HttpOnly keeps it from
-//!   scripts (an injected one cannot read it), Secure keeps it off plain
-//!   HTTP under TLS, SameSite=Strict keeps other sites' pages from sending
-//!   it at all.
+//! - The cookie holds a random session id, never a token: cookies are
+//!   sent to every port of a host, so another web service there receives
+//!   it. A session id is no bearer token, works only as this cookie, only
+//!   from the address that signed in, and only while its token lives.
+//! - `__Host-` (under TLS) makes browsers take the cookie only from a
+//!   secure origin, for the whole host, without a Domain: no other site
+//!   or subdomain can plant or widen it. HttpOnly keeps it from scripts
+//!   (an injected one cannot read it), Secure keeps it off plain HTTP,
+//!   SameSite=Strict keeps other sites' pages from sending it at all.
 //! - Its name carries the port: cookies are scoped by host, not port, so
 //!   two daemons on one host would otherwise overwrite each other's
-//!   session. `auth` tries every `ramd_token*` cookie a request carries
-//!   (at most [`MAX_SESSION_COOKIES`]) and takes the first that verifies.
+//!   session. `auth` tries every session cookie a request carries (at
+//!   most [`MAX_SESSION_COOKIES`]) and takes the first that is a session.
 //! - SameSite is a browser promise, so state-changing requests made with
 //!   the cookie also need the custom header: a page on another origin
 //!   cannot add one without a CORS preflight, which this server never
@@ -32,19 +35,23 @@
 
 use axum::http::{header, HeaderMap};
 
-/// What every session cookie's name starts with.
-pub const COOKIE_PREFIX: &str = "ramd_token";
+/// What a session cookie's name starts with under TLS.
+pub const SECURE_PREFIX: &str = "__Host-ramd_";
+/// What a session cookie's name starts with in plaintext (loopback only;
+/// `__Host-` needs Secure, which browsers refuse over plain HTTP).
+pub const PLAIN_PREFIX: &str = "ramd_session_";
 /// The header the dashboard's script adds to every state-changing request.
 pub const CSRF_HEADER: &str = "x-ramd-csrf";
 /// Longest a browser keeps the session: 30 days, less when the token
 /// expires sooner (it may be revoked any time before).
 pub const MAX_AGE_S: u64 = 30 * 24 * 3600;
-/// Most session cookies a request's tokens are looked up from.
+/// Most session cookies a request's sessions are looked up from.
 pub const MAX_SESSION_COOKIES: usize = 4;
 
 /// The session cookie's name for a dashboard on `port`.
-pub fn cookie_name(port: u16) -> String {
-    format!("{COOKIE_PREFIX}_{port}")
+pub fn cookie_name(port: u16, tls: bool) -> String {
+    let prefix = if tls { SECURE_PREFIX } else { PLAIN_PREFIX };
+    format!("{prefix}{port}")
 }
 
 /// The cookie's Max-Age for a token expiring at `expires_unix_s`: the
@@ -54,36 +61,32 @@ pub fn max_age_s(expires_unix_s: Option<u64>, now_unix_s: u64) -> u64 {
     expires_unix_s.map_or(MAX_AGE_S, |e| e.saturating_sub(now_unix_s).min(MAX_AGE_S))
 }
 
-/// The `Set-Cookie` value that starts a session with `token`, kept for
+/// The `Set-Cookie` value that starts session `id`, kept for
 /// `max_age_s` seconds.
-pub fn set_cookie(port: u16, token: &str, secure: bool, max_age_s: u64) -> String {
-    let secure = if secure { "; Secure" } else { "" };
+pub fn set_cookie(port: u16, tls: bool, id: &str, max_age_s: u64) -> String {
+    let secure = if tls { "; Secure" } else { "" };
     format!(
-        "{}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}{secure}",
-        cookie_name(port)
+        "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}{secure}",
+        cookie_name(port, tls)
     )
 }
 
 /// The `Set-Cookie` value that ends the session on `port`.
-pub fn clear_cookie(port: u16, secure: bool) -> String {
-    let secure = if secure { "; Secure" } else { "" };
-    format!(
-        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}",
-        cookie_name(port)
-    )
+pub fn clear_cookie(port: u16, tls: bool) -> String {
+    set_cookie(port, tls, "", 0)
 }
 
 /// The values of the session cookies in `headers`, in order, at most
 /// [`MAX_SESSION_COOKIES`] (a browser sends one `Cookie` header; several
 /// are read too).
-pub fn session_tokens(headers: &HeaderMap) -> Vec<&str> {
+pub fn session_ids(headers: &HeaderMap) -> Vec<&str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .filter(|(name, _)| name.starts_with(COOKIE_PREFIX))
+        .filter(|(name, _)| name.starts_with(SECURE_PREFIX) || name.starts_with(PLAIN_PREFIX))
         .map(|(_, value)| value.trim().trim_matches('"'))
         .filter(|value| !value.is_empty())
         .take(MAX_SESSION_COOKIES)
@@ -159,35 +162,36 @@ mod tests {
 
     #[test]
     fn cookies_carry_the_port_and_the_flags() {
-        let c = set_cookie(8443, "ramd_a_b", true, MAX_AGE_S);
+        let c = set_cookie(8443, true, "sid", MAX_AGE_S);
         assert_eq!(
             c,
-            "ramd_token_8443=ramd_a_b; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000; Secure"
+            "__Host-ramd_8443=sid; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000; Secure"
         );
-        assert!(!set_cookie(80, "t", false, 60).contains("Secure"));
+        let plain = set_cookie(80, false, "sid", 60);
+        assert!(plain.starts_with("ramd_session_80=sid;") && !plain.contains("Secure"));
         // The cookie lives as long as the token, at most 30 days.
         assert_eq!(max_age_s(None, 1000), MAX_AGE_S);
         assert_eq!(max_age_s(Some(1000 + 3600), 1000), 3600);
         assert_eq!(max_age_s(Some(1000 + 2 * MAX_AGE_S), 1000), MAX_AGE_S);
         assert_eq!(max_age_s(Some(10), 1000), 0);
-        assert!(clear_cookie(80, false).contains("ramd_token_80=; "));
-        assert!(clear_cookie(80, false).contains("Max-Age=0"));
+        assert!(clear_cookie(80, false).starts_with("ramd_session_80=; "));
+        assert!(clear_cookie(80, true).contains("Max-Age=0; Secure"));
     }
 
     #[test]
-    fn session_tokens_are_found_among_other_cookies() {
+    fn session_ids_are_found_among_other_cookies() {
         let h = headers(&[
-            ("cookie", "a=1; ramd_token_80=ramd_x_y; b=2"),
-            ("cookie", "ramd_token_81=\"ramd_z_w\"; ramd_token_82="),
+            ("cookie", "a=1; __Host-ramd_80=s1; ramd_token_9=old; b=2"),
+            ("cookie", "ramd_session_81=\"s2\"; ramd_session_82="),
         ]);
-        assert_eq!(session_tokens(&h), ["ramd_x_y", "ramd_z_w"]);
-        assert!(session_tokens(&headers(&[("cookie", "other=1")])).is_empty());
+        assert_eq!(session_ids(&h), ["s1", "s2"]);
+        assert!(session_ids(&headers(&[("cookie", "other=1")])).is_empty());
         let many = (0..10)
-            .map(|i| format!("ramd_token_{i}=t{i}"))
+            .map(|i| format!("ramd_session_{i}=t{i}"))
             .collect::<Vec<_>>()
             .join("; ");
         assert_eq!(
-            session_tokens(&headers(&[("cookie", &many)])).len(),
+            session_ids(&headers(&[("cookie", &many)])).len(),
             MAX_SESSION_COOKIES
         );
     }

@@ -29,12 +29,16 @@ pub struct CreateDashboardLink {
 }
 
 /// `POST /v1/dashboard/links` (201): the only answer that holds the
-/// token, inside `url`.
+/// link's one-time sign-in code, inside `url`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DashboardLink {
-    /// `http(s)://HOST:PORT/?token=ramd_...`: opening it stores the token
-    /// in a cookie and drops it from the address bar.
+    /// `http(s)://HOST:PORT/signin#CODE`: opening it signs the browser in
+    /// (a session cookie) once, within `sign_in_expires_unix_s`; the
+    /// code leaves the address bar at once and never reaches the server
+    /// in a request line.
     pub url: String,
+    /// When the link's code stops working if unused (5 minutes).
+    pub sign_in_expires_unix_s: u64,
     /// The dashboard without a token (`http(s)://HOST:PORT/`).
     pub base_url: String,
     /// The token's name (`ramd token list`, `ramd token revoke NAME`).
@@ -43,6 +47,13 @@ pub struct DashboardLink {
     /// When the token stops working (null: never).
     #[serde(default)]
     pub expires_unix_s: Option<u64>,
+}
+
+/// `POST /session` (the sign-in page): the code of a dashboard link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignIn {
+    pub code: String,
 }
 
 /// `GET /v1/whoami`: what the caller's credentials allow.

@@ -3,10 +3,11 @@
 //! - `POST /v1/dashboard/links` (unix socket only, like `/v1/tokens`):
 //!   makes a token named `dashboard-<8 hex>` (read-only, or admin) that
 //!   expires after `expires` (7 days unless asked otherwise: a link a
-//!   day would otherwise leave a pile of live credentials) and answers the
-//!   `--http` URL that carries it; `ramd dashboard` prints it. The token
-//!   is an ordinary one: `ramd token list` shows it, `ramd token revoke`
-//!   ends every session made from it.
+//!   day would otherwise leave a pile of live credentials) and a one-time
+//!   sign-in code for it (`control::sessions`), and answers the `--http`
+//!   URL that carries the code (never the token); `ramd dashboard` prints
+//!   it. The token is an ordinary one: `ramd token list` shows it, `ramd
+//!   token revoke` ends every session made from it.
 //! - `GET /v1/whoami`: the caller's role, so the page offers only what it
 //!   may do (the server refuses the rest anyway).
 
@@ -23,6 +24,7 @@ use crate::api::server::{blocking, ApiError};
 use crate::api::wire::dashboard::{CreateDashboardLink, DashboardLink, Whoami};
 use crate::api::wire::tokens::TokenRole;
 use crate::control::ledger::now_unix_s;
+use crate::control::sessions::CODE_TTL;
 use crate::control::tokens::{Role, TokenError};
 use crate::control::Daemon;
 
@@ -116,9 +118,14 @@ pub async fn create_link(
     })
     .await?;
     let t = new.token;
+    let code = d
+        .sessions
+        .new_code(&t.id)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     tracing::info!(token = %t.name, id = %t.id, role = wire_role(t.role).name(), "dashboard link made");
     let link = DashboardLink {
-        url: format!("{base_url}/?token={}", new.secret),
+        url: format!("{base_url}/signin#{code}"),
+        sign_in_expires_unix_s: now_unix_s() + CODE_TTL.as_secs(),
         base_url: format!("{base_url}/"),
         token_name: t.name,
         role: wire_role(t.role),

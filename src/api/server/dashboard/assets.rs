@@ -6,7 +6,8 @@
 //!
 //! Files (src/api/server/dashboard/assets/): `index.html` (the page,
 //! served at `/`), `app.js` (data, tables, actions, events), `charts.js`
-//! (the canvas line chart), `style.css`, `favicon.svg`. All are ours,
+//! (the canvas line chart), `style.css`, `favicon.svg`; `signin.html`
+//! (served at `/signin`) and `signin.js`, the sign-in page (`dashboard`). All are ours,
 //! under the crate's license.
 
 use std::sync::LazyLock;
@@ -19,6 +20,8 @@ use crate::api::server::ApiError;
 
 /// The page, served at `/`.
 pub const INDEX_HTML: &str = include_str!("assets/index.html");
+/// The sign-in page, served at `/signin` (no credential needed).
+pub const SIGNIN_HTML: &str = include_str!("assets/signin.html");
 
 /// A file under `/assets/`.
 pub struct Asset {
@@ -38,6 +41,11 @@ pub const ASSETS: &[Asset] = &[
         name: "charts.js",
         mime: "text/javascript; charset=utf-8",
         body: include_bytes!("assets/charts.js"),
+    },
+    Asset {
+        name: "signin.js",
+        mime: "text/javascript; charset=utf-8",
+        body: include_bytes!("assets/signin.js"),
     },
     Asset {
         name: "style.css",

@@ -1,5 +1,6 @@
 //! The dashboard's refusal pages: what a browser shows at `/` without a
-//! valid session, or with a link whose token is unknown or revoked. Plain
+//! valid session (a sign-in link's own refusals are shown by the sign-in
+//! page from the JSON answer of `POST /session`). Plain
 //! HTML with no style or script (the stylesheet is behind the same gate),
 //! and the next step spelled out.
 
@@ -18,8 +19,18 @@ pub fn refused(e: &AuthError) -> Response {
         ),
         AuthError::Invalid => (
             StatusCode::UNAUTHORIZED,
+            "This token is not valid",
+            "The bearer token of this request is unknown or was revoked. Run <code>ramd dashboard</code> on the daemon's host and open the link it prints.",
+        ),
+        AuthError::SessionEnded => (
+            StatusCode::UNAUTHORIZED,
             "This session has ended",
-            "The token this browser holds is unknown or was revoked. Run <code>ramd dashboard</code> on the daemon's host again and open the new URL.",
+            "This browser's session has ended: it signed out, its token was revoked, the daemon restarted, or the browser's address changed. Run <code>ramd dashboard</code> on the daemon's host again and open the new link.",
+        ),
+        AuthError::Throttled { .. } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many failed sign-ins",
+            "Too many failed sign-ins came from this address. Wait a few seconds and reload.",
         ),
         AuthError::Expired { .. } => (
             StatusCode::UNAUTHORIZED,
@@ -33,33 +44,6 @@ pub fn refused(e: &AuthError) -> Response {
         ),
     };
     page(status, title, text)
-}
-
-/// The page for `/?token=` with a token that is not (or no longer) one
-/// of the daemon's, or has expired.
-pub fn link_refused(expired: bool) -> Response {
-    if expired {
-        return page(
-            StatusCode::UNAUTHORIZED,
-            "This link has expired",
-            "The token in this link has expired. Run <code>ramd dashboard</code> on the daemon's host again (<code>--expires</code> sets how long a link lasts) and open the new URL.",
-        );
-    }
-    page(
-        StatusCode::UNAUTHORIZED,
-        "This link's token is not valid",
-        "The token in this link is unknown or was revoked (<code>ramd token list</code> shows the tokens). Run <code>ramd dashboard</code> on the daemon's host again and open the new URL.",
-    )
-}
-
-/// A sign-in link followed from another site (login CSRF: that site
-/// could sign this browser in with a token of its own).
-pub fn link_from_elsewhere() -> Response {
-    page(
-        StatusCode::FORBIDDEN,
-        "Open the link yourself",
-        "This sign-in link was followed from another site, which could sign you in to a session of its choosing, so it is refused. Paste the URL <code>ramd dashboard</code> printed into the address bar instead.",
-    )
 }
 
 /// A page with a title and a paragraph of trusted HTML (constants of this

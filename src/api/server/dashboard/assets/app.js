@@ -118,8 +118,8 @@ function sessionEnded(code) {
   const expired = code === "token_expired" || (until !== null && until !== undefined && now >= until);
   const why = expired
     ? "This session has expired (dashboard links last 7 days unless `ramd dashboard --expires` says otherwise)"
-    : "This session has ended (its token was revoked, or this browser no longer holds it)";
-  notice("error", `${why}: run \`ramd dashboard\` on the daemon's host and open the new URL.`);
+    : "This session has ended (signed out, its token was revoked, or the daemon restarted)";
+  notice("error", `${why}: run \`ramd dashboard\` on the daemon's host and open the new link.`);
 }
 
 // An admin action: runs `work`, says what happened, refreshes.
@@ -486,6 +486,14 @@ function startEvents() {
     live.className = "live on";
   });
   source.addEventListener("stats", (m) => onStats(JSON.parse(m.data)));
+  // The server ends the stream when the session's credential ends (the
+  // token revoked or expired, the session signed out): no reconnecting.
+  source.addEventListener("ended", () => {
+    source.close();
+    live.textContent = "offline";
+    live.className = "live off";
+    api("GET", "/v1/whoami").catch(() => {});
+  });
   source.addEventListener("error", () => {
     live.textContent = source.readyState === EventSource.CLOSED ? "offline" : "reconnecting…";
     live.className = "live off";
@@ -621,11 +629,6 @@ function makeCharts() {
 }
 
 async function start() {
-  // The server moved the token into a cookie with a redirect; should a
-  // link still show one, drop it from the address bar and history.
-  if (new URLSearchParams(window.location.search).has("token")) {
-    window.history.replaceState(null, "", "/");
-  }
   makeCharts();
   $("#logout").addEventListener("click", logout);
   $("#create-drive").addEventListener("submit", (e) => {
