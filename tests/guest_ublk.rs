@@ -4,7 +4,8 @@
 //! memory, a read-only drive refusing writes, detach refused while
 //! mounted, and user recovery (kill -9 of ramd during fio on a mounted
 //! persistent `durability=flush` drive; the restarted ramd resumes the
-//! device, fsck is clean and every fsynced file intact). The script is
+//! device, fsck is clean and every fsynced file intact), and `attach =
+//! "ublk"` in the config attaching a drive at start. The script is
 //! tests/guest-scripts/ublk.sh, runnable by hand with guest.sh.
 
 mod common;

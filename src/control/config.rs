@@ -402,6 +402,27 @@ pub struct DriveEntry {
     pub snapshot_encrypt: bool,
     /// Restore from this remote at start when the local state is missing.
     pub restore_from: Option<String>,
+    /// `"ublk"`: attach the drive as a block device (/dev/ublkbN) at
+    /// start; `"none"` (the default): no device.
+    pub attach: Option<Spanned<String>>,
+}
+
+/// Whether a `[[drive]]` asks for a ublk device at start (`attach`).
+fn drive_attach(
+    d: &DriveEntry,
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<bool, ConfigError> {
+    let Some(v) = &d.attach else {
+        return Ok(false);
+    };
+    match v.get_ref().trim() {
+        "ublk" => Ok(true),
+        "none" => Ok(false),
+        other => Err(invalid(
+            v.span().start,
+            format!("attach = \"{other}\": give \"ublk\" (a block device /dev/ublkbN at start, docs/attach.md) or \"none\""),
+        )),
+    }
 }
 
 /// The snapshot settings of a `[[drive]]` (None: it has none).
@@ -492,6 +513,8 @@ pub struct Config {
     pub remotes: Vec<RemoteSpec>,
     /// Snapshot settings of the drives that have some.
     pub snapshot_policies: BTreeMap<String, DrivePolicy>,
+    /// Drives to attach as ublk block devices at start (`attach = "ublk"`).
+    pub attach_ublk: Vec<String>,
     /// Line and column of each drive's and cache's `name`, so start-up
     /// refusals (a drive over the budget) can point at the declaration.
     pub declared_at: BTreeMap<String, (usize, usize)>,
@@ -623,6 +646,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         _ => None,
     };
     let mut drives: Vec<DriveSpec> = Vec::new();
+    let mut attach_ublk = Vec::new();
     let mut snapshot_policies = BTreeMap::new();
     for d in &file.drives {
         let name = d.name.get_ref();
@@ -635,6 +659,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         drives.push(drive_spec(d, &invalid)?);
+        if drive_attach(d, &invalid)? {
+            attach_ublk.push(name.clone());
+        }
         if let Some(p) = drive_policy(d, &invalid)? {
             snapshot_policies.insert(name.clone(), p);
         }
@@ -714,6 +741,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         dirs,
         remotes,
         snapshot_policies,
+        attach_ublk,
         declared_at,
     })
 }
@@ -837,6 +865,19 @@ nbd_socket_group = "ramd"
         let e = err("[daemon]\n\nhttp = \"localhost\"\n");
         assert!(
             e.starts_with("ramd.toml:3:") && e.contains("no port"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn drives_attached_as_ublk_at_start() {
+        let text = "[[drive]]\nname = \"a\"\nsize = \"1G\"\nattach = \"ublk\"\n\n[[drive]]\nname = \"b\"\nsize = \"1G\"\nattach = \"none\"\n\n[[drive]]\nname = \"c\"\nsize = \"1G\"\n";
+        let c = parse(Path::new("x.toml"), text).unwrap();
+        assert_eq!(c.attach_ublk, ["a"]);
+        let bad = "[[drive]]\nname = \"a\"\nsize = \"1G\"\nattach = \"nbd\"\n";
+        let e = parse(Path::new("ramd.toml"), bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("ramd.toml:4:10: attach = \"nbd\": give \"ublk\""),
             "{e}"
         );
     }

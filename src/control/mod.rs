@@ -471,6 +471,9 @@ pub struct Settings {
     pub remotes: Vec<remotes::RemoteSpec>,
     /// Per-drive snapshot settings, from the config.
     pub snapshot_policies: std::collections::BTreeMap<String, snapshots::DrivePolicy>,
+    /// Drives attached as ublk block devices at start (the config's
+    /// `attach = "ublk"`).
+    pub attach_ublk: Vec<String>,
     /// What requests over TCP may name on this host (`[api]`).
     pub api_policy: config::ApiPolicy,
 }
@@ -596,6 +599,7 @@ impl Settings {
             remotes: config.remotes,
             api_policy: config.api,
             snapshot_policies: config.snapshot_policies,
+            attach_ublk: config.attach_ublk,
         })
     }
 }

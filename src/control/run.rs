@@ -881,9 +881,36 @@ fn detach_all(daemon: &Daemon) {
     daemon.ublk.shutdown();
 }
 
+/// Attaches the drives the config marks `attach = "ublk"` that have no
+/// device yet (none was recovered for them); a failure is logged with
+/// what to do, and the daemon serves on without the device.
+fn attach_configured_ublk(d: &Daemon, drive: &crate::ublk::DriveLookup<'_>) {
+    for name in &d.settings.attach_ublk {
+        if d.ublk.find_drive(name).is_some() {
+            continue;
+        }
+        let Some((x, _)) = drive(name) else {
+            tracing::error!(
+                "drive '{name}' (attach = \"ublk\") is not ready: no ublk device for it"
+            );
+            continue;
+        };
+        match d.ublk.attach(x, d.attachments.reserve_id()) {
+            Ok(info) => tracing::info!(
+                "drive '{name}' attached as {} (config: attach = \"ublk\")",
+                info.block_device().display()
+            ),
+            Err(e) => tracing::error!(
+                "cannot attach drive '{name}' as a ublk device (config: attach = \"ublk\"): {e}"
+            ),
+        }
+    }
+}
+
 /// Takes over, in the background, the ublk devices an earlier ramd left
 /// quiesced (see `ublk`): each waits for its drive to serve (a persistent
-/// drive restores first) while the kernel holds its I/O.
+/// drive restores first) while the kernel holds its I/O; then attaches
+/// the drives the config marks `attach = "ublk"`.
 fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
     /// How long a device waits for its drive's restore.
     const DRIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -908,6 +935,7 @@ fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
                 }
             };
             d.ublk.recover(&drive, &|| d.attachments.reserve_id());
+            attach_configured_ublk(&d, &drive);
         })
         .map(drop)
         .map_err(DaemonError::Start)

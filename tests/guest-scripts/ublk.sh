@@ -5,7 +5,8 @@
 # read-only drive refusing writes, detach refused while mounted, and user
 # recovery: ramd killed with SIGKILL during fio on a mounted persistent
 # (durability=flush) drive, restarted, the device resumed, fsck clean and
-# every fsynced file intact. tests/guest_ublk.rs runs it; by hand:
+# every fsynced file intact; `attach = "ublk"` in the config attaching a
+# drive at start. tests/guest_ublk.rs runs it; by hand:
 #
 #   scripts/guest.sh run -e RAMD=$PWD/target/debug/ramd tests/guest-scripts/ublk.sh
 #
@@ -154,4 +155,36 @@ ok "fsck clean after recovery"
 "$RAMD" detach pdb >/dev/null || fail "detach pdb"
 kill "$ramd_pid"
 wait "$ramd_pid" 2>/dev/null || true
+
+log "attach = \"ublk\" in the config: a device at start, removed at stop"
+cat >/tmp/ramd-attach.toml <<'TOML'
+[[drive]]
+name = "cfg"
+size = "64M"
+attach = "ublk"
+
+[[drive]]
+name = "plain"
+size = "16M"
+TOML
+"$RAMD" daemon --config /tmp/ramd-attach.toml >>/tmp/ramd.log 2>&1 &
+ramd_pid=$!
+cdev=
+for i in $(seq 600); do
+    cdev=$("$RAMD" attach --list --json 2>/dev/null | grep -o '/dev/ublkb[0-9]*' | head -1 || true)
+    [ -n "$cdev" ] && break
+    kill -0 "$ramd_pid" 2>/dev/null || fail "ramd with the config exited at start"
+    sleep 0.1
+done
+[ -n "$cdev" ] || { "$RAMD" attach --list; fail "drive cfg has no ublk device after start"; }
+[ -b "$cdev" ] || fail "'$cdev' is not a block device"
+[ "$(blockdev --getsize64 "$cdev")" = $((64 << 20)) ] || fail "size of $cdev"
+"$RAMD" attach --list --json | grep -q '"drive": *"cfg"' || fail "the device is not cfg's"
+if "$RAMD" attach --list --json | grep -q '"drive": *"plain"'; then fail "drive plain got a device it did not ask for"; fi
+grep -q "attached as $cdev (config" /tmp/ramd.log || fail "the start log does not say cfg was attached"
+ok "drive cfg attached at start as $cdev"
+kill "$ramd_pid"
+wait "$ramd_pid" 2>/dev/null || true
+[ ! -e "$cdev" ] || fail "$cdev outlived a graceful stop"
+ok "a graceful stop removed $cdev"
 echo "all ublk checks passed"
