@@ -339,9 +339,12 @@ impl Drives {
         if let Some(want) = want_size.filter(|&w| w != pd.size()) {
             self.apply_declared_size(&drive, want);
         }
-        drop(drives);
+        // Still under the drive map's lock: a delete or a shutdown that
+        // sees the ready drive also sees its scheduler (and stops it); one
+        // started after them would write into a removed state directory.
         p.save_settings(&drive.spec());
         p.start_scheduler(&pd, &drive.name);
+        drop(drives);
     }
 
     /// Grows (or, when no data would be lost, shrinks) a restored drive to
@@ -634,8 +637,9 @@ impl Drives {
         if back.is_err() {
             tracing::error!(drive = %drive.name, "{failed}; its name was taken meanwhile, so it cannot be served again: its unsaved writes are lost");
         } else {
-            drop(drives);
+            // Under the lock, as in `run_restore`.
             p.start_scheduler(pd, &drive.name);
+            drop(drives);
         }
         Err(failed.into())
     }
