@@ -7,6 +7,7 @@
 #
 #   scripts/guest.sh run --timeout 600 -e RAMD=$PWD/target/release/ramd bench/ublk-profile.sh
 #
+# Needs: perf (apt-get install linux-perf), fio, the guest (scripts/guest.sh setup).
 # Results: bench/RESULTS.md, "ublk" (QD1).
 set -euo pipefail
 RAMD=${RAMD:-$PWD/target/release/ramd}
