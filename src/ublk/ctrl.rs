@@ -143,6 +143,32 @@ impl Control {
         .map(drop)
     }
 
+    /// The driver's features (`flags::*` bits it supports): asked before
+    /// a device is added, so only known flags are asked for.
+    pub fn features(&self) -> Result<u64, UblkError> {
+        let mut buf = [0u8; 8];
+        self.run(
+            "GET_FEATURES",
+            proto::ctrl::GET_FEATURES,
+            CtrlCmd {
+                dev_id: u32::MAX,
+                queue_id: u16::MAX,
+                len: buf.len() as u16,
+                addr: buf.as_mut_ptr() as u64,
+                ..CtrlCmd::default()
+            },
+        )?;
+        Ok(u64::from_le_bytes(buf))
+    }
+
+    /// Gives a live device a new size (`sectors` of 512 bytes): the kernel
+    /// updates the disk's capacity and tells user space (a uevent), so
+    /// `blockdev --getsize64` and filesystems see it at once. Needs a
+    /// device added with `flags::UPDATE_SIZE`.
+    pub fn update_size(&self, dev_id: u32, sectors: u64) -> Result<(), UblkError> {
+        self.simple("UPDATE_SIZE", proto::ctrl::UPDATE_SIZE, dev_id, sectors)
+    }
+
     /// Starts the device: returns once every queue has fetched its tags
     /// and /dev/ublkbN exists.
     pub fn start(&self, dev_id: u32) -> Result<(), UblkError> {

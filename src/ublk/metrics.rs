@@ -57,6 +57,7 @@ mod tests {
             queues: 2,
             depth: 128,
             recovered: true,
+            resizable: false,
         };
         let sample = DaemonSample {
             budget_used_bytes: 0,

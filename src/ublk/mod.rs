@@ -112,6 +112,35 @@ const CHAR_DEV_WAIT: Duration = Duration::from_secs(10);
 /// quiescing the device (EBUSY).
 const RECOVERY_WAIT: Duration = Duration::from_secs(30);
 
+/// What `ramd resize` did to a drive's ublk device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resized {
+    /// The kernel took the new size (`UBLK_F_UPDATE_SIZE`).
+    Resized { device: String, size_bytes: u64 },
+    /// The kernel cannot change a live device's size (before 6.16): it
+    /// keeps the size it was created with until a detach and attach.
+    KeptSize { device: String },
+    /// The kernel refused the new size.
+    Failed { device: String, error: String },
+}
+
+impl Resized {
+    /// One line for the user (the API's notice, the CLI).
+    pub fn notice(&self) -> String {
+        match self {
+            Resized::Resized { device, size_bytes } => {
+                format!("{device} now has {size_bytes} bytes")
+            }
+            Resized::KeptSize { device } => format!(
+                "{device} keeps its old size: this kernel cannot resize a live ublk device (UBLK_F_UPDATE_SIZE needs Linux 6.16+); `ramd detach` then `ramd attach --ublk` give it the new size (until then, I/O past the drive's new end fails)"
+            ),
+            Resized::Failed { device, error } => format!(
+                "{device} keeps its old size: the kernel refused the new one ({error}); `ramd detach` and `ramd attach --ublk` give it the new size"
+            ),
+        }
+    }
+}
+
 /// A live ublk attachment as listings show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -123,6 +152,9 @@ pub struct DeviceInfo {
     pub depth: u16,
     /// True once this process took over a device an earlier ramd served.
     pub recovered: bool,
+    /// True when the kernel lets `ramd resize` reach the device
+    /// (`UBLK_F_UPDATE_SIZE`, Linux 6.16+).
+    pub resizable: bool,
 }
 
 impl DeviceInfo {
@@ -188,6 +220,32 @@ impl Devices {
             .map(|d| d.info.clone())
     }
 
+    /// Tells the kernel that `drive` now holds `size_bytes` (after `ramd
+    /// resize`): None when the drive has no device; else what became of
+    /// its device.
+    pub fn resize_drive(&self, drive: &str, size_bytes: u64) -> Option<Resized> {
+        let dev = self.find_drive(drive)?;
+        let device = dev.block_device().display().to_string();
+        if !dev.resizable {
+            return Some(Resized::KeptSize { device });
+        }
+        let sectors = size_bytes / 512;
+        let done = Control::open().and_then(|c| c.update_size(dev.dev_id, sectors));
+        Some(match done {
+            Ok(()) => {
+                tracing::info!(drive, device = %device, size_bytes, "ublk device resized");
+                Resized::Resized { device, size_bytes }
+            }
+            Err(e) => {
+                tracing::warn!(drive, device = %device, "ublk device not resized: {e}");
+                Resized::Failed {
+                    device,
+                    error: e.to_string(),
+                }
+            }
+        })
+    }
+
     /// Makes `drive` a block device; `id` is its attachment id.
     pub fn attach(&self, drive: Arc<dyn Attachable>, id: u64) -> Result<DeviceInfo, UblkError> {
         if let Some(d) = self.find_drive(drive.name()) {
@@ -200,6 +258,11 @@ impl Devices {
             .export()
             .ok_or_else(|| UblkError::NotServing(drive.name().to_owned()))?;
         let control = Control::open()?;
+        // Ask for UPDATE_SIZE only where the driver has it (older drivers
+        // refuse or drop flags they do not know).
+        let resize_flag = control
+            .features()
+            .map_or(0, |f| f & flags::UPDATE_SIZE);
         let queues = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(64) as u16;
@@ -212,7 +275,10 @@ impl Devices {
             // REISSUE: requests the dead ramd had fetched but not
             // completed are handed to the new one instead of failing with
             // EIO (writes to RAM are idempotent, so a replay is safe).
-            flags: flags::USER_RECOVERY | flags::USER_RECOVERY_REISSUE | flags::CMD_IOCTL_ENCODE,
+            flags: flags::USER_RECOVERY
+                | flags::USER_RECOVERY_REISSUE
+                | flags::CMD_IOCTL_ENCODE
+                | resize_flag,
             ..DevInfo::default()
         })?;
         let dev_id = info.dev_id;
@@ -255,6 +321,7 @@ impl Devices {
             queues: info.nr_hw_queues,
             depth: info.queue_depth,
             recovered: false,
+            resizable: info.flags & flags::UPDATE_SIZE != 0,
         };
         self.insert(info.clone(), drive, stopping, threads);
         tracing::info!(drive = %info.drive, device = %info.block_device().display(), "attached as a ublk device");
@@ -537,6 +604,7 @@ impl Devices {
             queues: info.nr_hw_queues,
             depth: info.queue_depth,
             recovered: true,
+            resizable: info.flags & flags::UPDATE_SIZE != 0,
         };
         self.insert(info.clone(), drive, stopping, threads);
         Ok(info)

@@ -46,6 +46,9 @@ pub mod ctrl {
     pub const START_USER_RECOVERY: u32 = iowr(0x10, S);
     pub const END_USER_RECOVERY: u32 = iowr(0x11, S);
     pub const GET_FEATURES: u32 = ior(0x13, S);
+    /// 6.16+ (devices added with `flags::UPDATE_SIZE`): `data[0]` is the
+    /// new size in 512-byte sectors.
+    pub const UPDATE_SIZE: u32 = iowr(0x15, S);
 }
 
 /// I/O commands on `/dev/ublkcN` (ioctl-encoded).
@@ -76,7 +79,7 @@ pub mod flags {
     pub const CMD_IOCTL_ENCODE: u64 = 1 << 6;
     pub const USER_COPY: u64 = 1 << 7;
     pub const ZONED: u64 = 1 << 8;
-    /// 6.14+: `UBLK_F_UPDATE_SIZE` (UBLK_CMD_UPDATE_SIZE resizes a live
+    /// 6.16+: `UBLK_F_UPDATE_SIZE` (UBLK_CMD_UPDATE_SIZE resizes a live
     /// device).
     pub const UPDATE_SIZE: u64 = 1 << 10;
 }
