@@ -398,6 +398,8 @@ mod tests {
         assert_eq!(ctrl::ADD_DEV, 0xc020_7504);
         assert_eq!(ctrl::GET_DEV_INFO, 0x8020_7502);
         assert_eq!(ctrl::START_USER_RECOVERY, 0xc020_7510);
+        assert_eq!(ctrl::GET_FEATURES, 0x8020_7513);
+        assert_eq!(ctrl::UPDATE_SIZE, 0xc020_7515);
         assert_eq!(io::FETCH_REQ, 0xc010_7520);
         assert_eq!(io::COMMIT_AND_FETCH_REQ, 0xc010_7521);
     }
