@@ -67,6 +67,8 @@
 # A boot to the script takes ~10 s on an idle 2-core machine.
 #
 # Environment: RAMD_GUEST_CACHE (default /var/cache/ramd-guest),
+# RAMD_GUEST_NEXT=1 (the second guest: the newest kernel of Debian unstable,
+# for features newer than 6.12; its own cache in $RAMD_GUEST_CACHE/next),
 # RAMD_GUEST_KERNEL (setup: a kernel version like 6.12.117+deb12-amd64
 # instead of the newest), RAMD_GUEST_REFRESH=1 (setup: pick the newest
 # kernel again even though one is cached), RAMD_GUEST_BOOT_ALLOWANCE.
@@ -74,6 +76,11 @@ set -euo pipefail
 
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
 cache=${RAMD_GUEST_CACHE:-/var/cache/ramd-guest}
+# RAMD_GUEST_NEXT=1: the second guest, with the newest kernel of Debian
+# unstable (features newer than 6.12: ublk's UPDATE_SIZE, ...), in its own
+# cache subdirectory; setup, check and run all take it.
+next=${RAMD_GUEST_NEXT:-0}
+[ "$next" = 1 ] && cache=$cache/next
 me=$(basename "$0")
 
 # The Debian release, for its backports suite (bookworm on Debian 12).
@@ -197,6 +204,10 @@ install_packages() {
 # given apt lists. (On Debian 12 they come from bookworm-security and
 # bookworm-backports.)
 pick_kernel() {
+    if [ "$next" = 1 ]; then
+        pick_next_kernel
+        return
+    fi
     if [ -n "${RAMD_GUEST_KERNEL:-}" ]; then
         echo "$RAMD_GUEST_KERNEL"
         return
@@ -214,11 +225,39 @@ pick_kernel() {
     echo "$k"
 }
 
+# The next guest's kernel: the cached one, else the newest
+# linux-binary-N.N.N+debX-amd64 in Debian unstable's package index (not
+# -cloud or -rt), compared as versions. Unstable splits the kernel into
+# linux-binary (vmlinuz), linux-modules and linux-base; their pool paths
+# are kept in $cache/$kver.debs for fetch_kernel.
+pick_next_kernel() {
+    if [ "${RAMD_GUEST_REFRESH:-0}" != 1 ] && [ -f "$cache/current/ready" ]; then
+        basename "$(readlink -f "$cache/current")"
+        return
+    fi
+    local index=$cache/sid-Packages k
+    mkdir -p "$cache"
+    curl -fsSL "$(debian_mirror)/dists/sid/main/binary-amd64/Packages.xz" | xz -dc >"$index.tmp" ||
+        die "cannot read Debian unstable's package index from $(debian_mirror)"
+    mv "$index.tmp" "$index"
+    k=$(sed -n 's/^Package: linux-binary-\([0-9][0-9.]*+deb[0-9.]*-amd64\)$/\1/p' "$index" | sort -V | tail -n1)
+    [ -n "$k" ] || die "Debian unstable offers no linux-binary-*-amd64"
+    awk -v k="$k" '/^Package: /{p=$2} /^Filename: /{f=$2}
+        /^$/{ if (p == "linux-binary-" k || p == "linux-modules-" k || p == "linux-base-" k) print f }' \
+        "$index" >"$cache/$k.debs"
+    [ "$(wc -l <"$cache/$k.debs")" = 3 ] || die "unstable's $k is not linux-binary + linux-modules + linux-base"
+    echo "$k"
+}
+
 # Downloads the kernel package and unpacks vmlinuz and the module tree
 # into $cache/$kver (the .deb itself is not kept).
 fetch_kernel() {
     local kver=$1 dir=$cache/$1 tmp deb
     [ -f "$dir/unpacked" ] && return 0
+    if [ -f "$cache/$kver.debs" ]; then
+        fetch_split_kernel "$kver"
+        return
+    fi
     echo "$me: downloading linux-image-$kver"
     rm -rf "$dir"
     mkdir -p "$dir"
@@ -231,6 +270,27 @@ fetch_kernel() {
     rm -rf "$tmp"
     cp "$dir/root/boot/vmlinuz-$kver" "$dir/vmlinuz"
     cp "$dir/root/boot/config-$kver" "$dir/config"
+    touch "$dir/unpacked"
+}
+
+# fetch_kernel for unstable's split packages (pool paths in $cache/$kver.debs).
+fetch_split_kernel() {
+    local kver=$1 dir=$cache/$1 tmp f
+    echo "$me: downloading the $kver kernel from Debian unstable"
+    rm -rf "$dir"
+    mkdir -p "$dir/root"
+    tmp=$(mktemp -d "$cache/download.XXXXXX")
+    while read -r f; do
+        curl -fsSL -o "$tmp/pkg.deb" "$(debian_mirror)/$f" || { rm -rf "$tmp"; die "cannot download $f"; }
+        dpkg-deb -x "$tmp/pkg.deb" "$dir/root"
+    done <"$cache/$kver.debs"
+    rm -rf "$tmp"
+    # Newer packages keep the kernel and modules under /usr/lib/modules
+    # only; the rest of this script (and depmod -b) reads lib/modules.
+    [ -e "$dir/root/lib" ] || ln -s usr/lib "$dir/root/lib"
+    local m=$dir/root/lib/modules/$kver
+    if [ -f "$m/vmlinuz" ]; then cp "$m/vmlinuz" "$dir/vmlinuz"; else cp "$dir/root/boot/vmlinuz-$kver" "$dir/vmlinuz"; fi
+    cp "$m/config" "$dir/config" 2>/dev/null || cp "$dir/root/boot/config-$kver" "$dir/config" 2>/dev/null || true
     touch "$dir/unpacked"
 }
 

@@ -79,6 +79,9 @@ install_garage
 # The guest-kernel harness (tests/guest*.rs): its own packages, a kernel
 # download and an initramfs the first time (~1 min), instant afterwards.
 bash "$(dirname "$0")/guest.sh" setup
+# The second guest (Debian unstable's newest kernel) for what 6.12 lacks:
+# tests/guest_ublk_next.rs.
+RAMD_GUEST_NEXT=1 bash "$(dirname "$0")/guest.sh" setup
 
 if ! what=$(missing); then
     echo "test-deps: all test tools are installed"

@@ -92,17 +92,37 @@ impl std::fmt::Display for GuestOutput {
 /// [`super::require`].
 #[track_caller]
 pub fn require_guest() -> bool {
-    let check = try_run(
-        Command::new("bash").arg(guest_sh()).arg("check"),
-        Duration::from_secs(60),
-    );
+    require(false)
+}
+
+/// [`require_guest`] for the second guest, whose kernel is Debian
+/// unstable's newest (`RAMD_GUEST_NEXT=1 scripts/guest.sh setup`): for
+/// what 6.12 lacks (ublk's UPDATE_SIZE).
+#[track_caller]
+pub fn require_next_guest() -> bool {
+    require(true)
+}
+
+#[track_caller]
+fn require(next: bool) -> bool {
+    let mut cmd = Command::new("bash");
+    cmd.arg(guest_sh()).arg("check");
+    if next {
+        cmd.env("RAMD_GUEST_NEXT", "1");
+    }
+    let check = try_run(&mut cmd, Duration::from_secs(60));
     let why = match check {
         Ok(o) if o.status.success() => return true,
         Ok(o) => o.stderr.trim().to_owned(),
         Err(e) => e,
     };
+    let setup = if next {
+        "RAMD_GUEST_NEXT=1 scripts/guest.sh setup"
+    } else {
+        "scripts/guest.sh setup"
+    };
     let message = format!(
-        "the guest-kernel harness is not set up: {why}; run `scripts/guest.sh setup` as root \
+        "the guest-kernel harness is not set up: {why}; run `{setup}` as root \
          (scripts/test-deps.sh does)"
     );
     if std::env::var(SKIP_ENV).as_deref() == Ok("1") {
@@ -122,9 +142,20 @@ pub fn run(script: &str) -> GuestOutput {
     run_with(script, &[])
 }
 
+/// [`run`] in the second guest (Debian unstable's newest kernel).
+#[track_caller]
+pub fn run_next(script: &str) -> GuestOutput {
+    run_in(script, &[], true)
+}
+
 /// [`run`] with extra `guest.sh run` options (`--mem 4G`, `--cpus 1`, ...).
 #[track_caller]
 pub fn run_with(script: &str, options: &[&str]) -> GuestOutput {
+    run_in(script, options, false)
+}
+
+#[track_caller]
+fn run_in(script: &str, options: &[&str], next: bool) -> GuestOutput {
     let results = tempfile::Builder::new()
         .prefix("ramd-guest-")
         .tempdir()
@@ -148,6 +179,9 @@ pub fn run_with(script: &str, options: &[&str]) -> GuestOutput {
             "RAMD_GUEST_BOOT_ALLOWANCE",
             BOOT_ALLOWANCE.as_secs().to_string(),
         );
+    if next {
+        cmd.env("RAMD_GUEST_NEXT", "1");
+    }
     let cmdline = describe(&cmd);
     // guest.sh kills QEMU itself at its deadline; this bound only catches
     // a hung guest.sh (QEMU dies with it: setpriv --pdeathsig).

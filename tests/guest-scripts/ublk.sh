@@ -5,7 +5,9 @@
 # read-only drive refusing writes, detach refused while mounted, and user
 # recovery: ramd killed with SIGKILL during fio on a mounted persistent
 # (durability=flush) drive, restarted, the device resumed, fsck clean and
-# every fsynced file intact; `attach = "ublk"` in the config attaching a
+# every fsynced file intact; `ramd resize` saying the device keeps its
+# size (6.12 has no UPDATE_SIZE; tests/guest_ublk_next.rs covers a kernel
+# that does); `attach = "ublk"` in the config attaching a
 # drive at start. tests/guest_ublk.rs runs it; by hand:
 #
 #   scripts/guest.sh run -e RAMD=$PWD/target/debug/ramd tests/guest-scripts/ublk.sh
@@ -116,6 +118,12 @@ ok "writes to $rodev refused: $(tail -1 /tmp/dd.err)"
 dd if="$rodev" of=/dev/null bs=64k count=16 iflag=direct 2>/dev/null || fail "read of $rodev"
 ok "reads of $rodev work"
 "$RAMD" detach "$rodev" >/dev/null || fail "detach $rodev"
+
+log "resize on a kernel without UBLK_F_UPDATE_SIZE (6.12)"
+"$RAMD" resize db 320M >/tmp/resize.out 2>&1 || { cat /tmp/resize.out; fail "ramd resize db 320M"; }
+grep -q "$dev keeps its old size" /tmp/resize.out || { cat /tmp/resize.out; fail "resize did not say the device keeps its size"; }
+[ "$(blockdev --getsize64 "$dev")" = $((256 << 20)) ] || fail "$dev changed size on a kernel that cannot"
+ok "ramd resize: $dev keeps 256 MiB and ramd says so"
 "$RAMD" detach db >/dev/null || fail "detach db"
 [ ! -e "$dev" ] || fail "$dev still exists after detach"
 ok "detach removed the devices"
