@@ -12,7 +12,8 @@ use super::api_listen::{self, ApiTransport, HttpEndpoint, Surface, TcpApi};
 use super::caches::{self, Caches};
 use super::dirs::Dirs;
 use super::drives::persistent::{self, drives_dir, probe, scan, Found, Stored};
-use super::drives::Drives;
+use super::drives::spec::DriveSpec;
+use super::drives::{Drives, Source};
 use super::fds;
 use super::ledger::{now_unix_s, Ledger, Origin};
 use super::lock::PidLock;
@@ -134,15 +135,18 @@ fn create_declared(
         Drives::new(ledger.clone(), settings.metrics).with_state_dir(settings.state_dir.clone()),
     );
     for (spec, origin) in &settings.drives {
-        drives.create(spec, origin.clone()).map_err(|source| {
-            let message = format!("cannot create drive '{}': {source}", spec.name);
-            settings
-                .declared(&spec.name, origin, &message)
-                .unwrap_or(DaemonError::Drive {
-                    name: spec.name.clone(),
-                    source: Box::new(source),
-                })
-        })?;
+        let declared = Source::Declared(origin.clone());
+        drives
+            .create_from(spec.clone(), declared)
+            .map_err(|source| {
+                let message = format!("cannot create drive '{}': {source}", spec.name);
+                settings
+                    .declared(&spec.name, origin, &message)
+                    .unwrap_or(DaemonError::Drive {
+                        name: spec.name.clone(),
+                        source: Box::new(source),
+                    })
+            })?;
     }
     // Persistent drives created through the API (or no longer declared)
     // come back too; restores run in the background, READY=1 waits.
@@ -828,8 +832,10 @@ pub fn restore_stored(drives: &Arc<Drives>, settings: &Settings) {
     }
     for found in scan(&drives_dir(&settings.state_dir), &declared) {
         let r = match found {
-            Stored::Drive(spec) => drives.create(&spec, Origin::Api),
-            Stored::Unusable { name, error } => drives.add_unusable(&name, error, Origin::Api),
+            Stored::Drive(spec) => drives.create_from(spec, Source::Stored),
+            Stored::Unusable { name, error } => {
+                drives.create_from(DriveSpec::failed(&name), Source::Unusable(error))
+            }
         };
         if let Err(e) = r {
             tracing::error!("a drive in the state directory could not be registered: {e}");

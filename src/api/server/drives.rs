@@ -18,13 +18,12 @@ use crate::api::wire::drives::{
     DriveList, PatchDrive,
 };
 use crate::api::wire::persistence::RestoreRequest;
-use crate::control::drives::persistent::settings::{self, Given};
-use crate::control::drives::persistent::{probe, Found};
+use crate::control::drives::persistent::settings::Given;
 use crate::control::drives::spec::{
-    check_compress, check_name, parse_access, parse_compress, parse_drive_size, parse_durability,
-    parse_networks, AccessError, DriveSpec, PersistOptions, SpecError,
+    parse_access, parse_compress, parse_drive_size, parse_durability, parse_networks, AccessError,
+    DriveSpec, PersistOptions, SpecError,
 };
-use crate::control::drives::{AccessChange, Drive, DriveChange, DriveState};
+use crate::control::drives::{AccessChange, Drive, DriveChange, DriveState, Source};
 use crate::control::ledger::Origin;
 use crate::control::Daemon;
 use crate::nbd::access::{AccessRules, EmptyIdentity};
@@ -143,8 +142,8 @@ pub async fn create(
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(req) = body?;
     super::host_paths::key_file(&d.settings.api_policy, who, req.key_file.as_deref())?;
-    check_name(&req.name)?;
     let given = Given {
+        size: req.size.is_some(),
         durability: req.durability.is_some(),
         sync_interval: req.sync_interval.is_some(),
         key_file: req.key_file.is_some(),
@@ -175,23 +174,14 @@ pub async fn create(
         key_file: req.key_file.as_deref().map(key_path).transpose()?,
     }
     .into_spec()?;
-    // A persistent drive whose state directory holds one is restored.
-    let existing = match (&persist, d.drives.drive_dir(&req.name)) {
-        (Some(_), Ok(dir)) => match probe(&dir) {
-            Found::Existing { size_bytes } => Some((dir, size_bytes)),
-            _ => None,
-        },
-        _ => None,
-    };
-    let size_bytes = match (&req.size, &existing) {
-        (Some(s), _) => parse_drive_size(&s.as_text())?,
-        // Only a persistent drive that exists already may omit it.
-        (None, Some((_, size_bytes))) => *size_bytes,
-        (None, None) => return Err(ApiError::invalid("missing field `size`: give the size of the new drive (a persistent drive that exists in the state directory keeps its own)")),
-    };
-    let mut spec = DriveSpec {
+    // Without a size (not read then), a persistent drive in the state
+    // directory keeps its own: `create_from` decides.
+    let spec = DriveSpec {
         name: req.name.clone(),
-        size_bytes,
+        size_bytes: match &req.size {
+            Some(s) => parse_drive_size(&s.as_text())?,
+            None => 0,
+        },
         mem_limit_bytes: match &req.mem_limit {
             Some(v) => mem_limit(v)?,
             None => None,
@@ -208,35 +198,18 @@ pub async fn create(
             .flatten(),
         lock_memory: req.lock_memory,
     };
-    check_compress(&spec)?;
-    // Settings not given explicitly come from its drive.json (an unusable
-    // one fails the drive in the registry, never silently rewritten).
-    let notice = match &existing {
-        Some((dir, _)) => match settings::read_checked(dir, &req.name) {
-            Ok(Some(stored)) => stored_notice(dir, &stored.fill(&mut spec, &given)),
-            _ => None,
-        },
-        None => None,
-    };
+    // The name, the stored settings it did not give (an unusable
+    // drive.json fails the drive in the registry, never silently
+    // rewritten) and every other rule: `create_from`.
     let d2 = d.clone();
-    let drive = blocking(move || Ok(d2.drives.create(&spec, Origin::Api)?)).await?;
+    let created = blocking(move || Ok(d2.drives.create_from(spec, Source::Api(given))?)).await?;
+    let drive = created.drive;
     let location = format!("/v1/drives/{}", drive.name);
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, location)],
-        Json(info(&d, &drive, notice)),
+        Json(info(&d, &drive, created.notice)),
     ))
-}
-
-/// Says which stored settings a re-created persistent drive keeps.
-fn stored_notice(dir: &std::path::Path, taken: &[String]) -> Option<String> {
-    (!taken.is_empty()).then(|| {
-        format!(
-            "kept the drive's stored settings from {}: {} (give them explicitly to change them)",
-            dir.join(settings::FILE).display(),
-            taken.join(", ")
-        )
-    })
 }
 
 pub async fn patch(

@@ -1,10 +1,22 @@
 //! The drives: the one place drives are created, changed and deleted, at
-//! start-up (command line, config, state directory) and at run time (API).
-//! Names, budget promises, the export table and the delete rule are the
-//! ledger's (`control::ledger`); this module keeps the drives themselves.
+//! start-up (command line, config, state directory) and at run time (API,
+//! snapshot restores). Names, budget promises, the export table and the
+//! delete rule are the ledger's (`control::ledger`); this module keeps the
+//! drives themselves.
 //!
 //! # Invariants
 //!
+//! - Every drive is created through [`Drives::create_from`] (`create.rs`),
+//!   whoever asks ([`Source`]: a declaration in the config or on the
+//!   command line, the API, a drive stored in the state directory, an
+//!   unusable one, a snapshot restored into a store or into a state
+//!   directory): the name rule, the size and compression rules, the
+//!   `RLIMIT_MEMLOCK` check, the budget promise and what a persistent
+//!   drive's state directory holds are decided there once, the same way
+//!   for every source. No other code claims a new drive's name. (A drive
+//!   that *replaces* a registered one, restored or failed, keeps its
+//!   claim; one put back after a failed keep-data delete gets its old
+//!   promise back: neither is a new drive.)
 //! - A name is in the drive map iff the ledger holds a drive claim for it
 //!   (claimed before the drive is built, released when it leaves the map;
 //!   both under the drive map mutex, which is taken before the ledger's).
@@ -45,7 +57,8 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-mod adopt;
+mod create;
+mod cut;
 pub mod error;
 mod give_back;
 pub mod memlock;
@@ -53,9 +66,7 @@ pub mod persistent;
 mod persistent_ops;
 pub mod spec;
 
-use super::ledger::{
-    self, now_unix_s, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise,
-};
+use super::ledger::{self, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise};
 use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
 use crate::nbd::access::{AccessRules, AccessTable, Network};
@@ -63,9 +74,10 @@ use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 use crate::store::compressed::{Algorithm, CompressedStats, CompressedStore};
 use crate::store::{MemoryBudget, RamStore, StoreOptions, MAX_DRIVE_BYTES, SEGMENT_BYTES};
+pub use create::{Created, Source};
 pub use error::DriveError;
 use persistent::{DiskDrive, Offline, Persistence};
-use spec::{check_name, DriveSpec, SizeError, SpecError};
+use spec::{DriveSpec, SizeError, SpecError};
 
 /// What kind of storage a drive is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -533,58 +545,6 @@ impl Drives {
         Ok(())
     }
 
-    /// Creates a drive and starts serving it. A persistent drive whose
-    /// state directory already holds one is restored instead: it is
-    /// registered as restoring at once and becomes ready (or failed) when
-    /// its restore thread is done.
-    pub fn create(
-        self: &Arc<Self>,
-        spec: &DriveSpec,
-        origin: Origin,
-    ) -> Result<Arc<Drive>, DriveError> {
-        check_name(&spec.name)?;
-        check_size(spec.size_bytes)?;
-        spec::check_compress(spec)?;
-        if let Some(p) = &spec.persist {
-            return self.create_persistent(spec, p, origin);
-        }
-        let mut drives = self.drives.lock();
-        self.check_memlock(&drives, spec, spec.size_bytes, spec.mem_limit_bytes)?;
-        let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
-        let claim = self
-            .ledger
-            .claim_guarded(Kind::Drive, &spec.name, origin, &promise)?;
-        let (limit, budget) = (spec.mem_limit_bytes, self.budget().clone());
-        let (size, lock) = (spec.size_bytes, spec.lock_memory);
-        let data = match spec.compress {
-            None => RamStore::with_options(size, store_options(limit, lock), budget)
-                .map(|s| DriveData::Ram(s.into())),
-            Some(a) => CompressedStore::with_lock(size, a, limit, budget, lock)
-                .map(|s| DriveData::Compressed(s.into())),
-        }?;
-        let drive = self.assemble(
-            spec,
-            claim.claim().clone(),
-            DriveKind::Ram,
-            DriveState::Ready,
-            data,
-            None,
-            None,
-            now_unix_s(),
-        );
-        self.insert(&mut drives, &drive)?;
-        claim.keep();
-        tracing::info!(
-            drive = %spec.name,
-            size = %format_size(spec.size_bytes),
-            read_only = spec.read_only,
-            compress = %spec.compress.map_or("off".to_owned(), |a| a.to_string()),
-            lock_memory = spec.lock_memory,
-            "drive created"
-        );
-        Ok(drive)
-    }
-
     /// Builds a drive and its export (not yet registered). `metrics`: the
     /// counters of the entry this one replaces, so they run on.
     #[allow(clippy::too_many_arguments)]
@@ -722,7 +682,7 @@ impl Drives {
         if let Some(new_size) = change.size_bytes {
             check_size(new_size)?;
         }
-        adopt::check_resize(&drive, change.size_bytes)?;
+        cut::check_resize(&drive, change.size_bytes)?;
         if change.size_bytes.is_some() || change.mem_limit_bytes.is_some() {
             self.check_memlock(&drives, &drive.spec(), size, limit)?;
             let overcommit = *drive.overcommit.lock();
@@ -890,6 +850,14 @@ fn not_found(name: &str) -> DriveError {
     .into()
 }
 
+/// The rules on a new drive's spec alone: its size, then its compression
+/// (`create.rs`).
+fn check_spec(spec: &DriveSpec) -> Result<(), DriveError> {
+    check_size(spec.size_bytes)?;
+    spec::check_compress(spec)?;
+    Ok(())
+}
+
 fn check_size(size: u64) -> Result<(), DriveError> {
     spec::check_drive_size(size)?;
     if size > MAX_DRIVE_BYTES {
@@ -974,6 +942,112 @@ mod tests {
             compress: None,
             lock_memory: false,
         }
+    }
+
+    /// Every source `create_from` knows, each with a spec of a kind it
+    /// may bring (RAM and, but for an adopted store, persistent): made
+    /// afresh for each request (an adopted store is used up).
+    fn every_source(s: &DriveSpec, budget: &Arc<MemoryBudget>) -> Vec<(DriveSpec, Source)> {
+        let ram = DriveSpec {
+            persist: None,
+            ..s.clone()
+        };
+        let disk = DriveSpec {
+            persist: Some(PersistSpec {
+                durability: Durability::Flush,
+                ..PersistSpec::default()
+            }),
+            ..s.clone()
+        };
+        let config = || Source::Declared(Origin::Config("/etc/ramd/ramd.toml".into()));
+        let api = || {
+            Source::Api(persistent::settings::Given {
+                size: true,
+                ..Default::default()
+            })
+        };
+        // An empty store of the spec's size (a page for one below that,
+        // refused before its store is looked at) stands in for one a
+        // snapshot filled.
+        let size = s.size_bytes.max(spec::MIN_DRIVE_BYTES);
+        let store = RamStore::new(size, s.mem_limit_bytes, budget.clone()).unwrap();
+        let mut out = vec![(ram.clone(), Source::Adopted(DriveData::Ram(store.into())))];
+        for s in [ram, disk] {
+            out.push((s.clone(), config()));
+            out.push((s.clone(), Source::Declared(Origin::CommandLine)));
+            out.push((s.clone(), api()));
+            out.push((s.clone(), Source::Stored));
+            out.push((s, Source::Restored));
+        }
+        out
+    }
+
+    /// The one creation path decides the same for every source: a bad
+    /// name, a size below a page, a name taken and a promise over the
+    /// budget are refused with the same error (the same message, so the
+    /// same API code) whoever asks, and a refusal leaves nothing behind
+    /// (no name, no promise, no state directory). A drive of an unusable
+    /// `drive.json` holds nothing, so only the name rules apply to it.
+    /// Accepted, the same spec is promised the same from every source,
+    /// under the ledger origin the source names.
+    #[test]
+    fn create_from_decides_the_same_for_every_source() {
+        let state = tempfile::tempdir().unwrap();
+        let r =
+            Arc::new(Drives::new(ledger(100 << 20), true).with_state_dir(state.path().to_owned()));
+        r.create(&spec("taken", 1 << 20), Origin::Api).unwrap();
+        let committed = r.committed_bytes();
+        let budget = r.budget().clone();
+        type Refused = fn(&DriveError) -> bool;
+        let refusals: [(&str, u64, Refused); 4] = [
+            ("Bad", 1 << 20, |e| {
+                matches!(e, DriveError::Spec(SpecError::InvalidName(_)))
+            }),
+            ("small", 1024, |e| {
+                matches!(e, DriveError::Spec(SpecError::InvalidSize(_)))
+            }),
+            ("taken", 1 << 20, |e| {
+                matches!(e, DriveError::Ledger(LedgerError::Taken(_)))
+            }),
+            ("big", 1 << 30, |e| {
+                matches!(e, DriveError::Ledger(LedgerError::OverBudget(_)))
+            }),
+        ];
+        for (name, size, expected) in refusals {
+            let mut cases = every_source(&spec(name, size), &budget);
+            if size == 1 << 20 {
+                let unusable = Source::Unusable("drive.json: not JSON".into());
+                cases.push((DriveSpec::failed(name), unusable));
+            }
+            let mut messages = std::collections::BTreeSet::new();
+            for (s, source) in cases {
+                let from = source.name();
+                let e = r.create_from(s, source).unwrap_err();
+                assert!(expected(&e), "{name} from {from}: {e:?}");
+                messages.insert(e.to_string());
+                assert_eq!(r.names(), ["taken"], "{name} from {from}");
+                assert_eq!(r.committed_bytes(), committed, "{name} from {from}");
+            }
+            assert_eq!(messages.len(), 1, "{name}: {messages:#?}");
+            if name != "taken" {
+                assert!(!r.drive_dir(name).unwrap().exists(), "{name}");
+            }
+        }
+        // Accepted: the same promise from every source.
+        let mut capped = spec("ok", 8 << 20);
+        capped.mem_limit_bytes = Some(4 << 20);
+        for (s, source) in every_source(&capped, &budget) {
+            let (from, origin, persistent) = (source.name(), source.origin(), s.persist.is_some());
+            let d = r.create_from(s, source).unwrap().drive;
+            assert_eq!(d.origin(), &origin, "{from}");
+            assert_eq!(d.persist.is_some(), persistent, "{from}");
+            assert_eq!(d.size_bytes(), 8 << 20, "{from}");
+            assert_eq!(d.mem_limit_bytes(), Some(4 << 20), "{from}");
+            let want = promise_for(8 << 20, Some(4 << 20), false).bytes();
+            assert_eq!(d.claim.promised_bytes(), want, "{from}");
+            r.delete("ok", false, false).unwrap();
+        }
+        assert_eq!(r.committed_bytes(), committed);
     }
 
     #[test]

@@ -37,12 +37,14 @@ fn probe_with_settings(dir: &std::path::Path, name: &str) -> Found {
 }
 
 impl Drives {
-    /// `create` for a persistent drive: a new one, or a restore.
+    /// `create_from` for a persistent drive: a new one, or a restore, or
+    /// (`found` known already: an unusable `drive.json`) a failed one.
     pub(super) fn create_persistent(
         self: &Arc<Self>,
         spec: &DriveSpec,
         persist: &PersistSpec,
         origin: Origin,
+        found: Option<Found>,
     ) -> Result<Arc<Drive>, DriveError> {
         let dir = self.drive_dir(&spec.name)?;
         let drives = self.drives.lock();
@@ -51,7 +53,8 @@ impl Drives {
             self.ledger
                 .claim_guarded(Kind::Drive, &spec.name, origin, &Promise::Bytes(0))?;
         let claim = guard.claim();
-        let made = match probe_with_settings(&dir, &spec.name) {
+        let found = found.unwrap_or_else(|| probe_with_settings(&dir, &spec.name));
+        let made = match found {
             Found::New => self.create_fresh(drives, dir, spec, persist, claim),
             Found::Existing { size_bytes } => {
                 self.queue_restore(drives, dir, spec, persist, claim, size_bytes)
@@ -192,55 +195,6 @@ impl Drives {
         );
         self.insert(&mut drives, &drive)?;
         tracing::error!(drive = %spec.name, "persistent drive failed: {error}");
-        Ok(drive)
-    }
-
-    /// Registers a drive whose settings file is unusable, as failed.
-    pub fn add_unusable(
-        &self,
-        name: &str,
-        error: String,
-        origin: Origin,
-    ) -> Result<Arc<Drive>, DriveError> {
-        let dir = self.drive_dir(name)?;
-        let spec = DriveSpec {
-            name: name.to_owned(),
-            size_bytes: 1,
-            mem_limit_bytes: None,
-            read_only: false,
-            overcommit: false,
-            persist: Some(PersistSpec::default()),
-            access: Default::default(),
-            compress: None,
-            lock_memory: false,
-        };
-        let p = Arc::new(Persistence::new(
-            dir,
-            PersistSpec::default(),
-            origin.name(),
-            RestoreRecord::Failed(error.clone()),
-        ));
-        let mut drives = self.drives.lock();
-        // Holds no memory: nothing to promise.
-        let claim = self
-            .ledger
-            .claim(Kind::Drive, name, origin, &Promise::Bytes(0))?;
-        let drive = self.assemble(
-            &spec,
-            claim,
-            DriveKind::Persistent,
-            DriveState::Failed(error.clone()),
-            DriveData::Offline {
-                size_bytes: 0,
-                mem_limit_bytes: None,
-                compress: None,
-            },
-            Some(p),
-            None,
-            now_unix_s(),
-        );
-        self.insert(&mut drives, &drive)?;
-        tracing::error!(drive = %name, "persistent drive failed: {error}");
         Ok(drive)
     }
 

@@ -136,6 +136,10 @@ pub enum MalformedSpec {
     /// An option this parser does not know.
     #[error("'{spec}': unknown option '{option}' (known: mem-limit=SIZE, compress=lz4|zstd[:LEVEL]|lz4+zstd[:LEVEL]|off, read-only, overcommit, lock-memory, persist, durability=none|periodic|flush, sync-interval=DURATION, key-file=PATH, allow-identity=ID, read-only-identity=ID, allow-network=CIDR)")]
     UnknownOption { spec: String, option: String },
+    /// A new drive without a size (only a persistent drive that exists in
+    /// the state directory may omit it: it keeps its own).
+    #[error("missing field `size`: give the size of the new drive (a persistent drive that exists in the state directory keeps its own)")]
+    MissingSize,
 }
 
 /// Why persistence options were refused.
@@ -220,6 +224,25 @@ pub struct DriveSpec {
     /// Lock its memory in RAM as it is written: never swapped
     /// (`--lock-memory`; `drives::memlock` checks `RLIMIT_MEMLOCK`).
     pub lock_memory: bool,
+}
+
+impl DriveSpec {
+    /// The spec of a persistent drive known only by its name (its
+    /// `drive.json` is unusable): default settings, and a size of 1 that
+    /// stands for "unknown" (it is registered failed and holds nothing).
+    pub fn failed(name: &str) -> DriveSpec {
+        DriveSpec {
+            name: name.to_owned(),
+            size_bytes: 1,
+            mem_limit_bytes: None,
+            read_only: false,
+            overcommit: false,
+            persist: Some(PersistSpec::default()),
+            access: AccessRules::default(),
+            compress: None,
+            lock_memory: false,
+        }
+    }
 }
 
 /// How a persistent drive keeps its data on disk.

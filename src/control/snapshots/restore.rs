@@ -5,7 +5,8 @@
 //!
 //! - A restored drive is served only once every chunk is verified and
 //!   written. A RAM drive: the restore fills a store no export reaches,
-//!   and the drive is registered with it only then (`Drives::adopt`).
+//!   and the drive is registered with it only then
+//!   (`Drives::create_from`, `Source::Adopted`).
 //!   A persistent drive: the restore fills a staged state directory, which
 //!   is made durable and renamed into place before the drive is
 //!   registered and loaded like any persistent drive (`persistent.rs`);
@@ -26,7 +27,7 @@ use super::service::Snapshots;
 use crate::block::backend::Backend;
 use crate::control::drives::persistent::{drives_dir, probe, Found};
 use crate::control::drives::spec::{check_compress, parse_drive_spec, DriveSpec, PersistSpec};
-use crate::control::drives::{DriveData, DriveState, Drives};
+use crate::control::drives::{DriveData, DriveState, Drives, Source};
 use crate::control::ledger::Origin;
 use crate::control::remotes::RemoteSpec;
 use crate::snapshot::source::BackendSink;
@@ -375,7 +376,7 @@ async fn restore_new(
     };
     let mut on_progress = |p: &Progress| *job.progress.lock() = *p;
     let report = snapshot::restore(r, &id, &mut sink, &opts, &mut on_progress).await?;
-    drives.adopt(&drive_spec, Origin::Api, data)?;
+    drives.create_from(drive_spec, Source::Adopted(data))?;
     Ok((id, manifest.label, report))
 }
 
@@ -404,7 +405,7 @@ async fn restore_persistent(
         id: id.clone(),
         keys,
         spec: drive_spec.clone(),
-        origin: Origin::Api.name().to_owned(),
+        origin: Source::Restored.origin().name().to_owned(),
         dir: dir.clone(),
         budget: drives.budget().clone(),
     };
@@ -420,11 +421,11 @@ async fn restore_persistent(
     // directory back out so no later start loads a drive nobody asked
     // for under a name someone else has.
     let (d2, s2) = (drives.clone(), drive_spec.clone());
-    let created = tokio::task::spawn_blocking(move || d2.create(&s2, Origin::Api))
+    let created = tokio::task::spawn_blocking(move || d2.create_from(s2, Source::Restored))
         .await
         .map_err(|e| SnapshotsError::Engine(e.into()))?;
     let drive = match created {
-        Ok(d) => d,
+        Ok(c) => c.drive,
         Err(e) => {
             persistent::withdraw(&dir);
             return Err(e.into());

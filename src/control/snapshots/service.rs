@@ -20,7 +20,8 @@
 //!   counted, and the next push resumes (skips chunks already there).
 //! - A restored drive is served only once every chunk is verified and
 //!   written: the restore fills a store no export reaches, and the drive
-//!   is registered with it only then (`Drives::adopt`). At start, the
+//!   is registered with it only then (`Drives::create_from`,
+//!   `Source::Adopted`). At start, the
 //!   drives `restore_from` fills are restored before the NBD server binds.
 //! - Secrets: nothing here logs or returns credentials; errors name the
 //!   remote (`s3://bucket/prefix`) and the object.

@@ -226,6 +226,10 @@ impl DriveSettings {
 /// Settings a re-create was given explicitly (None / false: not given).
 #[derive(Debug, Clone, Default)]
 pub struct Given {
+    /// A size: without one, a persistent drive in the state directory
+    /// keeps its own (`Drives::create_from`; [`DriveSettings::fill`] never
+    /// takes the stored size, which is the one asked for at creation).
+    pub size: bool,
     pub durability: bool,
     pub sync_interval: bool,
     pub key_file: bool,
