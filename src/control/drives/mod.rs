@@ -1272,6 +1272,78 @@ mod tests {
         }
     }
 
+    /// What only the API's source brings: a persistent drive whose state
+    /// directory holds one keeps the stored settings the request did not
+    /// give (and says which), and its size on disk when it gave none; a
+    /// RAM drive, or a persistent one with nothing stored, needs a size.
+    /// An unusable `drive.json` is registered failed, promising nothing.
+    #[test]
+    fn api_requests_are_completed_from_the_state_directory() {
+        let state = tempfile::tempdir().unwrap();
+        let make =
+            || Arc::new(Drives::new(ledger(1 << 30), true).with_state_dir(state.path().to_owned()));
+        let r = make();
+        let mut stored = persistent("p", 2 << 20);
+        stored.mem_limit_bytes = Some(1 << 20);
+        stored.persist.as_mut().unwrap().sync_interval_ms = 5000;
+        r.create(&stored, Origin::Api).unwrap();
+        r.delete("p", false, true).unwrap();
+
+        let r = make();
+        let no_size = |s: DriveSpec| DriveSpec { size_bytes: 0, ..s };
+        let given = persistent::settings::Given {
+            durability: true,
+            ..Default::default()
+        };
+        let missing = |e: DriveError| {
+            matches!(
+                e,
+                DriveError::Spec(SpecError::Malformed(spec::MalformedSpec::MissingSize))
+            )
+        };
+        let e = r
+            .create_from(no_size(spec("ram", 1 << 20)), Source::Api(given.clone()))
+            .unwrap_err();
+        assert!(missing(e));
+        let e = r
+            .create_from(
+                no_size(persistent("q", 1 << 20)),
+                Source::Api(given.clone()),
+            )
+            .unwrap_err();
+        assert!(missing(e));
+        assert!(r.names().is_empty());
+        let created = r
+            .create_from(no_size(persistent("p", 1 << 20)), Source::Api(given))
+            .unwrap();
+        let notice = created.notice.unwrap();
+        assert!(notice.contains("drive.json"), "{notice}");
+        assert!(notice.contains("sync interval 5s"), "{notice}");
+        assert!(notice.contains("memory limit 1 MiB"), "{notice}");
+        assert!(
+            !notice.contains("durability"),
+            "durability was given: {notice}"
+        );
+        let d = wait_state(&r, "p");
+        assert!(d.is_ready(), "{:?}", d.state.lock());
+        assert_eq!(
+            (d.size_bytes(), d.mem_limit_bytes()),
+            (2 << 20, Some(1 << 20))
+        );
+        assert_eq!(
+            d.persist.as_ref().unwrap().spec.lock().sync_interval_ms,
+            5000
+        );
+        r.shutdown_persistent();
+
+        let reason = "drive.json: not JSON";
+        let failed = Source::Unusable(reason.into());
+        let d = r.create_from(DriveSpec::failed("u"), failed).unwrap().drive;
+        assert_eq!(*d.state.lock(), DriveState::Failed(reason.into()));
+        assert_eq!(d.claim.promised_bytes(), 0);
+        assert!(d.export.unavailable().unwrap().contains(reason));
+    }
+
     #[test]
     fn persistent_drives_restore_keep_or_drop_their_data() {
         let state = tempfile::tempdir().unwrap();
