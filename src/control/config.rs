@@ -713,7 +713,28 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
         dirs.push(spec);
     }
-    for p in &file.api.allowed_paths {
+    let api = api_policy(&file.api, &invalid)?;
+    Ok(Config {
+        path: Some(path.to_owned()),
+        api,
+        daemon: file.daemon,
+        drives,
+        caches,
+        dirs,
+        remotes,
+        snapshot_policies,
+        attach_ublk,
+        declared_at,
+    })
+}
+
+/// `[api]`, checked (absolute directories) and resolved (canonical, so a
+/// symbolic link cannot lead out of them).
+fn api_policy(
+    api: &ApiSection,
+    invalid: &impl Fn(usize, String) -> ConfigError,
+) -> Result<ApiPolicy, ConfigError> {
+    for p in &api.allowed_paths {
         if !p.get_ref().is_absolute() {
             return Err(invalid(
                 p.span().start,
@@ -724,25 +745,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
     }
-    Ok(Config {
-        path: Some(path.to_owned()),
-        api: ApiPolicy {
-            allowed_paths: file
-                .api
-                .allowed_paths
-                .iter()
-                .map(|p| crate::paths::resolve(p.get_ref()))
-                .collect(),
-            allowed_backing_hosts: file.api.allowed_backing_hosts.clone(),
-        },
-        daemon: file.daemon,
-        drives,
-        caches,
-        dirs,
-        remotes,
-        snapshot_policies,
-        attach_ublk,
-        declared_at,
+    Ok(ApiPolicy {
+        allowed_paths: api
+            .allowed_paths
+            .iter()
+            .map(|p| crate::paths::resolve(p.get_ref()))
+            .collect(),
+        allowed_backing_hosts: api.allowed_backing_hosts.clone(),
     })
 }
 

@@ -275,9 +275,17 @@ pub async fn patch(
     })
     .await?;
     let resized = resizing.then(|| resize_notice(&drive));
+    let device = match resizing {
+        true => {
+            let (d3, name, size) = (d.clone(), drive.name.clone(), drive.size_bytes());
+            blocking(move || Ok(d3.ublk.resize_drive(&name, size))).await?
+        }
+        false => None,
+    };
     let notices: Vec<String> = [
         drive.origin().ephemeral_notice(&drive.name),
         resized.flatten(),
+        device.map(|r| r.notice()),
         closed.and_then(|n| access_notice(&drive, n)),
     ]
     .into_iter()
