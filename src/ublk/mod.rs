@@ -260,9 +260,7 @@ impl Devices {
         let control = Control::open()?;
         // Ask for UPDATE_SIZE only where the driver has it (older drivers
         // refuse or drop flags they do not know).
-        let resize_flag = control
-            .features()
-            .map_or(0, |f| f & flags::UPDATE_SIZE);
+        let resize_flag = control.features().map_or(0, |f| f & flags::UPDATE_SIZE);
         let queues = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(64) as u16;
