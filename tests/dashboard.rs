@@ -23,7 +23,8 @@
 //!   by the server and the page says so, the token leaves the address
 //!   bar, the benchmark section shows a report PUT through the unix
 //!   socket, names holding markup are shown as text, the hit ratio chart
-//!   plots a page opened after the I/O, an expiring link's page says the
+//!   plots a page opened after the I/O, a revoked session's page goes offline
+//!   and says so without a reload, an expiring link's page says the
 //!   session expired. Screenshots go to target/test-output/dashboard/.
 //!
 //! Certificates come from tests/common/pki.rs (openssl; CN=localhost,
@@ -1099,6 +1100,11 @@ fn in_a_browser() {
         "snapshot_drive": "plain",
         "bench_targets": targets.iter().map(|t| t.0).collect::<Vec<_>>(),
         "markup": MARKUP,
+        "cli": [
+            env!("CARGO_BIN_EXE_ramd"),
+            "--api-socket",
+            dash.d.api_socket(),
+        ],
         "short_link": [
             env!("CARGO_BIN_EXE_ramd"),
             "--api-socket",
@@ -1147,6 +1153,14 @@ fn in_a_browser() {
             .as_str()
             .unwrap()
             .contains("session has expired"),
+        "{seen}"
+    );
+    // Revoked while open: the stream ended and the page said so.
+    assert!(
+        seen["revoked_notice"]
+            .as_str()
+            .unwrap()
+            .contains("session has ended"),
         "{seen}"
     );
 

@@ -15,8 +15,9 @@ new_drive (to create with the admin link), refused_drive (the read-only
 link's attempt), bench_targets (names the benchmark table must show;
 empty: no results expected), markup (HTML in the cache's backing path and
 a bench target's name, which the page must show as text), short_link (the
-command that prints a dashboard URL whose token expires in seconds), out_dir
-(for the screenshots).
+command that prints a dashboard URL whose token expires in seconds), cli
+(the ramd command aimed at the daemon's unix socket: links, revocation),
+out_dir (for the screenshots).
 
 Every wait is bounded (WAIT_S) and fails with what it waited for; nothing
 is timed. Prints one JSON line of observations at the end.
@@ -309,6 +310,23 @@ def expired_session(d, plan, seen):
     seen["expired_notice"] = n["text"]
 
 
+def revoked_session(d, plan, seen):
+    """A session whose token is revoked while the page is open: the live
+    stream ends at once (an `ended` event) and the page says offline and
+    that the session ended, without a reload."""
+    url = subprocess.run(plan["cli"] + ["dashboard"], check=True, capture_output=True,
+                         text=True).stdout.strip().splitlines()[-1]
+    open_link(d, url, plan["base_url"], "read-only")
+    wait(d, "the live stream", lambda: d.find_element(By.ID, "live").text == "live")
+    name = d.find_element(By.ID, "role").text.split("\u00b7")[-1].strip()
+    assert name.startswith("dashboard-"), name
+    subprocess.run(plan["cli"] + ["token", "revoke", name], check=True, capture_output=True)
+    wait(d, "the page to go offline", lambda: d.find_element(By.ID, "live").text == "offline")
+    n = wait(d, "the page to say the session ended",
+             lambda: "ended" in ((notice(d) or {}).get("text") or "") and notice(d))
+    seen["revoked_notice"] = n["text"]
+
+
 def main():
     plan = json.load(open(sys.argv[1]))
     seen = {}
@@ -321,6 +339,7 @@ def main():
             bench_section(d, plan, seen)
             # The admin page after all of it: the picture to look at.
             screenshot(d, os.path.join(plan["out_dir"], "dashboard.png"))
+            revoked_session(d, plan, seen)
             expired_session(d, plan, seen)
             # Script errors (answers the test asked for, such as the 403,
             # are logged as network errors and are not counted).
