@@ -161,14 +161,25 @@ if direct_read /dev/nbd1; then
     fail "/dev/nbd1 reads again after the restart: docs/attach.md says it does not; update it"
 fi
 echo "observed: after ramd's restart /dev/nbd1 still fails every I/O: nothing reconnects it (-persist does nothing in netlink mode)"
-touch /mnt/pdb/after-restart 2>/dev/null && sync -f /mnt/pdb 2>/dev/null &&
-    fail "a write to the dead device's filesystem succeeded"
-umount /mnt/pdb || umount -l /mnt/pdb
-umount /mnt/db || umount -l /mnt/db
+# A write and a sync on the dead device's filesystem, in the background:
+# the sync fails, or (depending on where ext4's journal stands) blocks in
+# the kernel until the device is disconnected below; it must never succeed.
+rm -f /tmp/probe.result
+( touch /mnt/pdb/after-restart 2>/dev/null && sync -f /mnt/pdb 2>/dev/null &&
+    echo succeeded >/tmp/probe.result ) &
+probe=$!
+for i in $(seq 100); do kill -0 "$probe" 2>/dev/null || break; sleep 0.1; done
+[ -e /tmp/probe.result ] && fail "a write to the dead device's filesystem succeeded"
+umount /mnt/pdb 2>/dev/null || umount -l /mnt/pdb
+umount /mnt/db 2>/dev/null || umount -l /mnt/db
 nbd-client -d /dev/nbd1 >/dev/null
 nbd-client -d /dev/nbd0 >/dev/null
 wait_detached /dev/nbd1
 wait_detached /dev/nbd0
+# The disconnect fails whatever the probe still waited for.
+for i in $(seq 300); do kill -0 "$probe" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$probe" 2>/dev/null && fail "a sync on the dead device still hangs after nbd-client -d"
+[ -e /tmp/probe.result ] && fail "a write to the dead device's filesystem succeeded"
 ok "kill -9: umount and nbd-client -d clear the dead devices"
 
 log "reconnect after the restart"

@@ -56,6 +56,16 @@ verify_tree() { # dir manifest what
     ok "$3: $(wc -l <"$2") files match their checksums"
 }
 
+# shows PATTERN CMD...: CMD's whole output holds PATTERN. (Not `CMD | grep
+# -q`: grep may close the pipe before CMD has written everything, and
+# pipefail then takes CMD's SIGPIPE for a failure.)
+shows() {
+    local pattern=$1 out
+    shift
+    out=$("$@" 2>/dev/null) || return 1
+    grep -q -- "$pattern" <<<"$out"
+}
+
 allocated() { # drive
     "$RAMD" info "$1" --json | sed -n 's/.*"allocated_bytes": *\([0-9]*\).*/\1/p' | head -1
 }
@@ -68,9 +78,9 @@ dev=$("$RAMD" attach db --ublk)
 [ -b "$dev" ] || fail "'$dev' is not a block device"
 case $dev in /dev/ublkb[0-9]*) ;; *) fail "attach printed '$dev', not /dev/ublkbN" ;; esac
 ok "attach printed $dev"
-"$RAMD" attach --list | grep -q "ublk" || fail "attach --list does not show the device"
-"$RAMD" attach --list --json | grep -q '"kind": *"ublk"' || fail "attach --list --json has no ublk kind"
-"$RAMD" info db | grep -q "$dev" || fail "ramd info db does not show $dev"
+shows "ublk" "$RAMD" attach --list || fail "attach --list does not show the device"
+shows '"kind": *"ublk"' "$RAMD" attach --list --json || fail "attach --list --json has no ublk kind"
+shows "$dev" "$RAMD" info db || fail "ramd info db does not show $dev"
 ok "attach --list, --json and ramd info show $dev"
 [ "$(blockdev --getsize64 "$dev")" = $((256 << 20)) ] || fail "size $(blockdev --getsize64 "$dev")"
 [ "$(blockdev --getss "$dev")" = 512 ] || fail "logical block size"
@@ -148,10 +158,10 @@ sleep 1
 ok "$pdev still present while ramd is down (I/O held)"
 start_ramd
 for i in $(seq 300); do
-    "$RAMD" attach --list 2>/dev/null | grep -q "$pdev" && break
+    shows "$pdev" "$RAMD" attach --list && break
     sleep 0.1
 done
-"$RAMD" attach --list | grep -q "$pdev" || fail "the restarted ramd did not take $pdev over"
+shows "$pdev" "$RAMD" attach --list || fail "the restarted ramd did not take $pdev over"
 grep -q "recovered" /tmp/ramd.log || fail "no recovery in the log"
 ok "restarted ramd recovered $pdev"
 wait "$fio_pid" || { cat /tmp/fio-load.out; fail "fio across the restart failed"; }
@@ -187,8 +197,11 @@ done
 [ -n "$cdev" ] || { "$RAMD" attach --list; fail "drive cfg has no ublk device after start"; }
 [ -b "$cdev" ] || fail "'$cdev' is not a block device"
 [ "$(blockdev --getsize64 "$cdev")" = $((64 << 20)) ] || fail "size of $cdev"
-"$RAMD" attach --list --json | grep -q '"drive": *"cfg"' || fail "the device is not cfg's"
-if "$RAMD" attach --list --json | grep -q '"drive": *"plain"'; then fail "drive plain got a device it did not ask for"; fi
+# Whole output first: grep -q would close the pipe early (SIGPIPE, and
+# pipefail would call that a failure).
+listed=$("$RAMD" attach --list --json)
+grep -q '"drive": *"cfg"' <<<"$listed" || fail "the device is not cfg's: $listed"
+if grep -q '"drive": *"plain"' <<<"$listed"; then fail "drive plain got a device it did not ask for"; fi
 grep -q "attached as $cdev (config" /tmp/ramd.log || fail "the start log does not say cfg was attached"
 ok "drive cfg attached at start as $cdev"
 kill "$ramd_pid"
