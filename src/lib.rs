@@ -78,6 +78,7 @@ pub mod dirsync;
 pub mod fuse;
 pub mod metrics;
 pub mod nbd;
+pub mod nvme;
 pub mod paths;
 pub mod persist;
 pub mod ratelog;

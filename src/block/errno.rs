@@ -7,6 +7,11 @@
 //! carries: only the errnos the kernel's block layer turns into a status of
 //! their own (`errno_to_blk_status`: ENOSPC, EOPNOTSUPP, ENOMEM); every
 //! other one would become EIO there anyway, so it is EIO here.
+//! `nvme()` is the NVMe status a completion carries, as the kernel's
+//! `NVME_SC_*` values write it (status code type in bits 10:8, Do Not Retry
+//! 0x4000): the codes Linux turns into the matching block status (write
+//! protected, capacity exceeded, invalid field, invalid opcode), DNR set
+//! where a retry cannot succeed, clear for transient conditions.
 
 use crate::block::backend::Error;
 
@@ -67,6 +72,22 @@ impl Errno {
         }
     }
 
+    /// The NVMe status (`NVME_SC_*` form: SCT << 8 | SC, DNR 0x4000).
+    pub fn nvme(self) -> u16 {
+        const DNR: u16 = 0x4000;
+        match self {
+            Errno::ReadOnly => DNR | 0x020, // namespace is write protected
+            Errno::Perm => DNR | 0x286,     // media: access denied
+            Errno::Io => 0x006,             // internal error, may retry
+            Errno::NoMem => 0x006,          // internal error, may retry
+            Errno::Inval => DNR | 0x002,    // invalid field in command
+            Errno::NoSpace => DNR | 0x081,  // capacity exceeded
+            Errno::Overflow => DNR | 0x080, // LBA out of range
+            Errno::NotSup => DNR | 0x001,   // invalid command opcode
+            Errno::Shutdown => 0x082,       // namespace not ready, retry
+        }
+    }
+
     /// The NBD protocol's value (the spec defines eight, numbered as
     /// Linux's).
     pub fn nbd(self) -> u32 {
@@ -107,6 +128,18 @@ mod tests {
         assert_eq!(Errno::of(&Error::ReadOnly).fuse(), libc::EROFS);
         assert_eq!(Errno::of(&io(libc::EBADF)), Errno::Io);
         assert_eq!(Errno::of(&Error::NoSpace("x".into())), Errno::NoSpace);
+    }
+
+    #[test]
+    fn nvme_statuses_are_the_kernels_codes() {
+        assert_eq!(Errno::ReadOnly.nvme(), 0x4020);
+        assert_eq!(Errno::NoSpace.nvme(), 0x4081);
+        assert_eq!(Errno::Inval.nvme(), 0x4002);
+        assert_eq!(Errno::NotSup.nvme(), 0x4001);
+        // Transient conditions leave DNR clear so the host retries.
+        for e in [Errno::Io, Errno::NoMem, Errno::Shutdown] {
+            assert_eq!(e.nvme() & 0x4000, 0, "{e:?}");
+        }
     }
 
     #[test]
