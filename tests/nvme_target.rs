@@ -1,0 +1,653 @@
+//! The NVMe/TCP target from the host side, in-process: a small client
+//! speaks the protocol (ICReq, Fabrics Connect, Identify, Read/Write over
+//! in-capsule data, R2T/H2CData and C2HData, digests) to a target bound on
+//! port 0, and malformed PDUs get a C2HTermReq while other hosts go on
+//! being served. The guest tests (tests/guest_nvme.rs) run the kernel's
+//! initiator against the daemon.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use ramd::block::backend::Backend;
+use ramd::block::{Export, ExportTable};
+use ramd::nbd::access::{AccessRules, AccessTable};
+use ramd::nvme::log::{lid, LogRequest};
+use ramd::nvme::names::{self, DISCOVERY_NQN};
+use ramd::nvme::pdu::{self, Digests, Pdu, CH_LEN};
+use ramd::nvme::sqe::{
+    admin, fctype, io, prop, Connect, ConnectData, Cqe, DataPtr, Property, Rw, Sqe, Status,
+};
+use ramd::nvme::{NvmeServer, NvmeShutdown, Target, TargetConfig};
+use ramd::store::{MemoryBudget, RamStore};
+
+const NODE: &str = "test-node";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+const MIB: u64 = 1 << 20;
+
+struct Setup {
+    addr: SocketAddr,
+    exports: Arc<ExportTable>,
+    access: Arc<AccessTable>,
+    stop: NvmeShutdown,
+    run: Option<thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.stop.shutdown();
+        if let Some(r) = self.run.take() {
+            r.join().unwrap().unwrap();
+        }
+    }
+}
+
+fn store(size: u64) -> Arc<dyn Backend> {
+    Arc::new(RamStore::new(size, None, Arc::new(MemoryBudget::new(u64::MAX))).unwrap())
+}
+
+fn setup(tweak: impl FnOnce(&mut TargetConfig)) -> Setup {
+    let exports = Arc::new(ExportTable::new());
+    exports.insert(Arc::new(Export::new("ram0", "", store(16 * MIB), false)));
+    exports.insert(Arc::new(Export::new("ro", "", store(MIB), true)));
+    let access = Arc::new(AccessTable::new());
+    let mut config = TargetConfig::new(vec!["127.0.0.1:0".parse().unwrap()], NODE);
+    tweak(&mut config);
+    let target = Arc::new(Target::new(config, exports.clone(), access.clone()));
+    let server = NvmeServer::bind(target).unwrap();
+    let addr = server.local_addrs()[0];
+    let stop = server.shutdown_handle();
+    let run = Some(thread::spawn(move || server.run()));
+    Setup {
+        addr,
+        exports,
+        access,
+        stop,
+        run,
+    }
+}
+
+/// A minimal NVMe/TCP host: one queue per client.
+struct Client {
+    s: TcpStream,
+    d: Digests,
+    /// The controller's MAXH2CDATA.
+    max_h2c: usize,
+    next_cid: u16,
+    out: Vec<u8>,
+}
+
+/// What a command got back: its data (C2H) and its completion.
+struct Done {
+    data: Vec<u8>,
+    cqe: Cqe,
+}
+
+impl Client {
+    fn open(addr: SocketAddr, d: Digests) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut c = Client {
+            s,
+            d,
+            max_h2c: 0,
+            next_cid: 1,
+            out: Vec::new(),
+        };
+        let req = Pdu::ICReq(pdu::ICReq {
+            pfv: 0,
+            hpda: 0,
+            digests: d,
+            maxr2t: 0,
+        });
+        pdu::encode(&req, &[], Digests::default(), 0, &mut c.out);
+        c.s.write_all(&c.out).unwrap();
+        match c.recv().0 {
+            Pdu::ICResp(r) => {
+                assert_eq!(r.digests, d);
+                assert_eq!(r.cpda, 0);
+                assert!(r.maxh2cdata >= 4096 && r.maxh2cdata % 4 == 0);
+                c.max_h2c = r.maxh2cdata as usize;
+            }
+            p => panic!("expected ICResp, got {p:?}"),
+        }
+        c
+    }
+
+    /// Reads one PDU: its header and data (digests checked).
+    fn recv(&mut self) -> (Pdu, Vec<u8>) {
+        let mut ch = [0u8; CH_LEN];
+        self.s.read_exact(&mut ch).unwrap();
+        let h = pdu::decode_common(&ch).unwrap();
+        let d = if matches!(h.pdu_type, pdu::PduType::ICResp) {
+            Digests::default()
+        } else {
+            self.d
+        };
+        let f = pdu::frame(&h, d, 1 << 24).unwrap();
+        let mut rest = vec![0u8; f.total() - CH_LEN];
+        self.s.read_exact(&mut rest).unwrap();
+        let mut all = ch.to_vec();
+        all.extend_from_slice(&rest);
+        let p = pdu::decode(&h, &all[..f.header_len], &f).unwrap();
+        let at = f.header_len + f.pad;
+        let data = all[at..at + f.data_len].to_vec();
+        if f.data_digest {
+            pdu::check_data_digest(&data, all[at + f.data_len..][..4].try_into().unwrap()).unwrap();
+        }
+        (p, data)
+    }
+
+    fn cid(&mut self) -> u16 {
+        self.next_cid = self.next_cid.wrapping_add(1);
+        self.next_cid
+    }
+
+    fn send(&mut self, pdu: &Pdu, data: &[u8]) {
+        pdu::encode(pdu, data, self.d, 0, &mut self.out);
+        self.s.write_all(&self.out).unwrap();
+    }
+
+    /// Sends a command with `inline` data in the capsule and serves R2Ts
+    /// from `r2t_data`; collects C2H data until the completion.
+    fn command(&mut self, sqe: Sqe, inline: &[u8], r2t_data: &[u8]) -> Done {
+        self.send(&Pdu::CapsuleCmd(sqe.0), inline);
+        let mut data = Vec::new();
+        loop {
+            match self.recv() {
+                (Pdu::CapsuleResp(c), _) => {
+                    let cqe = Cqe::decode(&c);
+                    assert_eq!(cqe.cid, sqe.cid());
+                    return Done { data, cqe };
+                }
+                (Pdu::C2HData(h), d) => {
+                    assert_eq!(h.command_id, sqe.cid());
+                    assert_eq!(h.offset as usize, data.len());
+                    data.extend_from_slice(&d);
+                }
+                (Pdu::R2T(r), _) => {
+                    let (o, l) = (r.offset as usize, r.length as usize);
+                    // H2CData PDUs of at most MAXH2CDATA, and at least two
+                    // per R2T when it is long enough, to cover offsets.
+                    let piece = self.max_h2c.min(l.div_ceil(2)).max(512);
+                    let mut off = o;
+                    while off < o + l {
+                        let len = piece.min(o + l - off);
+                        let h = Pdu::H2CData(pdu::DataHdr {
+                            command_id: r.command_id,
+                            ttag: r.ttag,
+                            offset: off as u32,
+                            length: len as u32,
+                            last: off + len == o + l,
+                            success: false,
+                        });
+                        self.send(&h, &r2t_data[off..off + len]);
+                        off += len;
+                    }
+                }
+                (p, _) => panic!("unexpected {p:?}"),
+            }
+        }
+    }
+
+    fn connect(&mut self, subnqn: &str, qid: u16, cntlid: u16) -> Cqe {
+        let c = Connect {
+            recfmt: 0,
+            qid,
+            sqsize: 127,
+            cattr: 0,
+            kato_ms: if qid == 0 { 30_000 } else { 0 },
+        };
+        let cid = self.cid();
+        let data = ConnectData {
+            hostid: [1; 16],
+            cntlid,
+            subnqn: subnqn.into(),
+            hostnqn: HOST.into(),
+        }
+        .encode();
+        self.command(c.encode(cid), &data, &[]).cqe
+    }
+
+    fn prop_get(&mut self, offset: u32, eight: bool) -> u64 {
+        let cid = self.cid();
+        let p = Property {
+            eight_bytes: eight,
+            offset,
+            value: 0,
+        };
+        let d = self.command(p.encode(fctype::PROPERTY_GET, cid), &[], &[]);
+        assert!(d.cqe.status.is_success(), "{:?}", d.cqe.status);
+        d.cqe.result
+    }
+
+    fn enable(&mut self) {
+        let cid = self.cid();
+        let p = Property {
+            eight_bytes: false,
+            offset: prop::CC,
+            value: 1 | (6 << 16) | (4 << 20),
+        };
+        let d = self.command(p.encode(fctype::PROPERTY_SET, cid), &[], &[]);
+        assert!(d.cqe.status.is_success());
+        assert_eq!(self.prop_get(prop::CSTS, false) & 1, 1);
+    }
+
+    fn identify(&mut self, cns: u8, nsid: u32) -> Done {
+        let cid = self.cid();
+        let mut s = Sqe::new(admin::IDENTIFY, cid, nsid);
+        s.set_cdw(10, u32::from(cns))
+            .set_data_ptr(DataPtr::Transport { len: 4096 });
+        self.command(s, &[], &[])
+    }
+
+    fn rw(&mut self, opcode: u8, slba: u64, nlb: u32) -> Sqe {
+        let cid = self.cid();
+        let mut s = Rw {
+            slba,
+            nlb,
+            fua: false,
+            deallocate: false,
+        }
+        .encode(opcode, cid, 1);
+        if opcode != io::WRITE_ZEROES {
+            s.set_data_ptr(DataPtr::Transport { len: nlb * 512 });
+        }
+        s
+    }
+
+    fn read(&mut self, slba: u64, nlb: u32) -> Done {
+        let s = self.rw(io::READ, slba, nlb);
+        self.command(s, &[], &[])
+    }
+
+    /// A write: in the capsule when small, else through R2T.
+    fn write(&mut self, slba: u64, data: &[u8], inline: bool) -> Cqe {
+        let mut s = self.rw(io::WRITE, slba, (data.len() / 512) as u32);
+        if inline {
+            s.set_data_ptr(DataPtr::InCapsule {
+                offset: 0,
+                len: data.len() as u32,
+            });
+            self.command(s, data, &[]).cqe
+        } else {
+            self.command(s, &[], data).cqe
+        }
+    }
+}
+
+/// An admin queue and one I/O queue on drive `drive`.
+fn controller(addr: SocketAddr, drive: &str, d: Digests) -> (Client, Client, u16) {
+    let nqn = names::subsystem_nqn(NODE, drive);
+    let mut a = Client::open(addr, d);
+    let c = a.connect(&nqn, 0, 0xFFFF);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    let cntlid = c.result as u16;
+    a.enable();
+    let mut q = Client::open(addr, d);
+    let c = q.connect(&nqn, 1, cntlid);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    (a, q, cntlid)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn identify_and_properties_describe_the_drive() {
+    let s = setup(|_| {});
+    let (mut a, _q, cntlid) = controller(s.addr, "ram0", Digests::default());
+    let cap = a.prop_get(prop::CAP, true);
+    assert_eq!(cap & 0xFFFF, 1023, "MQES: queues of 1024 entries");
+    assert_ne!(cap & (1 << 37), 0, "NVM command set");
+    assert_eq!(a.prop_get(prop::VS, false), 0x0001_0300);
+    let id = a.identify(1, 0);
+    assert!(id.cqe.status.is_success());
+    assert_eq!(id.data.len(), 4096);
+    assert_eq!(u16::from_le_bytes([id.data[78], id.data[79]]), cntlid);
+    assert_eq!(id.data[111], 1, "an I/O controller");
+    let nqn = names::subsystem_nqn(NODE, "ram0");
+    assert_eq!(&id.data[768..768 + nqn.len()], nqn.as_bytes());
+    assert!(
+        u16::from_le_bytes([id.data[514], id.data[515]]) >= 128,
+        "MAXCMD"
+    );
+    let ns = a.identify(0, 1);
+    assert_eq!(
+        u64::from_le_bytes(ns.data[..8].try_into().unwrap()),
+        16 * MIB / 512
+    );
+    let list = a.identify(2, 0);
+    assert_eq!(&list.data[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    let desc = a.identify(3, 1);
+    let (nguid, uuid) = names::namespace_ids(&nqn);
+    assert_eq!(&desc.data[4..20], &nguid);
+    assert_eq!(&desc.data[24..40], &uuid);
+    // Namespace 2 does not exist.
+    assert_eq!(a.identify(0, 2).cqe.status, Status::INVALID_NS);
+}
+
+fn read_write_round_trip(d: Digests) {
+    let s = setup(|_| {});
+    let (_a, mut q, _) = controller(s.addr, "ram0", d);
+    let small = pattern(4096, 1);
+    assert!(q.write(8, &small, true).status.is_success());
+    // 1 MiB through R2T and several H2CData PDUs.
+    let big = pattern(MIB as usize, 2);
+    assert!(q.write(2048, &big, false).status.is_success());
+    let r = q.read(8, 8);
+    assert!(r.cqe.status.is_success());
+    assert_eq!(r.data, small);
+    let r = q.read(2048, (MIB / 512) as u32);
+    assert!(r.cqe.status.is_success());
+    assert_eq!(r.data, big);
+    // Never written: zeroes.
+    assert_eq!(q.read(100, 1).data, vec![0; 512]);
+}
+
+#[test]
+fn writes_in_capsule_and_through_r2t_read_back() {
+    read_write_round_trip(Digests::default());
+}
+
+#[test]
+fn header_and_data_digests_when_the_host_asks() {
+    read_write_round_trip(Digests {
+        header: true,
+        data: true,
+    });
+}
+
+#[test]
+fn zeroes_deallocate_and_flush() {
+    let s = setup(|_| {});
+    let (_a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    let data = pattern(8192, 3);
+    assert!(q.write(0, &data, false).status.is_success());
+    let mut z = q.rw(io::WRITE_ZEROES, 0, 4);
+    z.set_data_ptr(DataPtr::None);
+    assert!(q.command(z, &[], &[]).cqe.status.is_success());
+    let r = q.read(0, 16);
+    assert_eq!(&r.data[..2048], &[0; 2048]);
+    assert_eq!(&r.data[2048..], &data[2048..]);
+    // Dataset Management, deallocate: one range of 8 blocks at 8.
+    let cid = q.cid();
+    let mut dsm = Sqe::new(io::DSM, cid, 1);
+    dsm.set_cdw(10, 0)
+        .set_cdw(11, 1 << 2)
+        .set_data_ptr(DataPtr::InCapsule { offset: 0, len: 16 });
+    let mut range = vec![0u8; 16];
+    range[4..8].copy_from_slice(&8u32.to_le_bytes());
+    range[8..16].copy_from_slice(&8u64.to_le_bytes());
+    assert!(q.command(dsm, &range, &[]).cqe.status.is_success());
+    assert_eq!(q.read(8, 8).data, vec![0; 4096]);
+    let cid = q.cid();
+    let mut f = Sqe::new(io::FLUSH, cid, 1);
+    f.set_data_ptr(DataPtr::None);
+    assert!(q.command(f, &[], &[]).cqe.status.is_success());
+}
+
+#[test]
+fn out_of_range_and_read_only_get_their_statuses() {
+    let s = setup(|_| {});
+    let (_a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    let last = 16 * MIB / 512;
+    assert_eq!(q.read(last, 1).cqe.status, Status::LBA_RANGE);
+    assert_eq!(q.write(last, &[0; 512], true).status, Status::LBA_RANGE);
+    assert_eq!(q.read(u64::MAX, 1).cqe.status, Status::LBA_RANGE);
+    let (_a, mut ro, _) = controller(s.addr, "ro", Digests::default());
+    assert_eq!(
+        ro.write(0, &[1; 512], true).status,
+        Status::NS_WRITE_PROTECTED
+    );
+    assert!(ro.read(0, 1).cqe.status.is_success());
+    let (mut a, _, _) = controller(s.addr, "ro", Digests::default());
+    assert_eq!(a.identify(0, 1).data[99], 1, "NSATTR: write protected");
+}
+
+#[test]
+fn discovery_lists_every_drive() {
+    let s = setup(|_| {});
+    let mut a = Client::open(s.addr, Digests::default());
+    let c = a.connect(DISCOVERY_NQN, 0, 0xFFFF);
+    assert!(c.status.is_success());
+    a.enable();
+    let id = a.identify(1, 0);
+    assert_eq!(id.data[111], 2, "a discovery controller");
+    let cid = a.cid();
+    let mut log = LogRequest {
+        lid: lid::DISCOVERY,
+        rae: false,
+        len: 4096,
+        offset: 0,
+    }
+    .encode(cid);
+    log.set_data_ptr(DataPtr::Transport { len: 4096 });
+    let d = a.command(log, &[], &[]);
+    assert!(d.cqe.status.is_success());
+    assert_eq!(u64::from_le_bytes(d.data[8..16].try_into().unwrap()), 2);
+    let entry = |i: usize| {
+        let e = &d.data[1024 * (i + 1)..1024 * (i + 2)];
+        let nqn = &e[256..512];
+        let end = nqn.iter().position(|&b| b == 0).unwrap();
+        let addr = &e[512..768];
+        let aend = addr.iter().position(|&b| b == 0).unwrap();
+        (
+            String::from_utf8(nqn[..end].to_vec()).unwrap(),
+            String::from_utf8(addr[..aend].to_vec()).unwrap(),
+        )
+    };
+    assert_eq!(entry(0).0, names::subsystem_nqn(NODE, "ram0"));
+    assert_eq!(entry(0).1, "127.0.0.1");
+    assert_eq!(entry(1).0, names::subsystem_nqn(NODE, "ro"));
+}
+
+#[test]
+fn hosts_off_the_allow_list_are_refused_at_connect() {
+    let s = setup(|_| {});
+    s.access.set(
+        "ram0",
+        AccessRules {
+            identities: vec!["nqn.2014-08.org.nvmexpress:uuid:someone-else".into()],
+            ..AccessRules::default()
+        },
+    );
+    let mut a = Client::open(s.addr, Digests::default());
+    let c = a.connect(&names::subsystem_nqn(NODE, "ram0"), 0, 0xFFFF);
+    assert_eq!(c.status, Status::CONNECT_INVALID_HOST);
+    // A read-only listing makes the namespace write protected for it.
+    s.access.set(
+        "ram0",
+        AccessRules {
+            read_only_identities: vec![HOST.into()],
+            ..AccessRules::default()
+        },
+    );
+    let (_a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    assert_eq!(
+        q.write(0, &[1; 512], true).status,
+        Status::NS_WRITE_PROTECTED
+    );
+    // Unknown subsystems and I/O queues of unknown controllers.
+    let mut b = Client::open(s.addr, Digests::default());
+    let c = b.connect(&names::subsystem_nqn(NODE, "nope"), 0, 0xFFFF);
+    assert_eq!(c.status, Status::CONNECT_INVALID_PARAM);
+    assert_eq!(c.result, (1 << 16) | 256);
+    let mut b = Client::open(s.addr, Digests::default());
+    let c = b.connect(&names::subsystem_nqn(NODE, "ro"), 1, 999);
+    assert_eq!(c.status, Status::CONNECT_INVALID_PARAM);
+}
+
+#[test]
+fn a_resized_or_deleted_drive_completes_the_async_event_request() {
+    let s = setup(|_| {});
+    let (mut a, _q, _) = controller(s.addr, "ram0", Digests::default());
+    let cid = a.cid();
+    let mut sf = Sqe::new(admin::SET_FEATURES, cid, 0);
+    sf.set_cdw(10, 0x0B)
+        .set_cdw(11, 1 << 8)
+        .set_data_ptr(DataPtr::None);
+    assert!(a.command(sf, &[], &[]).cqe.status.is_success());
+    let aer_cid = a.cid();
+    let mut aer = Sqe::new(admin::ASYNC_EVENT, aer_cid, 0);
+    aer.set_data_ptr(DataPtr::None);
+    a.send(&Pdu::CapsuleCmd(aer.0), &[]);
+    // The drive goes away: the AER completes with a namespace notice.
+    let e = s.exports.remove("ram0").unwrap();
+    e.close();
+    let (p, _) = a.recv();
+    let Pdu::CapsuleResp(c) = p else {
+        panic!("expected the AER's completion, got {p:?}")
+    };
+    let cqe = Cqe::decode(&c);
+    assert_eq!(cqe.cid, aer_cid);
+    assert_eq!(cqe.result & 0xFFFF_FFFF, 2 | (0x04 << 16));
+    // The changed namespace list names namespace 1, and it is inactive.
+    let cid = a.cid();
+    let mut log = LogRequest {
+        lid: lid::CHANGED_NS,
+        rae: false,
+        len: 4096,
+        offset: 0,
+    }
+    .encode(cid);
+    log.set_data_ptr(DataPtr::Transport { len: 4096 });
+    let d = a.command(log, &[], &[]);
+    assert_eq!(&d.data[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(a.identify(2, 0).data[..4], [0, 0, 0, 0]);
+}
+
+#[test]
+fn the_admin_queue_closing_takes_its_io_queues() {
+    let s = setup(|_| {});
+    let (a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    drop(a);
+    // The I/O queue's socket is shut down: the read ends.
+    let mut b = [0u8; 1];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match q.s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => assert!(Instant::now() < deadline, "the I/O queue stayed open"),
+        }
+    }
+}
+
+/// Reads until the server closes; returns a C2HTermReq's FES if one came.
+fn term_status(s: &mut TcpStream) -> Option<u16> {
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let b = all.get(..24)?;
+    (b[0] == 0x03).then(|| u16::from_le_bytes([b[8], b[9]]))
+}
+
+#[test]
+fn malformed_pdus_get_a_term_req_and_others_are_served() {
+    let s = setup(|_| {});
+    let (_a, mut good, _) = controller(s.addr, "ram0", Digests::default());
+    // An unknown PDU type after the ICReq.
+    let mut bad = Client::open(s.addr, Digests::default());
+    bad.s.write_all(&[0x08, 0, 24, 0, 24, 0, 0, 0]).unwrap();
+    bad.s.write_all(&[0; 16]).unwrap();
+    assert_eq!(
+        term_status(&mut bad.s),
+        Some(pdu::fes::INVALID_HEADER_FIELD)
+    );
+    // A capsule claiming a gigabyte.
+    let mut bad = Client::open(s.addr, Digests::default());
+    let mut h = [4u8, 0, 72, 72, 0, 0, 0, 0];
+    h[4..8].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    bad.s.write_all(&h).unwrap();
+    assert_eq!(term_status(&mut bad.s), Some(pdu::fes::DATA_LIMIT_EXCEEDED));
+    // H2CData nobody asked for.
+    let mut bad = Client::open(s.addr, Digests::default());
+    let h2c = Pdu::H2CData(pdu::DataHdr {
+        command_id: 1,
+        ttag: 9,
+        offset: 0,
+        length: 4,
+        last: true,
+        success: false,
+    });
+    bad.send(&h2c, &[0; 4]);
+    assert_eq!(
+        term_status(&mut bad.s),
+        Some(pdu::fes::INVALID_HEADER_FIELD)
+    );
+    // A bad header digest.
+    let d = Digests {
+        header: true,
+        data: false,
+    };
+    let mut bad = Client::open(s.addr, d);
+    let mut out = Vec::new();
+    pdu::encode(&Pdu::CapsuleCmd([0; 64]), &[], d, 0, &mut out);
+    out[20] ^= 1;
+    bad.s.write_all(&out).unwrap();
+    assert_eq!(term_status(&mut bad.s), Some(pdu::fes::HEADER_DIGEST));
+    // Commands before Connect fail; the well-behaved host is still served.
+    let mut early = Client::open(s.addr, Digests::default());
+    let r = early.read(0, 1);
+    assert_eq!(r.cqe.status, Status::CMD_SEQ_ERROR);
+    assert!(good.read(0, 1).cqe.status.is_success());
+}
+
+#[test]
+fn a_silent_connection_is_closed_at_the_connect_deadline() {
+    let s = setup(|c| c.connect_timeout = Duration::from_millis(300));
+    let mut idle = TcpStream::connect(s.addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    // The server closes it; the read returns end of file (no ICResp).
+    assert_eq!(idle.read(&mut b).unwrap(), 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.stop.connections() > 0 {
+        assert!(Instant::now() < deadline, "connection slot not freed");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn random_pdus_never_take_the_target_down() {
+    let s = setup(|_| {});
+    let (_a, mut good, _) = controller(s.addr, "ram0", Digests::default());
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let pdus = proptest::collection::vec(
+        (
+            0u8..12,
+            any::<u8>(),
+            proptest::collection::vec(any::<u8>(), 0..200),
+        ),
+        1..4,
+    );
+    runner
+        .run(&pdus, |pdus| {
+            let mut c = Client::open(s.addr, Digests::default());
+            for (t, flags, body) in pdus {
+                let mut b = vec![t, flags, 24, 0];
+                b.extend_from_slice(&((8 + body.len()) as u32).to_le_bytes());
+                b.extend_from_slice(&body);
+                if c.s.write_all(&b).is_err() {
+                    break;
+                }
+            }
+            let _ = c.s.shutdown(std::net::Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = c.s.read_to_end(&mut sink);
+            Ok(())
+        })
+        .unwrap();
+    assert!(good.read(0, 1).cqe.status.is_success());
+}
