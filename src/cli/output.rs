@@ -350,6 +350,9 @@ pub fn drive_info(d: &DriveInfo) -> String {
         &d.uri,
         &d.tcp_uris,
     );
+    if let Some(nqn) = &d.nvme_nqn {
+        row("nvme nqn", nqn.clone());
+    }
     if let Some(e) = &d.error {
         row("error", e.clone());
         row(

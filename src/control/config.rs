@@ -184,6 +184,11 @@ pub struct DaemonSection {
     /// Addresses as `--nbd-listen` takes them (`localhost:10809` too).
     #[serde(default, deserialize_with = "de_listen_addrs")]
     pub nbd_listen: Option<Vec<SocketAddr>>,
+    /// Addresses as `--nvme-listen` takes them (port 4420 by default).
+    #[serde(default, deserialize_with = "super::nvme_listen::de_nvme_listen")]
+    pub nvme_listen: Option<Vec<SocketAddr>>,
+    /// `--nvme-plaintext`.
+    pub nvme_plaintext: Option<bool>,
     /// The REST API on TCP too (TLS and bearer tokens; docs/api.md).
     #[serde(default, deserialize_with = "de_listen_addr")]
     pub api_listen: Option<SocketAddr>,

@@ -69,6 +69,7 @@ pub mod ledger;
 pub mod listen_addr;
 pub mod lock;
 pub mod logging;
+pub mod nvme_listen;
 pub mod pressure;
 pub mod remotes;
 pub mod run;
@@ -131,6 +132,19 @@ pub struct DaemonArgs {
     /// address is allowed, unless --tls off says so. Repeatable.
     #[arg(long = "nbd-listen", value_name = "ADDR", value_parser = listen_addr::parse_listen_addr)]
     pub nbd_listen: Vec<SocketAddr>,
+
+    /// Serve every drive as an NVMe/TCP subsystem on this address
+    /// (ADDR[:PORT], port 4420 by default): `nvme discover -t tcp -a ADDR`
+    /// lists them. Plaintext (NVMe/TCP TLS is not offered yet), so only a
+    /// loopback address unless --nvme-plaintext. Repeatable. docs/nvme.md.
+    #[arg(long = "nvme-listen", value_name = "ADDR[:PORT]", value_parser = nvme_listen::parse_nvme_listen)]
+    pub nvme_listen: Vec<SocketAddr>,
+
+    /// Serve NVMe/TCP in plaintext on addresses other machines reach (a
+    /// trusted network only: anyone who reaches it reads and writes the
+    /// drives its access rules allow).
+    #[arg(long)]
+    pub nvme_plaintext: bool,
 
     /// Also serve the REST API on this TCP address (e.g. 0.0.0.0:8443),
     /// over TLS with the --tls-certificates, every request needing a
@@ -342,6 +356,9 @@ pub enum DaemonError {
     /// The NBD listeners could not be bound.
     #[error("cannot start the NBD server: {0}")]
     Nbd(std::io::Error),
+    /// The NVMe/TCP target did not start.
+    #[error(transparent)]
+    Nvme(#[from] nvme_listen::NvmeStartError),
     /// The API socket could not be bound.
     #[error("cannot listen on the API socket {path}: {source}")]
     Api {
@@ -426,6 +443,10 @@ pub struct Settings {
     pub nbd_socket: PathBuf,
     pub state_dir: PathBuf,
     pub nbd_listen: Vec<SocketAddr>,
+    /// `--nvme-listen`: the NVMe/TCP target's addresses (none: off).
+    pub nvme_listen: Vec<SocketAddr>,
+    /// `--nvme-plaintext`: NVMe/TCP on non-loopback addresses allowed.
+    pub nvme_plaintext: bool,
     /// `--api-listen`: the API over TCP too.
     pub api_listen: Option<SocketAddr>,
     /// `--http`: the dashboard and the API on TCP.
@@ -562,6 +583,12 @@ impl Settings {
             } else {
                 args.nbd_listen.clone()
             },
+            nvme_listen: if args.nvme_listen.is_empty() {
+                c.nvme_listen.clone().unwrap_or_default()
+            } else {
+                args.nvme_listen.clone()
+            },
+            nvme_plaintext: args.nvme_plaintext || c.nvme_plaintext.unwrap_or(false),
             api_listen: args.api_listen.or(c.api_listen),
             http: args.http.or(c.http),
             tls_mode: args.tls.or(c.tls),
@@ -633,6 +660,8 @@ pub struct Daemon {
     pub settings: Settings,
     /// TCP addresses actually bound (ports resolved).
     pub tcp_addrs: Vec<SocketAddr>,
+    /// The NVMe/TCP node id when the target runs (drives' NQNs carry it).
+    pub nvme_node: Option<String>,
     pub started: Instant,
     pub started_unix_s: u64,
     pub sampler: Arc<Sampler>,

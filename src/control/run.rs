@@ -589,6 +589,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
     let fds = descriptor_plan(&settings);
+    let nvme_exports = exports.clone();
     let (server, tls, (tcp_tls_mode, unix_tls_mode)) =
         bind_nbd(&settings, exports, drives.access_table(), &fds)?;
     let mut bound = BoundSockets {
@@ -617,6 +618,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
 
+    // Before the NBD thread: a refused NVMe start leaves nothing running.
+    let nvme = start_nvme(&settings, nvme_exports, drives.access_table())
+        .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let daemon = Arc::new(Daemon {
         ledger,
@@ -625,6 +629,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ublk: crate::ublk::Devices::new(&settings.runtime_dir),
         settings: settings.clone(),
         tcp_addrs,
+        nvme_node: nvme.as_ref().map(|n| n.3.clone()),
         started: Instant::now(),
         started_unix_s: now_unix_s(),
         sampler: Arc::new(Sampler::new()),
@@ -660,6 +665,14 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // systemd unit's stop ordering relies on this happening before exit).
     stop_dirs(&daemon.dirs);
     // The API has stopped; now NBD: finish in-flight requests, close.
+    if let Some((handle, thread, _, _)) = nvme {
+        handle.shutdown();
+        match thread.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("NVMe/TCP target: {e}"),
+            Err(_) => tracing::error!("NVMe/TCP target thread panicked"),
+        }
+    }
     nbd_handle.shutdown();
     match nbd_thread.join() {
         Ok(Ok(())) => {}
@@ -690,6 +703,26 @@ fn api_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
         .enable_all()
         .build()
         .map_err(DaemonError::Start)
+}
+
+/// Starts the NVMe/TCP target when `--nvme-listen` asks for it.
+fn start_nvme(
+    settings: &Settings,
+    exports: Arc<ExportTable>,
+    access: Arc<AccessTable>,
+) -> Result<Option<super::nvme_listen::RunningNvme>, DaemonError> {
+    if settings.nvme_listen.is_empty() {
+        return Ok(None);
+    }
+    let node = super::nvme_listen::node_id(&settings.state_dir)?;
+    let running = super::nvme_listen::start(
+        &settings.nvme_listen,
+        settings.nvme_plaintext,
+        &node,
+        exports,
+        access,
+    )?;
+    Ok(Some(running))
 }
 
 /// Starts the memory-pressure watcher over the daemon-wide budget; it

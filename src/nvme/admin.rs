@@ -19,6 +19,7 @@ use super::identify::{self, cns, CtrlInfo, CtrlType, NsInfo};
 use super::log::{self, lid, DiscoveryEntry, Health, LogRequest};
 use super::names;
 use super::sqe::{self, admin, prop, Connect, ConnectData, Property, Sqe, Status};
+use super::state::{AdminState, LBA_SHIFT};
 use super::target::{ConnectRefusal, Serves};
 use crate::nbd::access::Grant;
 
@@ -29,9 +30,6 @@ const VERSION: u32 = 0x0001_0300;
 const KAS: u16 = 10;
 /// Outstanding AERs per controller.
 const AER_LIMIT: usize = 4;
-/// Logical block size: 512 bytes (every host's default; any alignment is
-/// fine for a RAM drive).
-pub(super) const LBA_SHIFT: u8 = 9;
 /// Feature identifiers.
 const FEAT_VWC: u8 = 0x06;
 const FEAT_NUM_QUEUES: u8 = 0x07;
@@ -44,26 +42,6 @@ const AEN_DISC_CHANGED: u64 = 2 | (0xF0 << 8) | ((lid::DISCOVERY as u64) << 16);
 /// Asynchronous Event Configuration bits.
 const AEN_CFG_NS_ATTR: u32 = 1 << 8;
 const AEN_CFG_DISC_CHANGE: u32 = 1 << 31;
-
-/// What the admin queue of a controller keeps.
-pub(super) struct AdminState {
-    cc: u32,
-    csts: u32,
-    kato: Duration,
-    last_seen: Instant,
-    aen_config: u32,
-    aers: Vec<u16>,
-    /// What the host was last told: (present, blocks, read-only) of the
-    /// drive, or a digest of the drive list for discovery.
-    told: (bool, u64, bool),
-    told_list: Vec<String>,
-    /// A notice is due but no AER was outstanding.
-    event_due: Option<u64>,
-    /// The namespace changed since the log was last read.
-    ns_changed: bool,
-    genctr: u64,
-    started: Instant,
-}
 
 impl Queue {
     pub(super) fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> Result<(), ConnError> {

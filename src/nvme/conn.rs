@@ -32,9 +32,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::admin::AdminState;
 use super::pdu::{self, CommonHeader, Digests, Frame, Pdu, PduError, CH_LEN};
 use super::sqe::{admin, fctype, Cqe, DataPtr, Sqe, Status};
+use super::state::AdminState;
 use super::target::{Controller, Target};
 use crate::block::Export;
 use crate::metrics::ConnRecorder;

@@ -9,10 +9,10 @@
 //! Reads go straight from the backend into the output buffer behind their
 //! C2HData headers: no intermediate copy.
 
-use super::admin::LBA_SHIFT;
 use super::conn::{ConnError, Queue};
 use super::pdu;
 use super::sqe::{io, DataPtr, DsmRange, Rw, Sqe, Status, DSM_MAX_RANGES};
+use super::state::LBA_SHIFT;
 use super::target::Serves;
 use crate::block::{validate, Command, Errno, Limits, Refusal, Request};
 use crate::metrics::Op;

@@ -22,6 +22,7 @@
 //!  admin      Connect, Property Get/Set, Identify, features, log pages,
 //!             keep-alive, asynchronous events
 //!  io         Read/Write/Flush/Write Zeroes/DSM through block::validate
+//!  state      what an admin queue keeps (CC/CSTS, KATO, AERs, last notices)
 //! ```
 //!
 //! Invariants every part keeps: decoding bytes from a host never panics
@@ -39,6 +40,7 @@ pub mod names;
 pub mod pdu;
 pub mod server;
 pub mod sqe;
+mod state;
 pub mod target;
 
 pub use conn::ConnError;

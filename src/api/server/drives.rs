@@ -63,6 +63,10 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
         },
         compression: compression_info(drive),
         snapshots: super::snapshots::status_of(d, &drive.name).statuses,
+        nvme_nqn: d
+            .nvme_node
+            .as_ref()
+            .map(|n| crate::nvme::names::subsystem_nqn(n, &drive.name)),
     }
 }
 

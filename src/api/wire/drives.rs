@@ -176,6 +176,10 @@ pub struct DriveInfo {
     /// none is scheduled).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotStatus>,
+    /// The drive's NVMe/TCP subsystem NQN (absent when the daemon serves
+    /// no NVMe/TCP, `--nvme-listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_nqn: Option<String>,
 }
 
 /// A compressed drive's memory figures, like zram's `mm_stat` (each shard
