@@ -651,3 +651,99 @@ fn random_pdus_never_take_the_target_down() {
         .unwrap();
     assert!(good.read(0, 1).cqe.status.is_success());
 }
+
+/// A valid opening (ICReq, Connect to a drive, an in-capsule write, a
+/// read, an R2T write) with random bytes changed: whatever the target
+/// makes of it, it answers or closes, and other hosts are still served.
+#[test]
+fn mutated_valid_sessions_never_take_the_target_down() {
+    let s = setup(|c| c.connect_timeout = Duration::from_secs(2));
+    let (_a, mut good, cntlid) = controller(s.addr, "ram0", Digests::default());
+    let nqn = names::subsystem_nqn(NODE, "ram0");
+    let mut session = Vec::new();
+    let mut pdu_bytes = |p: &Pdu, data: &[u8]| {
+        let mut out = Vec::new();
+        pdu::encode(p, data, Digests::default(), 0, &mut out);
+        session.extend_from_slice(&out);
+    };
+    let icreq = Pdu::ICReq(pdu::ICReq {
+        pfv: 0,
+        hpda: 0,
+        digests: Digests::default(),
+        maxr2t: 0,
+    });
+    pdu_bytes(&icreq, &[]);
+    let connect = Connect {
+        recfmt: 0,
+        qid: 1,
+        sqsize: 31,
+        cattr: 0,
+        kato_ms: 0,
+    };
+    let data = ConnectData {
+        hostid: [1; 16],
+        cntlid,
+        subnqn: nqn,
+        hostnqn: HOST.into(),
+    }
+    .encode();
+    pdu_bytes(&Pdu::CapsuleCmd(connect.encode(1).0), &data);
+    let mut w = Rw {
+        slba: 0,
+        nlb: 1,
+        fua: false,
+        deallocate: false,
+    }
+    .encode(io::WRITE, 2, 1);
+    w.set_data_ptr(DataPtr::InCapsule {
+        offset: 0,
+        len: 512,
+    });
+    pdu_bytes(&Pdu::CapsuleCmd(w.0), &[7; 512]);
+    let mut r = Rw {
+        slba: 0,
+        nlb: 8,
+        fua: false,
+        deallocate: false,
+    }
+    .encode(io::READ, 3, 1);
+    r.set_data_ptr(DataPtr::Transport { len: 4096 });
+    pdu_bytes(&Pdu::CapsuleCmd(r.0), &[]);
+    let h2c = Pdu::H2CData(pdu::DataHdr {
+        command_id: 2,
+        ttag: 2,
+        offset: 0,
+        length: 512,
+        last: true,
+        success: false,
+    });
+    pdu_bytes(&h2c, &[9; 512]);
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let edits = proptest::collection::vec((0..session.len(), any::<u8>()), 1..6);
+    runner
+        .run(&edits, |edits| {
+            let mut bytes = session.clone();
+            for (at, v) in edits {
+                bytes[at] = v;
+            }
+            let mut c = TcpStream::connect(s.addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let _ = c.write_all(&bytes);
+            let _ = c.shutdown(std::net::Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = c.read_to_end(&mut sink);
+            Ok(())
+        })
+        .unwrap();
+    assert!(good.read(0, 1).cqe.status.is_success());
+    // Every connection of the fuzzing has ended (slots are not leaked).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.stop.connections() > 2 {
+        assert!(Instant::now() < deadline, "fuzzing connections still open");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
