@@ -42,18 +42,17 @@ pub enum NvmeStartError {
 
 /// `ADDR[:PORT]` as `--nvme-listen` takes it: the port defaults to 4420.
 pub fn parse_nvme_listen(text: &str) -> Result<SocketAddr, super::listen_addr::ListenAddrError> {
-    let with_port = match super::listen_addr::parse_listen_addr(text) {
-        Ok(a) => return Ok(a),
+    // A bare IP address (IPv6 ones included: `::1` would otherwise look
+    // like host `:` and port 1).
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, NVME_PORT));
+    }
+    match super::listen_addr::parse_listen_addr(text) {
         Err(super::listen_addr::ListenAddrError::NoPort { .. }) => {
-            if text.contains(':') && !text.starts_with('[') {
-                format!("[{text}]:{NVME_PORT}") // a bare IPv6 address
-            } else {
-                format!("{text}:{NVME_PORT}")
-            }
+            super::listen_addr::parse_listen_addr(&format!("{text}:{NVME_PORT}"))
         }
-        Err(e) => return Err(e),
-    };
-    super::listen_addr::parse_listen_addr(&with_port)
+        other => other,
+    }
 }
 
 /// serde: the config key `nvme_listen`, a list of `ADDR[:PORT]`.
