@@ -36,7 +36,8 @@ const FEAT_NUM_QUEUES: u8 = 0x07;
 const FEAT_ASYNC_EVENT: u8 = 0x0B;
 const FEAT_KATO: u8 = 0x0F;
 /// AER result: type notice (2), info and log page.
-const AEN_NS_CHANGED: u64 = 2 | (0x00 << 8) | ((lid::CHANGED_NS as u64) << 16);
+// (info 0x00: namespace attribute changed)
+const AEN_NS_CHANGED: u64 = 2 | ((lid::CHANGED_NS as u64) << 16);
 const AEN_DISC_CHANGED: u64 = 2 | (0xF0 << 8) | ((lid::DISCOVERY as u64) << 16);
 
 /// Asynchronous Event Configuration bits.
