@@ -588,8 +588,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // A refused start leaves no socket behind: from here on the NBD and
     // API sockets, until the daemon serves.
+    let nvme = start_nvme(&settings, &exports, drives.access_table())?;
     let fds = descriptor_plan(&settings);
-    let nvme_exports = exports.clone();
     let (server, tls, (tcp_tls_mode, unix_tls_mode)) =
         bind_nbd(&settings, exports, drives.access_table(), &fds)?;
     let mut bound = BoundSockets {
@@ -618,9 +618,6 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
 
-    // Before the NBD thread: a refused NVMe start leaves nothing running.
-    let nvme = start_nvme(&settings, nvme_exports, drives.access_table())
-        .inspect_err(|_| remove_if_socket(&settings.api_socket))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let daemon = Arc::new(Daemon {
         ledger,
@@ -665,14 +662,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // systemd unit's stop ordering relies on this happening before exit).
     stop_dirs(&daemon.dirs);
     // The API has stopped; now NBD: finish in-flight requests, close.
-    if let Some((handle, thread, _, _)) = nvme {
-        handle.shutdown();
-        match thread.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!("NVMe/TCP target: {e}"),
-            Err(_) => tracing::error!("NVMe/TCP target thread panicked"),
-        }
-    }
+    stop_nvme(nvme);
     nbd_handle.shutdown();
     match nbd_thread.join() {
         Ok(Ok(())) => {}
@@ -705,10 +695,11 @@ fn api_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
         .map_err(DaemonError::Start)
 }
 
-/// Starts the NVMe/TCP target when `--nvme-listen` asks for it.
+/// Starts the NVMe/TCP target when `--nvme-listen` asks for it (before
+/// any socket is bound: a refusal leaves nothing behind).
 fn start_nvme(
     settings: &Settings,
-    exports: Arc<ExportTable>,
+    exports: &Arc<ExportTable>,
     access: Arc<AccessTable>,
 ) -> Result<Option<super::nvme_listen::RunningNvme>, DaemonError> {
     if settings.nvme_listen.is_empty() {
@@ -719,10 +710,23 @@ fn start_nvme(
         &settings.nvme_listen,
         settings.nvme_plaintext,
         &node,
-        exports,
+        exports.clone(),
         access,
     )?;
     Ok(Some(running))
+}
+
+/// Stops the NVMe/TCP target (hosts see their connections drop and
+/// reconnect to the next daemon) and waits for its connections to end.
+fn stop_nvme(nvme: Option<super::nvme_listen::RunningNvme>) {
+    if let Some((handle, thread, _, _)) = nvme {
+        handle.shutdown();
+        match thread.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("NVMe/TCP target: {e}"),
+            Err(_) => tracing::error!("NVMe/TCP target thread panicked"),
+        }
+    }
 }
 
 /// Starts the memory-pressure watcher over the daemon-wide budget; it
