@@ -58,7 +58,7 @@ dev_of() { # nqn
             # nvmeXcYnZ: one path of a multipath head (no device node).
             case ${b##*/} in nvme*c*n*) continue ;; esac
             [ -e "$b/device/subsysnqn" ] || continue
-            if [ "$(cat "$b/device/subsysnqn")" = "$1" ]; then
+            if [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ]; then
                 echo "/dev/${b##*/}"
                 return 0
             fi
@@ -82,7 +82,7 @@ dev_of_now() {
     for b in /sys/block/nvme*; do
         case ${b##*/} in nvme*c*n*) continue ;; esac
         [ -e "$b/device/subsysnqn" ] || continue
-        [ "$(cat "$b/device/subsysnqn")" = "$1" ] && return 0
+        [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && return 0
     done
     return 1
 }
@@ -205,14 +205,22 @@ ok "a listed host NQN connects"
 log "kill -9 of ramd: the host reconnects to a persistent drive"
 connect "$PDB" --ctrl-loss-tmo=60 --reconnect-delay=1
 PDEV=$(dev_of "$PDB") || fail "no block device for $PDB"
-mkfs.ext4 -q "$PDEV"
+# No lazy initialisation: ext4 writes nothing in the background later.
+mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0 "$PDEV"
 mkdir -p /mnt/pdb
 mount "$PDEV" /mnt/pdb
 make_tree /mnt/pdb /tmp/pdb.sha
-sync
+# The drive promises what was flushed (durability=flush; the namespace has
+# a volatile write cache): freezing flushes everything and holds further
+# writes, so what the kill loses can only be what was never acknowledged
+# as durable. Without the freeze ext4 may write (journal commit) between
+# sync and the kill, and those writes are lost with the cache, as on a disk
+# that loses power.
+fsfreeze -f /mnt/pdb
 kill -KILL "$ramd_pid"
 wait "$ramd_pid" 2>/dev/null || true
 start_ramd
+fsfreeze -u /mnt/pdb
 # I/O waits while the host reconnects; then the files read back.
 echo 3 >/proc/sys/vm/drop_caches
 check_tree /mnt/pdb /tmp/pdb.sha "after kill -9 and reconnect"
