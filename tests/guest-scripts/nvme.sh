@@ -118,14 +118,16 @@ RO=$(nqn_of ro)
 PDB=$(nqn_of pdb)
 [ -n "$DB" ] && [ -n "$RO" ] && [ -n "$PDB" ] || fail "discovery did not list db, ro and pdb"
 ok "discovery lists $DB"
-"$RAMD" info db | grep -q "$DB" || fail "ramd info db does not show the NQN"
+info=$("$RAMD" info db)
+[[ $info == *"$DB"* ]] || fail "ramd info db does not show the NQN"
 ok "ramd info db shows the NQN"
 
 log "nvme connect, 2 I/O queues"
 connect "$DB" -i 2
 DEV=$(dev_of "$DB") || fail "no block device for $DB"
 ok "connected: $DEV"
-nvme id-ctrl "$DEV" | grep -q "ramd" || fail "id-ctrl: no ramd model"
+idctrl=$(nvme id-ctrl "$DEV")
+[[ $idctrl == *ramd* ]] || fail "id-ctrl: no ramd model"
 size=$(blockdev --getsize64 "$DEV")
 [ "$size" = $((256 << 20)) ] || fail "size $size, not 256 MiB"
 ok "id-ctrl and size"
