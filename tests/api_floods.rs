@@ -25,7 +25,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use common::pki::{issue, make_ca};
+use common::pki::server_dir;
 use common::{require, Daemon};
 
 /// A daemon with `--api-listen 127.0.0.1:0` (`tls`: with certificates,
@@ -141,17 +141,7 @@ fn half_requests_and_silent_handshakes_are_closed() {
     });
     // TLS: a connection that never starts its handshake is closed too.
     let pki = tempfile::tempdir().unwrap();
-    let ca = pki.path().join("ca");
-    make_ca(&ca, "floods-ca");
-    issue(&ca, "localhost", "server", None);
-    let server = pki.path().join("server");
-    std::fs::create_dir_all(&server).unwrap();
-    std::fs::copy(
-        ca.join("localhost-cert.pem"),
-        server.join("server-cert.pem"),
-    )
-    .unwrap();
-    std::fs::copy(ca.join("localhost-key.pem"), server.join("server-key.pem")).unwrap();
+    let server = server_dir(pki.path(), "floods-ca");
     let (_t, tls_port) = daemon(Some(&server));
     let mut silent = connect_from("127.0.0.2", tls_port);
     common::wait_until(

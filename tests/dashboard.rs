@@ -39,7 +39,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::openapi::Spec;
-use common::pki::{issue, make_ca};
+use common::pki::server_dir;
 use common::{require, require_python_module, Daemon};
 use serde_json::{json, Value};
 
@@ -63,17 +63,7 @@ const MARKUP: &str = "<img src=x onerror=\"window.pwned=1\"><b>b";
 impl Dash {
     fn start() -> Dash {
         let pki = tempfile::tempdir().unwrap();
-        let ca = pki.path().join("ca");
-        make_ca(&ca, "dashboard-test-ca");
-        issue(&ca, "localhost", "server", None);
-        let server = pki.path().join("server");
-        std::fs::create_dir_all(&server).unwrap();
-        std::fs::copy(
-            ca.join("localhost-cert.pem"),
-            server.join("server-cert.pem"),
-        )
-        .unwrap();
-        std::fs::copy(ca.join("localhost-key.pem"), server.join("server-key.pem")).unwrap();
+        let server = server_dir(pki.path(), "dashboard-test-ca");
         let args = [
             "serve",
             "--drive",

@@ -121,3 +121,22 @@ pub fn issue(ca: &Path, cn: &str, kind: &str, dates: Option<(&str, &str)>) -> (P
     openssl(ca, &args);
     (cert, key)
 }
+
+/// A CA under `root/ca` named `ca_name` and a daemon certificates
+/// directory `root/server` holding its `localhost` server certificate and
+/// key (CN=localhost; the CA's config adds the SANs): the directory to
+/// give `--tls-certificates`.
+pub fn server_dir(root: &Path, ca_name: &str) -> PathBuf {
+    let ca = root.join("ca");
+    make_ca(&ca, ca_name);
+    issue(&ca, "localhost", "server", None);
+    let server = root.join("server");
+    std::fs::create_dir_all(&server).unwrap();
+    for (from, to) in [
+        ("localhost-cert.pem", "server-cert.pem"),
+        ("localhost-key.pem", "server-key.pem"),
+    ] {
+        std::fs::copy(ca.join(from), server.join(to)).unwrap();
+    }
+    server
+}
