@@ -14,6 +14,11 @@
 //! - Directories created for private data are 0700 ([`create_private_dir`]).
 //! - Private files are replaced whole and atomically, never visible to
 //!   others nor half written ([`replace_private_file`]).
+//! - A secret the daemon is given (a key file, a credentials file, a TLS
+//!   private key, a config holding an S3 secret) is refused when its group
+//!   or others may read it, with the `chmod` to run, as ssh does
+//!   ([`check_secret_file`]). The refusal names the path and what to run,
+//!   never the file's mode or size: it may reach a caller over TCP.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -295,6 +300,63 @@ pub fn check_client_runtime_dir(dir: &Path) -> Result<(), DirError> {
     }
 }
 
+/// A secret file that its group or other users may read.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{what} {} may be read by {who}: a secret must be readable by its owner only; run `{fix}`", path.display())]
+pub struct NotPrivate {
+    /// What the file is, for the message ("key file").
+    pub what: &'static str,
+    pub path: PathBuf,
+    /// "its group", "other users" or both.
+    pub who: &'static str,
+    /// The command that makes it private (`chmod 600 PATH`, after a
+    /// `chown` when the daemon reads another user's file).
+    pub fix: String,
+}
+
+/// Refuses the secret file `path` (metadata `meta`, followed through
+/// links) when group or others may read it. The fix keeps it readable by
+/// the daemon: `chmod 600 PATH`, or `chown UID PATH && chmod 600 PATH`
+/// when the daemon is neither root nor the file's owner (it reads the
+/// file through its group or others' bits, which `chmod 600` alone would
+/// take away).
+pub fn check_secret_file(
+    what: &'static str,
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<(), NotPrivate> {
+    use std::os::unix::fs::MetadataExt;
+    let who = match (meta.mode() & 0o040 != 0, meta.mode() & 0o004 != 0) {
+        (false, false) => return Ok(()),
+        (true, false) => "its group",
+        (false, true) => "other users",
+        (true, true) => "its group and other users",
+    };
+    let shown = shell_word(&path.display().to_string());
+    let uid = euid();
+    let fix = if uid == 0 || meta.uid() == uid {
+        format!("chmod 600 {shown}")
+    } else {
+        format!("chown {uid} {shown} && chmod 600 {shown}")
+    };
+    Err(NotPrivate {
+        what,
+        path: path.to_owned(),
+        who,
+        fix,
+    })
+}
+
+/// `text` as one word for a shell: as is when it needs no quoting, else
+/// in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@,=%".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        return text.to_owned();
+    }
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
 /// `path` made absolute against the working directory, with `.`, `..`
 /// and symbolic links resolved as far as the path exists: its longest
 /// existing ancestor is canonicalized and the rest appended (mount tables,
@@ -463,6 +525,40 @@ mod tests {
         // With the sticky bit (as /tmp) nobody else can rename our entry.
         std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o1777)).unwrap();
         ensure_runtime_dir(&parent.join("ramd")).unwrap();
+    }
+
+    #[test]
+    fn secret_files_others_may_read_are_refused_with_the_chmod_to_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("my key");
+        std::fs::write(&f, b"x").unwrap();
+        for (m, who) in [
+            (0o640, "its group"),
+            (0o604, "other users"),
+            (0o644, "its group and other users"),
+        ] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(m)).unwrap();
+            let e = check_secret_file("key file", &f, &std::fs::metadata(&f).unwrap()).unwrap_err();
+            assert_eq!(e.who, who);
+            let msg = e.to_string();
+            let quoted = format!("'{}'", f.display());
+            assert!(msg.contains(&format!("chmod 600 {quoted}`")), "{msg}");
+            assert!(
+                msg.starts_with(&format!("key file {}", f.display())),
+                "{msg}"
+            );
+            // Never the mode: the message may reach a caller over TCP.
+            assert!(!msg.contains(&format!("{m:o}")), "{msg}");
+        }
+        for m in [0o600, 0o400, 0o700, 0o611] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(m)).unwrap();
+            assert_eq!(
+                check_secret_file("key file", &f, &std::fs::metadata(&f).unwrap()),
+                Ok(())
+            );
+        }
+        assert_eq!(shell_word("/etc/ramd/k.pem"), "/etc/ramd/k.pem");
+        assert_eq!(shell_word("/a b/it's"), "'/a b/it'\\''s'");
     }
 
     #[test]

@@ -930,6 +930,12 @@ fn key_file_errors_never_suggest_overwriting_the_file() {
     let api = Api::start(&[]);
     let not_a_key = api.d.dir().join("shadow");
     std::fs::write(&not_a_key, "root:*:19000:0:99999:7:::\n".repeat(20)).unwrap();
+    // Private, as a key must be (one others may read is refused first).
+    std::fs::set_permissions(
+        &not_a_key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let missing = api.d.dir().join("missing.key");
     for (name, key) in [("a", &not_a_key), ("b", &missing)] {
         let body = json!({"name": name, "size": "1M", "persist": true, "encrypt": true,

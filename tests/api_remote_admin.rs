@@ -159,6 +159,93 @@ fn an_admin_token_over_tcp_cannot_name_host_paths_or_hosts_outside_the_config() 
     assert!(Path::new("/etc/cron.d").exists());
 }
 
+/// Secret files (issue 28 item 1): a key file group or others may read is
+/// refused with the chmod to run, and no refusal about a file named over
+/// TCP tells its mode or its size (a key file that is not a key used to
+/// say "it holds N bytes", a key file 0644 was used as is).
+#[test]
+fn secret_files_named_over_tcp_are_refused_without_their_mode_or_size() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require(&["curl"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = tmp.path().join("srv");
+    std::fs::create_dir(&allowed).unwrap();
+    let (d, port) = daemon(tmp.path(), &allowed);
+    let token = run(d
+        .cli()
+        .args(["token", "create", "--admin", "--name", "ops"]))
+    .ok()
+    .stdout
+    .trim()
+    .to_owned();
+    let file = |name: &str, bytes: &[u8], mode: u32| {
+        let p = allowed.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    };
+    let create = |name: &str, key: &Path| {
+        let body = format!(
+            r#"{{"name": "{name}", "size": "1M", "persist": true, "encrypt": true, "key_file": "{}"}}"#,
+            key.display()
+        );
+        post(port, &token, "/v1/drives", &body)
+    };
+    // Group and others may read a real key: refused, with the chmod.
+    let open_key = file("open.key", &[7u8; 32], 0o644);
+    let (status, v) = create("e1", &open_key);
+    let msg = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(status >= 400, "a 0644 key was used: {v}");
+    assert!(
+        msg.contains(&format!("`chmod 600 {}`", open_key.display())),
+        "{msg}"
+    );
+    assert!(!msg.contains("644"), "the mode is told: {msg}");
+    // Not a key, private: refused without its size.
+    let other = file("notes.txt", &[b'x'; 1234], 0o600);
+    let (status, v) = create("e2", &other);
+    let msg = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(status >= 400, "{v}");
+    assert!(msg.contains("32 raw bytes or 64 hex digits"), "{msg}");
+    assert!(!msg.contains("1234"), "the size is told: {msg}");
+    // The same key made private works.
+    std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (status, v) = create("e3", &open_key);
+    assert_eq!(status, 201, "{v}");
+}
+
+/// A config file that holds an S3 secret and that group or others may
+/// read: the daemon refuses to start, naming the chmod to run.
+#[test]
+fn a_config_others_may_read_with_an_s3_secret_refuses_to_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("ramd.toml");
+    std::fs::write(
+        &config,
+        "[[remote]]\nname = \"s3\"\nurl = \"s3://snapshots/ramd\"\nendpoint = \"http://127.0.0.1:1\"\nregion = \"garage\"\naccess_key_id = \"GK1\"\nsecret_access_key = \"s3cr3t-value\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let p = |f: &str| tmp.path().join(f).to_str().unwrap().to_owned();
+    let mut cmd = ramd();
+    cmd.args(["daemon", "--config", config.to_str().unwrap()])
+        .args(["--no-default-drive", "--runtime-dir", &p("run")])
+        .args(["--state-dir", &p("state"), "--socket", &p("nbd.sock")])
+        .args(["--api-socket", &p("api.sock")]);
+    let out = try_run(&mut cmd, std::time::Duration::from_secs(30)).unwrap();
+    assert_eq!(out.code(), 1, "ramd must refuse to start: {out}");
+    assert!(
+        out.stderr
+            .contains(&format!("`chmod 600 {}`", config.display())),
+        "{out}"
+    );
+    assert!(!out.stderr.contains("s3cr3t"), "the secret is shown: {out}");
+    assert!(!Path::new(&p("api.sock")).exists(), "no socket left");
+}
+
 /// Stored XSS through the benchmark plot: an SVG a client PUTs is never
 /// served back; the daemon draws the plot from the report's figures.
 #[test]

@@ -109,6 +109,12 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The file holds an S3 secret and group or others may read it.
+    #[error("{source} (it holds the S3 secret of remote '{remote}'; or move the secret to a credentials_file)")]
+    SecretReadable {
+        remote: String,
+        source: crate::paths::NotPrivate,
+    },
     /// The file is not valid (syntax, unknown key, bad value).
     #[error("{path}:{line}:{column}: {message}")]
     Invalid {
@@ -779,13 +785,26 @@ fn config_remotes(
     Ok(remotes)
 }
 
-/// Reads and parses a config file.
+/// Reads and parses a config file. One that holds an S3 secret
+/// (`secret_access_key` of a `[[remote]]`) must be readable by its owner
+/// only, as a credentials file must.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let read_err = |source| ConfigError::Read {
         path: path.to_owned(),
         source,
-    })?;
-    parse(path, &text)
+    };
+    let text = std::fs::read_to_string(path).map_err(read_err)?;
+    let config = parse(path, &text)?;
+    if let Some(remote) = config.remotes.iter().find(|r| r.has_inline_secret()) {
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        crate::paths::check_secret_file("config", path, &meta).map_err(|e| {
+            ConfigError::SecretReadable {
+                remote: remote.name.clone(),
+                source: e,
+            }
+        })?;
+    }
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -794,6 +813,27 @@ mod tests {
 
     fn err(text: &str) -> String {
         parse(Path::new("ramd.toml"), text).unwrap_err().to_string()
+    }
+
+    /// Issue 28: a config holding an S3 secret that group or others may
+    /// read is refused with the chmod to run; without a secret it is not.
+    #[test]
+    fn a_config_with_an_s3_secret_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ramd.toml");
+        let secret = "[[remote]]\nname = \"r\"\nurl = \"s3://snapshots/ramd\"\naccess_key_id = \"GK1\"\nsecret_access_key = \"s3cr3t\"\n";
+        std::fs::write(&path, secret).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains(&format!("`chmod 600 {}`", path.display())), "{e}");
+        assert!(e.contains("remote 'r'") && !e.contains("s3cr3t"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load(&path).unwrap().remotes.len(), 1);
+        let no_secret = "[[remote]]\nname = \"r\"\nurl = \"s3://snapshots/ramd\"\n";
+        std::fs::write(&path, no_secret).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(load(&path).unwrap().remotes.len(), 1);
     }
 
     #[test]

@@ -310,6 +310,12 @@ impl RemoteEntry {
 }
 
 impl RemoteSpec {
+    /// Whether the config file holds its secret (then the file must be
+    /// private: `config::load`).
+    pub fn has_inline_secret(&self) -> bool {
+        self.inline.is_some()
+    }
+
     /// Where its credentials come from, for listings (never the secret).
     pub fn credentials_source(&self) -> String {
         if let Some(f) = &self.credentials_file {

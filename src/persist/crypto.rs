@@ -10,7 +10,7 @@
 //!   of the same page can be replayed by someone who can write the disk;
 //!   GCM per page cannot prevent that.)
 //! - The key comes from a key file: 32 raw bytes, or 64 hex digits (an
-//!   optional trailing newline is allowed). `head -c 32 /dev/urandom > key`
+//!   optional trailing newline is allowed). `(umask 077; head -c 32 /dev/urandom > key)`
 //!   makes one. Key bytes are never logged or shown: `Debug` prints
 //!   `Key(..)`.
 //! - Wrong key: meta holds a *key check* (16 zero bytes sealed under the key
@@ -36,9 +36,14 @@ pub enum CryptoError {
         path: String,
         source: std::io::Error,
     },
-    /// The key file holds neither 32 raw bytes nor 64 hex digits.
-    #[error("key file {path} must hold 32 raw bytes or 64 hex digits (it holds {len} bytes); make one with `head -c 32 /dev/urandom > {path}`")]
-    KeyFormat { path: String, len: usize },
+    /// The key file holds neither 32 raw bytes nor 64 hex digits. (Its
+    /// size is not said: the path may come from a caller over TCP, and
+    /// the file may be any file.)
+    #[error("key file {path} must hold 32 raw bytes or 64 hex digits")]
+    KeyFormat { path: String },
+    /// Group or others may read the key file.
+    #[error(transparent)]
+    NotPrivate(#[from] crate::paths::NotPrivate),
     /// The OS random generator failed.
     #[error("the system random number generator failed")]
     Random,
@@ -85,17 +90,17 @@ impl Key {
     }
 
     /// Reads a key file: 32 raw bytes, or 64 hex digits and an optional
-    /// trailing newline.
+    /// trailing newline; readable by its owner only.
     pub fn from_file(path: &Path) -> Result<Key, CryptoError> {
         let shown = path.display().to_string();
-        let raw = std::fs::read(path).map_err(|source| CryptoError::KeyFile {
+        let read_err = |source| CryptoError::KeyFile {
             path: shown.clone(),
             source,
-        })?;
-        Key::parse(&raw).ok_or(CryptoError::KeyFormat {
-            path: shown,
-            len: raw.len(),
-        })
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        crate::paths::check_secret_file("key file", path, &meta)?;
+        let raw = std::fs::read(path).map_err(read_err)?;
+        Key::parse(&raw).ok_or(CryptoError::KeyFormat { path: shown })
     }
 
     /// Parses key file contents.
@@ -285,7 +290,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k");
         std::fs::write(&p, b"1234").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Key::from_file(&p).unwrap_err();
+        assert!(matches!(e, CryptoError::NotPrivate(_)), "{e}");
+        let e = e.to_string();
+        assert!(e.contains(&format!("`chmod 600 {}`", p.display())), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = Key::from_file(&p).unwrap_err().to_string();
         assert!(e.contains("32 raw bytes or 64 hex digits"), "{e}");
+        assert!(!e.contains("4 bytes"), "never the size of the file: {e}");
     }
 }

@@ -37,7 +37,6 @@
 //! or 64 hex characters.
 
 use std::fmt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use ring::aead::{self, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
@@ -103,16 +102,12 @@ pub enum KeyError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Group or others may read it.
-    #[error("key file {path} has mode {mode:o}: make it readable by its owner only (chmod 600)")]
-    Permissions {
-        /// The key file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
+    /// Group or others may read it (the message names the `chmod` to
+    /// run, never the mode: it may reach a caller over TCP).
+    #[error(transparent)]
+    Permissions(#[from] crate::paths::NotPrivate),
     /// Neither 32 bytes nor 64 hex characters.
-    #[error("key file {path} must hold 32 raw bytes or 64 hex characters (e.g. `head -c 32 /dev/urandom > FILE`)")]
+    #[error("key file {path} must hold 32 raw bytes or 64 hex characters (a new one: `(umask 077; set -C; head -c 32 /dev/urandom > NEW_FILE)`)")]
     Format {
         /// The key file.
         path: PathBuf,
@@ -167,13 +162,7 @@ impl Keys {
             source,
         };
         let meta = std::fs::metadata(path).map_err(read_err)?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyError::Permissions {
-                path: path.to_owned(),
-                mode,
-            });
-        }
+        crate::paths::check_secret_file("key file", path, &meta)?;
         let bytes = std::fs::read(path).map_err(read_err)?;
         let secret = parse_secret(&bytes).ok_or_else(|| KeyError::Format {
             path: path.to_owned(),
@@ -316,6 +305,7 @@ fn open(name: &str, bytes: &[u8], keys: &Keys) -> Result<Vec<u8>, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn keys(b: u8) -> Keys {
         Keys::from_secret(&[b; 32])
@@ -412,10 +402,14 @@ mod tests {
         let p = dir.path().join("k");
         std::fs::write(&p, "ab".repeat(32) + "\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(
-            Keys::load(&p),
-            Err(KeyError::Permissions { mode: 0o644, .. })
-        ));
+        let e = Keys::load(&p).unwrap_err();
+        assert!(matches!(e, KeyError::Permissions(_)), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("`chmod 600 {}`", p.display())),
+            "{msg}"
+        );
+        assert!(!msg.contains("644"), "no mode in messages: {msg}");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let from_hex = Keys::load(&p).unwrap();
         assert_eq!(from_hex.key_id, keys(0xab).key_id);

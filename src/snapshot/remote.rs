@@ -30,7 +30,6 @@
 //! are refused, or an object is missing, each naming the remote and object.
 
 use std::fmt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -124,16 +123,10 @@ pub enum CredentialsError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Group or others may read the file.
-    #[error(
-        "credentials file {path} has mode {mode:o}: make it readable by its owner only (chmod 600)"
-    )]
-    Permissions {
-        /// The file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
+    /// Group or others may read the file (the message names the `chmod`
+    /// to run, never the mode: it may reach a caller over TCP).
+    #[error(transparent)]
+    Permissions(#[from] crate::paths::NotPrivate),
     /// Not the expected TOML. The parser's message is left out: it may
     /// quote the secret.
     #[error(
@@ -155,17 +148,8 @@ impl Credentials {
             path: path.to_owned(),
             source,
         };
-        let mode = std::fs::metadata(path)
-            .map_err(read_err)?
-            .permissions()
-            .mode()
-            & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(CredentialsError::Permissions {
-                path: path.to_owned(),
-                mode,
-            });
-        }
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        crate::paths::check_secret_file("credentials file", path, &meta)?;
         let text = std::fs::read_to_string(path).map_err(read_err)?;
         toml::from_str(&text).map_err(|_| CredentialsError::Format {
             path: path.to_owned(),
@@ -685,6 +669,7 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn urls_parse_and_print() {
@@ -760,10 +745,13 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
         let e = Credentials::resolve(Some(&p), None).unwrap_err();
+        assert!(matches!(e, CredentialsError::Permissions(_)), "{e}");
         assert!(
-            matches!(e, CredentialsError::Permissions { mode: 0o640, .. }),
+            e.to_string()
+                .contains(&format!("`chmod 600 {}`", p.display())),
             "{e}"
         );
+        assert!(!e.to_string().contains("640"), "no mode in messages: {e}");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let other = Credentials {
             access_key_id: "GK2".into(),

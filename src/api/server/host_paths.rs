@@ -126,7 +126,23 @@ pub(crate) fn backing(policy: &ApiPolicy, who: Requester, text: &str) -> Result<
             let path = host_path(policy, who, "backing", text)?;
             owned_by_caller(&path, who)
         }
-        Ok(BackingSpec::Nbd(uri)) => match (&uri.address, who) {
+        Ok(BackingSpec::Nbd(uri)) => {
+            // The directory of the client's key is a host path too: over
+            // TCP, another directory would let a token holder borrow a
+            // local user's client certificate.
+            let dir = uri.tls.as_ref().and_then(|t| t.certificates.as_ref());
+            if let (Some(dir), Requester::Tcp) = (dir, who) {
+                host_path(policy, who, "tls-certificates", &dir.display().to_string())?;
+            }
+            nbd_host(policy, who, &uri.address)
+        }
+        Err(_) => Ok(()),
+    }
+}
+
+/// An NBD backing's address, if `who` may name it.
+fn nbd_host(policy: &ApiPolicy, who: Requester, address: &Address) -> Result<(), ApiError> {
+    match (address, who) {
             (Address::Unix { socket }, _) => {
                 host_path(policy, who, "backing socket", &socket.display().to_string()).map(drop)
             }
@@ -147,8 +163,6 @@ pub(crate) fn backing(policy: &ApiPolicy, who: Requester, text: &str) -> Result<
                 ))
             }
             _ => Ok(()),
-        },
-        Err(_) => Ok(()),
     }
 }
 
@@ -275,6 +289,19 @@ mod tests {
         assert!(e.message.contains("allowed_backing_hosts"), "{}", e.message);
         assert!(backing(&p, Requester::Tcp, "nbd://storage1/x").is_ok());
         assert!(backing(&p, LOCAL, "nbd://attacker/x").is_ok());
+        // A client key's directory outside the allowed ones, even to an
+        // allowed host.
+        let e = backing(
+            &p,
+            Requester::Tcp,
+            "nbds://storage1/x?tls-certificates=/root/.pki/libnbd",
+        )
+        .unwrap_err();
+        assert_eq!(e.code, "path_not_allowed");
+        assert!(e.message.contains("tls-certificates"), "{}", e.message);
+        let inside = format!("nbds://storage1/x?tls-certificates={}", allowed.display());
+        assert!(backing(&p, Requester::Tcp, &inside).is_ok());
+        assert!(backing(&p, LOCAL, "nbds://h/x?tls-certificates=/root/.pki/libnbd").is_ok());
         let e = backing(&p, Requester::Tcp, "/etc/shadow").unwrap_err();
         assert_eq!(e.code, "path_not_allowed");
         let e = backing(

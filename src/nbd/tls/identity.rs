@@ -141,7 +141,7 @@ fn text(bytes: &[u8]) -> Option<String> {
 
 /// One DER element: (tag, contents, what follows). Single-byte tags only
 /// (all X.509 needs); lengths in short or long form up to 4 bytes.
-fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub(super) fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = input.split_first()?;
     let (&first, mut rest) = rest.split_first()?;
     let len = if first < 0x80 {

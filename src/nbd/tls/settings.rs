@@ -13,6 +13,15 @@
 //! `reload` builds a new rustls configuration from the directory and swaps
 //! it in for connections accepted afterwards; sessions already running
 //! keep the configuration they started with.
+//!
+//! Checks beyond rustls's own:
+//! - The private key must be readable by its owner only (as ssh wants of
+//!   its keys): refused with the `chmod` to run, at start and at reload.
+//! - The server certificate's dates (`validity.rs`): one that is not valid
+//!   now is logged as a warning at start (the daemon still starts: the
+//!   operator may be about to replace it, and the NBD socket's plaintext
+//!   clients are unaffected) and refused at reload, where the certificate
+//!   in use is the better one to keep.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -24,6 +33,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
+
+use super::validity::{self, OutOfDate, Time, Validity};
 
 /// File names inside the certificates directory.
 pub const CA_CERT: &str = "ca-cert.pem";
@@ -111,6 +122,17 @@ pub enum TlsError {
     /// Client certificates were required with no CA to check them against.
     #[error("client certificates are required but {} is missing", path.display())]
     NoCa { path: PathBuf },
+    /// Group or others may read the private key.
+    #[error(transparent)]
+    KeyNotPrivate(#[from] crate::paths::NotPrivate),
+    /// The server certificate is not valid now (refused at reload).
+    #[error("{}: {}", path.display(), out_of_date(*why, validity, *now))]
+    OutOfDate {
+        path: PathBuf,
+        why: OutOfDate,
+        validity: Validity,
+        now: Time,
+    },
     /// rustls refused the CA, key or certificate (say a key that does not
     /// match the certificate).
     #[error("invalid TLS certificates in {}: {source}", dir.display())]
@@ -138,6 +160,21 @@ pub struct TlsSettings {
 struct Loaded {
     config: Arc<rustls::ServerConfig>,
     client_certs: ClientCerts,
+    /// The server certificate's dates; None when they could not be read
+    /// (rustls took the certificate all the same).
+    validity: Option<Validity>,
+}
+
+/// What an out-of-date certificate is, with its dates and what to do.
+fn out_of_date(why: OutOfDate, v: &Validity, now: Time) -> String {
+    let state = match why {
+        OutOfDate::NotYetValid => format!("is not valid yet: it is valid from {}", v.not_before),
+        OutOfDate::Expired => format!("has expired: it was valid until {}", v.not_after),
+    };
+    format!(
+        "the certificate {state} (notBefore {}, notAfter {}; now {now}), so every client would refuse it: put a certificate valid now in its place (check the host's clock too)",
+        v.not_before, v.not_after
+    )
 }
 
 impl fmt::Debug for TlsSettings {
@@ -154,6 +191,9 @@ impl TlsSettings {
     /// default (see [`ClientCerts`]).
     pub fn load(dir: &Path, client_certs: Option<ClientCerts>) -> Result<Arc<Self>, TlsError> {
         let loaded = load(dir, client_certs)?;
+        if let Err(e) = in_date(dir, &loaded, validity::now()) {
+            tracing::warn!("TLS: {e}");
+        }
         Ok(Arc::new(TlsSettings {
             dir: dir.to_owned(),
             wanted: client_certs,
@@ -165,6 +205,7 @@ impl TlsSettings {
     /// error the certificates in use stay. Running sessions are untouched.
     pub fn reload(&self) -> Result<(), TlsError> {
         let loaded = load(&self.dir, self.wanted)?;
+        in_date(&self.dir, &loaded, validity::now())?;
         self.current.store(Arc::new(loaded));
         tracing::info!(dir = %self.dir.display(), "TLS certificates reloaded");
         Ok(())
@@ -185,11 +226,32 @@ impl TlsSettings {
     }
 }
 
+/// Err when the server certificate of `loaded` is not valid at `now`.
+fn in_date(dir: &Path, loaded: &Loaded, now: Time) -> Result<(), TlsError> {
+    match loaded.validity {
+        Some(v) => match v.check(now) {
+            Some(why) => Err(TlsError::OutOfDate {
+                path: dir.join(SERVER_CERT),
+                why,
+                validity: v,
+                now,
+            }),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
+}
+
 /// rustls with the ring provider: TLS 1.3 and 1.2 (the NBD spec's must).
 fn load(dir: &Path, wanted: Option<ClientCerts>) -> Result<Loaded, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certificates(&dir.join(SERVER_CERT))?;
+    let validity = validity::of_certificate(&chain[0]);
     let key_path = dir.join(SERVER_KEY);
+    // A missing key is the read's to report.
+    if let Ok(meta) = std::fs::metadata(&key_path) {
+        crate::paths::check_secret_file("TLS private key", &key_path, &meta)?;
+    }
     let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|source| TlsError::Read {
         path: key_path.clone(),
         source,
@@ -241,6 +303,7 @@ fn load(dir: &Path, wanted: Option<ClientCerts>) -> Result<Loaded, TlsError> {
     Ok(Loaded {
         config: Arc::new(config),
         client_certs,
+        validity,
     })
 }
 

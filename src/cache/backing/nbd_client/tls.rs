@@ -62,6 +62,9 @@ pub enum CertFileError {
     /// The private key is PEM but not one the TLS library can sign with.
     #[error("cannot use the private key {}: {why}", path.display())]
     UnusableKey { path: PathBuf, why: String },
+    /// Group or others may read the client's private key.
+    #[error(transparent)]
+    KeyNotPrivate(#[from] crate::paths::NotPrivate),
     /// A client certificate without its key, or the other way round.
     #[error("{} is missing (beside {beside})", path.display())]
     HalfPair { path: PathBuf, beside: &'static str },
@@ -268,6 +271,9 @@ fn client_pair(dir: &Path) -> Result<Option<ClientPair>, CertFileError> {
         (false, false) => Ok(None),
         (true, true) => {
             let chain = certificates(&cert)?;
+            if let Ok(meta) = std::fs::metadata(&key) {
+                crate::paths::check_secret_file("TLS private key", &key, &meta)?;
+            }
             let der = PrivateKeyDer::from_pem_file(&key).map_err(|source| CertFileError::Read {
                 path: key.clone(),
                 source,

@@ -116,8 +116,10 @@ pub fn engine_config(spec: &PersistSpec) -> PersistConfig {
 pub enum DiskError {
     /// The key file does not hold a key. Never suggests a command that
     /// writes to the named file (it may be anything: `/etc/shadow`).
-    #[error("key file {} must hold 32 raw bytes or 64 hex digits, but it holds {len} bytes: is it the right file? To make a new key, write it to a new file (ramd never writes key files): (umask 077; set -C; head -c 32 /dev/urandom > NEW_KEY_FILE)", path.display())]
-    KeyFormat { path: PathBuf, len: usize },
+    /// Its size is not said: the path may come from a caller over TCP,
+    /// and the file may be any file.
+    #[error("key file {} must hold 32 raw bytes or 64 hex digits: is it the right file? To make a new key, write it to a new file (ramd never writes key files): (umask 077; set -C; head -c 32 /dev/urandom > NEW_KEY_FILE)", path.display())]
+    KeyFormat { path: PathBuf },
     /// The key file does not exist.
     #[error("key file {} does not exist: give the file the drive was encrypted with, or for a new drive create one that does not exist yet with (umask 077; set -C; head -c 32 /dev/urandom > {})", path.display(), path.display())]
     KeyMissing { path: PathBuf },
@@ -152,9 +154,8 @@ fn read_key(spec: &PersistSpec) -> Result<Option<Key>, DiskError> {
 fn key_error(path: &Path, e: crate::persist::crypto::CryptoError) -> DiskError {
     use crate::persist::crypto::CryptoError as E;
     match e {
-        E::KeyFormat { len, .. } => DiskError::KeyFormat {
+        E::KeyFormat { .. } => DiskError::KeyFormat {
             path: path.to_owned(),
-            len,
         },
         E::KeyFile { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             DiskError::KeyMissing {
