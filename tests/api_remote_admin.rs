@@ -196,7 +196,10 @@ fn secret_files_named_over_tcp_are_refused_without_their_mode_or_size() {
     // Group and others may read a real key: refused, with the chmod.
     let open_key = file("open.key", &[7u8; 32], 0o644);
     let (status, v) = create("e1", &open_key);
-    let msg = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(status >= 400, "a 0644 key was used: {v}");
     assert!(
         msg.contains(&format!("`chmod 600 {}`", open_key.display())),
@@ -206,7 +209,10 @@ fn secret_files_named_over_tcp_are_refused_without_their_mode_or_size() {
     // Not a key, private: refused without its size.
     let other = file("notes.txt", &[b'x'; 1234], 0o600);
     let (status, v) = create("e2", &other);
-    let msg = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(status >= 400, "{v}");
     assert!(msg.contains("32 raw bytes or 64 hex digits"), "{msg}");
     assert!(!msg.contains("1234"), "the size is told: {msg}");

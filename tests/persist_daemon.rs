@@ -741,8 +741,7 @@ fn encrypted_drive_round_trip_and_a_wrong_key_is_refused_clearly() {
     // The right key again, through `ramd restore --key-file`.
     let right = d.dir().join("right.key");
     std::fs::write(&right, hex(&key)).unwrap();
-    std::fs::set_permissions(&right, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(&right, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let out = run(d.cli().args(["restore", "enc", "--key-file"]).arg(&right)).ok();
     assert!(out.stdout.contains("enc is ready"), "{out}");
     assert_eq!(&image(&d, "enc")[4096..4096 + 100_000], &plain[..]);

@@ -332,6 +332,90 @@ fn reload_by_sighup_and_cli_keeps_sessions() {
     assert!(session.round_trip(), "the session survived the CLI reload");
 }
 
+/// Issue 28: an expired or not-yet-valid certificate is refused at reload
+/// with its dates while the one in use keeps serving (it used to say
+/// "reloaded", then every client failed); at start it is a warning with
+/// the dates. A private key its group or others may read is refused, at
+/// start and at reload, with the chmod to run.
+#[test]
+fn out_of_date_certificates_and_open_keys_are_refused_at_reload() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require_openssl() || !require(&["nbdinfo"]) {
+        return;
+    }
+    let pki = Pki::new();
+    let certs = pki.root.path().join("live");
+    pki.install("a", &certs);
+    let (d, addr) = tls_daemon(&certs);
+    let serving = || nbdinfo_size(&tls_uri(&addr, &pki.client("a")));
+    assert_eq!(serving(), Ok(DRIVE_BYTES));
+
+    let ca = pki.root.path().join("dated");
+    common::pki::make_ca(&ca, "dated CA");
+    let cases = [
+        (
+            "old",
+            ("20200101000000Z", "20210101000000Z"),
+            "has expired",
+            "2021-01-01 00:00:00 UTC",
+        ),
+        (
+            "new",
+            ("20990101000000Z", "21000101000000Z"),
+            "is not valid yet",
+            "2099-01-01 00:00:00 UTC",
+        ),
+    ];
+    for (cn, dates, state, shown) in cases {
+        let (cert, key) = common::pki::issue(&ca, cn, "server", Some(dates));
+        std::fs::copy(&cert, certs.join("server-cert.pem")).unwrap();
+        std::fs::copy(&key, certs.join("server-key.pem")).unwrap();
+        let out = run(d.cli().args(["tls", "reload"]));
+        assert_eq!(out.code(), 1, "{out}");
+        assert!(
+            out.stderr.contains(state) && out.stderr.contains(shown) && out.stderr.contains("kept"),
+            "{out}"
+        );
+        let (status, body) = d.http("POST", "/v1/tls/reload", None);
+        assert_eq!(status, 422, "{body}");
+        common::signal(d.pid(), libc::SIGHUP);
+        common::wait_until("the SIGHUP refusal", Duration::from_secs(20), || {
+            d.log()
+                .lines()
+                .any(|l| l.contains("SIGHUP") && l.contains(shown))
+        });
+        assert_eq!(serving(), Ok(DRIVE_BYTES), "the old certificate serves");
+    }
+    // At start: a warning with the dates, and the daemon serves.
+    let (d2, _) = tls_daemon(&certs);
+    let log = d2.wait_log("the dates warning", |l| {
+        l.contains("is not valid yet") && l.contains("2099-01-01 00:00:00 UTC")
+    });
+    assert!(log.contains("notAfter 2100-01-01 00:00:00 UTC"), "{log}");
+    drop(d2);
+
+    // A key others may read: refused at reload, with the chmod.
+    pki.install("a", &certs);
+    let key = certs.join("server-key.pem");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run(d.cli().args(["tls", "reload"]));
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(
+        out.stderr
+            .contains(&format!("`chmod 600 {}`", key.display())),
+        "{out}"
+    );
+    assert!(!out.stderr.contains("644"), "{out}");
+    assert_eq!(serving(), Ok(DRIVE_BYTES));
+    // And at start.
+    let out = refused_start(&["--tls-certificates", certs.to_str().unwrap()]);
+    assert!(
+        out.stderr
+            .contains(&format!("`chmod 600 {}`", key.display())),
+        "{out}"
+    );
+}
+
 /// Without certificates a reload is a conflict, not a silent success.
 #[test]
 fn reload_without_certificates_is_refused() {

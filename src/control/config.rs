@@ -826,7 +826,10 @@ mod tests {
         std::fs::write(&path, secret).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = load(&path).unwrap_err().to_string();
-        assert!(e.contains(&format!("`chmod 600 {}`", path.display())), "{e}");
+        assert!(
+            e.contains(&format!("`chmod 600 {}`", path.display())),
+            "{e}"
+        );
         assert!(e.contains("remote 'r'") && !e.contains("s3cr3t"), "{e}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(load(&path).unwrap().remotes.len(), 1);
