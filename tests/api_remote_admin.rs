@@ -72,15 +72,12 @@ fn post(port: u16, token: &str, path: &str, body: &str) -> (u16, Value) {
     )
 }
 
-#[test]
-fn an_admin_token_over_tcp_cannot_name_host_paths_or_hosts_outside_the_config() {
-    if !require(&["curl"]) {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let allowed = tmp.path().join("srv");
+/// A daemon under `dir` whose `[api] allowed_paths` is `dir/srv` (made
+/// here), its API port, that directory, and an admin token named `ops`.
+fn admin_over_tcp(dir: &Path) -> (Daemon, u16, std::path::PathBuf, String) {
+    let allowed = dir.join("srv");
     std::fs::create_dir(&allowed).unwrap();
-    let (d, port) = daemon(tmp.path(), &allowed);
+    let (d, port) = daemon(dir, &allowed);
     let token = run(d
         .cli()
         .args(["token", "create", "--admin", "--name", "ops"]))
@@ -88,6 +85,16 @@ fn an_admin_token_over_tcp_cannot_name_host_paths_or_hosts_outside_the_config() 
     .stdout
     .trim()
     .to_owned();
+    (d, port, allowed, token)
+}
+
+#[test]
+fn an_admin_token_over_tcp_cannot_name_host_paths_or_hosts_outside_the_config() {
+    if !require(&["curl"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, port, allowed, token) = admin_over_tcp(tmp.path());
 
     // The attacks: a root-owned secret as a cache backing (then pushed to
     // the attacker's S3), an NBD backing on the attacker's host, and an
@@ -170,16 +177,7 @@ fn secret_files_named_over_tcp_are_refused_without_their_mode_or_size() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let allowed = tmp.path().join("srv");
-    std::fs::create_dir(&allowed).unwrap();
-    let (d, port) = daemon(tmp.path(), &allowed);
-    let token = run(d
-        .cli()
-        .args(["token", "create", "--admin", "--name", "ops"]))
-    .ok()
-    .stdout
-    .trim()
-    .to_owned();
+    let (_d, port, allowed, token) = admin_over_tcp(tmp.path());
     let file = |name: &str, bytes: &[u8], mode: u32| {
         let p = allowed.join(name);
         std::fs::write(&p, bytes).unwrap();

@@ -5,6 +5,8 @@
 //! being served. The guest tests (tests/guest_nvme.rs) run the kernel's
 //! initiator against the daemon.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -245,6 +247,20 @@ impl Client {
         self.command(s, &[], &[])
     }
 
+    /// Get Log Page `lid`, its first 4 KiB.
+    fn log_page(&mut self, lid: u8) -> Done {
+        let cid = self.cid();
+        let mut log = LogRequest {
+            lid,
+            rae: false,
+            len: 4096,
+            offset: 0,
+        }
+        .encode(cid);
+        log.set_data_ptr(DataPtr::Transport { len: 4096 });
+        self.command(log, &[], &[])
+    }
+
     fn rw(&mut self, opcode: u8, slba: u64, nlb: u32) -> Sqe {
         let cid = self.cid();
         let mut s = Rw {
@@ -421,16 +437,7 @@ fn discovery_lists_every_drive() {
     a.enable();
     let id = a.identify(1, 0);
     assert_eq!(id.data[111], 2, "a discovery controller");
-    let cid = a.cid();
-    let mut log = LogRequest {
-        lid: lid::DISCOVERY,
-        rae: false,
-        len: 4096,
-        offset: 0,
-    }
-    .encode(cid);
-    log.set_data_ptr(DataPtr::Transport { len: 4096 });
-    let d = a.command(log, &[], &[]);
+    let d = a.log_page(lid::DISCOVERY);
     assert!(d.cqe.status.is_success());
     assert_eq!(u64::from_le_bytes(d.data[8..16].try_into().unwrap()), 2);
     let entry = |i: usize| {
@@ -510,16 +517,7 @@ fn a_resized_or_deleted_drive_completes_the_async_event_request() {
     assert_eq!(cqe.cid, aer_cid);
     assert_eq!(cqe.result & 0xFFFF_FFFF, 2 | (0x04 << 16));
     // The changed namespace list names namespace 1, and it is inactive.
-    let cid = a.cid();
-    let mut log = LogRequest {
-        lid: lid::CHANGED_NS,
-        rae: false,
-        len: 4096,
-        offset: 0,
-    }
-    .encode(cid);
-    log.set_data_ptr(DataPtr::Transport { len: 4096 });
-    let d = a.command(log, &[], &[]);
+    let d = a.log_page(lid::CHANGED_NS);
     assert_eq!(&d.data[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(a.identify(2, 0).data[..4], [0, 0, 0, 0]);
 }
@@ -608,11 +606,11 @@ fn a_silent_connection_is_closed_at_the_connect_deadline() {
     let mut b = [0u8; 1];
     // The server closes it; the read returns end of file (no ICResp).
     assert_eq!(idle.read(&mut b).unwrap(), 0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while s.stop.connections() > 0 {
-        assert!(Instant::now() < deadline, "connection slot not freed");
-        thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_until(
+        "the connection slot to be freed",
+        common::WAIT_TIMEOUT,
+        || s.stop.connections() == 0,
+    );
 }
 
 #[test]
@@ -741,9 +739,9 @@ fn mutated_valid_sessions_never_take_the_target_down() {
         .unwrap();
     assert!(good.read(0, 1).cqe.status.is_success());
     // Every connection of the fuzzing has ended (slots are not leaked).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.stop.connections() > 2 {
-        assert!(Instant::now() < deadline, "fuzzing connections still open");
-        thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_until(
+        "the fuzzing connections to end",
+        common::WAIT_TIMEOUT,
+        || s.stop.connections() <= 2,
+    );
 }

@@ -139,6 +139,20 @@ fn text(bytes: &[u8]) -> Option<String> {
     (!clean.is_empty()).then_some(clean)
 }
 
+/// One DER element of `value` under `tag` (lengths up to 64 KiB): the
+/// tests' way to build certificates field by field.
+#[cfg(test)]
+pub(super) fn der(tag: u8, value: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    if value.len() < 0x80 {
+        out.push(value.len() as u8);
+    } else {
+        out.extend_from_slice(&[0x82, (value.len() >> 8) as u8, value.len() as u8]);
+    }
+    out.extend_from_slice(value);
+    out
+}
+
 /// One DER element: (tag, contents, what follows). Single-byte tags only
 /// (all X.509 needs); lengths in short or long form up to 4 bytes.
 pub(super) fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
@@ -165,17 +179,6 @@ pub(super) fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn der(tag: u8, value: &[u8]) -> Vec<u8> {
-        let mut out = vec![tag];
-        if value.len() < 0x80 {
-            out.push(value.len() as u8);
-        } else {
-            out.extend_from_slice(&[0x82, (value.len() >> 8) as u8, value.len() as u8]);
-        }
-        out.extend_from_slice(value);
-        out
-    }
 
     fn cat(parts: &[Vec<u8>]) -> Vec<u8> {
         parts.concat()

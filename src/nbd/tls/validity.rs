@@ -185,18 +185,8 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::identity::der;
     use super::*;
-
-    fn der(tag: u8, value: &[u8]) -> Vec<u8> {
-        let mut out = vec![tag];
-        if value.len() < 0x80 {
-            out.push(value.len() as u8);
-        } else {
-            out.extend_from_slice(&[0x82, (value.len() >> 8) as u8, value.len() as u8]);
-        }
-        out.extend_from_slice(value);
-        out
-    }
 
     fn cert(before: (u8, &str), after: (u8, &str)) -> Vec<u8> {
         let validity = der(
