@@ -2,7 +2,8 @@
 //! `allow_identities`, `read_only_identities` and `allow_networks`, and
 //! the same rules set through the API and the command line (`ramd create
 //! --allow-identity ...`, `ramd access`), changed live and kept by
-//! persistent drives; the per-identity connection limit. Served by `ramd
+//! persistent drives; the per-identity connection limit; caches under the
+//! same rules (`[[cache]]`, `ramd cache create`, `PATCH /v1/caches`). Served by `ramd
 //! daemon` over TLS with client certificates and driven by real clients
 //! (nbdinfo, a libnbd session in Python).
 //!
@@ -611,4 +612,151 @@ fn rules_given_with_drive_flags() {
     assert!(ok.contains("size 16777216"), "{ok}");
     let refused = connect_from("127.0.0.1", &two, "q", &pki);
     assert!(refused.contains("refused"), "{refused}");
+}
+
+/// Caches take the drives' rules (issue 28): `[[cache]]` keys, `ramd cache
+/// create` flags, `POST /v1/caches`, `ramd access` and `PATCH
+/// /v1/caches/{name}` changing them live; a deleted cache leaves no rules
+/// behind for the next export of its name.
+#[test]
+fn caches_take_the_same_rules() {
+    if !require_openssl()
+        || !require(&["nbdinfo"])
+        || !require_python_module("nbd", "python3-libnbd")
+    {
+        return;
+    }
+    let pki = Pki::new();
+    let backing = |name: &str| {
+        let p = pki.root.path().join(name);
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        p.display().to_string()
+    };
+    let (k, m) = (backing("k.img"), backing("m.img"));
+    let config = format!(
+        "[[cache]]\nname = \"k\"\nbacking = \"{k}\"\nsize = \"4M\"\nmode = \"writeback\"\n\
+         allow_identities = [\"alice\"]\nread_only_identities = [\"bob\"]\n\n\
+         [[cache]]\nname = \"m\"\nbacking = \"{m}\"\nsize = \"4M\"\nmode = \"writethrough\"\n\
+         allow_identities = [\"alice\"]\n"
+    );
+    let (d, addr, two) = daemon_with(&pki, &config, &["--no-default-drive"]);
+    assert_eq!(listed(&addr, &pki, "alice"), ["k", "m"]);
+    assert_eq!(listed(&addr, &pki, "bob"), ["k"]);
+    let bob = write_as(&addr, "k", &pki, "bob");
+    assert!(
+        bob.contains("read_only True") && bob.contains("write failed EPERM"),
+        "{bob}"
+    );
+    let hidden = run(tool("nbdinfo").arg(uri(&addr, "m", &pki, "bob")));
+    assert!(!hidden.status.success(), "{hidden}");
+    let info = run(d.cli().args(["cache", "info", "k"]));
+    assert!(
+        info.stdout.contains("identities alice; read-only bob"),
+        "{info}"
+    );
+
+    // Changed live: alice's read-write session is closed when she becomes
+    // read-only, and the answer says the declaration is not rewritten.
+    let mut session = PySession::open(&uri(&addr, "k", &pki, "alice"));
+    assert!(session.round_trip());
+    let set = run(d
+        .cli()
+        .args(["access", "k", "--read-only-identity", "alice"]));
+    assert!(set.status.success(), "{set}");
+    assert!(set.stderr.contains("closed 1 NBD connection"), "{set}");
+    assert!(set.stderr.contains("is declared in"), "{set}");
+    assert!(set.stdout.contains("k: read-only alice"), "{set}");
+    wait_until(
+        "alice's session to be closed",
+        Duration::from_secs(20),
+        || !session.round_trip(),
+    );
+    let alice = write_as(&addr, "k", &pki, "alice");
+    assert!(alice.contains("write failed EPERM"), "{alice}");
+    assert_eq!(listed(&addr, &pki, "bob"), Vec::<String>::new());
+
+    // PATCH: one list, bad values, nothing to change.
+    let (status, body) = d.http(
+        "PATCH",
+        "/v1/caches/k",
+        Some(r#"{"access": {"allow_networks": ["127.0.0.2/32"]}}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["access"],
+        serde_json::json!({"allow_identities": [], "read_only_identities": ["alice"], "allow_networks": ["127.0.0.2/32"]})
+    );
+    assert!(connect_from("127.0.0.2", &two, "k", &pki).contains("size 16777216"));
+    assert!(connect_from("127.0.0.1", &two, "k", &pki).contains("refused"));
+    for bad in [
+        r#"{"access": {"allow_networks": ["lan"]}}"#,
+        r#"{"access": {"allow_identities": [""]}}"#,
+        r#"{"access": {}}"#,
+        r#"{}"#,
+    ] {
+        let (status, body) = d.http("PATCH", "/v1/caches/k", Some(bad));
+        assert_eq!(status, 422, "{bad}: {body}");
+    }
+    let (status, _) = d.http(
+        "PATCH",
+        "/v1/caches/nosuch",
+        Some(r#"{"access": {"allow_networks": []}}"#),
+    );
+    assert_eq!(status, 404);
+
+    // Created with rules, through the CLI and the API.
+    let n = backing("n.img");
+    let made = run(d.cli().args([
+        "cache",
+        "create",
+        "n",
+        "--backing",
+        &n,
+        "--size",
+        "4M",
+        "--mode",
+        "writearound",
+        "--allow-network",
+        "127.0.0.2/32",
+    ]));
+    assert!(made.status.success(), "{made}");
+    assert!(connect_from("127.0.0.2", &two, "n", &pki).contains("size 16777216"));
+    assert!(connect_from("127.0.0.1", &two, "n", &pki).contains("refused"));
+    let o = backing("o.img");
+    let (status, body) = d.http(
+        "POST",
+        "/v1/caches",
+        Some(&format!(
+            r#"{{"name": "o", "backing": "{o}", "size": "4M", "mode": "writeback", "access": {{"allow_networks": ["unix", "lan"]}}}}"#
+        )),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("invalid_access") && body.contains("'lan' is not a network"),
+        "{body}"
+    );
+    let (status, body) = d.http(
+        "POST",
+        "/v1/caches",
+        Some(&format!(
+            r#"{{"name": "o", "backing": "{o}", "size": "4M", "mode": "writeback", "access": {{"allow_identities": ["bob"]}}}}"#
+        )),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(listed(&addr, &pki, "bob"), ["o"]);
+    assert!(write_as(&addr, "o", &pki, "bob").contains("wrote"));
+
+    // A deleted cache's rules go with it: a drive of its name is open.
+    let gone = run(d.cli().args(["cache", "delete", "m"]));
+    assert!(gone.status.success(), "{gone}");
+    let made = run(d.cli().args(["create", "m", "--size", "1M"]));
+    assert!(made.status.success(), "{made}");
+    assert_eq!(listed(&addr, &pki, "bob"), ["m", "o"]);
+    let shown = run(d.cli().args(["access", "m", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(v["allow_identities"], serde_json::json!([]));
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 
+use super::drives::AccessArgs;
 use super::output::{
     count_rate, errors_cell, export_rows, mib_s, micros, rate_cells, render, table, uris_cell,
 };
@@ -27,12 +28,15 @@ pub enum CacheCommand {
     ///   ramd cache create db --backing /dev/sdb --size 2G --mode writeback
     ///   ramd cache create img --backing /srv/big.raw --size 4G --mode writethrough
     ///   ramd cache create remote --backing nbd://storage:10809/vol1 --size 1G --mode writearound
+    ///   ramd cache create shared --backing /srv/shared.img --size 1G --mode writeback \
+    ///       --allow-identity alice --read-only-identity bob --allow-network 10.0.0.0/8
     ///
     /// Modes: writethrough (acknowledged after the backing write), writearound
     /// (writes go to the backing and drop cached copies), writeback (writes
     /// stay in RAM and are written back in the background; FLUSH and FUA
     /// write back and flush the backing first, so a filesystem on top is as
-    /// safe as on the bare disk). See docs/cache.md.
+    /// safe as on the bare disk). Access rules are the drives' (docs/tls.md,
+    /// "Who may see an export"). See docs/cache.md.
     #[command(verbatim_doc_comment)]
     Create(Box<CreateArgs>),
 
@@ -135,6 +139,9 @@ pub struct CreateArgs {
     /// dirty data is saved to a rescue file instead [default: 2m].
     #[arg(long, value_name = "DURATION")]
     shutdown_timeout: Option<String>,
+    /// Who may see the cache (change later with `ramd access NAME`).
+    #[command(flatten)]
+    access: AccessArgs,
     #[command(flatten)]
     out: JsonFlag,
 }
@@ -184,6 +191,7 @@ pub fn run(client: &Client, cmd: CacheCommand) -> Result<(), CliError> {
                 nbd_connections: a.nbd_connections,
                 nbd_timeout: duration(&a.nbd_timeout),
                 shutdown_timeout: duration(&a.shutdown_timeout),
+                access: (!a.access.is_empty()).then(|| a.access.clone().rules()),
             })?;
             if a.out.json {
                 return print_json(&c);
@@ -411,6 +419,7 @@ pub fn info(c: &CacheInfo) -> String {
     }
     settings_rows(&mut row, &c.settings, &c.backing.kind);
     row("memory promised", format_size(c.promised_bytes));
+    row("access", super::output::access_text(&c.access));
     export_rows(
         &mut row,
         c.connections,

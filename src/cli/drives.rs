@@ -6,7 +6,8 @@
 
 use super::{absolute_text, arg_name, daemon, notice, output, persist, print_json};
 use super::{ArgError, CliError, JsonFlag};
-use crate::api::client::Client;
+use crate::api::client::{Client, ClientError};
+use crate::api::wire::caches::PatchCache;
 use crate::api::wire::drives::{AccessPatch, CreateDrive, DriveAccess, DriveInfo, PatchDrive};
 use crate::api::wire::values::{DurationValue, SizeValue};
 use crate::size::format_size;
@@ -26,18 +27,19 @@ pub(crate) struct CreateArgs {
     pub json: bool,
 }
 
-/// Who may see a drive over NBD: the flags of `ramd create` and
-/// `ramd access` (docs/tls.md, "Who may see an export").
+/// Who may see a drive or cache over NBD and NVMe/TCP: the flags of
+/// `ramd create`, `ramd cache create` and `ramd access` (docs/tls.md, "Who
+/// may see an export").
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct AccessArgs {
-    /// Only clients with this certificate identity (CN or first SAN) may
-    /// see the drive; repeatable.
+    /// Only clients with this certificate identity (CN or first SAN, or
+    /// an NVMe host NQN) may see it; repeatable.
     #[arg(long = "allow-identity", value_name = "ID", value_parser = arg_identity)]
     pub allow_identities: Vec<String>,
-    /// This identity may see the drive, read-only; repeatable.
+    /// This identity may see it, read-only; repeatable.
     #[arg(long = "read-only-identity", value_name = "ID", value_parser = arg_identity)]
     pub read_only_identities: Vec<String>,
-    /// Only clients from this network may see the drive: a CIDR
+    /// Only clients from this network may see it: a CIDR
     /// (10.0.0.0/8, 127.0.0.1/32) or "unix" for the unix socket;
     /// repeatable.
     #[arg(long = "allow-network", value_name = "CIDR", value_parser = arg_network)]
@@ -45,13 +47,13 @@ pub struct AccessArgs {
 }
 
 impl AccessArgs {
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.allow_identities.is_empty()
             && self.read_only_identities.is_empty()
             && self.allow_networks.is_empty()
     }
 
-    fn rules(self) -> DriveAccess {
+    pub(crate) fn rules(self) -> DriveAccess {
         DriveAccess {
             allow_identities: self.allow_identities,
             read_only_identities: self.read_only_identities,
@@ -192,28 +194,52 @@ pub struct AccessCommand {
     pub out: JsonFlag,
 }
 
-/// `ramd access NAME [RULES] [--open]`: without rules, shows the drive's;
-/// with them, the drive gets exactly these rules (a list not given
-/// becomes empty).
+/// `ramd access NAME [RULES] [--open]`: without rules, shows the rules of
+/// the drive or cache NAME (they share one namespace); with them, it gets
+/// exactly these rules (a list not given becomes empty).
 pub(crate) fn access(c: &Client, a: AccessCommand) -> Result<(), CliError> {
-    if a.rules.is_empty() && !a.open {
-        let d = c.drive(&a.name)?;
-        if a.out.json {
-            return print_json(&d.access);
+    let is_cache = match c.drive(&a.name) {
+        Ok(_) => false,
+        Err(ClientError::Api { status: 404, .. }) if c.cache(&a.name).is_ok() => true,
+        Err(e) => return Err(e.into()),
+    };
+    let (name, json) = (a.name.clone(), a.out.json);
+    let show = |name: &str, rules: &DriveAccess| -> Result<(), CliError> {
+        if json {
+            return print_json(rules);
         }
-        println!("{}: {}", d.name, output::access_text(&d.access));
-        return Ok(());
+        println!("{name}: {}", output::access_text(rules));
+        Ok(())
+    };
+    if a.rules.is_empty() && !a.open {
+        let rules = match is_cache {
+            true => c.cache(&name)?.access,
+            false => c.drive(&name)?.access,
+        };
+        return show(&name, &rules);
     }
     let rules = a.rules.rules();
+    let change = AccessPatch {
+        allow_identities: Some(rules.allow_identities),
+        read_only_identities: Some(rules.read_only_identities),
+        allow_networks: Some(rules.allow_networks),
+    };
+    if is_cache {
+        let req = PatchCache {
+            access: Some(change),
+        };
+        let info = c.patch_cache(&name, &req)?;
+        if json {
+            return print_json(&info);
+        }
+        notice(&info.notice);
+        return show(&name, &info.access);
+    }
     let req = PatchDrive {
-        access: Some(AccessPatch {
-            allow_identities: Some(rules.allow_identities),
-            read_only_identities: Some(rules.read_only_identities),
-            allow_networks: Some(rules.allow_networks),
-        }),
+        access: Some(change),
         ..Default::default()
     };
-    patch(c, &a.name, &req, a.out.json, |d| {
+    patch(c, &name, &req, json, |d| {
         format!("{}: {}", d.name, output::access_text(&d.access))
     })
 }

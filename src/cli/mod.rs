@@ -316,7 +316,8 @@ pub enum Command {
         out: JsonFlag,
     },
 
-    /// Show or set who may see a drive over NBD (docs/tls.md).
+    /// Show or set who may see a drive or cache over NBD and NVMe/TCP
+    /// (docs/tls.md).
     ///
     /// Examples:
     ///   ramd access db                                   # show the rules
@@ -324,10 +325,10 @@ pub enum Command {
     ///   ramd access db --allow-network 10.0.0.0/8 --allow-network unix
     ///   ramd access db --open                            # no rules
     ///
-    /// The drive gets exactly the rules given (a list not given becomes
-    /// empty). New connections see them at once; open connections the new
-    /// rules no longer allow what they negotiated are closed after their
-    /// pending requests, the others keep what they have.
+    /// NAME is a drive or a cache; it gets exactly the rules given (a list
+    /// not given becomes empty). New connections see them at once; open
+    /// connections the new rules no longer allow what they negotiated are
+    /// closed after their pending requests, the others keep what they have.
     #[command(verbatim_doc_comment)]
     Access(drives::AccessCommand),
 

@@ -92,7 +92,7 @@ use super::ledger::{Kind, Ledger, LedgerError, Origin};
 use super::listen_addr::{de_listen_addr, de_listen_addrs};
 use super::remotes::{RemoteEntry, RemoteSpec};
 use super::snapshots::{DrivePolicy, PolicyKeys};
-use crate::nbd::access::{AccessRules, Network};
+use crate::nbd::access::AccessRules;
 use crate::nbd::tls::{ClientCerts, TlsMode};
 use crate::size::Size;
 use crate::store::MemoryBudget;
@@ -478,33 +478,24 @@ fn cache_policy(
 }
 
 /// The access rules of a `[[drive]]` (open: it has none); an error points
-/// at the network that does not parse, or the identity list with an empty
-/// name.
+/// at the network that does not parse, or the drive with an empty
+/// identity.
 fn drive_access(
     d: &DriveEntry,
     invalid: &impl Fn(usize, String) -> ConfigError,
 ) -> Result<AccessRules, ConfigError> {
-    let networks = d
-        .allow_networks
-        .iter()
-        .map(|n| {
-            n.get_ref()
-                .parse::<Network>()
-                .map_err(|e| invalid(n.span().start, e.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let rules = AccessRules {
-        identities: d.allow_identities.clone(),
-        read_only_identities: d.read_only_identities.clone(),
-        networks,
-    };
-    rules.check().map_err(|e| {
-        invalid(
+    super::spec::config_access(
+        &d.allow_identities,
+        &d.read_only_identities,
+        &d.allow_networks,
+    )
+    .map_err(|(at, e)| match at {
+        Some(at) => invalid(at, e),
+        None => invalid(
             d.name.span().start,
             format!("drive '{}': {e}", d.name.get_ref()),
-        )
-    })?;
-    Ok(rules)
+        ),
+    })
 }
 
 /// A parsed and checked config.
@@ -1032,6 +1023,22 @@ nbd_socket_group = "ramd"
             e.starts_with("ramd.toml:2:8: drive 'a': an identity cannot be empty"),
             "{e}"
         );
+        // A [[cache]] takes the same keys, checked the same way.
+        let cache = "[[cache]]\nname = \"k\"\nbacking = \"/dev/null\"\nsize = \"1M\"\nmode = \"writeback\"\n";
+        let c = parse(
+            Path::new("ramd.toml"),
+            &format!("{cache}allow_identities = [\"alice\"]\nallow_networks = [\"unix\"]\n"),
+        )
+        .unwrap();
+        assert_eq!(c.caches[0].access.identities, ["alice"]);
+        assert_eq!(c.caches[0].access.networks.len(), 1);
+        let e = err(&format!("{cache}allow_networks = [\"lan\"]\n"));
+        assert!(
+            e.starts_with("ramd.toml:6:19: 'lan' is not a network"),
+            "{e}"
+        );
+        let e = err(&format!("{cache}read_only_identities = [\"\"]\n"));
+        assert!(e.contains("cache 'k': an identity cannot be empty"), "{e}");
     }
 
     #[test]

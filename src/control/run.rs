@@ -152,7 +152,11 @@ fn create_declared(
     // come back too; restores run in the background, READY=1 waits.
     restore_stored(&drives, settings);
     // Caches after every drive: a name both declare goes to the drive.
-    let caches = Arc::new(Caches::new(ledger.clone(), settings.metrics));
+    let caches = Arc::new(Caches::new(
+        ledger.clone(),
+        settings.metrics,
+        drives.access_table(),
+    ));
     let cache_origin = settings
         .config_path
         .clone()

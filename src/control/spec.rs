@@ -15,6 +15,10 @@
 
 use std::time::Duration;
 
+use toml::Spanned;
+
+use crate::nbd::access::{AccessRules, Network};
+
 pub use crate::dirsync::manager::MIN_DIR_SYNC_INTERVAL_MS;
 
 /// Shortest background sync interval of a persistent drive.
@@ -126,6 +130,33 @@ fn check_floor(what: IntervalUse, text: &str, ms: u64) -> Result<u64, IntervalEr
 /// An interval for people: `10m`, `1m 30s`, `500ms`.
 pub fn format_interval(ms: u64) -> String {
     humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+/// The access rules a config entry gives (`[[drive]]` and `[[cache]]`
+/// share the keys `allow_identities`, `read_only_identities` and
+/// `allow_networks`). An error has the byte offset of the network that does
+/// not parse (None: an empty identity, which the caller places at the
+/// entry's name) and the reason.
+pub fn config_access(
+    identities: &[String],
+    read_only_identities: &[String],
+    networks: &[Spanned<String>],
+) -> Result<AccessRules, (Option<usize>, String)> {
+    let networks = networks
+        .iter()
+        .map(|n| {
+            n.get_ref()
+                .parse::<Network>()
+                .map_err(|e| (Some(n.span().start), e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rules = AccessRules {
+        identities: identities.to_vec(),
+        read_only_identities: read_only_identities.to_vec(),
+        networks,
+    };
+    rules.check().map_err(|e| (None, e.to_string()))?;
+    Ok(rules)
 }
 
 #[cfg(test)]

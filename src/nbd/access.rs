@@ -186,6 +186,29 @@ impl AccessRules {
     }
 }
 
+/// A change to an export's access rules (`PATCH` of a drive or a
+/// cache): each list given replaces the export's; absent ones stay as they are.
+#[derive(Debug, Clone, Default)]
+pub struct AccessChange {
+    pub identities: Option<Vec<String>>,
+    pub read_only_identities: Option<Vec<String>>,
+    pub networks: Option<Vec<Network>>,
+}
+
+impl AccessChange {
+    /// `rules` with this change applied.
+    pub fn apply(&self, rules: &AccessRules) -> AccessRules {
+        AccessRules {
+            identities: self.identities.clone().unwrap_or(rules.identities.clone()),
+            read_only_identities: self
+                .read_only_identities
+                .clone()
+                .unwrap_or(rules.read_only_identities.clone()),
+            networks: self.networks.clone().unwrap_or(rules.networks.clone()),
+        }
+    }
+}
+
 /// The rules of every export that has some, by export name, shared by
 /// the server (which reads them at every decision) and the drives (which
 /// set them at create, change and delete). A std-like lock, never held

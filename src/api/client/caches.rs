@@ -6,7 +6,9 @@ use std::time::Duration;
 use hyper::Method;
 
 use super::{enc, Client, ClientError};
-use crate::api::wire::caches::{CacheDeleted, CacheInfo, CacheList, CacheSynced, CreateCache};
+use crate::api::wire::caches::{
+    CacheDeleted, CacheInfo, CacheList, CacheSynced, CreateCache, PatchCache,
+};
 
 /// Longest wait for a sync or delete: writing a big cache back to a slow
 /// disk takes as long as the disk needs (the daemon finishes it either
@@ -23,6 +25,14 @@ impl Client {
             Method::GET,
             &format!("/v1/caches/{}", enc(name)),
             None::<&()>,
+        )
+    }
+
+    pub fn patch_cache(&self, name: &str, req: &PatchCache) -> Result<CacheInfo, ClientError> {
+        self.call(
+            Method::PATCH,
+            &format!("/v1/caches/{}", enc(name)),
+            Some(req),
         )
     }
 

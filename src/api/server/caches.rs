@@ -1,4 +1,5 @@
-//! `/v1/caches`: list, create, get, delete (writing back first), sync.
+//! `/v1/caches`: list, create, get, change access rules, delete (writing
+//! back first), sync.
 
 use std::sync::Arc;
 
@@ -11,9 +12,10 @@ use axum::Json;
 use super::{blocking, ApiError};
 use crate::api::wire::caches::{
     BackingInfo, CacheCounters, CacheDeleted, CacheInfo, CacheIo, CacheList, CacheSettings,
-    CacheSynced, CreateCache, DeleteCacheQuery,
+    CacheSynced, CreateCache, DeleteCacheQuery, PatchCache,
 };
 use crate::control::caches::{CacheEntry, CacheSpec, CacheState};
+use crate::control::drives::spec::parse_access;
 use crate::control::ledger::Origin;
 use crate::control::Daemon;
 
@@ -138,6 +140,7 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
         tcp_uris: d.tcp_uris(&e.name),
         backing,
         settings: settings(&e.spec),
+        access: super::drives::wire_access(&e.access.lock()),
         stats,
         io,
         snapshots: super::snapshots::status_of(d, &e.name).statuses,
@@ -191,6 +194,13 @@ fn spec_of(req: &CreateCache) -> Result<CacheSpec, ApiError> {
         req.shutdown_timeout.as_ref().map(|v| v.as_text()),
     )?;
     spec.options.direct_io = req.direct;
+    if let Some(a) = &req.access {
+        spec.access = parse_access(
+            &a.allow_identities,
+            &a.read_only_identities,
+            &a.allow_networks,
+        )?;
+    }
     spec.validate()?;
     Ok(spec)
 }
@@ -236,6 +246,34 @@ pub async fn create(
         [(header::LOCATION, location)],
         Json(info(&d, &e, None)),
     ))
+}
+
+/// `PATCH /v1/caches/{name}`: its access rules (the only run-time change a
+/// cache takes; its size and mode need a new cache).
+pub async fn patch(
+    State(d): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    body: Result<Json<PatchCache>, JsonRejection>,
+) -> Result<Json<CacheInfo>, ApiError> {
+    let Json(req) = body?;
+    let change = match &req.access {
+        None => return Err(ApiError::invalid("nothing to change: give access")),
+        Some(a) => super::drives::access_change(a)?,
+    };
+    let before = d
+        .caches
+        .live(&name)
+        .map_or(0, |(_, l)| l.export.connections());
+    let (e, closed) = d.caches.set_access(&name, &change)?;
+    let notices: Vec<String> = [
+        ephemeral(&e, "this change"),
+        super::drives::access_notice(&name, before, closed),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let notice = (!notices.is_empty()).then(|| notices.join("; "));
+    Ok(Json(info(&d, &e, notice)))
 }
 
 pub async fn delete(

@@ -98,7 +98,7 @@ pub(crate) fn compression_info(drive: &Drive) -> Option<CompressionInfo> {
 }
 
 /// Access rules as the API shows them.
-fn wire_access(rules: &AccessRules) -> DriveAccess {
+pub(super) fn wire_access(rules: &AccessRules) -> DriveAccess {
     DriveAccess {
         allow_identities: rules.identities.clone(),
         read_only_identities: rules.read_only_identities.clone(),
@@ -106,9 +106,19 @@ fn wire_access(rules: &AccessRules) -> DriveAccess {
     }
 }
 
-/// A `PATCH`'s access change, checked (every network parses, no empty
-/// identity).
-fn access_change(p: &AccessPatch) -> Result<AccessChange, SpecError> {
+/// A `PATCH`'s access change (of a drive or a cache), checked: something
+/// to change, every network parses, no empty identity.
+pub(super) fn access_change(p: &AccessPatch) -> Result<AccessChange, ApiError> {
+    if p == &AccessPatch::default() {
+        return Err(ApiError::invalid(
+            "access: give allow_identities, read_only_identities or allow_networks (an empty list removes that rule)",
+        ));
+    }
+    Ok(checked_change(p)?)
+}
+
+/// An access patch with every network parsed and no empty identity.
+fn checked_change(p: &AccessPatch) -> Result<AccessChange, SpecError> {
     let no_empty = |ids: &Option<Vec<String>>| match ids {
         Some(v) if v.iter().any(|i| i.is_empty()) => {
             Err(SpecError::from(AccessError::from(EmptyIdentity)))
@@ -233,11 +243,6 @@ pub async fn patch(
             "nothing to change: give size, read_only, mem_limit, durability, sync_interval or access",
         ));
     }
-    if req.access.as_ref() == Some(&AccessPatch::default()) {
-        return Err(ApiError::invalid(
-            "access: give allow_identities, read_only_identities or allow_networks (an empty list removes that rule)",
-        ));
-    }
     let access = req.access.as_ref().map(access_change).transpose()?;
     let durability = req
         .durability
@@ -290,7 +295,7 @@ pub async fn patch(
         drive.origin().ephemeral_notice(&drive.name),
         resized.flatten(),
         device.map(|r| r.notice()),
-        closed.and_then(|n| access_notice(&drive, n)),
+        closed.and_then(|n| access_notice(&drive.name, drive.connections(), n)),
     ]
     .into_iter()
     .flatten()
@@ -299,18 +304,17 @@ pub async fn patch(
     Ok(Json(info(&d, &drive, notice)))
 }
 
-/// What an access change did to connections already open.
-fn access_notice(drive: &Drive, closed: usize) -> Option<String> {
-    let kept = drive.connections().saturating_sub(closed);
+/// What an access change did to the connections open to export `name`
+/// (`connections` before the change).
+pub(super) fn access_notice(name: &str, connections: usize, closed: usize) -> Option<String> {
+    let kept = connections.saturating_sub(closed);
     match (closed, kept) {
         (0, 0) => None,
         (0, kept) => Some(format!(
-            "the {kept} open NBD connection(s) to '{}' are still allowed what they negotiated and keep it (a wider grant applies when they reconnect)",
-            drive.name
+            "the {kept} open NBD connection(s) to '{name}' are still allowed what they negotiated and keep it (a wider grant applies when they reconnect)"
         )),
         (closed, _) => Some(format!(
-            "closed {closed} NBD connection(s) to '{}' that the new rules no longer allow what they negotiated (after their pending requests); new connections get the new rules",
-            drive.name
+            "closed {closed} NBD connection(s) to '{name}' that the new rules no longer allow what they negotiated (after their pending requests); new connections get the new rules"
         )),
     }
 }

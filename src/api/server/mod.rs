@@ -85,6 +85,7 @@ routes! {
     get "/v1/caches" => caches::list,
     post "/v1/caches" => caches::create,
     get "/v1/caches/{name}" => caches::get,
+    patch "/v1/caches/{name}" => caches::patch,
     delete "/v1/caches/{name}" => caches::delete,
     post "/v1/caches/{name}/sync" => caches::sync,
     get "/v1/caches/{name}/snapshots" => snapshots::status_cache,

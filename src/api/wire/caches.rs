@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::drives::{AccessPatch, DriveAccess};
 pub use super::values::DurationValue;
 use super::values::{SizeValue, StatsRates, StatsTotals};
 
@@ -67,6 +68,19 @@ pub struct CreateCache {
     pub nbd_timeout: Option<DurationValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_timeout: Option<DurationValue>,
+    /// Who may see the cache over NBD and NVMe/TCP: the drives' rules
+    /// (absent: open to every client that reaches a listener).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<DriveAccess>,
+}
+
+/// `PATCH /v1/caches/{name}`: what may change at run time.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchCache {
+    /// Each list given replaces the cache's; absent ones stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<AccessPatch>,
 }
 
 /// `DELETE /v1/caches/{name}?force=true`.
@@ -199,6 +213,9 @@ pub struct CacheInfo {
     pub tcp_uris: Vec<String>,
     pub backing: BackingInfo,
     pub settings: CacheSettings,
+    /// Who may see it over NBD and NVMe/TCP (every list empty: open).
+    #[serde(default)]
+    pub access: DriveAccess,
     /// Null until the backing is open.
     pub stats: Option<CacheCounters>,
     /// Null until the backing is open.

@@ -28,6 +28,12 @@
 //! - Dirty data is never dropped except by `delete --force`: a delete
 //!   first writes back while the cache still serves, and refuses (leaving
 //!   everything as it was) when the backing cannot take the data.
+//! - A cache's access rules are in the access table the drives share
+//!   (`nbd::access`, keyed by export name, which the ledger keeps unique)
+//!   from the moment its name is claimed until the claim is released: set
+//!   before its export is published, so no client ever meets the cache
+//!   without its rules, and cleared only by the claim's owner, so a name a
+//!   drive holds never loses the drive's rules.
 //! - Locks: the map mutex and each entry's state mutex are held only for
 //!   short, non-blocking work (map before state, both before the ledger's);
 //!   backing I/O, opening and closing happen with neither held.
@@ -54,6 +60,7 @@ use crate::block::backend::Backend;
 use crate::cache::{self, open_backing, BackingSpec, Cache, CacheError, CloseReport};
 use crate::fuse::Attachable;
 use crate::metrics::DriveMetrics;
+use crate::nbd::access::{AccessChange, AccessRules, AccessTable};
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 pub use spec::{CacheEntry as CacheConfigEntry, CacheSpec, CacheSpecError};
@@ -171,6 +178,9 @@ pub struct CacheEntry {
     /// Mountpoints where it is attached through FUSE (kept by
     /// `fuse::Attachments`; a delete is refused while attached).
     pub attachments: Mutex<Vec<PathBuf>>,
+    /// Its access rules now (the spec's until a `PATCH`); the access
+    /// table holds the same (see the module invariants).
+    pub access: Mutex<AccessRules>,
 }
 
 impl Attachable for CacheEntry {
@@ -257,6 +267,18 @@ pub struct Caches {
     pub sampler: Sampler,
     /// Retries caches whose backing could not be opened at start.
     reopener: reopen::Reopener,
+    /// The access rules of every export, shared with the drives and read
+    /// by the NBD and NVMe/TCP servers at every decision.
+    access: Arc<AccessTable>,
+}
+
+/// No cache by this name.
+fn not_found(name: &str) -> CachesError {
+    LedgerError::from(NotFound {
+        kind: Kind::Cache,
+        name: name.to_owned(),
+    })
+    .into()
 }
 
 /// The kind and identity of a backing spec (the spec was validated).
@@ -295,7 +317,8 @@ fn backing_error(e: CacheError) -> CachesError {
 }
 
 impl Caches {
-    pub fn new(ledger: Arc<Ledger>, metrics_enabled: bool) -> Self {
+    /// `access` is the table the servers read (the drives' own).
+    pub fn new(ledger: Arc<Ledger>, metrics_enabled: bool, access: Arc<AccessTable>) -> Self {
         Caches {
             map: Mutex::new(BTreeMap::new()),
             ledger,
@@ -303,6 +326,7 @@ impl Caches {
             nbd: OnceLock::new(),
             sampler: Sampler::new(),
             reopener: reopen::Reopener::default(),
+            access,
         }
     }
 
@@ -317,13 +341,11 @@ impl Caches {
     }
 
     pub fn get(&self, name: &str) -> Result<Arc<CacheEntry>, CachesError> {
-        self.map.lock().get(name).cloned().ok_or_else(|| {
-            LedgerError::from(NotFound {
-                kind: Kind::Cache,
-                name: name.to_owned(),
-            })
-            .into()
-        })
+        self.map
+            .lock()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found(name))
     }
 
     /// The cache `name` and its engine, when it serves.
@@ -423,6 +445,7 @@ impl Caches {
             }
             .into());
         }
+        let rules = spec.access.clone();
         let entry = Arc::new(CacheEntry {
             name: name.clone(),
             spec,
@@ -432,7 +455,10 @@ impl Caches {
             created_unix_s: now_unix_s(),
             state: Mutex::new(CacheState::Opening),
             attachments: Mutex::new(Vec::new()),
+            access: Mutex::new(rules.clone()),
         });
+        // The claim makes the name ours: its rules go in before any export.
+        self.access.set(&name, rules);
         map.insert(name, entry.clone());
         Ok(entry)
     }
@@ -444,6 +470,8 @@ impl Caches {
         if map.get(&entry.name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
             map.remove(&entry.name);
         }
+        // Still under the claim: nobody else's rules are dropped.
+        self.access.set(&entry.name, AccessRules::default());
         self.ledger.release(&entry.claim);
     }
 
@@ -684,6 +712,36 @@ impl Caches {
         }
     }
 
+    /// Changes a cache's access rules: new connections see them at once,
+    /// open ones the new rules no longer allow what they negotiated are
+    /// closed after their pending requests (as for drives). Returns the
+    /// cache and how many connections closed.
+    pub fn set_access(
+        &self,
+        name: &str,
+        change: &AccessChange,
+    ) -> Result<(Arc<CacheEntry>, usize), CachesError> {
+        let map = self.map.lock();
+        let entry = map.get(name).cloned().ok_or_else(|| not_found(name))?;
+        let rules = change.apply(&entry.access.lock());
+        *entry.access.lock() = rules.clone();
+        self.access.set(name, rules.clone());
+        drop(map);
+        let closed = match self.nbd.get() {
+            Some(h) => h.recheck_access(name),
+            None => 0,
+        };
+        tracing::info!(
+            cache = %name,
+            identities = ?rules.identities,
+            read_only_identities = ?rules.read_only_identities,
+            networks = %rules.networks.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+            closed_connections = closed,
+            "access rules changed"
+        );
+        Ok((entry, closed))
+    }
+
     /// Stops retrying unavailable caches (shutdown).
     pub fn stop_reopening(&self) {
         self.reopener.stop();
@@ -734,10 +792,9 @@ mod tests {
             Arc::new(ExportTable::new()),
             Arc::new(MemoryBudget::new(budget)),
         ));
-        (
-            Arc::new(Caches::new(ledger.clone(), true)),
-            Arc::new(Drives::new(ledger, true)),
-        )
+        let drives = Arc::new(Drives::new(ledger.clone(), true));
+        let access = drives.access_table();
+        (Arc::new(Caches::new(ledger, true, access)), drives)
     }
 
     fn file(dir: &std::path::Path, name: &str, len: u64) -> String {
@@ -748,6 +805,56 @@ mod tests {
 
     fn spec(name: &str, backing: &str, size: &str) -> CacheSpec {
         CacheSpec::new(name, backing, size, "writeback").unwrap()
+    }
+
+    #[test]
+    fn access_rules_live_from_claim_to_release() {
+        use crate::nbd::access::{Grant, Source};
+        let dir = tempfile::tempdir().unwrap();
+        let (c, r) = caches(1 << 30);
+        let table = r.access_table();
+        let a = file(dir.path(), "a.img", 8 << 20);
+        let mut s = spec("a", &a, "1M");
+        s.access.identities = vec!["alice".into()];
+        c.create(s, Origin::Api).unwrap();
+        let tcp = Source::Ip("10.0.0.1".parse().unwrap());
+        assert_eq!(table.grant("a", Some("alice"), &tcp), Grant::ReadWrite);
+        assert_eq!(table.grant("a", Some("bob"), &tcp), Grant::Denied);
+        assert_eq!(table.grant("a", None, &Source::Unix), Grant::Denied);
+        // A change: bob read-only besides alice; the entry shows it.
+        let change = AccessChange {
+            read_only_identities: Some(vec!["bob".into()]),
+            ..Default::default()
+        };
+        let (e, closed) = c.set_access("a", &change).unwrap();
+        assert_eq!(closed, 0);
+        assert_eq!(e.access.lock().identities, ["alice"]);
+        assert_eq!(table.grant("a", Some("bob"), &tcp), Grant::ReadOnly);
+        assert!(matches!(
+            c.set_access("nope", &change),
+            Err(CachesError::Ledger(LedgerError::NotFound(_)))
+        ));
+        // A refused create over a drive's name leaves the drive's rules.
+        let mut d = DriveSpec {
+            name: "d".into(),
+            size_bytes: 1 << 20,
+            mem_limit_bytes: None,
+            read_only: false,
+            overcommit: false,
+            persist: None,
+            access: Default::default(),
+            compress: None,
+            lock_memory: false,
+        };
+        d.access.identities = vec!["carol".into()];
+        r.create(&d, Origin::Api).unwrap();
+        let b = file(dir.path(), "b.img", 8 << 20);
+        c.create(spec("d", &b, "1M"), Origin::Api).unwrap_err();
+        assert_eq!(table.grant("d", Some("bob"), &tcp), Grant::Denied);
+        assert_eq!(table.grant("d", Some("carol"), &tcp), Grant::ReadWrite);
+        // Deleted: the name is open again for whoever takes it next.
+        c.delete("a", false).unwrap();
+        assert!(table.rules("a").is_open());
     }
 
     #[test]

@@ -26,6 +26,8 @@ use toml::Spanned;
 use crate::cache::config::parse_duration;
 use crate::cache::{BackingOptions, BackingSpec, CacheConfig, Mode};
 use crate::control::ledger::{check_name, Kind, NameError};
+use crate::control::spec::config_access;
+use crate::nbd::access::AccessRules;
 use crate::size::Size;
 use crate::size::{format_size, parse as parse_size};
 use crate::store::MAX_DRIVE_BYTES;
@@ -128,6 +130,9 @@ pub struct CacheSpec {
     /// before giving up on the dirty data (which is then saved to a rescue
     /// file, see docs/cache.md).
     pub shutdown_timeout_ms: u64,
+    /// Who may see its export over NBD and NVMe/TCP: the drives' rules
+    /// (`nbd::access`; open: none).
+    pub access: AccessRules,
 }
 
 /// The cache engine's refusal of an option.
@@ -151,6 +156,7 @@ impl CacheSpec {
             config: CacheConfig::new(mode, size),
             options: BackingOptions::default(),
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            access: AccessRules::default(),
         })
     }
 
@@ -306,6 +312,13 @@ pub struct CacheEntry {
     pub snapshot_keep_daily: Option<u64>,
     #[serde(default)]
     pub snapshot_encrypt: bool,
+    /// Access rules, as a `[[drive]]`'s (`nbd::access`).
+    #[serde(default)]
+    pub allow_identities: Vec<String>,
+    #[serde(default)]
+    pub read_only_identities: Vec<String>,
+    #[serde(default)]
+    pub allow_networks: Vec<Spanned<String>>,
 }
 
 impl CacheEntry {
@@ -353,6 +366,15 @@ impl CacheEntry {
         if let Some(d) = &self.direct {
             spec.options.direct_io = *d.get_ref();
         }
+        spec.access = config_access(
+            &self.allow_identities,
+            &self.read_only_identities,
+            &self.allow_networks,
+        )
+        .map_err(|(offset, e)| match offset {
+            Some(offset) => (offset, e),
+            None => (at(&self.name), format!("cache '{name}': {e}")),
+        })?;
         spec.validate()
             .map_err(|e| (at(&self.name), format!("cache '{name}': {e}")))?;
         Ok(spec)

@@ -69,7 +69,8 @@ pub mod spec;
 use super::ledger::{self, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise};
 use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
-use crate::nbd::access::{AccessRules, AccessTable, Network};
+pub use crate::nbd::access::AccessChange;
+use crate::nbd::access::{AccessRules, AccessTable};
 use crate::nbd::{Export, ShutdownHandle};
 use crate::size::format_size;
 use crate::store::compressed::{Algorithm, CompressedStats, CompressedStore};
@@ -405,29 +406,6 @@ pub struct DriveChange {
     pub mem_limit_bytes: Option<Option<u64>>,
     /// Shrink even when data lies beyond the new end (it is discarded).
     pub force: bool,
-}
-
-/// A change to a drive's access rules (`PATCH`): each list given
-/// replaces the drive's; absent ones stay as they are.
-#[derive(Debug, Clone, Default)]
-pub struct AccessChange {
-    pub identities: Option<Vec<String>>,
-    pub read_only_identities: Option<Vec<String>>,
-    pub networks: Option<Vec<Network>>,
-}
-
-impl AccessChange {
-    /// `rules` with this change applied.
-    pub fn apply(&self, rules: &AccessRules) -> AccessRules {
-        AccessRules {
-            identities: self.identities.clone().unwrap_or(rules.identities.clone()),
-            read_only_identities: self
-                .read_only_identities
-                .clone()
-                .unwrap_or(rules.read_only_identities.clone()),
-            networks: self.networks.clone().unwrap_or(rules.networks.clone()),
-        }
-    }
 }
 
 impl Drives {
