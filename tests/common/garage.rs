@@ -84,44 +84,29 @@ impl Garage {
             .prefix("ramd-garage-")
             .tempdir()
             .unwrap();
-        let (rpc, s3, admin) = (free_port(), free_port(), free_port());
         let config = dir.path().join("garage.toml");
-        let d = dir.path().display();
-        std::fs::write(
-            &config,
-            format!(
-                r#"metadata_dir = "{d}/meta"
-data_dir = "{d}/data"
-db_engine = "sqlite"
-replication_factor = 1
-rpc_bind_addr = "127.0.0.1:{rpc}"
-rpc_public_addr = "127.0.0.1:{rpc}"
-rpc_secret = "{secret}"
-
-[s3_api]
-s3_region = "garage"
-api_bind_addr = "127.0.0.1:{s3}"
-root_domain = ".s3.garage.localhost"
-
-[admin]
-api_bind_addr = "127.0.0.1:{admin}"
-"#,
-                secret = random_hex32()
-            ),
-        )
-        .unwrap();
         let mut g = Garage {
             dir,
             bin,
             config,
             child: None,
-            endpoint: format!("http://127.0.0.1:{s3}"),
+            endpoint: String::new(),
             region: "garage".into(),
             key_id: String::new(),
             secret: String::new(),
             bucket: "ramd-test".into(),
         };
-        g.restart();
+        // A port picked free may be taken by another test before Garage
+        // binds it (the tests run in parallel): new ports, a few times.
+        let mut attempt = 0;
+        while let Err(why) = g.new_ports_and_launch() {
+            attempt += 1;
+            assert!(
+                attempt < 4 && why.contains("in use"),
+                "garage did not start: {why}"
+            );
+            eprintln!("garage: a port was taken, starting again on new ports");
+        }
         let node = g.cli(&["node", "id", "-q"]);
         let node = node.trim().split('@').next().unwrap().to_owned();
         g.cli(&["layout", "assign", "-z", "dc1", "-c", "1G", &node]);
@@ -174,9 +159,50 @@ api_bind_addr = "127.0.0.1:{admin}"
         }
     }
 
+    /// Writes the config with fresh free ports (and a new RPC secret),
+    /// then [`Garage::launch`]es.
+    fn new_ports_and_launch(&mut self) -> Result<(), String> {
+        let (rpc, s3, admin) = (free_port(), free_port(), free_port());
+        let d = self.dir.path().display();
+        std::fs::write(
+            &self.config,
+            format!(
+                r#"metadata_dir = "{d}/meta"
+data_dir = "{d}/data"
+db_engine = "sqlite"
+replication_factor = 1
+rpc_bind_addr = "127.0.0.1:{rpc}"
+rpc_public_addr = "127.0.0.1:{rpc}"
+rpc_secret = "{secret}"
+
+[s3_api]
+s3_region = "garage"
+api_bind_addr = "127.0.0.1:{s3}"
+root_domain = ".s3.garage.localhost"
+
+[admin]
+api_bind_addr = "127.0.0.1:{admin}"
+"#,
+                secret = random_hex32()
+            ),
+        )
+        .unwrap();
+        self.endpoint = format!("http://127.0.0.1:{s3}");
+        self.launch()
+    }
+
     /// Starts (again) on the same ports and data; returns once the S3 port
     /// accepts connections and the node answers `garage status`.
+    #[track_caller]
     pub fn restart(&mut self) {
+        if let Err(why) = self.launch() {
+            panic!("garage did not start again: {why}");
+        }
+    }
+
+    /// Starts the server and waits until it serves, or says why not (its
+    /// log, which names a port already in use).
+    fn launch(&mut self) -> Result<(), String> {
         self.stop();
         let log = std::fs::File::create(self.dir.path().join("garage.log")).unwrap();
         let child = Command::new(&self.bin)
@@ -191,21 +217,34 @@ api_bind_addr = "127.0.0.1:{admin}"
             .expect("start garage server");
         self.child = Some(KillOnDrop(child));
         let s3 = self.endpoint.trim_start_matches("http://").to_owned();
-        wait_until("garage's S3 port", START_TIMEOUT, || {
-            self.assert_running();
-            TcpStream::connect(&s3).is_ok()
-        });
-        wait_until("garage status", START_TIMEOUT, || {
-            self.try_cli(&["status"]).status.success()
-        });
-    }
-
-    #[track_caller]
-    fn assert_running(&mut self) {
-        if let Some(c) = &mut self.child {
-            if let Ok(Some(status)) = c.0.try_wait() {
-                panic!("garage exited ({status}); its log:\n{}", self.log());
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        let mut status = String::new();
+        loop {
+            if let Some(c) = &mut self.child {
+                if let Ok(Some(exit)) = c.0.try_wait() {
+                    return Err(format!("garage exited ({exit}); its log:\n{}", self.log()));
+                }
             }
+            if self.log().contains("in use") {
+                return Err(format!("its log:\n{}", self.log()));
+            }
+            if TcpStream::connect(&s3).is_ok() {
+                // Bounded: a status call that hangs is retried.
+                let mut cmd = Command::new(&self.bin);
+                cmd.arg("-c").arg(&self.config).arg("status");
+                match try_run(&mut cmd, Duration::from_secs(10)) {
+                    Ok(out) if out.status.success() => return Ok(()),
+                    Ok(out) => status = out.stderr,
+                    Err(e) => status = e.to_string(),
+                }
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "not serving after {START_TIMEOUT:?} (S3 on {s3}; garage status said: {status}); its log:\n{}",
+                    self.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
