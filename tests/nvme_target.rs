@@ -35,6 +35,7 @@ struct Setup {
     addr: SocketAddr,
     exports: Arc<ExportTable>,
     access: Arc<AccessTable>,
+    target: Arc<Target>,
     stop: NvmeShutdown,
     run: Option<thread::JoinHandle<std::io::Result<()>>>,
 }
@@ -60,7 +61,7 @@ fn setup(tweak: impl FnOnce(&mut TargetConfig)) -> Setup {
     let mut config = TargetConfig::new(vec!["127.0.0.1:0".parse().unwrap()], NODE);
     tweak(&mut config);
     let target = Arc::new(Target::new(config, exports.clone(), access.clone()));
-    let server = NvmeServer::bind(target).unwrap();
+    let server = NvmeServer::bind(target.clone()).unwrap();
     let addr = server.local_addrs()[0];
     let stop = server.shutdown_handle();
     let run = Some(thread::spawn(move || server.run()));
@@ -68,6 +69,7 @@ fn setup(tweak: impl FnOnce(&mut TargetConfig)) -> Setup {
         addr,
         exports,
         access,
+        target,
         stop,
         run,
     }
@@ -426,6 +428,63 @@ fn out_of_range_and_read_only_get_their_statuses() {
     assert!(ro.read(0, 1).cqe.status.is_success());
     let (mut a, _, _) = controller(s.addr, "ro", Digests::default());
     assert_eq!(a.identify(0, 1).data[99], 1, "NSATTR: write protected");
+}
+
+/// Failed commands of every queue land in their controller's error log,
+/// newest first, counted in SMART; another controller's log is its own.
+#[test]
+fn failed_commands_fill_the_error_log() {
+    let s = setup(|_| {});
+    let (mut a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    let empty = a.log_page(lid::ERROR);
+    assert!(empty.cqe.status.is_success());
+    assert!(empty.data.iter().all(|&b| b == 0), "no errors yet");
+    assert_eq!(a.identify(1, 0).data[262], 63, "ELPE: 64 entries");
+    let last = 16 * MIB / 512;
+    let first = q.rw(io::READ, last + 7, 1);
+    let first_cid = first.cid();
+    assert_eq!(q.command(first, &[], &[]).cqe.status, Status::LBA_RANGE);
+    assert_eq!(q.write(last, &[0; 512], true).status, Status::LBA_RANGE);
+    assert!(
+        q.read(0, 1).cqe.status.is_success(),
+        "a success is no entry"
+    );
+    let log = a.log_page(lid::ERROR).data;
+    let field = |e: usize, at: usize, n: usize| {
+        let mut b = [0u8; 8];
+        b[..n].copy_from_slice(&log[e * 64 + at..][..n]);
+        u64::from_le_bytes(b)
+    };
+    // Newest first: the write (count 2), then the read (count 1).
+    assert_eq!(field(0, 0, 8), 2);
+    assert_eq!(field(1, 0, 8), 1);
+    assert_eq!(field(1, 8, 2), 1, "SQID: the I/O queue");
+    assert_eq!(field(1, 10, 2), u64::from(first_cid));
+    assert_eq!(
+        Status::from_field(field(1, 12, 2) as u16),
+        Status::LBA_RANGE
+    );
+    assert_eq!(field(1, 16, 8), last + 7, "the LBA");
+    assert_eq!(field(1, 24, 4), 1, "the namespace");
+    assert_eq!(field(2, 0, 8), 0, "nothing older");
+    // SMART counts them (Number of Error Information Log Entries).
+    let smart = a.log_page(lid::SMART).data;
+    assert_eq!(smart[176], 2);
+    // An admin command that fails is logged too, with queue 0.
+    assert_eq!(a.log_page(0x7F).cqe.status, Status::INVALID_LOG_PAGE);
+    let log = a.log_page(lid::ERROR).data;
+    assert_eq!(log[0], 3);
+    assert_eq!(u16::from_le_bytes([log[8], log[9]]), 0);
+    // A second controller starts with an empty log.
+    let (mut b, _, _) = controller(s.addr, "ram0", Digests::default());
+    assert!(b.log_page(lid::ERROR).data.iter().all(|&x| x == 0));
+    // Both are the host's, on ram0 (what `ramd info` lists).
+    assert_eq!(s.target.hosts_of("ram0"), [(HOST.to_owned(), 2)]);
+    assert!(s.target.hosts_of("ro").is_empty());
+    drop((a, q));
+    common::wait_until("the first controller to go", common::WAIT_TIMEOUT, || {
+        s.target.hosts_of("ram0") == [(HOST.to_owned(), 1)]
+    });
 }
 
 #[test]

@@ -353,6 +353,12 @@ pub fn drive_info(d: &DriveInfo) -> String {
     if let Some(nqn) = &d.nvme_nqn {
         row("nvme nqn", nqn.clone());
     }
+    for h in &d.nvme_hosts {
+        row(
+            "nvme host",
+            format!("{} ({} controller(s))", h.host_nqn, h.controllers),
+        );
+    }
     if let Some(e) = &d.error {
         row("error", e.clone());
         row(

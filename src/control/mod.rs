@@ -662,6 +662,8 @@ pub struct Daemon {
     pub tcp_addrs: Vec<SocketAddr>,
     /// The NVMe/TCP node id when the target runs (drives' NQNs carry it).
     pub nvme_node: Option<String>,
+    /// The NVMe/TCP target when it runs (the hosts connected per drive).
+    pub nvme_target: Option<Arc<crate::nvme::Target>>,
     pub started: Instant,
     pub started_unix_s: u64,
     pub sampler: Arc<Sampler>,

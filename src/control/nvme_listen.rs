@@ -117,14 +117,17 @@ fn is_uuid(s: &str) -> bool {
         })
 }
 
-/// A started target: stop it with the handle, then join the thread; the
-/// addresses bound and the node id.
-pub type RunningNvme = (
-    NvmeShutdown,
-    std::thread::JoinHandle<io::Result<()>>,
-    Vec<SocketAddr>,
-    String,
-);
+/// A started target: stop it with the handle, then join the thread.
+pub struct RunningNvme {
+    pub shutdown: NvmeShutdown,
+    pub thread: std::thread::JoinHandle<io::Result<()>>,
+    /// The addresses bound.
+    pub addrs: Vec<SocketAddr>,
+    /// The node id the drives' NQNs carry.
+    pub node: String,
+    /// The target, for what it serves now (hosts per drive).
+    pub target: Arc<Target>,
+}
 
 /// Binds and starts the target over the daemon's exports and access rules.
 pub fn start(
@@ -137,7 +140,7 @@ pub fn start(
     check_plaintext(listen, plaintext)?;
     let config = TargetConfig::new(listen.to_vec(), node);
     let target = Arc::new(Target::new(config, exports, access));
-    let server = NvmeServer::bind(target).map_err(|source| NvmeStartError::Bind {
+    let server = NvmeServer::bind(target.clone()).map_err(|source| NvmeStartError::Bind {
         addrs: listen.to_vec(),
         source,
     })?;
@@ -157,7 +160,13 @@ pub fn start(
             a.port()
         );
     }
-    Ok((handle, thread, addrs, node.to_owned()))
+    Ok(RunningNvme {
+        shutdown: handle,
+        thread,
+        addrs,
+        node: node.to_owned(),
+        target,
+    })
 }
 
 #[cfg(test)]

@@ -630,7 +630,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ublk: crate::ublk::Devices::new(&settings.runtime_dir),
         settings: settings.clone(),
         tcp_addrs,
-        nvme_node: nvme.as_ref().map(|n| n.3.clone()),
+        nvme_node: nvme.as_ref().map(|n| n.node.clone()),
+        nvme_target: nvme.as_ref().map(|n| n.target.clone()),
         started: Instant::now(),
         started_unix_s: now_unix_s(),
         sampler: Arc::new(Sampler::new()),
@@ -667,12 +668,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     stop_dirs(&daemon.dirs);
     // The API has stopped; now NBD: finish in-flight requests, close.
     stop_nvme(nvme);
-    nbd_handle.shutdown();
-    match nbd_thread.join() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!("NBD server: {e}"),
-        Err(_) => tracing::error!("NBD server thread panicked"),
-    }
+    stop_nbd(&nbd_handle, nbd_thread);
     detach_all(&daemon);
     pressure_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // No client can write any more: save every persistent drive, and
@@ -720,12 +716,25 @@ fn start_nvme(
     Ok(Some(running))
 }
 
+/// Stops the NBD server: in-flight requests finish, connections close.
+fn stop_nbd(
+    handle: &crate::nbd::ShutdownHandle,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+) {
+    handle.shutdown();
+    match thread.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("NBD server: {e}"),
+        Err(_) => tracing::error!("NBD server thread panicked"),
+    }
+}
+
 /// Stops the NVMe/TCP target (hosts see their connections drop and
 /// reconnect to the next daemon) and waits for its connections to end.
 fn stop_nvme(nvme: Option<super::nvme_listen::RunningNvme>) {
-    if let Some((handle, thread, _, _)) = nvme {
-        handle.shutdown();
-        match thread.join() {
+    if let Some(n) = nvme {
+        n.shutdown.shutdown();
+        match n.thread.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!("NVMe/TCP target: {e}"),
             Err(_) => tracing::error!("NVMe/TCP target thread panicked"),

@@ -255,7 +255,10 @@ impl Queue {
                 let a = self.admin.as_ref().expect("admin queue");
                 log::discovery(a.genctr, &self.discovery_entries())
             }
-            lid::ERROR => vec![0; 64],
+            lid::ERROR => self
+                .ctrl
+                .as_ref()
+                .map_or_else(|| vec![0; 64], |c| c.errors.lock().page()),
             lid::FW_SLOT => vec![0; 512],
             lid::SMART if is_drive => log::smart(&self.health()),
             lid::CHANGED_NS if is_drive => {
@@ -392,6 +395,7 @@ impl Queue {
         let a = self.admin.as_ref().expect("admin queue");
         let mut h = Health {
             read_only: ro,
+            errors: self.ctrl.as_ref().map_or(0, |c| c.errors.lock().count()),
             power_on_hours: a.started.elapsed().as_secs() / 3600,
             ..Health::default()
         };
@@ -410,7 +414,6 @@ impl Queue {
             h.bytes_written = t.bytes[Op::Write as usize];
             h.read_commands = t.ops[Op::Read as usize];
             h.write_commands = t.ops[Op::Write as usize];
-            h.errors = t.errors.iter().sum();
         }
         h
     }

@@ -32,8 +32,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::log::ErrorEntry;
 use super::pdu::{self, CommonHeader, Digests, Frame, Pdu, PduError, CH_LEN};
-use super::sqe::{admin, fctype, Cqe, DataPtr, Sqe, Status};
+use super::sqe::{admin, fctype, io as io_op, Cqe, DataPtr, Sqe, Status};
 use super::state::AdminState;
 use super::target::{Controller, Target};
 use crate::block::Export;
@@ -142,6 +143,8 @@ pub(super) struct Queue {
     pending_bytes: usize,
     /// Set by a Fabrics Disconnect: close once replies are out.
     pub(super) closing: bool,
+    /// The command being executed, for its error log entry should it fail.
+    current: Option<Sqe>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -180,6 +183,7 @@ pub fn serve(target: Arc<Target>, stream: TcpStream) -> Result<(), ConnError> {
         waiting: VecDeque::new(),
         pending_bytes: 0,
         closing: false,
+        current: None,
     };
     let r = q.run(&mut inb);
     if let Err(ConnError::Pdu(e)) = &r {
@@ -432,6 +436,7 @@ impl Queue {
     }
 
     fn execute(&mut self, sqe: &Sqe, data: &[u8]) -> Result<(), ConnError> {
+        self.current = Some(*sqe);
         if sqe.opcode() == admin::FABRICS {
             return self.fabrics(sqe, data);
         }
@@ -460,6 +465,9 @@ impl Queue {
 
     /// Appends a CapsuleResp.
     pub(super) fn reply(&mut self, cid: u16, status: Status, result: u64) -> Result<(), ConnError> {
+        if !status.is_success() {
+            self.log_error(cid, status);
+        }
         let cqe = Cqe {
             result,
             sq_head: self.sq_head,
@@ -476,6 +484,26 @@ impl Queue {
         );
         self.out.extend_from_slice(&self.hdr);
         Ok(())
+    }
+
+    /// Puts a failed command in its controller's error log (none before
+    /// Connect: there is no controller to read it from).
+    fn log_error(&self, cid: u16, status: Status) {
+        let Some(ctrl) = &self.ctrl else { return };
+        let cmd = self.current.filter(|s| s.cid() == cid);
+        let lba = match cmd {
+            Some(s) if self.qid != 0 && io_has_lba(s.opcode()) => {
+                u64::from(s.cdw(10)) | u64::from(s.cdw(11)) << 32
+            }
+            _ => 0,
+        };
+        ctrl.errors.lock().push(ErrorEntry {
+            sqid: self.qid,
+            cid,
+            status,
+            nsid: cmd.map_or(u32::MAX, |s| s.nsid()),
+            lba,
+        });
     }
 
     /// Appends C2HData PDUs carrying `data` (at most `max` bytes of it,
@@ -552,4 +580,9 @@ fn is_timeout(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     )
+}
+
+/// Whether an I/O opcode's CDW10-11 hold a starting LBA.
+fn io_has_lba(opcode: u8) -> bool {
+    matches!(opcode, io_op::READ | io_op::WRITE | io_op::WRITE_ZEROES)
 }

@@ -99,7 +99,7 @@ pub fn controller(c: &CtrlInfo) -> Vec<u8> {
     p[111] = c.kind as u8;
     p[259] = c.aer_limit.saturating_sub(1); // aerl, 0's based
     p[261] = LPA_EXTENDED;
-    p[262] = 0; // elpe: one error log entry
+    p[262] = (super::log::ERROR_LOG_ENTRIES - 1) as u8; // elpe, 0's based
     put16(&mut p, 320, c.kas);
     p[512] = 0x66; // sqes: 64 bytes
     p[513] = 0x44; // cqes: 16 bytes

@@ -3,9 +3,14 @@
 //! builders of whole pages; [`window`] cuts the part a Get Log Page asks
 //! for (offset and length are the host's, checked here).
 //!
-//! Invariant: a page is built whole and then windowed, so a host reading
+//! Invariants: a page is built whole and then windowed, so a host reading
 //! a log in pieces (as nvme-cli reads the discovery log) gets consistent
-//! bytes as long as the generation counter did not move.
+//! bytes as long as the generation counter did not move. The error log
+//! ([`ErrorLog`]) keeps the last [`ERROR_LOG_ENTRIES`] failed commands of a
+//! controller, newest first, each with its place in the controller's
+//! lifetime count (never reused, so a host sees which entries are new).
+
+use std::collections::VecDeque;
 
 use super::sqe::{Sqe, Status};
 
@@ -71,6 +76,72 @@ pub fn window(page: &[u8], req: &LogRequest, max_len: u64) -> Result<Vec<u8>, St
     Ok(out)
 }
 
+/// Entries the error log keeps (Identify Controller's ELPE is this, 0's
+/// based): a host reading 64 entries (nvme-cli's default) gets them all.
+pub const ERROR_LOG_ENTRIES: usize = 64;
+
+/// Bytes of one error information entry.
+const ERROR_ENTRY: usize = 64;
+
+/// NVMe/TCP's transport type in an error entry.
+const TRTYPE_TCP: u8 = 3;
+
+/// One failed command, as the error log reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorEntry {
+    /// Submission queue (0: admin).
+    pub sqid: u16,
+    pub cid: u16,
+    pub status: Status,
+    /// 0xFFFFFFFF when the command named none.
+    pub nsid: u32,
+    /// The first LBA of a read, write or write zeroes; 0 otherwise.
+    pub lba: u64,
+}
+
+/// A controller's error log: the lifetime count and the latest entries.
+#[derive(Debug, Default)]
+pub struct ErrorLog {
+    count: u64,
+    recent: VecDeque<(u64, ErrorEntry)>,
+}
+
+impl ErrorLog {
+    /// Records a failed command (the oldest entry goes when full).
+    pub fn push(&mut self, e: ErrorEntry) {
+        self.count += 1;
+        if self.recent.len() == ERROR_LOG_ENTRIES {
+            self.recent.pop_back();
+        }
+        self.recent.push_front((self.count, e));
+    }
+
+    /// Failed commands over the controller's life (SMART's "Number of
+    /// Error Information Log Entries").
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The page: one 64-byte entry per kept error, newest first, then
+    /// zeroes (an entry with count 0 is empty) up to the whole log.
+    pub fn page(&self) -> Vec<u8> {
+        let mut p = vec![0u8; ERROR_LOG_ENTRIES * ERROR_ENTRY];
+        for (i, (n, e)) in self.recent.iter().enumerate() {
+            let b = &mut p[i * ERROR_ENTRY..][..ERROR_ENTRY];
+            b[0..8].copy_from_slice(&n.to_le_bytes());
+            b[8..10].copy_from_slice(&e.sqid.to_le_bytes());
+            b[10..12].copy_from_slice(&e.cid.to_le_bytes());
+            b[12..14].copy_from_slice(&e.status.to_field().to_le_bytes());
+            // Parameter error location: not tracked (all ones).
+            b[14..16].copy_from_slice(&u16::MAX.to_le_bytes());
+            b[16..24].copy_from_slice(&e.lba.to_le_bytes());
+            b[24..28].copy_from_slice(&e.nsid.to_le_bytes());
+            b[29] = TRTYPE_TCP;
+        }
+        p
+    }
+}
+
 /// Counters the SMART/health log reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Health {
@@ -78,6 +149,7 @@ pub struct Health {
     pub bytes_written: u64,
     pub read_commands: u64,
     pub write_commands: u64,
+    /// Error Information log entries over the controller's life.
     pub errors: u64,
     pub power_on_hours: u64,
     /// The drive is read-only (critical warning bit 3).
@@ -244,6 +316,42 @@ mod tests {
         assert_eq!(&p[64..72], &5u64.to_le_bytes());
         assert_eq!(&p[80..88], &6u64.to_le_bytes());
         assert_eq!(&p[176..184], &1u64.to_le_bytes());
+    }
+
+    #[test]
+    fn error_log_keeps_the_newest_with_lifetime_counts() {
+        let mut l = ErrorLog::default();
+        assert_eq!(l.page(), vec![0u8; 4096], "empty: every count 0");
+        for i in 0..(ERROR_LOG_ENTRIES as u16 + 3) {
+            l.push(ErrorEntry {
+                sqid: 1,
+                cid: i,
+                status: Status::LBA_RANGE,
+                nsid: 1,
+                lba: u64::from(i) * 8,
+            });
+        }
+        assert_eq!(l.count(), ERROR_LOG_ENTRIES as u64 + 3);
+        let p = l.page();
+        assert_eq!(p.len(), ERROR_LOG_ENTRIES * 64);
+        let entry = |i: usize| &p[i * 64..][..64];
+        let count = |i: usize| u64::from_le_bytes(entry(i)[..8].try_into().unwrap());
+        // Newest first; the three oldest are gone.
+        assert_eq!(count(0), ERROR_LOG_ENTRIES as u64 + 3);
+        assert_eq!(count(ERROR_LOG_ENTRIES - 1), 4);
+        let e = entry(0);
+        assert_eq!(u16::from_le_bytes([e[8], e[9]]), 1);
+        assert_eq!(
+            u16::from_le_bytes([e[10], e[11]]),
+            ERROR_LOG_ENTRIES as u16 + 2
+        );
+        assert_eq!(
+            Status::from_field(u16::from_le_bytes([e[12], e[13]])),
+            Status::LBA_RANGE
+        );
+        assert_eq!(u64::from_le_bytes(e[16..24].try_into().unwrap()), 8 * 66);
+        assert_eq!(u32::from_le_bytes(e[24..28].try_into().unwrap()), 1);
+        assert_eq!(e[29], 3, "transport type: TCP");
     }
 
     #[test]

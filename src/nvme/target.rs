@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::log::ErrorLog;
 use super::names;
 use crate::block::{Export, ExportTable};
 use crate::nbd::access::{AccessTable, Grant, Source};
@@ -105,6 +106,8 @@ pub struct Controller {
     pub dead: AtomicBool,
     /// The I/O queues' sockets, shut down when the controller goes.
     io_sockets: Mutex<Vec<TcpStream>>,
+    /// Its failed commands, from every queue (the Error Information log).
+    pub errors: Mutex<ErrorLog>,
 }
 
 impl Controller {
@@ -215,6 +218,7 @@ impl Target {
             io_queues: AtomicU16::new(self.config.max_io_queues),
             dead: AtomicBool::new(false),
             io_sockets: Mutex::new(Vec::new()),
+            errors: Mutex::new(ErrorLog::default()),
         });
         c.by_id.insert(cntlid, ctrl.clone());
         Ok(ctrl)
@@ -245,6 +249,20 @@ impl Target {
         for s in socks {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// The hosts connected to drive `name` now: each host NQN with its
+    /// number of controllers (one per `nvme connect`), sorted.
+    pub fn hosts_of(&self, name: &str) -> Vec<(String, usize)> {
+        let mut hosts = std::collections::BTreeMap::<String, usize>::new();
+        for c in self.controllers.lock().by_id.values() {
+            if matches!(&c.serves, Serves::Drive { name: n, .. } if n == name)
+                && !c.dead.load(Ordering::SeqCst)
+            {
+                *hosts.entry(c.hostnqn.clone()).or_default() += 1;
+            }
+        }
+        hosts.into_iter().collect()
     }
 
     /// Controllers alive now.

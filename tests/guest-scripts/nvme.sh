@@ -2,7 +2,7 @@
 # The kernel's NVMe/TCP initiator (nvme-tcp, nvme-cli) against ramd's own
 # NVMe/TCP target, in the guest kernel of scripts/guest.sh, as docs/nvme.md
 # tells users: nvme discover, nvme connect with 2 I/O queues, id-ctrl,
-# id-ns, smart-log, ext4 with checksummed files and fsck, fio verify at
+# id-ns, smart-log, error-log, ext4 with checksummed files and fsck, fio verify at
 # QD32 over 2 jobs, trim, a read-only drive, a drive created and deleted
 # while the host is connected, a host NQN off the allow-list, and kill -9
 # of ramd with the host reconnecting to a persistent drive.
@@ -126,6 +126,9 @@ log "nvme connect, 2 I/O queues"
 connect "$DB" -i 2
 DEV=$(dev_of "$DB") || fail "no block device for $DB"
 ok "connected: $DEV"
+info=$("$RAMD" info db)
+[[ $info == *"nvme host"*"1 controller"* ]] || fail "ramd info db does not show the connected host: $info"
+ok "ramd info db shows the connected host"
 idctrl=$(nvme id-ctrl "$DEV")
 [[ $idctrl == *ramd* ]] || fail "id-ctrl: no ramd model"
 size=$(blockdev --getsize64 "$DEV")
@@ -173,6 +176,20 @@ RDEV=$(dev_of "$RO") || fail "no block device for $RO"
 dd if=/dev/zero of="$RDEV" bs=4k count=1 oflag=direct 2>/dev/null && fail "a write to $RDEV succeeded"
 dd if="$RDEV" of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null || fail "a read of $RDEV failed"
 ok "read-only namespace"
+# A read past the end, sent as is (passthrough): its status, then its
+# entry at the head of the controller's error log (the count, bytes 0-7,
+# one more than before, whatever the host's own probes left there; the
+# LBA, bytes 16-23).
+elog() { nvme error-log "$RDEV" --log-entries=1 --output-format=binary | od -An -tu8 -j "$1" -N8 | tr -d ' '; }
+before=$(elog 0)
+nvme read "$RDEV" --start-block=$((1 << 40)) --block-count=0 --data-size=512 \
+    --data=/tmp/past-end >/tmp/past-end.log 2>&1 && fail "a read past the end succeeded"
+after=$(elog 0)
+lba=$(elog 16)
+echo "observed: error-log count ${before:-none} -> ${after:-none}, newest LBA ${lba:-none}; nvme read said: $(head -c 200 /tmp/past-end.log)"
+[ "${after:-0}" = $((${before:-0} + 1)) ] && [ "${lba:-0}" = $((1 << 40)) ] ||
+    fail "error-log: no entry for the failed read"
+ok "a failed command is in the error log"
 nvme disconnect -n "$RO" >/dev/null
 
 log "a drive created and deleted while connected"

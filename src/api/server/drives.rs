@@ -15,7 +15,7 @@ use super::persistence::{interval_ms, key_path, mem_limit, persist_info};
 use super::{blocking, ApiError};
 use crate::api::wire::drives::{
     AccessPatch, CompressionInfo, CreateDrive, DeleteQuery, Deleted, DriveAccess, DriveInfo,
-    DriveList, PatchDrive,
+    DriveList, NvmeHost, PatchDrive,
 };
 use crate::api::wire::persistence::RestoreRequest;
 use crate::control::drives::persistent::settings::Given;
@@ -67,6 +67,15 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
             .nvme_node
             .as_ref()
             .map(|n| crate::nvme::names::subsystem_nqn(n, &drive.name)),
+        nvme_hosts: d.nvme_target.as_ref().map_or_else(Vec::new, |t| {
+            t.hosts_of(&drive.name)
+                .into_iter()
+                .map(|(host_nqn, n)| NvmeHost {
+                    host_nqn,
+                    controllers: n as u64,
+                })
+                .collect()
+        }),
     }
 }
 

@@ -180,6 +180,17 @@ pub struct DriveInfo {
     /// no NVMe/TCP, `--nvme-listen`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme_nqn: Option<String>,
+    /// The NVMe/TCP hosts connected now: host NQN and controllers (one
+    /// per `nvme connect`); absent when none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_hosts: Vec<NvmeHost>,
+}
+
+/// An NVMe/TCP host connected to a drive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmeHost {
+    pub host_nqn: String,
+    pub controllers: u64,
 }
 
 /// A compressed drive's memory figures, like zram's `mm_stat` (each shard
