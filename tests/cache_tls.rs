@@ -202,7 +202,9 @@ impl Server {
         wait_until("the NBD server to listen", DAEMON_TIMEOUT, || {
             match &s.listen {
                 Listen::Tcp(port) => std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok(),
-                Listen::Unix(sock) => sock.exists(),
+                // The file exists from bind(); only a connect says listen()
+                // happened (a loaded run refused one in between).
+                Listen::Unix(sock) => std::os::unix::net::UnixStream::connect(sock).is_ok(),
             }
         });
         s

@@ -804,3 +804,34 @@ fn mutated_valid_sessions_never_take_the_target_down() {
         || s.stop.connections() <= 2,
     );
 }
+
+/// A drive that cannot serve yet (restoring after a restart) answers a
+/// Connect with Controller Busy and no DNR, so a reconnecting host tries
+/// again instead of giving up; once its export is replaced by the restored
+/// one, I/O queues already connected serve the new one under the same name.
+#[test]
+fn a_restoring_drive_is_busy_and_a_replaced_export_serves_on() {
+    let s = setup(|_| {});
+    let pending = Export::new("pdb", "", store(MIB), false)
+        .with_unavailable(Box::new(|| "drive 'pdb' is restoring".into()));
+    assert!(s.exports.insert(Arc::new(pending)));
+    let nqn = names::subsystem_nqn(NODE, "pdb");
+    let mut a = Client::open(s.addr, Digests::default());
+    let c = a.connect(&nqn, 0, 0xFFFF);
+    assert_eq!(c.status, Status::CONNECT_CTRL_BUSY);
+    assert!(!c.status.dnr, "the host must try again");
+
+    let (_a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    assert!(q.write(0, &pattern(4096, 7), true).status.is_success());
+    // ram0 replaced (a restore finished): the queue follows the name.
+    let old = s.exports.remove("ram0").unwrap();
+    old.close();
+    let fresh = store(16 * MIB);
+    fresh.write(0, &pattern(4096, 9), false).unwrap();
+    assert!(s
+        .exports
+        .insert(Arc::new(Export::new("ram0", "", fresh, false))));
+    let r = q.read(0, 8);
+    assert!(r.cqe.status.is_success(), "{:?}", r.cqe.status);
+    assert_eq!(r.data, pattern(4096, 9));
+}

@@ -128,32 +128,38 @@ impl Transport for Stream {
     }
 
     fn send_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        // SAFETY: a zeroed msghdr is valid (no name, no control data).
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        // IoSlice is ABI-compatible with iovec (guaranteed by std on Unix);
-        // sendmsg only reads the buffers.
-        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = bufs.len().min(1024) as _;
-        loop {
-            // SAFETY: `msg` points at `bufs`, valid for the call; the fd is open.
-            let n =
-                unsafe { libc::sendmsg(self.fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::WouldBlock => return Ok(0),
-                io::ErrorKind::Interrupted => continue,
-                _ => return Err(e),
-            }
+        send_now_fd(self.fd(), bufs)
+    }
+}
+
+/// Sends what the socket `fd` takes now of `bufs` (gathered in order)
+/// without blocking; 0 when it takes nothing. Shared with the NVMe/TCP
+/// target's direct reads.
+pub(crate) fn send_now_fd(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec (guaranteed by std on Unix);
+    // sendmsg only reads the buffers.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len().min(1024) as _;
+    loop {
+        // SAFETY: `msg` points at `bufs`, valid for the call; the fd is open.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(0),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
         }
     }
 }
 
 /// Blocks until `fd` reports `events` (or an error or hang-up, which the
 /// next read or write then reports); fails with `TimedOut` after `timeout`.
-pub(super) fn wait_fd(
+pub(crate) fn wait_fd(
     fd: RawFd,
     events: libc::c_short,
     timeout: Option<Duration>,

@@ -66,7 +66,9 @@ impl Queue {
             ConnectRefusal::UnknownSubsystem => (Status::CONNECT_INVALID_PARAM, iattr(256)),
             ConnectRefusal::HostNotAllowed => (Status::CONNECT_INVALID_HOST, 0),
             ConnectRefusal::UnknownController => (Status::CONNECT_INVALID_PARAM, iattr(16)),
-            ConnectRefusal::Busy => (Status::CONNECT_CTRL_BUSY, 0),
+            ConnectRefusal::Busy | ConnectRefusal::NotReady { .. } => {
+                (Status::CONNECT_CTRL_BUSY, 0)
+            }
         };
         let ctrl = if c.qid == 0 {
             self.target

@@ -22,8 +22,9 @@
 //! input buffer holds one PDU of at most `max_h2c_data` or in-capsule
 //! bytes plus headers; write data awaiting H2CData is at most
 //! `write_buffer_bytes` (later writes wait, as SQEs, for their R2T; at
-//! most a queue's worth of them); one command moves at most MDTS bytes.
-//! A malformed PDU gets a C2HTermReq and the connection closes; a host
+//! most a queue's worth of them); finished transfers' buffers kept for
+//! reuse are at most half of `write_buffer_bytes`; one command moves at
+//! most MDTS bytes. A malformed PDU gets a C2HTermReq and the connection closes; a host
 //! that stops reading is cut off after `reply_timeout`.
 
 use std::collections::{HashMap, VecDeque};
@@ -43,6 +44,10 @@ use crate::nbd::access::Source;
 
 /// How often an admin queue wakes without input (keep-alive, events).
 pub const ADMIN_TICK: Duration = Duration::from_millis(250);
+
+/// Write buffers a queue keeps for reuse (each at most MDTS, 1 MiB; all
+/// of them at most half of `write_buffer_bytes`).
+const SPARE_BUFFERS: usize = 4;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +119,11 @@ impl InBuf {
 /// A write whose data comes through R2T/H2CData.
 struct PendingWrite {
     sqe: Sqe,
+    /// The data received so far (H2CData comes in order, so its length is
+    /// the next offset); a buffer from `spare` with room for `want`.
     buf: Vec<u8>,
-    received: usize,
+    /// The command's whole length.
+    want: usize,
 }
 
 /// Per-queue state: everything but the input buffer (so handlers can
@@ -145,6 +153,9 @@ pub(super) struct Queue {
     pub(super) closing: bool,
     /// The command being executed, for its error log entry should it fail.
     current: Option<Sqe>,
+    /// Write buffers of finished R2T transfers, kept for the next ones (a
+    /// 1 MiB write then costs no allocation and no zero-fill).
+    spare: Vec<Vec<u8>>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -184,6 +195,7 @@ pub fn serve(target: Arc<Target>, stream: TcpStream) -> Result<(), ConnError> {
         pending_bytes: 0,
         closing: false,
         current: None,
+        spare: Vec::new(),
     };
     let r = q.run(&mut inb);
     if let Err(ConnError::Pdu(e)) = &r {
@@ -379,12 +391,15 @@ impl Queue {
             }
             let sqe = self.waiting.pop_front().expect("front exists");
             self.pending_bytes += len;
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.reserve_exact(len);
             self.pending.insert(
                 sqe.cid(),
                 PendingWrite {
                     sqe,
-                    buf: vec![0; len],
-                    received: 0,
+                    buf,
+                    want: len,
                 },
             );
             let r2t = Pdu::R2T(pdu::R2t {
@@ -414,7 +429,7 @@ impl Queue {
             }
             .into());
         }
-        if d.offset as usize != p.received || p.received + data.len() > p.buf.len() {
+        if d.offset as usize != p.buf.len() || p.buf.len() + data.len() > p.want {
             return Err(PduError::OutOfRange("H2CData outside its R2T").into());
         }
         if data.len() > self.target.config.max_h2c_data as usize {
@@ -424,14 +439,19 @@ impl Queue {
             }
             .into());
         }
-        p.buf[p.received..p.received + data.len()].copy_from_slice(data);
-        p.received += data.len();
-        if p.received < p.buf.len() {
+        p.buf.extend_from_slice(data);
+        if p.buf.len() < p.want {
             return Ok(());
         }
         let p = self.pending.remove(&d.ttag).expect("present");
-        self.pending_bytes -= p.buf.len();
+        self.pending_bytes -= p.want;
         self.execute(&p.sqe, &p.buf)?;
+        let kept: usize = self.spare.iter().map(Vec::capacity).sum();
+        if self.spare.len() < SPARE_BUFFERS
+            && kept + p.buf.capacity() <= self.target.config.write_buffer_bytes / 2
+        {
+            self.spare.push(p.buf);
+        }
         self.start_transfers()
     }
 

@@ -7,15 +7,35 @@
 //! reports as LBA Out of Range whatever the command.
 //!
 //! Reads go straight from the backend into the output buffer behind their
-//! C2HData headers: no intermediate copy.
+//! C2HData headers: no intermediate copy. Reads of [`DIRECT_READ_BYTES`]
+//! or more without data digests skip that buffer too: the drive's memory
+//! goes to the socket in place (`direct_read`), one copy (the kernel's)
+//! instead of two, and no zero-fill of a 1 MiB buffer first.
+
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 
 use super::conn::{ConnError, Queue};
 use super::pdu;
 use super::sqe::{io, DataPtr, DsmRange, Rw, Sqe, Status, DSM_MAX_RANGES};
 use super::state::LBA_SHIFT;
 use super::target::Serves;
+use crate::block::backend::{Backend, Error as BackendError};
 use crate::block::{validate, Command, Errno, Limits, Refusal, Request};
 use crate::metrics::Op;
+use crate::nbd::transport::{send_now_fd, wait_fd};
+
+/// Reads of at least this many bytes (without data digests) are sent from
+/// the drive's memory in place.
+const DIRECT_READ_BYTES: u64 = 64 << 10;
+
+/// How a direct send of one C2HData PDU failed.
+enum SendFailure {
+    /// The drive failed; `started`: some of the PDU had left already.
+    Backend { started: bool, error: BackendError },
+    /// The socket failed (or the host stopped reading).
+    Io(std::io::Error),
+}
 
 fn refusal_status(r: &Refusal) -> Status {
     match r {
@@ -46,7 +66,18 @@ impl Queue {
         if sqe.nsid() != 1 {
             return self.reply(cid, Status::INVALID_NS, 0);
         }
+        if self.export.as_ref().is_some_and(|e| e.is_closed()) {
+            self.refresh_export();
+        }
         let live = self.export.as_ref().is_some_and(|e| !e.is_closed());
+        if self
+            .export
+            .as_ref()
+            .is_some_and(|e| e.unavailable().is_some())
+        {
+            // Restoring: the host retries (no DNR).
+            return self.reply(cid, Status::NS_NOT_READY, 0);
+        }
         let Some(limits) = self.limits().filter(|_| live) else {
             return self.reply(cid, Status::INVALID_NS, 0);
         };
@@ -156,6 +187,9 @@ impl Queue {
             self.record(Op::Read, len, refusal_status(&r));
             return self.reply(cid, refusal_status(&r), 0);
         }
+        if len >= DIRECT_READ_BYTES && !self.digests.data {
+            return self.direct_read(cid, offset, len);
+        }
         let mark = self.out.len();
         let chunk = self.target.config.max_h2c_data as u64;
         let backend = self
@@ -185,6 +219,111 @@ impl Queue {
         }
         self.record(Op::Read, len, Status::SUCCESS);
         self.reply(cid, Status::SUCCESS, 0)
+    }
+
+    /// The drive's export was replaced (a restore finished, a restore from
+    /// a snapshot): the queue serves the new one under the same name.
+    fn refresh_export(&mut self) {
+        let Some(Serves::Drive { name, .. }) = self.ctrl.as_ref().map(|c| &c.serves) else {
+            return;
+        };
+        let Some(e) = self.target.exports.get(name).filter(|e| !e.is_closed()) else {
+            return;
+        };
+        self.recorder = e.metrics.as_ref().map(|m| m.connection());
+        self.export = Some(e);
+    }
+
+    /// A large read sent from the drive's memory in place: each C2HData
+    /// header and the drive's slices go out in one gathered send of what
+    /// the socket takes without waiting (the drive's chunk locks are held
+    /// only inside `read_with`); waits for room happen with no lock held
+    /// and end at the reply timeout. A drive error before any byte of the
+    /// command left is an error reply; after, the reply cannot be taken
+    /// back, so the connection ends.
+    fn direct_read(&mut self, cid: u16, offset: u64, len: u64) -> Result<(), ConnError> {
+        // Earlier replies go first.
+        self.flush()?;
+        let backend = self.export.as_ref().expect("io queue").backend.clone();
+        let chunk = self.target.config.max_h2c_data as u64;
+        let mut done = 0u64;
+        while done < len {
+            let n = chunk.min(len - done);
+            self.c2h_header(cid, done as usize, n as usize, done + n == len);
+            let header = std::mem::take(&mut self.out);
+            let sent = self.send_direct(backend.as_ref(), &header, offset + done, n as usize);
+            self.out = header;
+            self.out.clear();
+            match sent {
+                Ok(()) => done += n,
+                Err(SendFailure::Backend { started, error }) if !started && done == 0 => {
+                    let s = Status::from_code(Errno::of(&error).nvme());
+                    self.record(Op::Read, len, s);
+                    return self.reply(cid, s, 0);
+                }
+                Err(SendFailure::Backend { error, .. }) => {
+                    self.record(Op::Read, len, Status::INTERNAL);
+                    return Err(ConnError::Io(std::io::Error::other(format!(
+                        "the drive failed in the middle of a read already being sent: {error}"
+                    ))));
+                }
+                Err(SendFailure::Io(e)) => return Err(ConnError::Io(e)),
+            }
+        }
+        self.record(Op::Read, len, Status::SUCCESS);
+        self.reply(cid, Status::SUCCESS, 0)
+    }
+
+    /// Sends `header` then `n` bytes of the drive at `offset`, in place.
+    fn send_direct(
+        &self,
+        backend: &dyn Backend,
+        header: &[u8],
+        offset: u64,
+        n: usize,
+    ) -> Result<(), SendFailure> {
+        let fd = self.stream.as_raw_fd();
+        let timeout = self.target.config.reply_timeout;
+        let (mut header_sent, mut sent) = (0usize, 0usize);
+        while header_sent < header.len() || sent < n {
+            let mut socket_error = None;
+            let took = if sent < n {
+                backend.read_with(offset + sent as u64, n - sent, &mut |slices| {
+                    let mut iov = Vec::with_capacity(slices.len() + 1);
+                    if header_sent < header.len() {
+                        iov.push(IoSlice::new(&header[header_sent..]));
+                    }
+                    iov.extend_from_slice(slices);
+                    let k = send_now_fd(fd, &iov).inspect_err(|e| {
+                        socket_error = Some(std::io::Error::new(e.kind(), e.to_string()))
+                    })?;
+                    let h = k.min(header.len() - header_sent);
+                    header_sent += h;
+                    Ok(k - h)
+                })
+            } else {
+                // Only the header's rest (the drive's part is out).
+                let k = send_now_fd(fd, &[IoSlice::new(&header[header_sent..])])
+                    .map_err(SendFailure::Io)?;
+                header_sent += k;
+                Ok(usize::from(k > 0))
+            };
+            if let Some(e) = socket_error {
+                return Err(SendFailure::Io(e));
+            }
+            match took {
+                Ok(0) => wait_fd(fd, libc::POLLOUT, Some(timeout)).map_err(SendFailure::Io)?,
+                Ok(k) if sent < n => sent += k,
+                Ok(_) => {}
+                Err(error) => {
+                    return Err(SendFailure::Backend {
+                        started: header_sent > 0,
+                        error,
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
     fn dsm(&mut self, sqe: &Sqe, data: &[u8], limits: &Limits) -> Result<(), ConnError> {

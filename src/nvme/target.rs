@@ -125,7 +125,7 @@ impl Controller {
 }
 
 /// Why a Connect is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectRefusal {
     /// No such subsystem (or not for this host).
     UnknownSubsystem,
@@ -135,6 +135,10 @@ pub enum ConnectRefusal {
     UnknownController,
     /// No controller ids left.
     Busy,
+    /// The drive is listed but cannot serve yet (restoring, failed): the
+    /// host is told to try again (Controller Busy, no DNR), so a host
+    /// reconnecting to a daemon that restarts waits for the restore.
+    NotReady { why: String },
 }
 
 /// The shared state (see the module docs).
@@ -195,6 +199,9 @@ impl Target {
             Serves::Discovery
         } else {
             let e = self.drive(subnqn).ok_or(ConnectRefusal::UnknownSubsystem)?;
+            if let Some(why) = e.unavailable() {
+                return Err(ConnectRefusal::NotReady { why });
+            }
             match self.grant(&e.name, hostnqn, source) {
                 Grant::Denied => return Err(ConnectRefusal::HostNotAllowed),
                 g => Serves::Drive {

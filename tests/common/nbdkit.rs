@@ -82,8 +82,9 @@ impl Nbdkit {
             .expect("start nbdkit");
         self.child = Some(KillOnDrop(child));
         let sock = self.sock.clone();
-        wait_until("nbdkit to create its socket", DAEMON_TIMEOUT, || {
-            sock.exists()
+        // The file exists from bind(); only a connect says listen() happened.
+        wait_until("nbdkit to listen on its socket", DAEMON_TIMEOUT, || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
         });
     }
 
