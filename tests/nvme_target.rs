@@ -345,7 +345,8 @@ fn identify_and_properties_describe_the_drive() {
     let list = a.identify(2, 0);
     assert_eq!(&list.data[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
     let desc = a.identify(3, 1);
-    let (nguid, uuid) = names::namespace_ids(&nqn);
+    // The test's drives are made without a volatile identity: the NQN's.
+    let (nguid, uuid) = names::namespace_ids(&nqn, None);
     assert_eq!(&desc.data[4..20], &nguid);
     assert_eq!(&desc.data[24..40], &uuid);
     // Namespace 2 does not exist.
@@ -834,4 +835,45 @@ fn a_restoring_drive_is_busy_and_a_replaced_export_serves_on() {
     let r = q.read(0, 8);
     assert!(r.cqe.status.is_success(), "{:?}", r.cqe.status);
     assert_eq!(r.data, pattern(4096, 9));
+}
+
+/// A RAM drive made again (a daemon restarted: its data is gone) is a new
+/// namespace to the host: its NGUID and UUID change, where a drive whose
+/// data lasts keeps the NQN's.
+#[test]
+fn a_ram_drive_made_again_is_a_new_namespace() {
+    let s = setup(|_| {});
+    let ids = |s: &Setup| {
+        let (mut a, _, _) = controller(s.addr, "vol", Digests::default());
+        let d = a.identify(3, 1).data;
+        (d[4..20].to_vec(), d[24..40].to_vec())
+    };
+    let make = || Arc::new(Export::new("vol", "", store(MIB), false).with_volatile_identity());
+    assert!(s.exports.insert(make()));
+    let first = ids(&s);
+    assert_eq!(first, ids(&s), "stable while the drive lives");
+    s.exports.remove("vol").unwrap().close();
+    assert!(s.exports.insert(make()));
+    let second = ids(&s);
+    assert_ne!(first.0, second.0, "NGUID");
+    assert_ne!(first.1, second.1, "UUID");
+    let nqn = names::subsystem_nqn(NODE, "vol");
+    assert_ne!(first.0, names::namespace_ids(&nqn, None).0.to_vec());
+}
+
+/// An I/O queue whose host goes away is closed for good: the host sees
+/// its connection end (nothing keeps a copy of the socket open while the
+/// controller lives on).
+#[test]
+fn an_ended_io_queue_is_closed_while_its_controller_lives() {
+    let s = setup(|_| {});
+    let (mut a, q, _) = controller(s.addr, "ram0", Digests::default());
+    q.s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut c = q.s.try_clone().unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest)
+        .expect("the target closes an I/O queue whose host left");
+    // The controller (admin queue) still serves.
+    assert!(a.identify(1, 0).cqe.status.is_success());
 }

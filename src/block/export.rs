@@ -46,6 +46,13 @@ pub struct Export {
     /// handshake refuses the export with the text it returns, which says
     /// why and what to do.
     unavailable: Option<Unavailable>,
+    /// For a drive whose data does not outlive the process: random bytes
+    /// drawn when it is created, so identities derived from them (NVMe
+    /// namespace NGUID/UUID) differ when it comes back empty after a
+    /// restart, and a host that reconnects sees a new namespace instead of
+    /// silently reading zeroes where its data was. None: the data lasts
+    /// (persistent drives, caches), so the identity does too.
+    pub incarnation: Option<[u8; 16]>,
 }
 
 /// Says why an export cannot be served right now (see
@@ -66,7 +73,20 @@ impl Export {
             metrics: None,
             closed: AtomicBool::new(false),
             unavailable: None,
+            incarnation: None,
         }
+    }
+
+    /// Marks the export's data as lasting only as long as the process
+    /// (see `incarnation`).
+    pub fn with_volatile_identity(mut self) -> Self {
+        use ring::rand::SecureRandom;
+        let mut b = [0u8; 16];
+        // A failing system generator leaves the bytes zero: the identity
+        // is then the stable one, as before.
+        let _ = ring::rand::SystemRandom::new().fill(&mut b);
+        self.incarnation = Some(b);
+        self
     }
 
     /// Marks the export as listed but not served: option negotiation

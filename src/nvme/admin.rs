@@ -179,13 +179,20 @@ impl Queue {
         }
     }
 
+    /// The namespace ids of the drive `subnqn` names, as it is now (a RAM
+    /// drive created again has new ones: `Export::incarnation`).
+    fn namespace_ids(&self, subnqn: &str) -> ([u8; 16], [u8; 16]) {
+        let incarnation = self.target.drive(subnqn).and_then(|e| e.incarnation);
+        names::namespace_ids(subnqn, incarnation.as_ref())
+    }
+
     fn ctrl_info(&self) -> CtrlInfo {
         let ctrl = self.ctrl.as_ref().expect("connected");
         let c = &self.target.config;
         let (kind, serial) = match &ctrl.serves {
             Serves::Discovery => (CtrlType::Discovery, "discovery".to_owned()),
             Serves::Drive { .. } => {
-                let (nguid, _) = names::namespace_ids(&ctrl.subnqn);
+                let (nguid, _) = self.namespace_ids(&ctrl.subnqn);
                 let hex: String = nguid[..10].iter().map(|b| format!("{b:02x}")).collect();
                 (CtrlType::Io, hex)
             }
@@ -222,7 +229,7 @@ impl Queue {
                     return self.reply(sqe.cid(), Status::INVALID_NS, 0);
                 }
                 let subnqn = self.ctrl.as_ref().expect("connected").subnqn.clone();
-                let (nguid, uuid) = names::namespace_ids(&subnqn);
+                let (nguid, uuid) = self.namespace_ids(&subnqn);
                 let (present, blocks, ro) = self.ns_state();
                 match (cns, present) {
                     (cns::NS, true) => identify::namespace(&NsInfo {

@@ -582,8 +582,10 @@ impl Queue {
     }
 
     fn finish(&mut self) {
-        if let (Some(c), true) = (&self.ctrl, self.qid == 0) {
-            self.target.remove_controller(c);
+        match &self.ctrl {
+            Some(c) if self.qid == 0 => self.target.remove_controller(c),
+            Some(c) => c.remove_queue(&self.stream),
+            None => {}
         }
     }
 }

@@ -29,9 +29,17 @@ pub fn drive_of<'a>(node: &str, nqn: &'a str) -> Option<&'a str> {
     rest.strip_prefix(':').filter(|d| !d.is_empty())
 }
 
-/// The namespace's NGUID and UUID (RFC 4122 version 8, name based).
-pub fn namespace_ids(nqn: &str) -> ([u8; 16], [u8; 16]) {
-    let d = ring::digest::digest(&ring::digest::SHA256, nqn.as_bytes());
+/// The namespace's NGUID and UUID (RFC 4122 version 8, name based): from
+/// the NQN alone for a drive whose data lasts, from the NQN and its
+/// `incarnation` for one whose data goes with the process (so a RAM drive
+/// that comes back empty is a new namespace to the host).
+pub fn namespace_ids(nqn: &str, incarnation: Option<&[u8; 16]>) -> ([u8; 16], [u8; 16]) {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(nqn.as_bytes());
+    if let Some(i) = incarnation {
+        ctx.update(i);
+    }
+    let d = ctx.finish();
     let d = d.as_ref();
     let nguid: [u8; 16] = d[..16].try_into().expect("16 bytes");
     let mut uuid: [u8; 16] = d[16..32].try_into().expect("16 bytes");
@@ -72,9 +80,20 @@ mod tests {
 
     #[test]
     fn namespace_ids_are_stable_and_distinct() {
-        let a = namespace_ids("nqn.2026-11.io.ramd:n1:a");
-        assert_eq!(a, namespace_ids("nqn.2026-11.io.ramd:n1:a"));
-        assert_ne!(a, namespace_ids("nqn.2026-11.io.ramd:n2:a"));
+        let a = namespace_ids("nqn.2026-11.io.ramd:n1:a", None);
+        assert_eq!(a, namespace_ids("nqn.2026-11.io.ramd:n1:a", None));
+        assert_ne!(a, namespace_ids("nqn.2026-11.io.ramd:n2:a", None));
+        // Another incarnation of a RAM drive is another namespace.
+        let one = namespace_ids("nqn.2026-11.io.ramd:n1:a", Some(&[1; 16]));
+        assert_ne!(one, a);
+        assert_ne!(
+            one,
+            namespace_ids("nqn.2026-11.io.ramd:n1:a", Some(&[2; 16]))
+        );
+        assert_eq!(
+            one,
+            namespace_ids("nqn.2026-11.io.ramd:n1:a", Some(&[1; 16]))
+        );
         assert_eq!(a.1[6] >> 4, 8);
         assert_eq!(a.1[8] >> 6, 2);
         assert_eq!(uuid_text(&[0x11; 16]).len(), 36);

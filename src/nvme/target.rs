@@ -122,6 +122,16 @@ impl Controller {
         }
         true
     }
+
+    /// Forgets an I/O queue's socket when its connection ends: the copy
+    /// kept here would otherwise hold the connection open (the host never
+    /// sees it close) and its descriptor until the controller goes.
+    pub fn remove_queue(&self, s: &TcpStream) {
+        let Ok(peer) = s.peer_addr() else { return };
+        self.io_sockets
+            .lock()
+            .retain(|c| c.peer_addr().is_ok_and(|p| p != peer));
+    }
 }
 
 /// Why a Connect is refused.

@@ -578,6 +578,9 @@ impl Drives {
         if let Some(m) = &metrics {
             export = export.with_metrics(m.clone());
         }
+        if persist.is_none() {
+            export = export.with_volatile_identity();
+        }
         match (&state, &persist) {
             (DriveState::Restoring, Some(p)) => {
                 let (p, name) = (p.clone(), spec.name.clone());
