@@ -22,12 +22,5 @@ fn md_raid1_over_two_daemons_survives_losing_one() {
     if !guest::require_guest() {
         return;
     }
-    let out = guest::run(SCRIPT).ok();
-    assert!(
-        out.stdout.contains("all nvme mirror checks passed"),
-        "the script ended early: {out}"
-    );
-    for line in out.stdout.lines().filter(|l| l.starts_with("observed:")) {
-        eprintln!("{line}");
-    }
+    guest::run_to_end(SCRIPT, "all nvme mirror checks passed");
 }

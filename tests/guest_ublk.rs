@@ -19,12 +19,5 @@ fn ublk_device_serves_ext4_fio_discard_read_only_and_survives_kill_9() {
     if !guest::require_guest() {
         return;
     }
-    let out = guest::run(SCRIPT).ok();
-    assert!(
-        out.stdout.contains("all ublk checks passed"),
-        "the script ended early: {out}"
-    );
-    for line in out.stdout.lines().filter(|l| l.starts_with("observed:")) {
-        eprintln!("{line}");
-    }
+    guest::run_to_end(SCRIPT, "all ublk checks passed");
 }

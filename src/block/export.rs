@@ -83,7 +83,7 @@ impl Export {
         use ring::rand::SecureRandom;
         let mut b = [0u8; 16];
         // A failing system generator leaves the bytes zero: the identity
-        // is then the stable one, as before.
+        // is then the same at every creation (what it was before this).
         let _ = ring::rand::SystemRandom::new().fill(&mut b);
         self.incarnation = Some(b);
         self
@@ -94,6 +94,12 @@ impl Export {
     pub fn with_unavailable(mut self, why: Unavailable) -> Self {
         self.unavailable = Some(why);
         self
+    }
+
+    /// Whether the export cannot be served now (no text made: for the
+    /// data path).
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable.is_some()
     }
 
     /// Why the export cannot be served now, or None when it can.

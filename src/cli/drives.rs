@@ -198,9 +198,14 @@ pub struct AccessCommand {
 /// the drive or cache NAME (they share one namespace); with them, it gets
 /// exactly these rules (a list not given becomes empty).
 pub(crate) fn access(c: &Client, a: AccessCommand) -> Result<(), CliError> {
-    let is_cache = match c.drive(&a.name) {
-        Ok(_) => false,
-        Err(ClientError::Api { status: 404, .. }) if c.cache(&a.name).is_ok() => true,
+    // Drives and caches share one namespace: a drive first, else a cache.
+    // (No such cache either: the drive's "not found" is the answer.)
+    let (is_cache, current) = match c.drive(&a.name) {
+        Ok(d) => (false, d.access),
+        Err(no_drive @ ClientError::Api { status: 404, .. }) => match c.cache(&a.name) {
+            Ok(k) => (true, k.access),
+            Err(_) => return Err(no_drive.into()),
+        },
         Err(e) => return Err(e.into()),
     };
     let (name, json) = (a.name.clone(), a.out.json);
@@ -212,11 +217,7 @@ pub(crate) fn access(c: &Client, a: AccessCommand) -> Result<(), CliError> {
         Ok(())
     };
     if a.rules.is_empty() && !a.open {
-        let rules = match is_cache {
-            true => c.cache(&name)?.access,
-            false => c.drive(&name)?.access,
-        };
-        return show(&name, &rules);
+        return show(&name, &current);
     }
     let rules = a.rules.rules();
     let change = AccessPatch {

@@ -59,6 +59,7 @@
 //!  config.rs             the config file, parsed into the kinds' specs
 //! ```
 
+pub mod access;
 pub mod api_listen;
 pub mod caches;
 pub mod config;

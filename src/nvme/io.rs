@@ -70,11 +70,7 @@ impl Queue {
             self.refresh_export();
         }
         let live = self.export.as_ref().is_some_and(|e| !e.is_closed());
-        if self
-            .export
-            .as_ref()
-            .is_some_and(|e| e.unavailable().is_some())
-        {
+        if self.export.as_ref().is_some_and(|e| e.is_unavailable()) {
             // Restoring: the host retries (no DNR).
             return self.reply(cid, Status::NS_NOT_READY, 0);
         }
@@ -284,37 +280,30 @@ impl Queue {
     ) -> Result<(), SendFailure> {
         let fd = self.stream.as_raw_fd();
         let timeout = self.target.config.reply_timeout;
+        // The header goes first in every send, so it is out once any of
+        // the drive's bytes are (n is never 0: see DIRECT_READ_BYTES).
         let (mut header_sent, mut sent) = (0usize, 0usize);
-        while header_sent < header.len() || sent < n {
+        while sent < n {
             let mut socket_error = None;
-            let took = if sent < n {
-                backend.read_with(offset + sent as u64, n - sent, &mut |slices| {
-                    let mut iov = Vec::with_capacity(slices.len() + 1);
-                    if header_sent < header.len() {
-                        iov.push(IoSlice::new(&header[header_sent..]));
-                    }
-                    iov.extend_from_slice(slices);
-                    let k = send_now_fd(fd, &iov).inspect_err(|e| {
-                        socket_error = Some(std::io::Error::new(e.kind(), e.to_string()))
-                    })?;
-                    let h = k.min(header.len() - header_sent);
-                    header_sent += h;
-                    Ok(k - h)
-                })
-            } else {
-                // Only the header's rest (the drive's part is out).
-                let k = send_now_fd(fd, &[IoSlice::new(&header[header_sent..])])
-                    .map_err(SendFailure::Io)?;
-                header_sent += k;
-                Ok(usize::from(k > 0))
-            };
+            let took = backend.read_with(offset + sent as u64, n - sent, &mut |slices| {
+                let mut iov = Vec::with_capacity(slices.len() + 1);
+                if header_sent < header.len() {
+                    iov.push(IoSlice::new(&header[header_sent..]));
+                }
+                iov.extend_from_slice(slices);
+                let k = send_now_fd(fd, &iov).inspect_err(|e| {
+                    socket_error = Some(std::io::Error::new(e.kind(), e.to_string()))
+                })?;
+                let h = k.min(header.len() - header_sent);
+                header_sent += h;
+                Ok(k - h)
+            });
             if let Some(e) = socket_error {
                 return Err(SendFailure::Io(e));
             }
             match took {
                 Ok(0) => wait_fd(fd, libc::POLLOUT, Some(timeout)).map_err(SendFailure::Io)?,
-                Ok(k) if sent < n => sent += k,
-                Ok(_) => {}
+                Ok(k) => sent += k,
                 Err(error) => {
                     return Err(SendFailure::Backend {
                         started: header_sent > 0,

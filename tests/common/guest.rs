@@ -142,6 +142,18 @@ pub fn run(script: &str) -> GuestOutput {
     run_with(script, &[])
 }
 
+/// Runs `script`, which must exit 0 after printing `end` (its last
+/// check passed), and echoes its `observed:` lines to the test log.
+#[track_caller]
+pub fn run_to_end(script: &str, end: &str) -> GuestOutput {
+    let out = run(script).ok();
+    assert!(out.stdout.contains(end), "the script ended early: {out}");
+    for line in out.stdout.lines().filter(|l| l.starts_with("observed:")) {
+        eprintln!("{line}");
+    }
+    out
+}
+
 /// [`run`] in the second guest (Debian unstable's newest kernel).
 #[track_caller]
 pub fn run_next(script: &str) -> GuestOutput {

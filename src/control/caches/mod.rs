@@ -727,18 +727,7 @@ impl Caches {
         *entry.access.lock() = rules.clone();
         self.access.set(name, rules.clone());
         drop(map);
-        let closed = match self.nbd.get() {
-            Some(h) => h.recheck_access(name),
-            None => 0,
-        };
-        tracing::info!(
-            cache = %name,
-            identities = ?rules.identities,
-            read_only_identities = ?rules.read_only_identities,
-            networks = %rules.networks.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
-            closed_connections = closed,
-            "access rules changed"
-        );
+        let closed = super::access::rules_changed(Kind::Cache, name, &rules, self.nbd.get());
         Ok((entry, closed))
     }
 
@@ -803,6 +792,21 @@ mod tests {
         p.display().to_string()
     }
 
+    /// A plain RAM drive's spec.
+    fn ram_spec(name: &str, size_bytes: u64) -> DriveSpec {
+        DriveSpec {
+            name: name.into(),
+            size_bytes,
+            mem_limit_bytes: None,
+            read_only: false,
+            overcommit: false,
+            persist: None,
+            access: Default::default(),
+            compress: None,
+            lock_memory: false,
+        }
+    }
+
     fn spec(name: &str, backing: &str, size: &str) -> CacheSpec {
         CacheSpec::new(name, backing, size, "writeback").unwrap()
     }
@@ -835,17 +839,7 @@ mod tests {
             Err(CachesError::Ledger(LedgerError::NotFound(_)))
         ));
         // A refused create over a drive's name leaves the drive's rules.
-        let mut d = DriveSpec {
-            name: "d".into(),
-            size_bytes: 1 << 20,
-            mem_limit_bytes: None,
-            read_only: false,
-            overcommit: false,
-            persist: None,
-            access: Default::default(),
-            compress: None,
-            lock_memory: false,
-        };
+        let mut d = ram_spec("d", 1 << 20);
         d.access.identities = vec!["carol".into()];
         r.create(&d, Origin::Api).unwrap();
         let b = file(dir.path(), "b.img", 8 << 20);
@@ -885,21 +879,7 @@ mod tests {
         ));
         assert_eq!(r.committed_bytes(), 0);
         // Over the budget, promised to drives and caches alike.
-        r.create(
-            &DriveSpec {
-                name: "d".into(),
-                size_bytes: 40 << 20,
-                mem_limit_bytes: None,
-                read_only: false,
-                overcommit: false,
-                persist: None,
-                access: Default::default(),
-                compress: None,
-                lock_memory: false,
-            },
-            Origin::Api,
-        )
-        .unwrap();
+        r.create(&ram_spec("d", 40 << 20), Origin::Api).unwrap();
         let e = c.create(spec("b", &b, "30M"), Origin::Api).unwrap_err();
         assert!(
             matches!(e, CachesError::Ledger(LedgerError::OverBudget(_))),
@@ -914,21 +894,7 @@ mod tests {
         let (c, r) = caches(1 << 30);
         let a = file(dir.path(), "a.img", 8 << 20);
         let b = file(dir.path(), "b.img", 8 << 20);
-        r.create(
-            &DriveSpec {
-                name: "ram0".into(),
-                size_bytes: 1 << 20,
-                mem_limit_bytes: None,
-                read_only: false,
-                overcommit: false,
-                persist: None,
-                access: Default::default(),
-                compress: None,
-                lock_memory: false,
-            },
-            Origin::Api,
-        )
-        .unwrap();
+        r.create(&ram_spec("ram0", 1 << 20), Origin::Api).unwrap();
         assert!(matches!(
             c.create(spec("ram0", &a, "1M"), Origin::Api),
             Err(CachesError::Ledger(LedgerError::Taken(_)))

@@ -735,18 +735,7 @@ impl Drives {
         *drive.access.lock() = rules.clone();
         self.access.set(name, rules.clone());
         drop(drives);
-        let closed = match self.nbd.get() {
-            Some(h) => h.recheck_access(name),
-            None => 0,
-        };
-        tracing::info!(
-            drive = %name,
-            identities = ?rules.identities,
-            read_only_identities = ?rules.read_only_identities,
-            networks = %rules.networks.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
-            closed_connections = closed,
-            "access rules changed"
-        );
+        let closed = super::access::rules_changed(Kind::Drive, name, &rules, self.nbd.get());
         if let Some(p) = &drive.persist {
             p.save_settings(&drive.spec());
         }
