@@ -2,7 +2,8 @@
 //! one guest boot (scripts/guest.sh): nvme discover/connect/id-ctrl/id-ns/
 //! smart-log, ext4 with checksummed files and fsck, fio verify at QD32 over
 //! 2 jobs, fstrim freeing memory, a read-only drive, a drive created,
-//! resized and deleted while connected, a host NQN off the allow-list, and
+//! resized and deleted while connected, a host NQN off the allow-list (and
+//! one taken off it while connected: its controller closes), and
 //! kill -9 of ramd with the host reconnecting to a persistent drive. The
 //! script is tests/guest-scripts/nvme.sh, runnable by hand with guest.sh.
 

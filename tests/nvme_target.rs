@@ -877,3 +877,52 @@ fn an_ended_io_queue_is_closed_while_its_controller_lives() {
     // The controller (admin queue) still serves.
     assert!(a.identify(1, 0).cqe.status.is_success());
 }
+
+/// Reads until the server closes `s` (within 20 s); false if it did not.
+fn closes_within_20s(s: &TcpStream) -> bool {
+    let mut c = s.try_clone().unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).is_ok()
+}
+
+/// Access rules changed while a host is connected: a controller whose
+/// host the new rules refuse, or allow only to read where it was made
+/// for writing, is removed (its admin and I/O queues close, and the
+/// host's reconnect is refused); one the rules still allow serves on.
+#[test]
+fn changed_access_rules_close_the_controllers_they_no_longer_allow() {
+    let s = setup(|_| {});
+    let rules = |ids: &[&str], ro: &[&str]| AccessRules {
+        identities: ids.iter().map(|&i| i.into()).collect(),
+        read_only_identities: ro.iter().map(|&i| i.into()).collect(),
+        ..AccessRules::default()
+    };
+    // Still allowed (listed now): nothing closes.
+    let (mut a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    s.access.set("ram0", rules(&[HOST], &[]));
+    assert_eq!(s.target.recheck_access("ram0"), 0);
+    assert!(q.write(0, &[7; 512], true).status.is_success());
+    assert!(a.identify(1, 0).cqe.status.is_success());
+    // Read-only now, for a controller made for writing: it goes.
+    s.access.set("ram0", rules(&[], &[HOST]));
+    assert_eq!(s.target.recheck_access("ram0"), 1);
+    assert!(closes_within_20s(&a.s), "the admin queue stayed open");
+    assert!(closes_within_20s(&q.s), "the I/O queue stayed open");
+    assert_eq!(s.target.hosts_of("ram0"), []);
+    // A read-only controller made now stays when it is read-only again,
+    // and goes when the host is refused; its reconnect is refused.
+    let (a, q, _) = controller(s.addr, "ram0", Digests::default());
+    s.access
+        .set("ram0", rules(&[], &[HOST, "nqn.2014-08.org.example:other"]));
+    assert_eq!(s.target.recheck_access("ram0"), 0);
+    // Another drive's change touches nothing here.
+    assert_eq!(s.target.recheck_access("ro"), 0);
+    s.access
+        .set("ram0", rules(&["nqn.2014-08.org.example:other"], &[]));
+    assert_eq!(s.target.recheck_access("ram0"), 1);
+    assert!(closes_within_20s(&a.s) && closes_within_20s(&q.s));
+    let mut b = Client::open(s.addr, Digests::default());
+    let c = b.connect(&names::subsystem_nqn(NODE, "ram0"), 0, 0xFFFF);
+    assert_eq!(c.status, Status::CONNECT_INVALID_HOST);
+}

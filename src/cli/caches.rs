@@ -428,6 +428,7 @@ pub fn info(c: &CacheInfo) -> String {
         &c.uri,
         &c.tcp_uris,
     );
+    super::output::nvme_rows(&mut row, &c.nvme_nqn, &c.nvme_hosts);
     for s in &c.snapshots {
         row(
             &format!("snapshots to {}", s.remote),

@@ -3,7 +3,7 @@
 
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 
-use crate::api::wire::drives::{DriveAccess, DriveInfo};
+use crate::api::wire::drives::{DriveAccess, DriveInfo, NvmeHost};
 use crate::api::wire::health::Health;
 use crate::api::wire::persistence::PersistInfo;
 use crate::api::wire::snapshots::SnapshotStatus;
@@ -287,6 +287,19 @@ pub fn export_rows(
     }
 }
 
+/// An export's NVMe/TCP subsystem NQN and the hosts connected to it.
+pub fn nvme_rows(row: &mut dyn FnMut(&str, String), nqn: &Option<String>, hosts: &[NvmeHost]) {
+    if let Some(nqn) = nqn {
+        row("nvme nqn", nqn.clone());
+    }
+    for h in hosts {
+        row(
+            "nvme host",
+            format!("{} ({} controller(s))", h.host_nqn, h.controllers),
+        );
+    }
+}
+
 /// A drive's access rules in one line: `open to every client`, or the
 /// rules it has (`identities alice; read-only bob; networks 10.0.0.0/8`).
 pub fn access_text(a: &DriveAccess) -> String {
@@ -350,15 +363,7 @@ pub fn drive_info(d: &DriveInfo) -> String {
         &d.uri,
         &d.tcp_uris,
     );
-    if let Some(nqn) = &d.nvme_nqn {
-        row("nvme nqn", nqn.clone());
-    }
-    for h in &d.nvme_hosts {
-        row(
-            "nvme host",
-            format!("{} ({} controller(s))", h.host_nqn, h.controllers),
-        );
-    }
+    nvme_rows(&mut row, &d.nvme_nqn, &d.nvme_hosts);
     if let Some(e) = &d.error {
         row("error", e.clone());
         row(

@@ -601,8 +601,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         serving: false,
     };
     let nbd_handle = server.shutdown_handle();
-    drives.set_nbd(nbd_handle.clone());
-    caches.set_nbd(nbd_handle.clone());
+    let nvme_target = nvme.as_ref().map(|n| n.target.clone());
+    drives.set_servers(nbd_handle.clone(), nvme_target.clone());
+    caches.set_servers(nbd_handle.clone(), nvme_target);
     let tcp_addrs = server.tcp_addrs().to_vec();
 
     let api_listener = bind_api(&settings.api_socket)?;

@@ -71,8 +71,13 @@ impl Queue {
             }
         };
         let ctrl = if c.qid == 0 {
-            self.target
-                .create_controller(&d.subnqn, &d.hostnqn, d.hostid, &self.source)
+            self.target.create_controller(
+                &d.subnqn,
+                &d.hostnqn,
+                d.hostid,
+                &self.source,
+                &self.stream,
+            )
         } else {
             self.target.find_controller(d.cntlid, &d.subnqn, &d.hostnqn)
         };

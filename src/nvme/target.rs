@@ -100,12 +100,19 @@ pub struct Controller {
     pub subnqn: String,
     pub hostnqn: String,
     pub hostid: [u8; 16],
+    /// Where the host connected from (its admin queue's peer), for
+    /// rechecking its grant when the drive's access rules change.
+    pub source: Source,
     /// I/O queues granted (Set Features, Number of Queues).
     pub io_queues: AtomicU16,
     /// Set when the controller is gone: its I/O queues stop.
     pub dead: AtomicBool,
     /// The I/O queues' sockets, shut down when the controller goes.
     io_sockets: Mutex<Vec<TcpStream>>,
+    /// A copy of the admin queue's socket: shut down when the controller
+    /// is removed from outside its admin connection (access revoked), so
+    /// that connection ends at once instead of at its next tick.
+    admin_socket: Option<TcpStream>,
     /// Its failed commands, from every queue (the Error Information log).
     pub errors: Mutex<ErrorLog>,
 }
@@ -185,6 +192,9 @@ impl Target {
     }
 
     /// What `hostnqn` from `source` may do with drive `name`.
+    ///
+    /// A controller keeps the grant it got at Connect; when the rules
+    /// change, `recheck_access` removes the controllers that lost it.
     pub fn grant(&self, name: &str, hostnqn: &str, source: &Source) -> Grant {
         self.access.grant(name, Some(hostnqn), source)
     }
@@ -197,13 +207,15 @@ impl Target {
             .filter(|e| !e.is_closed() && e.name == name)
     }
 
-    /// Creates a controller for an admin-queue Connect.
+    /// Creates a controller for an admin-queue Connect that came on
+    /// `admin` from `source`.
     pub fn create_controller(
         &self,
         subnqn: &str,
         hostnqn: &str,
         hostid: [u8; 16],
         source: &Source,
+        admin: &TcpStream,
     ) -> Result<Arc<Controller>, ConnectRefusal> {
         let serves = if subnqn == names::DISCOVERY_NQN {
             Serves::Discovery
@@ -232,9 +244,11 @@ impl Target {
             subnqn: subnqn.to_owned(),
             hostnqn: hostnqn.to_owned(),
             hostid,
+            source: *source,
             io_queues: AtomicU16::new(self.config.max_io_queues),
             dead: AtomicBool::new(false),
             io_sockets: Mutex::new(Vec::new()),
+            admin_socket: admin.try_clone().ok(),
             errors: Mutex::new(ErrorLog::default()),
         });
         c.by_id.insert(cntlid, ctrl.clone());
@@ -263,9 +277,42 @@ impl Target {
             ctrl.dead.store(true, Ordering::SeqCst);
             std::mem::take(&mut *q)
         };
-        for s in socks {
+        for s in socks.iter().chain(&ctrl.admin_socket) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// After drive `name`'s access rules changed: removes the controllers
+    /// whose host the new rules refuse, or allow only reading where the
+    /// controller was made for writing (its namespace was announced
+    /// writable). Their queues' sockets are shut down: commands in flight
+    /// are not answered, and the host's reconnect is refused. Returns how
+    /// many controllers went.
+    pub fn recheck_access(&self, name: &str) -> usize {
+        let lost: Vec<Arc<Controller>> = self
+            .controllers
+            .lock()
+            .by_id
+            .values()
+            .filter(|c| match &c.serves {
+                Serves::Drive {
+                    name: n,
+                    read_only_host,
+                } if n == name => match self.grant(name, &c.hostnqn, &c.source) {
+                    Grant::Denied => true,
+                    Grant::ReadOnly => !read_only_host,
+                    Grant::ReadWrite => false,
+                },
+                _ => false,
+            })
+            .cloned()
+            .collect();
+        for c in &lost {
+            tracing::info!(host = %c.hostnqn, drive = %name, cntlid = c.cntlid,
+                "NVMe/TCP controller closed: the drive's new access rules no longer allow it");
+            self.remove_controller(c);
+        }
+        lost.len()
     }
 
     /// The hosts connected to drive `name` now: each host NQN with its

@@ -4,7 +4,8 @@
 # tells users: nvme discover, nvme connect with 2 I/O queues, id-ctrl,
 # id-ns, smart-log, error-log, ext4 with checksummed files and fsck, fio verify at
 # QD32 over 2 jobs, trim, a read-only drive, a drive created and deleted
-# while the host is connected, a host NQN off the allow-list, and kill -9
+# while the host is connected, a host NQN off the allow-list (and one taken
+# off it while connected), and kill -9
 # of ramd with the host reconnecting to a persistent drive.
 # tests/guest_nvme.rs runs it; by hand:
 #
@@ -211,15 +212,38 @@ gone "$LATE" || fail "the namespace of a deleted drive is still there"
 ok "deleted drive's namespace went away"
 nvme disconnect -n "$LATE" >/dev/null || true
 
+log "a cache is served like a drive"
+truncate -s 64M /tmp/cache-backing.img
+"$RAMD" cache create c1 --backing /tmp/cache-backing.img --size 16M --mode writethrough >/dev/null
+C1=$(nqn_of c1)
+[ -n "$C1" ] || fail "discovery does not list the cache"
+connect "$C1"
+CDEV=$(dev_of "$C1") || fail "no block device for $C1"
+head -c 1M /dev/urandom >/tmp/c1.bin
+dd if=/tmp/c1.bin of="$CDEV" bs=1M count=1 oflag=direct 2>/dev/null || fail "a write to the cache failed"
+cmp -n 1048576 /tmp/c1.bin /tmp/cache-backing.img || fail "writethrough: the backing file does not hold the write"
+info=$("$RAMD" cache info c1)
+[[ $info == *"$C1"* && $info == *"nvme host"*"1 controller"* ]] || fail "ramd cache info does not show the NQN and host: $info"
+nvme disconnect -n "$C1" >/dev/null
+"$RAMD" cache delete c1 >/dev/null
+ok "cache over NVMe/TCP: written through to its backing, NQN and host in ramd cache info"
+
 log "a host NQN off the allow-list is refused at connect"
 "$RAMD" access db --allow-identity nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000 >/dev/null
 connect "$DB" 2>/dev/null && fail "a host off the allow-list connected"
 ok "refused at connect"
 "$RAMD" access db --allow-identity "$HOSTNQN" >/dev/null
-connect "$DB" || fail "a listed host NQN was refused"
+connect "$DB" --ctrl-loss-tmo=5 --reconnect-delay=1 || fail "a listed host NQN was refused"
 dev_of "$DB" >/dev/null || fail "no block device for a listed host"
-nvme disconnect -n "$DB" >/dev/null
 ok "a listed host NQN connects"
+
+log "an access change closes the controller of a host it no longer allows"
+"$RAMD" access db --allow-identity nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000 >/dev/null 2>/tmp/access.err
+grep "closed 1 NVMe/TCP controller" /tmp/access.err >/dev/null || { cat /tmp/access.err >&2; fail "the access change did not report the closed controller"; }
+gone "$DB" || fail "the namespace stayed after its host lost access"
+nvme disconnect -n "$DB" >/dev/null 2>&1 || true
+connect "$DB" 2>/dev/null && fail "a host that lost access connected again"
+ok "controller closed, namespace gone, reconnect refused"
 
 log "kill -9 of ramd: the host reconnects to a persistent drive"
 connect "$PDB" --ctrl-loss-tmo=60 --reconnect-delay=1

@@ -144,6 +144,8 @@ pub(crate) fn info(d: &Daemon, e: &CacheEntry, notice: Option<String>) -> CacheI
         stats,
         io,
         snapshots: super::snapshots::status_of(d, &e.name).statuses,
+        nvme_nqn: super::drives::nvme_nqn(d, &e.name),
+        nvme_hosts: super::drives::nvme_hosts(d, &e.name),
         notice,
     }
 }

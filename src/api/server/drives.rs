@@ -18,6 +18,7 @@ use crate::api::wire::drives::{
     DriveList, NvmeHost, PatchDrive,
 };
 use crate::api::wire::persistence::RestoreRequest;
+use crate::control::access::Closed;
 use crate::control::drives::persistent::settings::Given;
 use crate::control::drives::spec::{
     parse_access, parse_compress, parse_drive_size, parse_durability, parse_networks, AccessError,
@@ -63,19 +64,8 @@ pub(crate) fn info(d: &Daemon, drive: &Drive, notice: Option<String>) -> DriveIn
         },
         compression: compression_info(drive),
         snapshots: super::snapshots::status_of(d, &drive.name).statuses,
-        nvme_nqn: d
-            .nvme_node
-            .as_ref()
-            .map(|n| crate::nvme::names::subsystem_nqn(n, &drive.name)),
-        nvme_hosts: d.nvme_target.as_ref().map_or_else(Vec::new, |t| {
-            t.hosts_of(&drive.name)
-                .into_iter()
-                .map(|(host_nqn, n)| NvmeHost {
-                    host_nqn,
-                    controllers: n as u64,
-                })
-                .collect()
-        }),
+        nvme_nqn: nvme_nqn(d, &drive.name),
+        nvme_hosts: nvme_hosts(d, &drive.name),
     }
 }
 
@@ -284,7 +274,8 @@ pub async fn patch(
         }
         let mut closed = None;
         if let Some(a) = &access {
-            closed = Some(d2.drives.set_access(&name, a)?.1);
+            let before = d2.drives.get(&name)?.connections();
+            closed = Some((before, d2.drives.set_access(&name, a)?.1));
         }
         if plain {
             return Ok((d2.drives.change(&name, &change)?, closed));
@@ -304,7 +295,7 @@ pub async fn patch(
         drive.origin().ephemeral_notice(&drive.name),
         resized.flatten(),
         device.map(|r| r.notice()),
-        closed.and_then(|n| access_notice(&drive.name, drive.connections(), n)),
+        closed.and_then(|(before, n)| access_notice(&drive.name, before, n)),
     ]
     .into_iter()
     .flatten()
@@ -315,17 +306,47 @@ pub async fn patch(
 
 /// What an access change did to the connections open to export `name`
 /// (`connections` before the change).
-pub(super) fn access_notice(name: &str, connections: usize, closed: usize) -> Option<String> {
-    let kept = connections.saturating_sub(closed);
-    match (closed, kept) {
+/// Export `name`'s NVMe/TCP subsystem NQN, when the daemon serves NVMe/TCP.
+pub(super) fn nvme_nqn(d: &Daemon, name: &str) -> Option<String> {
+    d.nvme_node
+        .as_ref()
+        .map(|n| crate::nvme::names::subsystem_nqn(n, name))
+}
+
+/// The NVMe/TCP hosts connected to export `name` now.
+pub(super) fn nvme_hosts(d: &Daemon, name: &str) -> Vec<NvmeHost> {
+    d.nvme_target.as_ref().map_or_else(Vec::new, |t| {
+        t.hosts_of(name)
+            .into_iter()
+            .map(|(host_nqn, n)| NvmeHost {
+                host_nqn,
+                controllers: n as u64,
+            })
+            .collect()
+    })
+}
+
+/// What an access change did to open connections, `connections` being
+/// the export's NBD connections before it.
+pub(super) fn access_notice(name: &str, connections: usize, closed: Closed) -> Option<String> {
+    let kept = connections.saturating_sub(closed.nbd);
+    let nbd = match (closed.nbd, kept) {
         (0, 0) => None,
         (0, kept) => Some(format!(
             "the {kept} open NBD connection(s) to '{name}' are still allowed what they negotiated and keep it (a wider grant applies when they reconnect)"
         )),
-        (closed, _) => Some(format!(
-            "closed {closed} NBD connection(s) to '{name}' that the new rules no longer allow what they negotiated (after their pending requests); new connections get the new rules"
+        (n, _) => Some(format!(
+            "closed {n} NBD connection(s) to '{name}' that the new rules no longer allow what they negotiated (after their pending requests); new connections get the new rules"
         )),
-    }
+    };
+    let nvme = (closed.nvme > 0).then(|| {
+        format!(
+            "closed {} NVMe/TCP controller(s) of '{name}' whose host the new rules refuse or allow only to read; their reconnects get the new rules",
+            closed.nvme
+        )
+    });
+    let both: Vec<String> = nbd.into_iter().chain(nvme).collect();
+    (!both.is_empty()).then(|| both.join("; "))
 }
 
 /// What clients already connected see after a resize: NBD has no way to

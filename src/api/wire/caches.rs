@@ -224,6 +224,13 @@ pub struct CacheInfo {
     /// when none ran and none is scheduled).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<super::snapshots::SnapshotStatus>,
+    /// The cache's NVMe/TCP subsystem NQN (absent when the daemon serves
+    /// no NVMe/TCP, `--nvme-listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_nqn: Option<String>,
+    /// The NVMe/TCP hosts connected now; absent when none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_hosts: Vec<super::drives::NvmeHost>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }

@@ -47,11 +47,12 @@ pub mod spec;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::access::{Closed, Servers};
 use super::ledger::{
     self, now_unix_s, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise,
 };
@@ -261,8 +262,9 @@ pub struct Caches {
     ledger: Arc<Ledger>,
     /// Record per-request metrics for new caches' exports.
     metrics_enabled: bool,
-    /// Closes NBD connections on a forced delete (set once the server binds).
-    nbd: OnceLock<ShutdownHandle>,
+    /// The servers its connections live in (set once they bind): forced
+    /// deletes and access changes close connections there.
+    servers: Servers,
     /// Rates of the last second per cache, for `ramd stats`.
     pub sampler: Sampler,
     /// Retries caches whose backing could not be opened at start.
@@ -323,16 +325,17 @@ impl Caches {
             map: Mutex::new(BTreeMap::new()),
             ledger,
             metrics_enabled,
-            nbd: OnceLock::new(),
+            servers: Servers::default(),
             sampler: Sampler::new(),
             reopener: reopen::Reopener::default(),
             access,
         }
     }
 
-    /// Lets forced deletes close NBD connections.
-    pub fn set_nbd(&self, handle: ShutdownHandle) {
-        let _ = self.nbd.set(handle);
+    /// Lets forced deletes close NBD connections and access changes
+    /// recheck NBD connections and NVMe/TCP controllers.
+    pub fn set_servers(&self, nbd: ShutdownHandle, nvme: Option<Arc<crate::nvme::Target>>) {
+        self.servers.set(nbd, nvme);
     }
 
     /// Every cache, by name.
@@ -621,7 +624,7 @@ impl Caches {
         }
         live.export.close();
         self.ledger.withdraw(&entry.claim);
-        let closed = match self.nbd.get() {
+        let closed = match self.servers.nbd() {
             Some(h) => h.close_export(&live.export),
             None => 0,
         };
@@ -715,19 +718,19 @@ impl Caches {
     /// Changes a cache's access rules: new connections see them at once,
     /// open ones the new rules no longer allow what they negotiated are
     /// closed after their pending requests (as for drives). Returns the
-    /// cache and how many connections closed.
+    /// cache and what closed (NBD connections, NVMe/TCP controllers).
     pub fn set_access(
         &self,
         name: &str,
         change: &AccessChange,
-    ) -> Result<(Arc<CacheEntry>, usize), CachesError> {
+    ) -> Result<(Arc<CacheEntry>, Closed), CachesError> {
         let map = self.map.lock();
         let entry = map.get(name).cloned().ok_or_else(|| not_found(name))?;
         let rules = change.apply(&entry.access.lock());
         *entry.access.lock() = rules.clone();
         self.access.set(name, rules.clone());
         drop(map);
-        let closed = super::access::rules_changed(Kind::Cache, name, &rules, self.nbd.get());
+        let closed = self.servers.rules_changed(Kind::Cache, name, &rules);
         Ok((entry, closed))
     }
 
@@ -831,7 +834,7 @@ mod tests {
             ..Default::default()
         };
         let (e, closed) = c.set_access("a", &change).unwrap();
-        assert_eq!(closed, 0);
+        assert_eq!(closed, Closed::default());
         assert_eq!(e.access.lock().identities, ["alice"]);
         assert_eq!(table.grant("a", Some("bob"), &tcp), Grant::ReadOnly);
         assert!(matches!(

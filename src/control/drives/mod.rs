@@ -53,7 +53,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -66,6 +66,7 @@ pub mod persistent;
 mod persistent_ops;
 pub mod spec;
 
+use super::access::{Closed, Servers};
 use super::ledger::{self, Claim, Kind, Ledger, LedgerError, NotFound, Origin, Promise};
 use crate::block::backend::Backend;
 use crate::metrics::DriveMetrics;
@@ -382,8 +383,9 @@ pub struct Drives {
     ledger: Arc<Ledger>,
     /// Record per-request metrics for new drives.
     metrics_enabled: bool,
-    /// Closes NBD connections on forced delete (set once the server binds).
-    nbd: OnceLock<ShutdownHandle>,
+    /// The servers its connections live in (set once they bind): forced
+    /// deletes and access changes close connections there.
+    servers: Servers,
     /// The daemon's state directory (persistent drives live in its
     /// `drives/`); None: persistent drives are refused.
     state_dir: Option<PathBuf>,
@@ -414,7 +416,7 @@ impl Drives {
             drives: Mutex::new(BTreeMap::new()),
             ledger,
             metrics_enabled,
-            nbd: OnceLock::new(),
+            servers: Servers::default(),
             state_dir: None,
             restore_turn: Mutex::new(()),
             shutting_down: AtomicBool::new(false),
@@ -439,9 +441,10 @@ impl Drives {
         Ok(persistent::drives_dir(dir).join(name))
     }
 
-    /// Lets forced deletes close NBD connections.
-    pub fn set_nbd(&self, handle: ShutdownHandle) {
-        let _ = self.nbd.set(handle);
+    /// Lets forced deletes close NBD connections and access changes
+    /// recheck NBD connections and NVMe/TCP controllers.
+    pub fn set_servers(&self, nbd: ShutdownHandle, nvme: Option<Arc<crate::nvme::Target>>) {
+        self.servers.set(nbd, nvme);
     }
 
     /// The daemon-wide memory budget (the ledger's).
@@ -718,12 +721,13 @@ impl Drives {
     /// open connections the new rules no longer allow what they
     /// negotiated (hidden, or read-only where they write) are closed after
     /// their pending requests. A persistent drive keeps them in its
-    /// `drive.json`. Returns the drive and how many connections closed.
+    /// `drive.json`. NVMe/TCP controllers the new rules no longer allow
+    /// are closed too. Returns the drive and what closed.
     pub fn set_access(
         &self,
         name: &str,
         change: &AccessChange,
-    ) -> Result<(Arc<Drive>, usize), DriveError> {
+    ) -> Result<(Arc<Drive>, Closed), DriveError> {
         let drives = self.drives.lock();
         let drive = drives.get(name).cloned().ok_or_else(|| not_found(name))?;
         if drive.persist.is_some() && !drive.has_data() {
@@ -735,7 +739,7 @@ impl Drives {
         *drive.access.lock() = rules.clone();
         self.access.set(name, rules.clone());
         drop(drives);
-        let closed = super::access::rules_changed(Kind::Drive, name, &rules, self.nbd.get());
+        let closed = self.servers.rules_changed(Kind::Drive, name, &rules);
         if let Some(p) = &drive.persist {
             p.save_settings(&drive.spec());
         }
@@ -776,7 +780,7 @@ impl Drives {
         self.ledger.release(&drive.claim);
         self.access.set(name, AccessRules::default());
         drop(drives);
-        let closed = match self.nbd.get() {
+        let closed = match self.servers.nbd() {
             Some(h) => h.close_export(&drive.export),
             None => 0,
         };
