@@ -83,6 +83,10 @@ struct Client {
     max_h2c: usize,
     next_cid: u16,
     out: Vec<u8>,
+    /// H2CData PDUs of this many bytes instead of the default split.
+    h2c_piece: Option<usize>,
+    /// R2Ts received so far.
+    r2ts: usize,
 }
 
 /// What a command got back: its data (C2H) and its completion.
@@ -101,6 +105,8 @@ impl Client {
             max_h2c: 0,
             next_cid: 1,
             out: Vec::new(),
+            h2c_piece: None,
+            r2ts: 0,
         };
         let req = Pdu::ICReq(pdu::ICReq {
             pfv: 0,
@@ -177,7 +183,10 @@ impl Client {
                     let (o, l) = (r.offset as usize, r.length as usize);
                     // H2CData PDUs of at most MAXH2CDATA, and at least two
                     // per R2T when it is long enough, to cover offsets.
-                    let piece = self.max_h2c.min(l.div_ceil(2)).max(512);
+                    self.r2ts += 1;
+                    let piece = self
+                        .h2c_piece
+                        .unwrap_or(self.max_h2c.min(l.div_ceil(2)).max(512));
                     let mut off = o;
                     while off < o + l {
                         let len = piece.min(o + l - off);
@@ -925,4 +934,57 @@ fn changed_access_rules_close_the_controllers_they_no_longer_allow() {
     let mut b = Client::open(s.addr, Digests::default());
     let c = b.connect(&names::subsystem_nqn(NODE, "ram0"), 0, 0xFFFF);
     assert_eq!(c.status, Status::CONNECT_INVALID_HOST);
+}
+
+/// Write data that comes by R2T goes into the drive as each H2CData PDU
+/// arrives: PDUs of any size (splitting blocks) still leave every block
+/// whole; FUA writes (buffered, durable as a whole) too; a write the drive
+/// refuses is answered at once, with no R2T and no data sent.
+#[test]
+fn r2t_writes_land_whole_however_the_host_splits_them() {
+    let s = setup(|_| {});
+    let (_a, mut q, _) = controller(s.addr, "ram0", Digests::default());
+    for (i, piece) in [1000usize, 513, 4103, 511, 128 * 1024]
+        .into_iter()
+        .enumerate()
+    {
+        q.h2c_piece = Some(piece);
+        let data = pattern(64 * 1024 + 512 * i, i as u8 + 10);
+        let slba = 4096 * i as u64 + 3;
+        assert!(
+            q.write(slba, &data, false).status.is_success(),
+            "piece {piece}"
+        );
+        let r = q.read(slba, (data.len() / 512) as u32);
+        assert_eq!(r.data, data, "H2CData of {piece} bytes");
+    }
+    // FUA, through R2T.
+    q.h2c_piece = Some(777);
+    let data = pattern(32 * 1024, 40);
+    let cid = q.cid();
+    let mut w = Rw {
+        slba: 20_000,
+        nlb: 64,
+        fua: true,
+        deallocate: false,
+    }
+    .encode(io::WRITE, cid, 1);
+    w.set_data_ptr(DataPtr::Transport { len: 32 * 1024 });
+    assert!(q.command(w, &[], &data).cqe.status.is_success());
+    assert_eq!(q.read(20_000, 64).data, data);
+    // Refused before any transfer: past the end, and a read-only drive.
+    let before = q.r2ts;
+    let last = 16 * MIB / 512;
+    assert_eq!(
+        q.write(last - 1, &[5; 8192], false).status,
+        Status::LBA_RANGE
+    );
+    let (_a2, mut ro, _) = controller(s.addr, "ro", Digests::default());
+    assert_eq!(
+        ro.write(0, &[5; 65536], false).status,
+        Status::NS_WRITE_PROTECTED
+    );
+    assert_eq!((q.r2ts, ro.r2ts), (before, 0), "a refused write got an R2T");
+    // The queue serves on.
+    assert!(q.write(0, &[6; 65536], false).status.is_success());
 }

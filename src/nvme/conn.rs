@@ -7,8 +7,10 @@
 //!     common header (8) ─► frame(): lengths checked against the limit
 //!        ─► whole PDU buffered? ─► CapsuleCmd ─► execute, or R2T (write data
 //!                                                 through the transport)
-//!                                   H2CData    ─► into the pending write;
-//!                                                 complete? execute
+//!                                   H2CData    ─► into the drive (a plain
+//!                                                 Write), else into the
+//!                                                 pending write's buffer;
+//!                                                 complete? reply / execute
 //!                                   TermReq    ─► close
 //!     nothing complete buffered ─► flush replies, read more }
 //! ```
@@ -20,7 +22,8 @@
 //!
 //! Bounds (so a host cannot make a connection hold unbounded memory): the
 //! input buffer holds one PDU of at most `max_h2c_data` or in-capsule
-//! bytes plus headers; write data awaiting H2CData is at most
+//! bytes plus headers; write data awaiting H2CData (R2Ts outstanding,
+//! counted whether it is buffered or goes into the drive in place) is at most
 //! `write_buffer_bytes` (later writes wait, as SQEs, for their R2T; at
 //! most a queue's worth of them); finished transfers' buffers kept for
 //! reuse are at most half of `write_buffer_bytes`; one command moves at
@@ -119,11 +122,17 @@ impl InBuf {
 /// A write whose data comes through R2T/H2CData.
 struct PendingWrite {
     sqe: Sqe,
-    /// The data received so far (H2CData comes in order, so its length is
-    /// the next offset); a buffer from `spare` with room for `want`.
+    /// The data received so far, for a buffered write: a buffer from
+    /// `spare` with room for `want`; for an in-place one, the start of a
+    /// block split between two PDUs (at most one block).
     buf: Vec<u8>,
+    /// Bytes received so far (H2CData comes in order: the next offset).
+    got: usize,
     /// The command's whole length.
     want: usize,
+    /// An in-place write (`Queue::write_in_place`): where its data goes
+    /// in the drive, and the first chunk's failure (or success).
+    in_place: Option<(u64, Status)>,
 }
 
 /// Per-queue state: everything but the input buffer (so handlers can
@@ -390,16 +399,29 @@ impl Queue {
                 break;
             }
             let sqe = self.waiting.pop_front().expect("front exists");
+            let in_place = match self.write_in_place(&sqe, len) {
+                Ok(at) => at.map(|at| (at, Status::SUCCESS)),
+                Err(status) => {
+                    self.current = Some(sqe);
+                    self.reply(sqe.cid(), status, 0)?;
+                    continue;
+                }
+            };
             self.pending_bytes += len;
-            let mut buf = self.spare.pop().unwrap_or_default();
-            buf.clear();
-            buf.reserve_exact(len);
+            let mut buf = Vec::new();
+            if in_place.is_none() {
+                buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.reserve_exact(len);
+            }
             self.pending.insert(
                 sqe.cid(),
                 PendingWrite {
                     sqe,
                     buf,
+                    got: 0,
                     want: len,
+                    in_place,
                 },
             );
             let r2t = Pdu::R2T(pdu::R2t {
@@ -429,7 +451,7 @@ impl Queue {
             }
             .into());
         }
-        if d.offset as usize != p.buf.len() || p.buf.len() + data.len() > p.want {
+        if d.offset as usize != p.got || p.got + data.len() > p.want {
             return Err(PduError::OutOfRange("H2CData outside its R2T").into());
         }
         if data.len() > self.target.config.max_h2c_data as usize {
@@ -439,15 +461,33 @@ impl Queue {
             }
             .into());
         }
-        p.buf.extend_from_slice(data);
-        if p.buf.len() < p.want {
+        let at = p.got;
+        p.got += data.len();
+        match p.in_place {
+            None => p.buf.extend_from_slice(data),
+            Some((offset, status)) if status.is_success() => {
+                let mut carry = std::mem::take(&mut p.buf);
+                let s = self.place(offset, at, data, &mut carry);
+                let p = self.pending.get_mut(&d.ttag).expect("present");
+                (p.buf, p.in_place) = (carry, Some((offset, s)));
+            }
+            // Failed already: the rest of the data is taken and dropped.
+            Some(_) => {}
+        }
+        let p = &self.pending[&d.ttag];
+        if p.got < p.want {
             return Ok(());
         }
         let p = self.pending.remove(&d.ttag).expect("present");
         self.pending_bytes -= p.want;
-        self.execute(&p.sqe, &p.buf)?;
+        self.current = Some(p.sqe);
+        match p.in_place {
+            Some((_, status)) => self.in_place_written(&p.sqe, status)?,
+            None => self.execute(&p.sqe, &p.buf)?,
+        }
         let kept: usize = self.spare.iter().map(Vec::capacity).sum();
-        if self.spare.len() < SPARE_BUFFERS
+        if p.in_place.is_none()
+            && self.spare.len() < SPARE_BUFFERS
             && kept + p.buf.capacity() <= self.target.config.write_buffer_bytes / 2
         {
             self.spare.push(p.buf);

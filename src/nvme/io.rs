@@ -61,10 +61,11 @@ impl Queue {
         })
     }
 
-    pub(super) fn io_command(&mut self, sqe: &Sqe, data: &[u8]) -> Result<(), ConnError> {
-        let cid = sqe.cid();
+    /// The drive's limits for an I/O command on namespace `sqe.nsid()`,
+    /// following a replaced export; the status when it cannot run.
+    fn io_limits(&mut self, sqe: &Sqe) -> Result<Limits, Status> {
         if sqe.nsid() != 1 {
-            return self.reply(cid, Status::INVALID_NS, 0);
+            return Err(Status::INVALID_NS);
         }
         if self.export.as_ref().is_some_and(|e| e.is_closed()) {
             self.refresh_export();
@@ -72,10 +73,16 @@ impl Queue {
         let live = self.export.as_ref().is_some_and(|e| !e.is_closed());
         if self.export.as_ref().is_some_and(|e| e.is_unavailable()) {
             // Restoring: the host retries (no DNR).
-            return self.reply(cid, Status::NS_NOT_READY, 0);
+            return Err(Status::NS_NOT_READY);
         }
-        let Some(limits) = self.limits().filter(|_| live) else {
-            return self.reply(cid, Status::INVALID_NS, 0);
+        self.limits().filter(|_| live).ok_or(Status::INVALID_NS)
+    }
+
+    pub(super) fn io_command(&mut self, sqe: &Sqe, data: &[u8]) -> Result<(), ConnError> {
+        let cid = sqe.cid();
+        let limits = match self.io_limits(sqe) {
+            Ok(l) => l,
+            Err(s) => return self.reply(cid, s, 0),
         };
         if let Some(r) = self.recorder.as_mut() {
             r.batch_started();
@@ -313,6 +320,94 @@ impl Queue {
             }
         }
         Ok(())
+    }
+
+    /// Whether the data of `sqe`, a command whose data comes by R2T, goes
+    /// into the drive as each H2CData PDU arrives (`Some(byte offset)`),
+    /// saving the copy into a write buffer and the buffer itself: plain
+    /// Writes on an I/O queue. Checked now, before the R2T, as at
+    /// execution: a refused write is answered at once, with no transfer.
+    /// FUA writes (durable as a whole at completion) and everything else
+    /// are buffered and executed when their data is complete (`None`).
+    pub(super) fn write_in_place(&mut self, sqe: &Sqe, len: usize) -> Result<Option<u64>, Status> {
+        if self.qid == 0 || sqe.opcode() != io::WRITE {
+            return Ok(None);
+        }
+        let rw = Rw::parse(sqe);
+        if rw.fua {
+            return Ok(None);
+        }
+        let limits = self.io_limits(sqe)?;
+        let bytes = u64::from(rw.nlb) << LBA_SHIFT;
+        if bytes != len as u64 {
+            return Err(Status::SGL_INVALID_DATA);
+        }
+        let offset = rw.slba.checked_mul(1 << LBA_SHIFT);
+        let req = Request {
+            command: Command::Write,
+            offset: offset.unwrap_or(u64::MAX),
+            len: bytes,
+        };
+        match (offset, validate(req, &limits)) {
+            (Some(offset), Ok(_)) => Ok(Some(offset)),
+            (_, r) => {
+                let s = r.err().map_or(Status::LBA_RANGE, |r| refusal_status(&r));
+                self.record(Op::Write, bytes, s);
+                Err(s)
+            }
+        }
+    }
+
+    /// Writes one H2CData PDU's `data`, bytes `at..` of an in-place write
+    /// to byte `offset` of the drive, whole blocks at a time: a block
+    /// split between two PDUs is put together in `carry` first, so each
+    /// block goes into the drive in one write and a concurrent reader
+    /// never sees half of one (the atomic write unit is one block). The
+    /// command's length is whole blocks, so `carry` is empty at its end.
+    pub(super) fn place(&self, offset: u64, at: usize, data: &[u8], carry: &mut Vec<u8>) -> Status {
+        let block = 1usize << LBA_SHIFT;
+        let (mut at, mut data) = (at, data);
+        if !carry.is_empty() {
+            let start = at - carry.len();
+            let take = (block - carry.len()).min(data.len());
+            carry.extend_from_slice(&data[..take]);
+            (at, data) = (at + take, &data[take..]);
+            if carry.len() < block {
+                return Status::SUCCESS;
+            }
+            let s = self.write_chunk(offset + start as u64, carry);
+            carry.clear();
+            if !s.is_success() {
+                return s;
+            }
+        }
+        let whole = data.len() / block * block;
+        carry.extend_from_slice(&data[whole..]);
+        match whole {
+            0 => Status::SUCCESS,
+            n => self.write_chunk(offset + at as u64, &data[..n]),
+        }
+    }
+
+    fn write_chunk(&self, offset: u64, data: &[u8]) -> Status {
+        let Some(e) = self.export.as_ref() else {
+            return Status::INVALID_NS;
+        };
+        match e.backend.write(offset, data, false) {
+            Ok(()) => Status::SUCCESS,
+            Err(e) => Status::from_code(Errno::of(&e).nvme()),
+        }
+    }
+
+    /// Completes an in-place write whose data all arrived: `status` is the
+    /// first chunk's failure, or success.
+    pub(super) fn in_place_written(&mut self, sqe: &Sqe, status: Status) -> Result<(), ConnError> {
+        if let Some(r) = self.recorder.as_mut() {
+            r.batch_started();
+        }
+        let len = u64::from(Rw::parse(sqe).nlb) << LBA_SHIFT;
+        self.record(Op::Write, len, status);
+        self.reply(sqe.cid(), status, 0)
     }
 
     fn dsm(&mut self, sqe: &Sqe, data: &[u8], limits: &Limits) -> Result<(), ConnError> {
