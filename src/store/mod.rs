@@ -393,7 +393,9 @@ impl RamStore {
             fill_end: AtomicU64::new(u64::MAX),
             snap: SnapState::default(),
             min_size: AtomicU64::new(0),
-            huge: HugeState::new(opts.huge_pages),
+            huge: HugeState::new(
+                opts.huge_pages && (!opts.shared_memory || memfd::collapse_possible()),
+            ),
             lock: opts.lock_memory,
             memfd: match opts.shared_memory {
                 true => Some(memfd::create().map_err(std::io::Error::from)?),
@@ -428,7 +430,7 @@ impl RamStore {
         let seg_len = SEGMENT_BYTES as usize;
         let borrowed = std::os::fd::AsFd::as_fd(&fd);
         memfd::check(borrowed, nsegs * seg_len).map_err(std::io::Error::from)?;
-        let huge = HugeState::new(opts.huge_pages);
+        let huge = HugeState::new(opts.huge_pages && memfd::collapse_possible());
         let segs = (0..nsegs)
             .map(|i| {
                 Ok(Arc::new(Segment::with_region(Region::shared(
