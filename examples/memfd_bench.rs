@@ -109,8 +109,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Per memory kind: its name, then each round's QD1 p50, p99 and ops/s.
+type Row = (&'static str, Vec<f64>, Vec<f64>, Vec<f64>);
+
 fn io_rounds(rounds: usize) {
-    let mut rows: Vec<(&str, Vec<f64>, Vec<f64>, Vec<f64>)> = vec![
+    let mut rows: Vec<Row> = vec![
         ("anon", vec![], vec![], vec![]),
         ("memfd", vec![], vec![], vec![]),
     ];
