@@ -9,7 +9,9 @@
 //! 1. Random 4 KiB I/O over a full 1 GiB drive, anon and memfd
 //!    alternating, `ROUNDS` rounds (default 3), medians printed:
 //!    one thread (QD1 latency p50/p99 of write+read pairs) and two
-//!    threads (ops/s), as in the peers table's QD1 and QD32 rows.
+//!    threads (ops/s), as in the peers table's QD1 and QD32 rows; and
+//!    the first fill of the drive (4 KiB sequential writes into fresh
+//!    pages, the prefaulter on), as in the prefill row.
 //! 2. Adoption (`RamStore::adopt`: check, map, SEEK_DATA/SEEK_HOLE walk,
 //!    bitmaps) of drives of each size in GIB_LIST (default "1,8"), fully
 //!    written (one data run) and every other page written (the most runs).
@@ -109,34 +111,39 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Per memory kind: its name, then each round's QD1 p50, p99 and ops/s.
-type Row = (&'static str, Vec<f64>, Vec<f64>, Vec<f64>);
+/// Per memory kind: its name, then each round's QD1 p50, p99, ops/s and
+/// first-touch fill rate (MiB/s).
+type Row = (&'static str, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
 
 fn io_rounds(rounds: usize) {
     let mut rows: Vec<Row> = vec![
-        ("anon", vec![], vec![], vec![]),
-        ("memfd", vec![], vec![], vec![]),
+        ("anon", vec![], vec![], vec![], vec![]),
+        ("memfd", vec![], vec![], vec![], vec![]),
     ];
     for round in 0..rounds {
         for (i, row) in rows.iter_mut().enumerate() {
             let s = store(GIB, i == 1);
+            let t = Instant::now();
             fill(&s, 1);
+            let fill_mib_s = 1024.0 / t.elapsed().as_secs_f64();
             // Let the background thread collapse full ranges, as a daemon would.
             std::thread::sleep(std::time::Duration::from_secs(3));
             let (p50, p99) = qd1(&s, 400_000);
             let ops = throughput(&s, 2_000_000);
             println!(
-                "round {round} {:5}: qd1 p50 {p50:.2} us p99 {p99:.2} us; 2 threads {:.0} ops/s",
+                "round {round} {:5}: first fill {fill_mib_s:.0} MiB/s; qd1 p50 {p50:.2} us p99 {p99:.2} us; 2 threads {:.0} ops/s",
                 row.0, ops
             );
+            row.4.push(fill_mib_s);
             row.1.push(p50);
             row.2.push(p99);
             row.3.push(ops);
         }
     }
-    for (name, p50, p99, ops) in rows {
+    for (name, p50, p99, ops, fills) in rows {
         println!(
-            "median {name:5}: qd1 write+read p50 {:.2} us, p99 {:.2} us; 2 threads {:.0} ops/s",
+            "median {name:5}: first fill (4 KiB sequential writes) {:.0} MiB/s; qd1 write+read p50 {:.2} us, p99 {:.2} us; 2 threads {:.0} ops/s",
+            median(fills),
             median(p50),
             median(p99),
             median(ops)
@@ -154,6 +161,7 @@ fn adoption(gib: u64, step_pages: u64) {
     let (size, fd) = holder.0.lock().unwrap().take().unwrap();
     let opts = StoreOptions {
         prefault: false,
+        shared_memory: true,
         ..StoreOptions::default()
     };
     let t = Instant::now();

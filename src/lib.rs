@@ -24,8 +24,8 @@
 //!        │         wrapping a backend, forwarding what it does not change)
 //!  block::backend::Backend  the data-path trait (read/write/zero/trim/flush/extents)
 //!        │         and its Caps (what it can do, direct_io, piece size)
-//!  store::RamStore    sparse pages in one memfd per drive (mapped shared,
-//!                     so it can outlive the process), per-64 KiB-chunk locks,
+//!  store::RamStore    sparse pages in an mmap (anonymous, or one memfd per
+//!                     drive that can outlive the process), per-64 KiB-chunk locks,
 //!                     allocated/dirty bitmaps, memory budgets,
 //!                     copy-on-write snapshots for syncs
 //!        │

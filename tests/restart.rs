@@ -46,6 +46,7 @@ fn page_offset(page: u64) -> u64 {
 fn opts() -> StoreOptions {
     StoreOptions {
         prefault: false,
+        shared_memory: true,
         ..StoreOptions::default()
     }
 }

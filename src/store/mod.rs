@@ -13,6 +13,13 @@
 //!
 //! Metadata is 12 KiB per 64 MiB segment: 0.018% of the drive size.
 //!
+//! With `StoreOptions::shared_memory` the segments map ranges of one
+//! memfd per drive instead (`memfd.rs`: its seals, what shmem does
+//! differently), so a keeper holding the descriptor keeps the bytes when
+//! this process dies, and [`RamStore::adopt`] serves them again, its
+//! allocation bitmaps rebuilt from the file's data runs. Off by default
+//! (first fills cost twice as much on shmem, bench/RESULTS.md).
+//!
 //! # Invariants
 //!
 //! - A page's `allocated` bit is set iff the page may hold non-zero bytes and
@@ -319,8 +326,11 @@ pub struct StoreOptions {
     /// never swapped; `region.rs`). The kernel charges `RLIMIT_MEMLOCK`
     /// the drive's whole size (in pages) at creation and on growth.
     pub lock_memory: bool,
-    /// Segments in sealed memfds mapped shared (`memfd.rs`), so their
-    /// memory can outlive the process; off: private anonymous memory.
+    /// The drive's memory in a sealed memfd mapped shared (`memfd.rs`),
+    /// so it can outlive the process; off: private anonymous memory. Off
+    /// by default: first fills of fresh pages are about half as fast on
+    /// shmem (bench/RESULTS.md), and nothing keeps the memfd yet (the
+    /// supervisor of issue 31 will turn it on for the drives it keeps).
     pub shared_memory: bool,
 }
 
@@ -331,7 +341,7 @@ impl Default for StoreOptions {
             prefault: true,
             huge_pages: true,
             lock_memory: false,
-            shared_memory: true,
+            shared_memory: false,
         }
     }
 }
@@ -1519,7 +1529,11 @@ mod tests {
     #[test]
     fn adopted_memfds_hold_what_was_written() {
         let global = Arc::new(MemoryBudget::new(u64::MAX));
-        let s = RamStore::new(SEGMENT_BYTES + 8192, None, global.clone()).unwrap();
+        let shared = StoreOptions {
+            shared_memory: true,
+            ..StoreOptions::default()
+        };
+        let s = RamStore::with_options(SEGMENT_BYTES + 8192, shared, global.clone()).unwrap();
         assert!(s.is_shared());
         let holder = Arc::new(Holder::default());
         s.set_keeper(holder.clone());
