@@ -24,7 +24,8 @@
 //!        │         wrapping a backend, forwarding what it does not change)
 //!  block::backend::Backend  the data-path trait (read/write/zero/trim/flush/extents)
 //!        │         and its Caps (what it can do, direct_io, piece size)
-//!  store::RamStore    sparse pages in an mmap, per-64 KiB-chunk locks,
+//!  store::RamStore    sparse pages in an mmap (anonymous, or one memfd per
+//!                     drive that can outlive the process), per-64 KiB-chunk locks,
 //!                     allocated/dirty bitmaps, memory budgets,
 //!                     copy-on-write snapshots for syncs
 //!        │
@@ -53,6 +54,10 @@
 //! object storage (chunked, deduplicated, compressed, optionally
 //! encrypted) and restores them, verified.
 //!
+//! `handover` is the versioned record format in which the serving process
+//! will hand its descriptors (drive memfds, listeners) to a keeper across
+//! restarts (issue 31, docs/restart.md; the keeper is not built yet).
+//!
 //! Beside the block path, `dirsync` keeps directories in RAM (tmpfs or
 //! overlay mounted over them) and syncs them back to disk crash-safely.
 //!
@@ -76,6 +81,7 @@ pub mod cli;
 pub mod control;
 pub mod dirsync;
 pub mod fuse;
+pub mod handover;
 pub mod metrics;
 pub mod nbd;
 pub mod nvme;

@@ -3,8 +3,9 @@
 //! collapse would stall a running fill's page faults); a trim inside one
 //! splits it and frees just what it covers; no byte, allocation count or
 //! budget changes on the way. Checked against
-//! the kernel's own accounting (`AnonHugePages` of this process, which runs
-//! only this test).
+//! the kernel's own accounting (`AnonHugePages` plus `ShmemPmdMapped` of
+//! this process, which runs only this test: a drive's memory is a memfd,
+//! whose huge pages are shmem's).
 
 mod common;
 
@@ -17,14 +18,17 @@ use ramd::store::{region, MemoryBudget, RamStore, StoreOptions, HUGE_IDLE_MS};
 
 const MIB: u64 = 1 << 20;
 
-/// This process's memory in huge pages, KiB.
+/// This process's memory in huge pages, KiB (anonymous and shmem).
 fn anon_huge_kib() -> u64 {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").expect("smaps_rollup");
-    rollup
-        .lines()
-        .find_map(|l| l.strip_prefix("AnonHugePages:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("AnonHugePages line")
+    let kib = |key: &str| -> u64 {
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("{key} line"))
+    };
+    kib("AnonHugePages:") + kib("ShmemPmdMapped:")
 }
 
 #[test]

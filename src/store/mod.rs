@@ -13,6 +13,13 @@
 //!
 //! Metadata is 12 KiB per 64 MiB segment: 0.018% of the drive size.
 //!
+//! With `StoreOptions::shared_memory` the segments map ranges of one
+//! memfd per drive instead (`memfd.rs`: its seals, what shmem does
+//! differently), so a keeper holding the descriptor keeps the bytes when
+//! this process dies, and [`RamStore::adopt`] serves them again, its
+//! allocation bitmaps rebuilt from the file's data runs. Off by default
+//! (first fills cost twice as much on shmem, bench/RESULTS.md).
+//!
 //! # Invariants
 //!
 //! - A page's `allocated` bit is set iff the page may hold non-zero bytes and
@@ -69,6 +76,7 @@ pub mod budget;
 pub mod compressed;
 pub mod cut;
 mod huge;
+pub mod memfd;
 mod ntcopy;
 mod prefault;
 pub mod region;
@@ -76,8 +84,9 @@ pub mod snapshot;
 pub mod sync_store;
 
 use std::io::IoSlice;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
@@ -165,16 +174,30 @@ impl Segment {
         }
     }
 
-    fn new(huge: bool) -> Result<Segment> {
-        Ok(Segment {
-            region: Region::new(SEGMENT_BYTES as usize, huge)?,
+    /// An empty segment: anonymous memory, or (`memfd`) segment `index`
+    /// of the drive's memfd, which grows to hold it.
+    fn new(huge: bool, memfd: Option<BorrowedFd<'_>>, index: usize) -> Result<Segment> {
+        let len = SEGMENT_BYTES as usize;
+        let region = match memfd {
+            None => Region::new(len, huge)?,
+            Some(fd) => {
+                memfd::grow_to(fd, (index + 1) * len).map_err(std::io::Error::from)?;
+                Region::shared(fd, index * len, len, huge)?
+            }
+        };
+        Ok(Segment::with_region(region))
+    }
+
+    fn with_region(region: Region) -> Segment {
+        Segment {
+            region,
             allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
             dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
             zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
             locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
             epochs: (0..CHUNKS_PER_SEGMENT).map(|_| AtomicU32::new(0)).collect(),
             huge: AtomicU32::new(0),
-        })
+        }
     }
 }
 
@@ -252,6 +275,22 @@ pub struct StoreState {
     huge: HugeState,
     /// Every segment's mapping is locked in RAM (`StoreOptions::lock_memory`).
     lock: bool,
+    /// The memfd the segments map (`StoreOptions::shared_memory`; None:
+    /// anonymous memory). Segment `i` is its range at `i * SEGMENT_BYTES`.
+    memfd: Option<OwnedFd>,
+    /// Who else holds the memfd (set once; see [`SegmentKeeper`]), told
+    /// under `resize_lock` whenever the size changes.
+    keeper: OnceLock<Arc<dyn SegmentKeeper>>,
+}
+
+/// Someone who keeps a drive's memfd alive beyond this process (a
+/// supervisor). The store knows nothing of it but this call.
+pub trait SegmentKeeper: Send + Sync {
+    /// The drive is `size_bytes` long, its memory in `memfd`. Called when
+    /// the keeper is set, before a grow publishes the new size (so no
+    /// write beyond the old one is acknowledged before the keeper knows)
+    /// and after a shrink. Failures are the keeper's to report.
+    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>);
 }
 
 /// How a chunk is locked for an operation.
@@ -287,6 +326,12 @@ pub struct StoreOptions {
     /// never swapped; `region.rs`). The kernel charges `RLIMIT_MEMLOCK`
     /// the drive's whole size (in pages) at creation and on growth.
     pub lock_memory: bool,
+    /// The drive's memory in a sealed memfd mapped shared (`memfd.rs`),
+    /// so it can outlive the process; off: private anonymous memory. Off
+    /// by default: first fills of fresh pages are about half as fast on
+    /// shmem (bench/RESULTS.md), and nothing keeps the memfd yet (the
+    /// supervisor of issue 31 will turn it on for the drives it keeps).
+    pub shared_memory: bool,
 }
 
 impl Default for StoreOptions {
@@ -296,6 +341,7 @@ impl Default for StoreOptions {
             prefault: true,
             huge_pages: true,
             lock_memory: false,
+            shared_memory: false,
         }
     }
 }
@@ -357,11 +403,92 @@ impl RamStore {
             fill_end: AtomicU64::new(u64::MAX),
             snap: SnapState::default(),
             min_size: AtomicU64::new(0),
-            huge: HugeState::new(opts.huge_pages),
+            huge: HugeState::new(
+                opts.huge_pages && (!opts.shared_memory || memfd::collapse_possible()),
+            ),
             lock: opts.lock_memory,
+            memfd: match opts.shared_memory {
+                true => Some(memfd::create().map_err(std::io::Error::from)?),
+                false => None,
+            },
+            keeper: OnceLock::new(),
         });
         state.resize(size_bytes)?;
         state.min_size.store(size_bytes, Ordering::Release);
+        Ok(RamStore::start(state, opts))
+    }
+
+    /// A drive of `size_bytes` over the memfd another process kept (see
+    /// `memfd.rs`): the same memory, so the same bytes. The allocation
+    /// bitmaps are rebuilt from the file's data runs and the pages charged
+    /// to both budgets, past their limits if need be (the memory is there
+    /// already). Data beyond `size_bytes` (none, if the file is ours) is
+    /// freed. Refused when the descriptor is not a sealed drive memfd long
+    /// enough for the size.
+    pub fn adopt(
+        size_bytes: u64,
+        fd: OwnedFd,
+        opts: StoreOptions,
+        global_mem: Arc<MemoryBudget>,
+    ) -> Result<RamStore> {
+        if size_bytes > MAX_DRIVE_BYTES || size_bytes == 0 {
+            return Err(Error::Invalid(format!(
+                "cannot adopt a drive of {size_bytes} bytes"
+            )));
+        }
+        let nsegs = size_bytes.div_ceil(SEGMENT_BYTES) as usize;
+        let seg_len = SEGMENT_BYTES as usize;
+        let borrowed = std::os::fd::AsFd::as_fd(&fd);
+        memfd::check(borrowed, nsegs * seg_len).map_err(std::io::Error::from)?;
+        let huge = HugeState::new(opts.huge_pages && memfd::collapse_possible());
+        let segs = (0..nsegs)
+            .map(|i| {
+                Ok(Arc::new(Segment::with_region(Region::shared(
+                    borrowed,
+                    i * seg_len,
+                    seg_len,
+                    huge.enabled(),
+                )?)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let bytes = mark_data_runs(&segs, borrowed, size_bytes)?;
+        let state = Arc::new(StoreState {
+            size: AtomicU64::new(size_bytes),
+            segments: ArcSwap::from_pointee(segs),
+            drive_mem: MemoryBudget::new(opts.mem_limit_bytes.unwrap_or(u64::MAX)),
+            global_mem,
+            resize_lock: Mutex::new(()),
+            fill_end: AtomicU64::new(u64::MAX),
+            snap: SnapState::default(),
+            min_size: AtomicU64::new(size_bytes),
+            huge,
+            lock: opts.lock_memory,
+            memfd: Some(fd),
+            keeper: OnceLock::new(),
+        });
+        state.drive_mem.try_reserve_over(bytes, u64::MAX);
+        state.global_mem.try_reserve_over(bytes, u64::MAX);
+        if state.lock {
+            lock_segments(&state.segments.load(), size_bytes)?;
+        }
+        Ok(RamStore::start(state, opts))
+    }
+
+    /// Hands the drive's memfd to `keeper` now and at every resize (see
+    /// [`SegmentKeeper`]); a second keeper is ignored. Does nothing for a
+    /// store in anonymous memory.
+    pub fn set_keeper(&self, keeper: Arc<dyn SegmentKeeper>) {
+        if self.state.memfd.is_none() {
+            return;
+        }
+        let _guard = self.state.resize_lock.lock();
+        if self.state.keeper.set(keeper).is_ok() {
+            self.state.tell_keeper(self.size());
+        }
+    }
+
+    /// The store around `state`, with its background thread.
+    fn start(state: Arc<StoreState>, opts: StoreOptions) -> RamStore {
         let prefaulter = if opts.prefault || state.huge.enabled() {
             Prefaulter::spawn(Arc::downgrade(&state), opts.prefault)
                 .inspect_err(|e| {
@@ -373,7 +500,7 @@ impl RamStore {
         } else {
             None
         };
-        Ok(RamStore { state, prefaulter })
+        RamStore { state, prefaulter }
     }
 
     /// After a successful write of `[offset, offset+len)`; `fresh` when it
@@ -476,7 +603,8 @@ impl StoreState {
             let old = self.segments.load_full();
             let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
             while segs.len() < want_segs {
-                segs.push(Arc::new(Segment::new(self.huge.enabled())?));
+                let fd = self.memfd.as_ref().map(std::os::fd::AsFd::as_fd);
+                segs.push(Arc::new(Segment::new(self.huge.enabled(), fd, segs.len())?));
             }
             if self.lock {
                 if let Err(e) = lock_segments(&segs, new_size) {
@@ -486,6 +614,7 @@ impl StoreState {
                 }
             }
             if want_segs > old.len() {
+                self.tell_keeper(new_size);
                 self.segments.store(Arc::new(segs));
             }
             self.size.store(new_size, Ordering::Release);
@@ -497,12 +626,26 @@ impl StoreState {
             if segs.len() > want_segs {
                 self.segments.store(Arc::new(segs[..want_segs].to_vec()));
             }
+            self.tell_keeper(new_size);
             if self.lock {
                 // Unlocking cannot fail for want of a limit.
                 let _ = lock_segments(&self.segments.load(), new_size);
             }
         }
         Ok(())
+    }
+
+    /// Tells the keeper (if any) that the drive is `size` bytes long. The
+    /// caller holds the resize lock.
+    fn tell_keeper(&self, size: u64) {
+        if let (Some(keeper), Some(fd)) = (self.keeper.get(), &self.memfd) {
+            keeper.keep(size, std::os::fd::AsFd::as_fd(fd));
+        }
+    }
+
+    /// True when the drive's memory is a memfd (`memfd.rs`).
+    pub fn is_shared(&self) -> bool {
+        self.memfd.is_some()
     }
 
     /// Frees everything in `[new_size, old_size)` after a shrink, zeroing
@@ -968,6 +1111,33 @@ fn lock_segments(segs: &[Arc<Segment>], size: u64) -> Result<()> {
     Ok(())
 }
 
+/// Sets the `allocated` bits of the pages of `segs` that hold data in
+/// `fd` (its data runs, `memfd.rs`) below `size`; frees data beyond it (a
+/// file a shrink left longer). Returns the bytes of those pages.
+fn mark_data_runs(segs: &[Arc<Segment>], fd: BorrowedFd<'_>, size: u64) -> Result<u64> {
+    let (page, per_seg) = (PAGE_BYTES as usize, PAGES_PER_SEGMENT);
+    let end_page = size.div_ceil(PAGE_BYTES) as usize;
+    let mut bytes = 0;
+    for (a, b) in memfd::data_runs(fd, segs.len() * SEGMENT_BYTES as usize)? {
+        let (mut p, p1) = (a / page, b.div_ceil(page));
+        while p < p1 {
+            let (si, q) = (p / per_seg, p % per_seg);
+            let n = (per_seg - q).min(p1 - p);
+            if p >= end_page {
+                segs[si].region.release(q * page, n * page);
+            } else {
+                let n = n.min(end_page - p);
+                segs[si].allocated.set_range(q, q + n);
+                bytes += (n * page) as u64;
+                p += n;
+                continue;
+            }
+            p += n;
+        }
+    }
+    Ok(bytes)
+}
+
 /// Why locking a drive's memory failed, for people: the limit and how to
 /// raise it.
 pub fn lock_error(e: std::io::Error, bytes: u64) -> Error {
@@ -1118,6 +1288,7 @@ impl Drop for StoreState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::{AsRawFd, FromRawFd};
 
     fn store(size: u64) -> RamStore {
         RamStore::new(size, None, Arc::new(MemoryBudget::new(u64::MAX))).unwrap()
@@ -1338,6 +1509,98 @@ mod tests {
         assert!(got == expect);
         // Reading allocates nothing.
         assert_eq!(s.allocated_bytes(), 4 * PAGE_BYTES);
+    }
+
+    /// Keeps a duplicate of the memfd it is given, as a supervisor does.
+    #[derive(Default)]
+    struct Holder(Mutex<(u64, Option<OwnedFd>)>);
+
+    impl SegmentKeeper for Holder {
+        fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
+            *self.0.lock() = (size_bytes, Some(memfd.try_clone_to_owned().unwrap()));
+        }
+    }
+
+    /// A store over memfds survives its own drop: a new store adopting
+    /// the kept descriptors reads every byte written before, holds the
+    /// same pages (rebuilt from the files' data runs: trimmed pages stay
+    /// holes) and charges them to the budgets. A grow hands the new
+    /// segment to the keeper before the size is published.
+    #[test]
+    fn adopted_memfds_hold_what_was_written() {
+        let global = Arc::new(MemoryBudget::new(u64::MAX));
+        let shared = StoreOptions {
+            shared_memory: true,
+            ..StoreOptions::default()
+        };
+        let s = RamStore::with_options(SEGMENT_BYTES + 8192, shared, global.clone()).unwrap();
+        assert!(s.is_shared());
+        let holder = Arc::new(Holder::default());
+        s.set_keeper(holder.clone());
+        assert_eq!(holder.0.lock().0, SEGMENT_BYTES + 8192);
+        s.write(4096 * 3 + 5, &[1; 9000], false).unwrap();
+        s.write(SEGMENT_BYTES + 100, &[2; 50], false).unwrap();
+        s.trim(4096 * 4, 4096).unwrap();
+        s.resize(3 * SEGMENT_BYTES).unwrap();
+        assert_eq!(holder.0.lock().0, 3 * SEGMENT_BYTES);
+        s.write(2 * SEGMENT_BYTES + 7, &[3; 10], false).unwrap();
+        let mut want = vec![0u8; 3 * SEGMENT_BYTES as usize];
+        s.read(0, &mut want).unwrap();
+        let (allocated, extents) = (s.allocated_bytes(), s.extents(0, s.size()).unwrap());
+        drop(s);
+        assert_eq!(global.used_bytes(), 0);
+        let (size, fd) = std::mem::take(&mut *holder.0.lock());
+        let fd = fd.unwrap();
+        let opts = StoreOptions {
+            prefault: false,
+            ..StoreOptions::default()
+        };
+        let dup = fd.try_clone().unwrap();
+        let a = RamStore::adopt(size, dup, opts, global.clone()).unwrap();
+        let mut got = vec![0u8; want.len()];
+        a.read(0, &mut got).unwrap();
+        assert!(got == want);
+        assert_eq!(a.allocated_bytes(), allocated);
+        assert_eq!(global.used_bytes(), allocated);
+        assert_eq!(a.extents(0, a.size()).unwrap(), extents);
+        // A shrink frees the tail and keeps the file's length; adopting at
+        // the smaller size finds the rest of the file empty.
+        a.resize(SEGMENT_BYTES / 2).unwrap();
+        let kept = a.allocated_bytes();
+        drop(a);
+        let b = RamStore::adopt(SEGMENT_BYTES / 2, fd, opts, global.clone()).unwrap();
+        assert_eq!(b.allocated_bytes(), kept);
+        b.resize(3 * SEGMENT_BYTES).unwrap();
+        let mut tail = vec![1u8; 16];
+        b.read(2 * SEGMENT_BYTES, &mut tail).unwrap();
+        assert_eq!(tail, [0; 16]);
+        drop(b);
+        // Short and unsealed files are refused.
+        let short = memfd::create().unwrap();
+        assert!(RamStore::adopt(4096, short, opts, global.clone()).is_err());
+        // SAFETY: a fresh memfd, owned at once.
+        let plain = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"x".as_ptr(), 0)) };
+        // SAFETY: ftruncate on our descriptor.
+        unsafe { libc::ftruncate(plain.as_raw_fd(), SEGMENT_BYTES as i64) };
+        assert!(RamStore::adopt(4096, plain, opts, global).is_err());
+    }
+
+    /// With `shared_memory` off the segments are anonymous: nothing to
+    /// keep, and the same data path.
+    #[test]
+    fn anonymous_segments_have_no_memfds() {
+        let opts = StoreOptions {
+            shared_memory: false,
+            ..StoreOptions::default()
+        };
+        let s =
+            RamStore::with_options(1 << 20, opts, Arc::new(MemoryBudget::new(u64::MAX))).unwrap();
+        let holder = Arc::new(Holder::default());
+        s.set_keeper(holder.clone());
+        assert!(!s.is_shared() && holder.0.lock().1.is_none());
+        s.write(10, &[4; 10], false).unwrap();
+        s.trim(0, 4096).unwrap();
+        assert_eq!(s.allocated_bytes(), 0);
     }
 
     #[test]

@@ -27,10 +27,18 @@
 //! range refuses `MADV_DONTNEED`: `release` unlocks the range, drops it
 //! and locks it again (three calls instead of one, on trims only).
 //!
+//! Shared regions ([`Region::shared`]): the same over a range of a sealed
+//! memfd mapped `MAP_SHARED` (a plain drive's segments: their memory
+//! outlives the process, see `memfd.rs` for what shmem does differently).
+//! `release` uses `MADV_REMOVE`, which punches a hole in the file (the
+//! memory goes back), instead of `MADV_DONTNEED` (which would only unmap
+//! the pages, the file keeping them). The region keeps no descriptor.
+//!
 //! The region hands out raw pointers; callers synchronise access (the store's
 //! chunk locks) and keep offsets in bounds.
 
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -41,6 +49,8 @@ pub struct Region {
     /// Bytes of the locked prefix (see the module docs); changed only by
     /// `lock_to`, which its owner serialises (the store's resize lock).
     locked_len: AtomicUsize,
+    /// The mapping shows a memfd (else anonymous memory).
+    shared: bool,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; all access goes
@@ -55,35 +65,7 @@ impl Region {
     /// aligned to `HUGE_BYTES`. With `huge`, full 2 MiB ranges may later be
     /// collapsed into huge pages (when `collapse_possible()`).
     pub fn new(len: usize, huge: bool) -> io::Result<Region> {
-        assert!(len > 0);
-        let padded = len + HUGE_BYTES;
-        // SAFETY: an anonymous private mapping at a kernel-chosen address; no
-        // existing memory is affected. The result is checked for MAP_FAILED.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                padded,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let head = raw.cast::<u8>().align_offset(HUGE_BYTES);
-        // SAFETY: `head < HUGE_BYTES`, so `ptr..ptr+len` lies inside the
-        // padded mapping; the unmapped head and tail are ours and unused.
-        let ptr = unsafe {
-            let ptr = raw.cast::<u8>().add(head);
-            if head > 0 {
-                libc::munmap(raw, head);
-            }
-            // Never empty: head < HUGE_BYTES.
-            libc::munmap(ptr.add(len).cast(), HUGE_BYTES - head);
-            ptr
-        };
+        let ptr = reserve_aligned(len)?;
         if !huge || !collapse_possible() {
             // SAFETY: `ptr`/`len` is our mapping. Failure to disable THP
             // only costs accounting precision, so the result is ignored.
@@ -93,9 +75,89 @@ impl Region {
             base: NonNull::new(ptr).expect("mmap returned null"),
             len,
             locked_len: AtomicUsize::new(0),
+            shared: false,
         })
     }
 
+    /// Maps `[offset, offset+len)` of the sealed memfd `fd` (`memfd.rs`;
+    /// the file must be that long) shared, 2 MiB aligned; its holes read
+    /// as zeroes and commit nothing until written. With `huge`, full
+    /// ranges may be collapsed (shmem's rules, `memfd.rs`). The mapping
+    /// keeps the memory alive after `fd` is closed.
+    pub fn shared(fd: BorrowedFd<'_>, offset: usize, len: usize, huge: bool) -> io::Result<Region> {
+        let ptr = reserve_aligned(len)?;
+        // SAFETY: maps the file over the reservation we own (MAP_FIXED
+        // replaces exactly our own address range); checked for MAP_FAILED.
+        let raw = unsafe {
+            libc::mmap(
+                ptr.cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // SAFETY: the reservation is ours and unused.
+            unsafe { libc::munmap(ptr.cast(), len) };
+            return Err(e);
+        }
+        if !huge || !super::memfd::collapse_possible() {
+            // SAFETY: our mapping; advisory (see `new`).
+            unsafe { libc::madvise(ptr.cast(), len, libc::MADV_NOHUGEPAGE) };
+        }
+        Ok(Region {
+            base: NonNull::new(ptr).expect("mmap returned null"),
+            len,
+            locked_len: AtomicUsize::new(0),
+            shared: true,
+        })
+    }
+
+    /// True for a mapping of a memfd.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+}
+
+/// Reserves `len` bytes of private anonymous address space aligned to
+/// `HUGE_BYTES` (nothing committed).
+fn reserve_aligned(len: usize) -> io::Result<*mut u8> {
+    assert!(len > 0);
+    let padded = len + HUGE_BYTES;
+    // SAFETY: an anonymous private mapping at a kernel-chosen address; no
+    // existing memory is affected. The result is checked for MAP_FAILED.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            padded,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let head = raw.cast::<u8>().align_offset(HUGE_BYTES);
+    // SAFETY: `head < HUGE_BYTES`, so `ptr..ptr+len` lies inside the
+    // padded mapping; the unmapped head and tail are ours and unused.
+    let ptr = unsafe {
+        let ptr = raw.cast::<u8>().add(head);
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        // Never empty: head < HUGE_BYTES.
+        libc::munmap(ptr.add(len).cast(), HUGE_BYTES - head);
+        ptr
+    };
+    Ok(ptr)
+}
+
+impl Region {
     /// Makes `[0, len)` (page aligned, at most the mapping) the locked
     /// prefix: pages there are locked in RAM as they are faulted in, and
     /// the mapping is kept out of forked children and core dumps (see the
@@ -168,10 +230,17 @@ impl Region {
             // MADV_DONTNEED drop it; it is locked again at once.
             unsafe { libc::munlock(ptr, locked) };
         }
-        // SAFETY: the range is inside our mapping; the caller holds the chunk
-        // locks so nobody reads or writes it concurrently.
-        let rc = unsafe { libc::madvise(ptr, len, libc::MADV_DONTNEED) };
-        debug_assert_eq!(rc, 0, "madvise(DONTNEED) failed");
+        if self.shared {
+            // SAFETY: as below; MADV_REMOVE punches the range out of the
+            // file, so the pages themselves (not just our view) go back.
+            let rc = unsafe { libc::madvise(ptr, len, libc::MADV_REMOVE) };
+            debug_assert_eq!(rc, 0, "madvise(REMOVE) failed");
+        } else {
+            // SAFETY: the range is inside our mapping; the caller holds the
+            // chunk locks so nobody reads or writes it concurrently.
+            let rc = unsafe { libc::madvise(ptr, len, libc::MADV_DONTNEED) };
+            debug_assert_eq!(rc, 0, "madvise(DONTNEED) failed");
+        }
         // SAFETY: as above; MLOCK_ONFAULT commits nothing. The range was
         // locked a moment ago, so the limit has room for it again.
         if locked > 0 && unsafe { libc::mlock2(ptr, locked, libc::MLOCK_ONFAULT) } != 0 {
