@@ -24,7 +24,8 @@ pub use crate::control::{DaemonArgs, DaemonError};
 /// The config file the daemon reads when none is given and it exists.
 pub const DEFAULT_CONFIG_PATH: &str = crate::control::config::DEFAULT_CONFIG_PATH;
 
-/// Runs the daemon in the foreground until SIGTERM/SIGINT.
+/// Runs the daemon in the foreground until SIGTERM/SIGINT (with
+/// `--supervise`, under a supervisor: `control::run`).
 pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let result = crate::control::run::run(args);
     // The last lines (its "stopped", a shutdown error) reach stderr before

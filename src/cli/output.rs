@@ -484,6 +484,24 @@ pub fn daemon_info(h: &Health) -> String {
     row("status", h.status.clone());
     row("version", h.version.clone());
     row("pid", h.pid.to_string());
+    if let Some(sv) = &h.supervisor {
+        row(
+            "supervisor",
+            format!(
+                "pid {}{}, {} restart(s){}",
+                sv.pid,
+                if sv.alive {
+                    ""
+                } else {
+                    " (GONE: a crash now loses RAM drives)"
+                },
+                sv.restarts,
+                sv.last_restart_reason
+                    .as_ref()
+                    .map_or(String::new(), |r| format!(", last: {r}"))
+            ),
+        );
+    }
     row("uptime", format!("{:.0}s", h.uptime_s));
     row("drives", h.drives.to_string());
     row(

@@ -110,6 +110,13 @@ pub struct DaemonArgs {
     #[arg(long, conflicts_with = "config")]
     pub no_config: bool,
 
+    /// Run under a small supervisor process that keeps every plain RAM
+    /// drive's memory (a memfd) and restarts the serving process if it
+    /// dies (kill -9, a crash): RAM drives come back with their data
+    /// (docs/restart.md). SIGTERM still stops everything.
+    #[arg(long)]
+    pub supervise: bool,
+
     /// Put the API socket, NBD socket and lock file in DIR [default:
     /// $XDG_RUNTIME_DIR/ramd, /run/ramd for root, else /tmp/ramd-UID].
     #[arg(long, value_name = "DIR")]

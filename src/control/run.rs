@@ -32,8 +32,23 @@ use crate::store::MemoryBudget;
 
 /// Blocks SIGINT, SIGTERM (shutdown) and SIGHUP (reload the TLS
 /// certificates) in this thread and every thread spawned after (call
-/// first), returning the set for `sigwait`.
-fn block_shutdown_signals() -> libc::sigset_t {
+/// first), returning the set for `sigwait`; takes the supervisor's link
+/// first when one started this process (before any thread: it edits the
+/// environment). With `--supervise` and no supervisor yet, this process
+/// becomes the supervisor (`handover::supervisor`): it runs the daemon as
+/// its child, started again with the same arguments if it dies, and
+/// exits with it.
+fn block_shutdown_signals(args: &DaemonArgs) -> Result<libc::sigset_t, DaemonError> {
+    if args.supervise && std::env::var_os(crate::handover::serving::FD_ENV).is_none() {
+        let args = std::env::args_os().skip(1).collect();
+        std::process::exit(crate::handover::supervisor::run(args));
+    }
+    crate::handover::serving::init_from_env()
+        .map_err(|e| DaemonError::Start(std::io::Error::other(format!("supervisor link: {e}"))))?;
+    Ok(block_signals())
+}
+
+fn block_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data initialised by sigemptyset before use;
     // pthread_sigmask only changes this thread's mask (inherited by threads
     // spawned later).
@@ -134,7 +149,13 @@ fn create_declared(
     let drives = Arc::new(
         Drives::new(ledger.clone(), settings.metrics).with_state_dir(settings.state_dir.clone()),
     );
+    // Drives a supervisor kept across a restart first: a declared drive
+    // of the same name is the kept one, with its data.
+    let kept = drives.adopt_handed_back();
     for (spec, origin) in &settings.drives {
+        if kept.contains(&spec.name) {
+            continue;
+        }
         let declared = Source::Declared(origin.clone());
         drives
             .create_from(spec.clone(), declared)
@@ -570,7 +591,7 @@ fn stop_dirs(dirs: &Dirs) {
 
 /// Runs the daemon until SIGTERM/SIGINT.
 pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
-    let signals = block_shutdown_signals();
+    let signals = block_shutdown_signals(&args)?;
     let settings = Settings::resolve(&args)?;
     logging::init(settings.log.as_deref(), settings.log_format);
     secure_socket_dirs(&settings)?;
@@ -696,6 +717,27 @@ fn api_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
         .map_err(DaemonError::Start)
 }
 
+/// Tells the supervisor (if one started this process) that it serves,
+/// and starts watching for its death.
+fn announce_supervised() {
+    let Some(s) = crate::handover::serving::get() else {
+        return;
+    };
+    let st = s.status();
+    tracing::info!(
+        supervisor_pid = st.supervisor_pid,
+        restarts = st.restarts,
+        last_restart = st.last_restart_reason.as_deref().unwrap_or("-"),
+        "supervised: RAM drives survive a crash of this process"
+    );
+    if let Err(e) = s.ready() {
+        tracing::error!("cannot tell the supervisor this process serves: {e}");
+    }
+    if let Err(e) = s.watch() {
+        tracing::error!("cannot watch the supervisor: {e}");
+    }
+}
+
 /// Starts the NVMe/TCP target when `--nvme-listen` asks for it (before
 /// any socket is bound: a refusal leaves nothing behind).
 fn start_nvme(
@@ -800,6 +842,7 @@ fn announce(d: &Arc<Daemon>) {
     if let Err(e) = recover_ublk(d) {
         tracing::error!("cannot start recovering ublk devices: {e}");
     }
+    announce_supervised();
     let s = &d.settings;
     let drives = d.drives.list();
     tracing::info!(

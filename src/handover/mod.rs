@@ -1,10 +1,18 @@
 //! Hand-over of descriptors between ramd's serving process and whoever
 //! keeps them while it restarts (issue 31; design in docs/restart.md).
 //!
-//! Only the record format exists so far ([`wire`]): the supervisor that
-//! holds the descriptors and the serving side that registers and adopts
-//! them are the next steps. The format is pure (no I/O) so that both
-//! sides, and a future `ramd upgrade` to another binary, agree on one
-//! versioned definition, tested on its own.
+//! - [`wire`]: the versioned record format, pure (no I/O), so that both
+//!   sides, and a future `ramd upgrade` to another binary, agree on one
+//!   definition, tested on its own;
+//! - [`link`]: records with their descriptors on a SEQPACKET socket;
+//! - [`supervisor`]: `ramd daemon --supervise`, the keeper that restarts
+//!   the serving process and hands everything back;
+//! - [`serving`]: the serving process's end of the link.
+//!
+//! What the blobs mean (a drive's settings) is the daemon's business
+//! (`control::kept`): nothing here knows a drive.
 
+pub mod link;
+pub mod serving;
+pub mod supervisor;
 pub mod wire;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 
-use crate::api::wire::health::{Budget, Health, MemoryPressure};
+use crate::api::wire::health::{Budget, Health, MemoryPressure, Supervisor};
 use crate::control::Daemon;
 
 pub(crate) fn budget(d: &Daemon) -> Budget {
@@ -34,6 +34,15 @@ pub async fn get(State(d): State<Arc<Daemon>>) -> Json<Health> {
         drives: d.drives.list().len() as u64,
         memory_budget: budget(&d),
         memory_pressure: pressure(&d),
+        supervisor: crate::handover::serving::get().map(|s| {
+            let st = s.status();
+            Supervisor {
+                pid: st.supervisor_pid,
+                alive: st.supervisor_alive,
+                restarts: st.restarts,
+                last_restart_reason: st.last_restart_reason,
+            }
+        }),
     })
 }
 

@@ -61,4 +61,21 @@ pub struct Health {
     pub memory_budget: Budget,
     #[serde(default)]
     pub memory_pressure: MemoryPressure,
+    /// Set when `ramd daemon --supervise` runs this process (the one
+    /// `pid` names) under a supervisor (docs/restart.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor: Option<Supervisor>,
+}
+
+/// The supervisor of the serving process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Supervisor {
+    pub pid: u32,
+    /// Whether it is still there (if not, a crash now loses RAM drives).
+    pub alive: bool,
+    /// How many times it restarted the serving process.
+    pub restarts: u64,
+    /// Why it last did: "signal 9", "exit 3"; absent before any restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_reason: Option<String>,
 }

@@ -63,6 +63,9 @@ pub enum Source {
     /// A snapshot restored into the drive's state directory, which now
     /// holds the whole drive: it loads from there like a stored one.
     Restored,
+    /// A RAM drive a supervisor kept across a restart of the serving
+    /// process (`kept`), adopted with its memory, under its origin.
+    Kept(Origin, DriveData),
 }
 
 impl Source {
@@ -71,7 +74,7 @@ impl Source {
     /// stored drive comes back at the next start).
     pub fn origin(&self) -> Origin {
         match self {
-            Source::Declared(o) => o.clone(),
+            Source::Declared(o) | Source::Kept(o, _) => o.clone(),
             _ => Origin::Api,
         }
     }
@@ -85,6 +88,7 @@ impl Source {
             Source::Unusable(_) => "unusable",
             Source::Adopted(_) => "adopted",
             Source::Restored => "restored",
+            Source::Kept(..) => "kept",
         }
     }
 }
@@ -118,7 +122,7 @@ impl Drives {
         }
         let origin = source.origin();
         let drive = match source {
-            Source::Adopted(data) => {
+            Source::Adopted(data) | Source::Kept(_, data) => {
                 debug_assert!(spec.persist.is_none() && spec.size_bytes == data_size(&data));
                 self.create_ram(&spec, origin, Some(data))
             }
@@ -192,12 +196,16 @@ impl Drives {
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         let claim = self
             .ledger
-            .claim_guarded(Kind::Drive, &spec.name, origin, &promise)?;
+            .claim_guarded(Kind::Drive, &spec.name, origin.clone(), &promise)?;
         let adopted = data.is_some();
         let data = match data {
             Some(data) => data,
             None => self.new_store(spec)?,
         };
+        // Kept by a supervisor (if any) before clients can write.
+        if let DriveData::Ram(store) = &data {
+            self.keep(spec, &origin, store);
+        }
         let drive = self.assemble(
             spec,
             claim.claim().clone(),
@@ -208,7 +216,10 @@ impl Drives {
             None,
             now_unix_s(),
         );
-        self.insert(&mut drives, &drive)?;
+        if let Err(e) = self.insert(&mut drives, &drive) {
+            self.forget_kept(&spec.name);
+            return Err(e);
+        }
         claim.keep();
         if adopted {
             tracing::info!(drive = %spec.name, size = %format_size(spec.size_bytes), "drive created from restored data");
@@ -230,8 +241,12 @@ impl Drives {
         let (limit, budget) = (spec.mem_limit_bytes, self.budget().clone());
         let (size, lock) = (spec.size_bytes, spec.lock_memory);
         Ok(match spec.compress {
-            None => RamStore::with_options(size, store_options(limit, lock), budget)
-                .map(|s| DriveData::Ram(s.into())),
+            None => {
+                let mut opts = store_options(limit, lock);
+                // In a memfd a supervisor keeps (`kept`), when there is one.
+                opts.shared_memory = crate::handover::serving::get().is_some();
+                RamStore::with_options(size, opts, budget).map(|s| DriveData::Ram(s.into()))
+            }
             Some(a) => CompressedStore::with_lock(size, a, limit, budget, lock)
                 .map(|s| DriveData::Compressed(s.into())),
         }?)

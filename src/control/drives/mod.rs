@@ -61,6 +61,7 @@ mod create;
 mod cut;
 pub mod error;
 mod give_back;
+mod kept;
 pub mod memlock;
 pub mod persistent;
 mod persistent_ops;
@@ -397,6 +398,8 @@ pub struct Drives {
     /// The access rules of served drives, by name; the NBD server reads
     /// them at every decision (see the module invariants).
     access: Arc<AccessTable>,
+    /// Drives whose memory a supervisor keeps (`kept`).
+    kept: kept::Keepers,
 }
 
 /// A change to a drive (`PATCH`). Absent fields stay as they are.
@@ -421,6 +424,7 @@ impl Drives {
             restore_turn: Mutex::new(()),
             shutting_down: AtomicBool::new(false),
             access: Arc::default(),
+            kept: kept::Keepers::default(),
         }
     }
 
@@ -714,6 +718,7 @@ impl Drives {
         if let Some(p) = &drive.persist {
             p.save_settings(&drive.spec());
         }
+        self.kept_settings_changed(&drive.spec());
         Ok(drive)
     }
 
@@ -740,6 +745,7 @@ impl Drives {
         self.access.set(name, rules.clone());
         drop(drives);
         let closed = self.servers.rules_changed(Kind::Drive, name, &rules);
+        self.kept_settings_changed(&drive.spec());
         if let Some(p) = &drive.persist {
             p.save_settings(&drive.spec());
         }
@@ -777,6 +783,7 @@ impl Drives {
         ledger::check_delete(Kind::Drive, name, &attached, drive.connections(), force)?;
         drive.export.close();
         drives.remove(name);
+        self.forget_kept(name);
         self.ledger.release(&drive.claim);
         self.access.set(name, AccessRules::default());
         drop(drives);

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Time from kill -9 of ramd's serving process to serving again under
+# `ramd daemon --supervise` (issue 31, docs/restart.md), for RAM drives of
+# each size in SIZES filled with data: fio (1 MiB writes over NBD) fills
+# the drive, then the serving process is killed with SIGKILL, and the
+# clock stops when an NBD client (nbdinfo) is served by the new process.
+# Medians of RUNS kills per size; prints a table.
+#
+#   cargo build --release
+#   bench/restart.sh                      # SIZES="1G 8G" RUNS=3
+#
+# Needs: fio with its nbd engine, nbdinfo, curl. Starts its own daemon in
+# a temporary directory; the machine needs the sizes' sum of free memory.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+RAMD=${RAMD:-$here/../target/release/ramd}
+sizes=${SIZES:-1G 8G}
+runs=${RUNS:-3}
+dir=$(mktemp -d /tmp/ramd-restart-bench.XXXXXX)
+sup=
+cleanup() {
+    [ -n "$sup" ] && kill "$sup" 2>/dev/null && wait "$sup" 2>/dev/null
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+api=$dir/api.sock
+health() { curl -s --max-time 2 --unix-socket "$api" http://ramd/v1/health; }
+pid_of() { health | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null; }
+echo "| drive size | data | kill -9 to served again (median of $runs) | runs (ms) |"
+echo "|---|---|---|---|"
+for size in $sizes; do
+    "$RAMD" daemon --supervise --no-config --runtime-dir "$dir" --state-dir "$dir/state" \
+        --drive "db=$size" >"$dir/ramd-$size.log" 2>&1 &
+    sup=$!
+    for _ in $(seq 300); do [ -n "$(pid_of)" ] && break; sleep 0.1; done
+    uri="nbd+unix:///db?socket=$dir/nbd.sock"
+    fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
+        --size="$size" --output=/dev/null
+    times=()
+    for _ in $(seq "$runs"); do
+        old=$(pid_of)
+        t0=$(date +%s%N)
+        kill -KILL "$old"
+        while :; do
+            new=$(pid_of || true)
+            if [ -n "$new" ] && [ "$new" != "$old" ] && nbdinfo --size "$uri" >/dev/null 2>&1; then
+                break
+            fi
+            sleep 0.005
+        done
+        t1=$(date +%s%N)
+        times+=($(( (t1 - t0) / 1000000 )))
+    done
+    alloc=$("$RAMD" --api-socket "$api" info db --json | sed -n 's/.*"allocated_bytes": *\([0-9]*\).*/\1/p')
+    med=$(printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
+    echo "| $size | $(numfmt --to=iec "$alloc") | $med ms | ${times[*]} |"
+    kill "$sup"
+    wait "$sup" 2>/dev/null || true
+    sup=
+done

@@ -1,0 +1,294 @@
+//! RAM drives kept across restarts of the serving process (issue 31,
+//! docs/restart.md). When a supervisor started this process
+//! (`ramd daemon --supervise`, `handover::serving`), every plain RAM
+//! drive (raw store: neither persistent nor compressed) keeps its memory
+//! in a sealed memfd (`StoreOptions::shared_memory`) that the supervisor
+//! holds under `drive/NAME`, with the drive's settings as a JSON blob.
+//! After a restart the drives handed back are adopted
+//! (`RamStore::adopt`: the same memory, so every byte written before the
+//! kill) before any declared drive is created; a declared drive of the
+//! same name is that adopted drive.
+//!
+//! Invariants:
+//! - a drive's memfd is registered before its export is published (in
+//!   `create_ram`), and before a grow publishes a larger size (the store
+//!   calls [`DriveKeeper::keep`] under its resize lock): no write the
+//!   supervisor could not keep is ever acknowledged;
+//! - a deleted drive is forgotten; settings changed at run time (access,
+//!   read-only, memory limit) are sent again, so a restart restores them;
+//! - a blob this build cannot read leaves its entry with the supervisor,
+//!   untouched (an older or newer format does not destroy a drive), and
+//!   is logged; a declared drive of that name is then created empty and
+//!   replaces it.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::create::Source;
+use super::error::DriveError;
+use super::spec::DriveSpec;
+use super::{store_options, DriveData, Drives};
+use crate::block::backend::Error as StoreError;
+use crate::control::ledger::Origin;
+use crate::handover::serving::{self, Entry, Serving};
+use crate::nbd::access::{AccessRules, BadNetwork};
+use crate::store::{RamStore, SegmentKeeper};
+
+/// Why a drive handed back cannot be served again.
+#[derive(Debug, thiserror::Error)]
+pub enum KeptError {
+    #[error("its settings are not readable: {0}")]
+    Blob(#[from] serde_json::Error),
+    #[error("its settings are version {found}, this ramd reads version {BLOB_VERSION}")]
+    Version { found: u32 },
+    #[error("its settings hold a bad network: {0}")]
+    Network(#[from] BadNetwork),
+    #[error("no memfd came with it")]
+    NoMemfd,
+    #[error("its memory cannot be adopted: {0}")]
+    Adopt(#[from] StoreError),
+    #[error("it cannot be registered: {0}")]
+    Create(#[from] DriveError),
+}
+
+/// The blob's layout version.
+const BLOB_VERSION: u32 = 1;
+
+/// The key prefix of drives.
+const KEY_PREFIX: &str = "drive/";
+
+/// A drive's settings, as the supervisor keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Blob {
+    version: u32,
+    name: String,
+    size_bytes: u64,
+    mem_limit_bytes: Option<u64>,
+    read_only: bool,
+    overcommit: bool,
+    lock_memory: bool,
+    /// `config`, `command-line` or `api`.
+    origin: String,
+    config_path: Option<PathBuf>,
+    identities: Vec<String>,
+    read_only_identities: Vec<String>,
+    networks: Vec<String>,
+}
+
+impl Blob {
+    fn of(spec: &DriveSpec, origin: &Origin) -> Blob {
+        Blob {
+            version: BLOB_VERSION,
+            name: spec.name.clone(),
+            size_bytes: spec.size_bytes,
+            mem_limit_bytes: spec.mem_limit_bytes,
+            read_only: spec.read_only,
+            overcommit: spec.overcommit,
+            lock_memory: spec.lock_memory,
+            origin: origin.name().to_owned(),
+            config_path: match origin {
+                Origin::Config(p) => Some(p.clone()),
+                _ => None,
+            },
+            identities: spec.access.identities.clone(),
+            read_only_identities: spec.access.read_only_identities.clone(),
+            networks: spec.access.networks.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Blob, KeptError> {
+        let b: Blob = serde_json::from_slice(bytes)?;
+        if b.version != BLOB_VERSION {
+            return Err(KeptError::Version { found: b.version });
+        }
+        Ok(b)
+    }
+
+    fn spec(&self) -> Result<(DriveSpec, Origin), KeptError> {
+        let networks = self
+            .networks
+            .iter()
+            .map(|n| n.parse())
+            .collect::<Result<_, BadNetwork>>()?;
+        let origin = match (self.origin.as_str(), &self.config_path) {
+            ("config", Some(p)) => Origin::Config(p.clone()),
+            ("command-line", _) => Origin::CommandLine,
+            _ => Origin::Api,
+        };
+        let spec = DriveSpec {
+            name: self.name.clone(),
+            size_bytes: self.size_bytes,
+            mem_limit_bytes: self.mem_limit_bytes,
+            read_only: self.read_only,
+            overcommit: self.overcommit,
+            persist: None,
+            access: AccessRules {
+                identities: self.identities.clone(),
+                read_only_identities: self.read_only_identities.clone(),
+                networks,
+            },
+            compress: None,
+            lock_memory: self.lock_memory,
+        };
+        Ok((spec, origin))
+    }
+}
+
+/// Tells the supervisor about one drive (see the module invariants).
+pub(super) struct DriveKeeper {
+    serving: &'static Serving,
+    /// The settings sent, and a copy of the memfd for sending them again.
+    state: Mutex<(Blob, Option<OwnedFd>)>,
+}
+
+impl DriveKeeper {
+    fn send(&self, blob: &Blob, memfd: BorrowedFd<'_>) {
+        let key = format!("{KEY_PREFIX}{}", blob.name);
+        let bytes = serde_json::to_vec(blob).expect("a blob serializes");
+        if let Err(e) = self.serving.put(&key, &bytes, &[memfd]) {
+            tracing::error!(drive = %blob.name, "the supervisor could not be told about the drive's memory (a restart would lose it): {e}");
+        }
+    }
+}
+
+impl SegmentKeeper for DriveKeeper {
+    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
+        let mut st = self.state.lock();
+        st.0.size_bytes = size_bytes;
+        if st.1.is_none() {
+            st.1 = memfd.try_clone_to_owned().ok();
+        }
+        self.send(&st.0, memfd);
+    }
+}
+
+/// The keepers of this process's drives, by name.
+#[derive(Default)]
+pub(super) struct Keepers(Mutex<HashMap<String, Arc<DriveKeeper>>>);
+
+impl Drives {
+    /// Registers a RAM store's memfd with the supervisor (nothing without
+    /// one, or for a store without a memfd). Before the export is
+    /// published.
+    pub(super) fn keep(&self, spec: &DriveSpec, origin: &Origin, store: &RamStore) {
+        let Some(serving) = serving::get() else {
+            return;
+        };
+        let keeper = Arc::new(DriveKeeper {
+            serving,
+            state: Mutex::new((Blob::of(spec, origin), None)),
+        });
+        store.set_keeper(keeper.clone());
+        self.kept.0.lock().insert(spec.name.clone(), keeper);
+    }
+
+    /// Sends a kept drive's settings again after a change.
+    pub(super) fn kept_settings_changed(&self, spec: &DriveSpec) {
+        let Some(k) = self.kept.0.lock().get(&spec.name).cloned() else {
+            return;
+        };
+        let mut st = k.state.lock();
+        let origin_name = st.0.origin.clone();
+        let config_path = st.0.config_path.clone();
+        let size = st.0.size_bytes;
+        st.0 = Blob {
+            origin: origin_name,
+            config_path,
+            size_bytes: size,
+            ..Blob::of(spec, &Origin::Api)
+        };
+        let (blob, fd) = (&st.0, &st.1);
+        if let Some(fd) = fd {
+            k.send(blob, fd.as_fd());
+        }
+    }
+
+    /// Forgets a deleted drive: the supervisor drops its memfd.
+    pub(super) fn forget_kept(&self, name: &str) {
+        if self.kept.0.lock().remove(name).is_none() {
+            return;
+        }
+        if let Some(s) = serving::get() {
+            if let Err(e) = s.forget(&format!("{KEY_PREFIX}{name}")) {
+                tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
+            }
+        }
+    }
+
+    /// Adopts the drives a supervisor handed back (at start, before any
+    /// declared drive); returns their names. A drive that cannot be
+    /// adopted is logged and left with the supervisor.
+    pub fn adopt_handed_back(self: &Arc<Self>) -> Vec<String> {
+        let Some(serving) = serving::get() else {
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for entry in serving.take_handed_back() {
+            let key = entry.key.clone();
+            match self.adopt(entry) {
+                Ok(Some(name)) => names.push(name),
+                Ok(None) => {}
+                Err(e) => tracing::error!(
+                    entry = %key,
+                    "a drive kept across the restart cannot be served again (its memory stays with the supervisor): {e}"
+                ),
+            }
+        }
+        names
+    }
+
+    fn adopt(self: &Arc<Self>, entry: Entry) -> Result<Option<String>, KeptError> {
+        if !entry.key.starts_with(KEY_PREFIX) {
+            return Ok(None);
+        }
+        let blob = Blob::parse(&entry.blob)?;
+        let (spec, origin) = blob.spec()?;
+        let fd = entry.fds.into_iter().next().ok_or(KeptError::NoMemfd)?;
+        let mut opts = store_options(spec.mem_limit_bytes, spec.lock_memory);
+        opts.shared_memory = true;
+        let store = RamStore::adopt(spec.size_bytes, fd, opts, self.budget().clone())?;
+        let allocated = store.allocated_bytes();
+        let data = DriveData::Ram(Arc::new(store));
+        self.create_from(spec.clone(), Source::Kept(origin, data))?;
+        tracing::info!(drive = %spec.name, size = spec.size_bytes, allocated_bytes = allocated, "drive kept across a restart of the serving process: served again with its data");
+        Ok(Some(spec.name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_round_trip_and_other_versions_are_refused() {
+        let spec = DriveSpec {
+            name: "db".into(),
+            size_bytes: 1 << 30,
+            mem_limit_bytes: Some(1 << 20),
+            read_only: true,
+            overcommit: true,
+            persist: None,
+            access: AccessRules {
+                identities: vec!["alice".into()],
+                read_only_identities: vec!["bob".into()],
+                networks: vec!["10.0.0.0/8".parse().unwrap()],
+            },
+            compress: None,
+            lock_memory: false,
+        };
+        let origin = Origin::Config("/etc/ramd/ramd.toml".into());
+        let b = Blob::of(&spec, &origin);
+        let bytes = serde_json::to_vec(&b).unwrap();
+        assert_eq!(Blob::parse(&bytes).unwrap().spec().unwrap(), (spec, origin));
+        let mut other = b.clone();
+        other.version = 2;
+        let e = Blob::parse(&serde_json::to_vec(&other).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("version 2"), "{e}");
+        assert!(Blob::parse(b"not json").is_err());
+    }
+}

@@ -1,0 +1,175 @@
+//! The serving process's end of the link to its supervisor
+//! ([`super::supervisor`]): taken from the environment once, first thing
+//! in `ramd daemon`; holds what was handed back at start (until the
+//! daemon adopts it) and sends what the supervisor must keep.
+//!
+//! Invariants: the link is close-on-exec once taken (nothing the daemon
+//! starts inherits it, so the supervisor sees EOF exactly when this
+//! process is gone); a record sent is a whole message (SEQPACKET), so
+//! sends from several threads need no lock; the hand-back is read whole
+//! (up to its END record) before the daemon creates any drive.
+//!
+//! If the supervisor dies, this process keeps serving (losing every
+//! volatile drive now, to avoid maybe losing them later, would be the
+//! wrong trade): a watcher thread sees EOF, logs an error, and
+//! [`Serving::status`] says the supervisor is gone.
+
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use super::link::{self, LinkError};
+use super::wire::Kind;
+
+/// The link's descriptor number, set by the supervisor.
+pub const FD_ENV: &str = "RAMD_HANDOVER_FD";
+/// How many times the supervisor restarted the serving process.
+pub const RESTARTS_ENV: &str = "RAMD_RESTARTS";
+/// Why it last did ("signal 9", "exit 3").
+pub const REASON_ENV: &str = "RAMD_LAST_RESTART";
+/// The supervisor's pid.
+pub const SUPERVISOR_ENV: &str = "RAMD_SUPERVISOR_PID";
+
+/// One entry handed back: its key, blob and descriptors.
+pub struct Entry {
+    pub key: String,
+    pub blob: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// What `GET /v1/health` says of the supervision.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub supervisor_pid: u32,
+    pub restarts: u64,
+    pub last_restart_reason: Option<String>,
+    pub supervisor_alive: bool,
+}
+
+/// The link (see the module docs).
+pub struct Serving {
+    sock: OwnedFd,
+    supervisor_pid: u32,
+    restarts: u64,
+    last_reason: Option<String>,
+    gone: AtomicBool,
+    handed_back: Mutex<Option<Vec<Entry>>>,
+}
+
+static SERVING: OnceLock<Serving> = OnceLock::new();
+
+/// Takes the link when a supervisor started this process (`FD_ENV` set),
+/// reading the hand-back; Ok(false) when none did. Call before any thread
+/// starts (it removes the variables from the environment).
+pub fn init_from_env() -> Result<bool, LinkError> {
+    let Some(fd) = std::env::var(FD_ENV).ok() else {
+        return Ok(false);
+    };
+    let fd: RawFd = fd.parse().map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{FD_ENV}={fd} is not a descriptor number"),
+        )
+    })?;
+    let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+    let (restarts, supervisor_pid) = (num(RESTARTS_ENV).unwrap_or(0), num(SUPERVISOR_ENV));
+    let last_reason = std::env::var(REASON_ENV).ok().filter(|r| !r.is_empty());
+    for k in [FD_ENV, RESTARTS_ENV, REASON_ENV, SUPERVISOR_ENV] {
+        std::env::remove_var(k);
+    }
+    // SAFETY: the supervisor passed this descriptor, open, for this
+    // process alone, and nothing else here owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(std::io::Error::from)?;
+    let handed_back = read_hand_back(sock.as_fd())?;
+    let s = Serving {
+        sock,
+        supervisor_pid: supervisor_pid.unwrap_or(0) as u32,
+        restarts,
+        last_reason,
+        gone: AtomicBool::new(false),
+        handed_back: Mutex::new(Some(handed_back)),
+    };
+    Ok(SERVING.set(s).is_ok())
+}
+
+/// Every PUT up to END.
+fn read_hand_back(sock: BorrowedFd<'_>) -> Result<Vec<Entry>, LinkError> {
+    let mut entries = Vec::new();
+    loop {
+        match link::recv(sock)? {
+            None => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the supervisor closed the link before its hand-back ended",
+                )
+                .into())
+            }
+            Some((r, _)) if r.kind == Kind::End => return Ok(entries),
+            Some((r, fds)) if r.kind == Kind::Put => entries.push(Entry {
+                key: r.key,
+                blob: r.blob,
+                fds,
+            }),
+            Some(_) => {}
+        }
+    }
+}
+
+/// The link, when a supervisor started this process.
+pub fn get() -> Option<&'static Serving> {
+    SERVING.get()
+}
+
+impl Serving {
+    /// What was handed back at start (once; later calls get nothing).
+    pub fn take_handed_back(&self) -> Vec<Entry> {
+        self.handed_back
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+
+    /// Asks the supervisor to keep `fds` and `blob` under `key`
+    /// (replacing what it kept there).
+    pub fn put(&self, key: &str, blob: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), LinkError> {
+        link::send(self.sock.as_fd(), Kind::Put, key, blob, fds)
+    }
+
+    /// Asks the supervisor to drop what it keeps under `key`.
+    pub fn forget(&self, key: &str) -> Result<(), LinkError> {
+        link::send(self.sock.as_fd(), Kind::Forget, key, &[], &[])
+    }
+
+    /// Tells the supervisor this process serves.
+    pub fn ready(&self) -> Result<(), LinkError> {
+        link::send(self.sock.as_fd(), Kind::Ready, "", &[], &[])
+    }
+
+    /// Starts the thread that notices the supervisor's death.
+    pub fn watch(&'static self) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("ramd-supervised".into())
+            .spawn(move || {
+                // The supervisor sends nothing after the hand-back: the
+                // next thing is EOF, when it is gone.
+                while let Ok(Some(_)) = link::recv(self.sock.as_fd()) {}
+                self.gone.store(true, Ordering::SeqCst);
+                tracing::error!(
+                    supervisor_pid = self.supervisor_pid,
+                    "the supervisor is gone: this process keeps serving, but a crash now loses every RAM drive (restart the daemon to be supervised again)"
+                );
+            })
+            .map(|_| ())
+    }
+
+    pub fn status(&self) -> Status {
+        Status {
+            supervisor_pid: self.supervisor_pid,
+            restarts: self.restarts,
+            last_restart_reason: self.last_reason.clone(),
+            supervisor_alive: !self.gone.load(Ordering::SeqCst),
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! `ramd daemon --supervise`: a tiny process that starts the serving
+//! process (this binary again, same arguments, the link's descriptor in
+//! [`serving::FD_ENV`]), keeps the descriptors it registers (each RAM
+//! drive's memfd, with its settings as an opaque blob), and when it dies
+//! of a signal (kill -9, a crash) or exits non-zero after it was ready,
+//! starts it again and hands everything back, so RAM drives come back
+//! with their bytes.
+//!
+//! It is small on purpose, so that it does not crash itself: no drive
+//! code, no network, no parsing beyond the record header
+//! ([`super::wire`]); one thread reading the link, the main one waiting
+//! for signals. SIGTERM, SIGINT and SIGHUP go to the serving process;
+//! after SIGTERM or SIGINT its exit, whatever the status, ends the
+//! supervisor with it. An exit 0 ends it too (a graceful stop: RAM drives
+//! end, as without a supervisor). A non-zero exit before the serving
+//! process said it was ready, with nothing kept, ends the supervisor with
+//! that code (a bad configuration does not loop). The first three
+//! restarts in a row of a process that lived less than 10 s are at once;
+//! further ones wait 100 ms, doubling up to 5 s (a crash loop does not
+//! spin).
+//!
+//! If the supervisor is killed, the serving process keeps serving
+//! (`serving` module docs) but is no longer protected; the memfds live on
+//! in the serving process's mappings until it exits.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::link;
+use super::serving;
+use super::wire::Kind;
+
+/// What is kept: key → (blob, descriptors).
+type Kept = Arc<Mutex<BTreeMap<String, (Vec<u8>, Vec<OwnedFd>)>>>;
+
+/// Runs the supervisor over the serving process started with `args` (the
+/// daemon's arguments, without the program name); returns the exit code.
+pub fn run(args: Vec<OsString>) -> i32 {
+    let signals = block_signals();
+    let kept: Kept = Arc::default();
+    let (mut restarts, mut reason) = (0u64, String::new());
+    let (mut quick, mut backoff) = (0u32, Duration::from_millis(100));
+    loop {
+        let started = Instant::now();
+        let ready = Arc::new(AtomicBool::new(false));
+        let (mut child, reader) = match start(&args, &kept, &ready, restarts, &reason) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("ramd supervisor: cannot start the serving process: {e}");
+                return 1;
+            }
+        };
+        let (status, stopping) = wait_child(&mut child, &signals);
+        let _ = reader.join();
+        let code = status.code();
+        let keeps = !kept.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
+        match (code, stopping) {
+            (Some(0), _) => return 0,
+            (c, true) => return c.unwrap_or(1),
+            (Some(c), false) if !ready.load(Ordering::SeqCst) && !keeps => return c,
+            _ => {}
+        }
+        reason = describe(status);
+        restarts += 1;
+        eprintln!(
+            "ramd supervisor: the serving process (pid {}) ended ({reason}); restart {restarts}, handing back {} kept entries",
+            child.id(),
+            kept.lock().unwrap_or_else(|e| e.into_inner()).len()
+        );
+        if started.elapsed() >= Duration::from_secs(10) {
+            (quick, backoff) = (0, Duration::from_millis(100));
+        }
+        quick += 1;
+        if quick > 3 {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// "signal 9", "exit 3".
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit {c}"),
+        (_, Some(s)) => format!("signal {s}"),
+        _ => "unknown".into(),
+    }
+}
+
+/// Starts the serving process, hands back what is kept, and starts the
+/// thread that reads its records.
+fn start(
+    args: &[OsString],
+    kept: &Kept,
+    ready: &Arc<AtomicBool>,
+    restarts: u64,
+    reason: &str,
+) -> std::io::Result<(Child, std::thread::JoinHandle<()>)> {
+    let (ours, theirs) = link::pair()?;
+    // The child's end must outlive exec: a copy without close-on-exec,
+    // closed here once the child has it.
+    let inherited = rustix::io::dup(&theirs)?;
+    drop(theirs);
+    let child = Command::new("/proc/self/exe")
+        .args(args)
+        .env(serving::FD_ENV, inherited.as_raw_fd().to_string())
+        .env(serving::RESTARTS_ENV, restarts.to_string())
+        .env(serving::REASON_ENV, reason)
+        .env(serving::SUPERVISOR_ENV, std::process::id().to_string())
+        .spawn()?;
+    drop(inherited);
+    hand_back(&ours, kept);
+    let (kept, ready) = (kept.clone(), ready.clone());
+    let reader = std::thread::Builder::new()
+        .name("supervisor-link".into())
+        .spawn(move || read_records(&ours, &kept, &ready))?;
+    Ok((child, reader))
+}
+
+/// Sends every kept entry, then END. A failure is the child's death,
+/// seen next by `wait_child`.
+fn hand_back(sock: &OwnedFd, kept: &Kept) {
+    let kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+    for (key, (blob, fds)) in kept.iter() {
+        if let Err(e) = link::send(sock.as_fd(), Kind::Put, key, blob, &link::borrow_all(fds)) {
+            eprintln!("ramd supervisor: handing back {key}: {e}");
+            return;
+        }
+    }
+    if let Err(e) = link::send(sock.as_fd(), Kind::End, "", &[], &[]) {
+        eprintln!("ramd supervisor: ending the hand-back: {e}");
+    }
+}
+
+/// Keeps what the serving process registers, until it closes the link.
+fn read_records(sock: &OwnedFd, kept: &Kept, ready: &AtomicBool) {
+    loop {
+        match link::recv(sock.as_fd()) {
+            Ok(None) => return,
+            Ok(Some((r, fds))) => {
+                let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+                match r.kind {
+                    Kind::Put => {
+                        k.insert(r.key, (r.blob, fds));
+                    }
+                    Kind::Forget => {
+                        k.remove(&r.key);
+                    }
+                    Kind::Ready => ready.store(true, Ordering::SeqCst),
+                    Kind::End => {}
+                }
+            }
+            // A refused record changes nothing kept; the link goes on.
+            Err(link::LinkError::Io(e)) => {
+                eprintln!("ramd supervisor: reading the link: {e}");
+                return;
+            }
+            Err(e) => eprintln!("ramd supervisor: {e}"),
+        }
+    }
+}
+
+/// Forwards signals until the child ends; returns its status and whether
+/// a stop (SIGTERM, SIGINT) was asked for.
+fn wait_child(child: &mut Child, signals: &libc::sigset_t) -> (ExitStatus, bool) {
+    let mut stopping = false;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return (status, stopping);
+        }
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `signals` is an initialised set; `sig` is a valid out
+        // pointer for the call's duration.
+        let r = unsafe { libc::sigwait(signals, &mut sig) };
+        if r != 0 {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) {
+            stopping |= sig != libc::SIGHUP;
+            // SAFETY: kill(2) with the child's pid and a valid signal has
+            // no memory effects; the child is not reaped yet, so the pid
+            // is still its own.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        }
+    }
+}
+
+/// Blocks SIGTERM, SIGINT, SIGHUP and SIGCHLD in this thread and every
+/// thread started after (`sigwait` takes them), returning the set.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: the set is initialised by sigemptyset before any other use;
+    // pthread_sigmask only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}

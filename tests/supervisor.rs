@@ -1,0 +1,236 @@
+//! `ramd daemon --supervise` (issue 31, docs/restart.md): the serving
+//! process killed with SIGKILL while a client writes, again and again;
+//! after each kill the supervisor starts it again with every RAM drive's
+//! memory, and every write the client saw acknowledged reads back (a
+//! write in flight at the kill may have landed or not: either is read
+//! back, nothing else). Drives created through the API come back too;
+//! deleted ones do not; settings changed at run time are kept; SIGTERM
+//! stops everything; a killed supervisor leaves the serving process
+//! serving, and health says the supervisor is gone.
+//!
+//! `RAMD_RESTART_CYCLES=N` sets the number of kills (3 by default; the
+//! long mode runs 200).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{pattern, signal, Daemon};
+use ramd::block::backend::Backend;
+use ramd::cache::backing::nbd_client::{ClientOptions, NbdClient, NbdUri};
+
+const BLOCK: usize = 4096;
+const BLOCKS: u64 = 2048; // 8 MiB of the 16 MiB drive
+
+/// GET /v1/health, or None while nobody answers.
+fn health(api: &Path) -> Option<serde_json::Value> {
+    let mut s = std::os::unix::net::UnixStream::connect(api).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let body = resp.split_once("\r\n\r\n")?.1;
+    serde_json::from_str(body).ok()
+}
+
+/// The serving process's pid, once it answers with a pid other than
+/// `not` (within 30 s).
+fn serving_pid(api: &Path, not: u64) -> (u64, serde_json::Value) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(h) = health(api) {
+            let pid = h["pid"].as_u64().unwrap();
+            if pid != not {
+                return (pid, h);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serving process answered within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn client(uri: &str) -> NbdClient {
+    let opts = ClientOptions {
+        connections: 1,
+        timeout: Duration::from_secs(10),
+    };
+    NbdClient::connect(&NbdUri::parse(uri).unwrap(), opts).unwrap()
+}
+
+/// What the writer knows: each block's last acknowledged seed, and the
+/// write it had in flight when its connection broke.
+#[derive(Default)]
+struct Acked {
+    last: HashMap<u64, u64>,
+    in_flight: Option<(u64, u64)>,
+}
+
+/// Writes blocks (4 KiB, a pattern per seed) until a write fails or
+/// `stop` is set, recording what was acknowledged.
+fn write_until_cut(uri: &str, cycle: u64, stop: &AtomicBool, acked: &mut Acked) -> usize {
+    let c = client(uri);
+    let mut n = 0;
+    for i in 0.. {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let block = (i * 7919 + cycle * 31) % BLOCKS;
+        let seed = cycle << 32 | i;
+        acked.in_flight = Some((block, seed));
+        if c.write(block * BLOCK as u64, &pattern(BLOCK, seed), false)
+            .is_err()
+        {
+            return n;
+        }
+        acked.in_flight = None;
+        acked.last.insert(block, seed);
+        n += 1;
+    }
+    n
+}
+
+/// Every acknowledged block holds its last acknowledged pattern (or the
+/// one in flight at the kill, for that block).
+fn check(uri: &str, acked: &Acked) {
+    let c = client(uri);
+    let mut buf = vec![0u8; BLOCK];
+    for (&block, &seed) in &acked.last {
+        c.read(block * BLOCK as u64, &mut buf).unwrap();
+        let ok = buf == pattern(BLOCK, seed)
+            || acked
+                .in_flight
+                .is_some_and(|(b, s)| b == block && buf == pattern(BLOCK, s));
+        assert!(
+            ok,
+            "block {block}: its acknowledged write (seed {seed:#x}) is lost"
+        );
+    }
+}
+
+#[test]
+fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
+    let cycles: u64 = std::env::var("RAMD_RESTART_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let args: Vec<String> = ["daemon", "--supervise", "--drive", "db=16M"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut d = Daemon::launch(&args, &[]);
+    let api = d.api_socket().to_owned();
+    let (mut pid, h) = serving_pid(&api, 0);
+    assert_eq!(h["supervisor"]["pid"].as_u64(), Some(u64::from(d.pid())));
+    assert_eq!(h["supervisor"]["restarts"].as_u64(), Some(0));
+    // A drive made through the API, with an access rule, and one deleted.
+    d.cli()
+        .args(["create", "api1", "--size", "8M"])
+        .output()
+        .unwrap();
+    d.cli()
+        .args(["create", "gone", "--size", "8M"])
+        .output()
+        .unwrap();
+    let w = d
+        .cli()
+        .args(["access", "api1", "--allow-network", "unix"])
+        .output()
+        .unwrap();
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    client(&d.uri("api1"))
+        .write(4096, &pattern(BLOCK, 77), false)
+        .unwrap();
+    let del = d.cli().args(["delete", "gone"]).output().unwrap();
+    assert!(del.status.success());
+
+    let uri = d.uri("db");
+    let mut acked = Acked::default();
+    let mut total = 0;
+    for cycle in 0..cycles {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (u, s) = (uri.clone(), stop.clone());
+        let writer = std::thread::spawn(move || {
+            let mut a = Acked::default();
+            let n = write_until_cut(&u, cycle, &s, &mut a);
+            (a, n)
+        });
+        std::thread::sleep(Duration::from_millis(150 + (cycle * 37) % 200));
+        signal(pid as u32, libc::SIGKILL);
+        let (a, n) = writer.join().unwrap();
+        stop.store(true, Ordering::SeqCst);
+        total += n;
+        acked.last.extend(a.last);
+        acked.in_flight = a.in_flight;
+        let (p, h) = serving_pid(&api, pid);
+        pid = p;
+        assert_eq!(h["supervisor"]["restarts"].as_u64(), Some(cycle + 1));
+        assert_eq!(h["supervisor"]["last_restart_reason"], "signal 9");
+        check(&uri, &acked);
+    }
+    eprintln!(
+        "{cycles} kills, {total} acknowledged writes, {} blocks checked",
+        acked.last.len()
+    );
+    assert!(total > 0, "no write was acknowledged at all");
+    // The API drive came back with its data and its rule; the deleted one
+    // did not.
+    let mut buf = vec![0u8; BLOCK];
+    client(&d.uri("api1")).read(4096, &mut buf).unwrap();
+    assert_eq!(buf, pattern(BLOCK, 77));
+    let info = d.cli().args(["access", "api1"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&info.stdout).contains("unix"));
+    let gone = d.cli().args(["info", "gone"]).output().unwrap();
+    assert!(!gone.status.success(), "a deleted drive came back");
+    // SIGTERM stops the serving process and the supervisor, exit 0.
+    let status = d.terminate();
+    assert!(status.success(), "supervisor exit: {status:?}\n{}", d.log());
+}
+
+#[test]
+fn a_killed_supervisor_leaves_the_serving_process_serving() {
+    let args: Vec<String> = ["daemon", "--supervise", "--drive", "db=8M"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut d = Daemon::launch(&args, &[]);
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    client(&d.uri("db"))
+        .write(0, &pattern(BLOCK, 5), false)
+        .unwrap();
+    d.kill_hard();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = health(&api).expect("the serving process stopped answering");
+        assert_eq!(h["pid"].as_u64(), Some(pid));
+        if h["supervisor"]["alive"] == false {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health never said the supervisor is gone"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut buf = vec![0u8; BLOCK];
+    client(&d.uri("db")).read(0, &mut buf).unwrap();
+    assert_eq!(buf, pattern(BLOCK, 5));
+    signal(pid as u32, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(&api).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the orphan did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
