@@ -50,7 +50,9 @@ pub struct Export {
     /// drawn when it is created, so identities derived from them (NVMe
     /// namespace NGUID/UUID) differ when it comes back empty after a
     /// restart, and a host that reconnects sees a new namespace instead of
-    /// silently reading zeroes where its data was. None: the data lasts
+    /// silently reading zeroes where its data was; for a RAM drive in a
+    /// memfd a supervisor keeps, derived from that memfd instead (the data
+    /// outlives the process, so the identity does). None: the data lasts
     /// (persistent drives, caches), so the identity does too.
     pub incarnation: Option<[u8; 16]>,
 }
@@ -85,6 +87,23 @@ impl Export {
         // A failing system generator leaves the bytes zero: the identity
         // is then the same at every creation (what it was before this).
         let _ = ring::rand::SystemRandom::new().fill(&mut b);
+        self.incarnation = Some(b);
+        self
+    }
+
+    /// Marks the export's data as lasting as long as the memfd whose
+    /// inode is `inode` (a RAM drive a supervisor keeps, `store::memfd`):
+    /// the identity follows that memory across restarts of the process,
+    /// and differs for a new memfd or after a reboot (the boot id is part
+    /// of it, inode numbers are not unique across boots).
+    pub fn with_memfd_identity(mut self, inode: u64) -> Self {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"ramd memfd drive identity\0");
+        ctx.update(boot.trim().as_bytes());
+        ctx.update(&inode.to_le_bytes());
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&ctx.finish().as_ref()[..16]);
         self.incarnation = Some(b);
         self
     }

@@ -1023,7 +1023,9 @@ fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
                 loop {
                     match d.drives.get_ready(name) {
                         Ok(x) => {
-                            let persistent = x.persist.is_some();
+                            // Its data outlived the old ramd: on disk, or
+                            // in a memfd a supervisor kept.
+                            let persistent = x.persist.is_some() || d.drives.adopted_at_start(name);
                             let x: Arc<dyn crate::fuse::Attachable> = x;
                             return Some((x, persistent));
                         }

@@ -474,6 +474,14 @@ impl RamStore {
         Ok(RamStore::start(state, opts))
     }
 
+    /// The inode number of the drive's memfd (None: anonymous memory):
+    /// the same in every process that maps this memory, another for
+    /// every new memfd while this one exists.
+    pub fn memfd_inode(&self) -> Option<u64> {
+        let fd = self.state.memfd.as_ref()?;
+        rustix::fs::fstat(fd).ok().map(|st| st.st_ino)
+    }
+
     /// Hands the drive's memfd to `keeper` now and at every resize (see
     /// [`SegmentKeeper`]); a second keeper is ignored. Does nothing for a
     /// store in anonymous memory.

@@ -167,9 +167,13 @@ impl SegmentKeeper for DriveKeeper {
     }
 }
 
-/// The keepers of this process's drives, by name.
+/// The keepers of this process's drives, by name, and the drives this
+/// process adopted at start (their data outlived the last one).
 #[derive(Default)]
-pub(super) struct Keepers(Mutex<HashMap<String, Arc<DriveKeeper>>>);
+pub(super) struct Keepers(
+    Mutex<HashMap<String, Arc<DriveKeeper>>>,
+    Mutex<std::collections::HashSet<String>>,
+);
 
 impl Drives {
     /// Registers a RAM store's memfd with the supervisor (nothing without
@@ -210,6 +214,7 @@ impl Drives {
 
     /// Forgets a deleted drive: the supervisor drops its memfd.
     pub(super) fn forget_kept(&self, name: &str) {
+        self.kept.1.lock().remove(name);
         if self.kept.0.lock().remove(name).is_none() {
             return;
         }
@@ -218,6 +223,12 @@ impl Drives {
                 tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
             }
         }
+    }
+
+    /// Whether drive `name` was adopted at this start with the memory the
+    /// last serving process wrote (a ublk device it left may resume).
+    pub fn adopted_at_start(&self, name: &str) -> bool {
+        self.kept.1.lock().contains(name)
     }
 
     /// Adopts the drives a supervisor handed back (at start, before any
@@ -231,7 +242,10 @@ impl Drives {
         for entry in serving.take_handed_back() {
             let key = entry.key.clone();
             match self.adopt(entry) {
-                Ok(Some(name)) => names.push(name),
+                Ok(Some(name)) => {
+                    self.kept.1.lock().insert(name.clone());
+                    names.push(name)
+                }
                 Ok(None) => {}
                 Err(e) => tracing::error!(
                     entry = %key,

@@ -586,7 +586,14 @@ impl Drives {
             export = export.with_metrics(m.clone());
         }
         if persist.is_none() {
-            export = export.with_volatile_identity();
+            let memfd = match &data {
+                DriveData::Ram(s) => s.memfd_inode(),
+                _ => None,
+            };
+            export = match memfd {
+                Some(inode) => export.with_memfd_identity(inode),
+                None => export.with_volatile_identity(),
+            };
         }
         match (&state, &persist) {
             (DriveState::Restoring, Some(p)) => {

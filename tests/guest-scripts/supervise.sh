@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# `ramd daemon --supervise` in the guest kernel of scripts/guest.sh: the
+# serving process killed with SIGKILL under real kernel clients of RAM
+# (volatile) drives, and nothing they were acknowledged is lost:
+# - a ublk device with ext4 mounted and fio writing: the device stays,
+#   its I/O is held, the restarted process takes it over (user recovery of
+#   a drive whose memory the supervisor kept); fio ends, every file matches
+#   its checksum, fsck is clean;
+# - an NVMe/TCP host with ext4 mounted: it reconnects (--ctrl-loss-tmo) to
+#   the same namespace (same NGUID: the same memory), files intact, fsck
+#   clean;
+# - `ramd info` counts the restarts and says why.
+# tests/guest_supervise.rs runs it; by hand:
+#
+#   scripts/guest.sh run -e RAMD=$PWD/target/debug/ramd tests/guest-scripts/supervise.sh
+#
+# Every check prints "ok: ..." or stops the script with "FAILED: ...".
+set -euo pipefail
+
+RAMD=${RAMD:-$PWD/target/debug/ramd}
+ADDR=127.0.0.1
+PORT=4420
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5a5a5a5a-0000-4000-8000-000000000031
+sup_pid=
+
+log() { echo "== $*"; }
+ok() { echo "ok: $*"; }
+fail() {
+    echo "FAILED: $*" >&2
+    echo "--- ramd log ---" >&2
+    cat /tmp/ramd.log >&2 || true
+    exit 1
+}
+
+serving_pid() {
+    "$RAMD" info --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null
+}
+
+# Waits (60 s) for a serving process other than $1; prints its pid.
+wait_serving() {
+    local i p
+    for i in $(seq 600); do
+        p=$(serving_pid || true)
+        if [ -n "$p" ] && [ "$p" != "$1" ]; then
+            echo "$p"
+            return 0
+        fi
+        kill -0 "$sup_pid" 2>/dev/null || fail "the supervisor exited"
+        sleep 0.1
+    done
+    fail "no serving process within 60 s"
+}
+
+make_tree() { # dir manifest
+    local d=$1 i
+    mkdir -p "$d/a/b"
+    for i in $(seq 1 20); do
+        head -c $((i * 7919 % 150001 + 1)) /dev/urandom >"$d/a/f$i"
+    done
+    head -c 4M /dev/urandom >"$d/a/b/big"
+    (cd "$d" && find . -type f ! -path './lost+found/*' ! -name 'load*' -print0 | sort -z | xargs -0 sha256sum) >"$2"
+}
+
+verify_tree() { # dir manifest what
+    (cd "$1" && sha256sum -c --quiet "$2") || fail "$3: files differ from their checksums"
+    ok "$3: $(wc -l <"$2") files match their checksums"
+}
+
+dev_of() { # nqn: its namespace's block device, waited for (20 s)
+    local i b
+    for i in $(seq 200); do
+        for b in /sys/block/nvme*; do
+            case ${b##*/} in nvme*c*n*) continue ;; esac
+            [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && { echo "/dev/${b##*/}"; return 0; }
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+modprobe ublk_drv || fail "modprobe ublk_drv"
+modprobe nvme-tcp || fail "modprobe nvme-tcp"
+"$RAMD" daemon --supervise --no-config --drive db=256M --drive nv=128M \
+    --nvme-listen "$ADDR:$PORT" >>/tmp/ramd.log 2>&1 &
+sup_pid=$!
+pid=$(wait_serving 0)
+ok "supervised: serving process $pid, supervisor $sup_pid"
+
+log "ublk: kill -9 of the serving process during fio on a mounted RAM drive"
+dev=$("$RAMD" attach db --ublk)
+mkfs.ext4 -q -F "$dev" || fail "mkfs.ext4 $dev"
+mkdir -p /mnt/u
+mount "$dev" /mnt/u
+make_tree /mnt/u /tmp/u.sha
+fio --name=load --directory=/mnt/u --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+    --iodepth=32 --size=32M --time_based --runtime=15 --verify=crc32c --verify_fatal=1 \
+    --output=/tmp/fio-u.out &
+fio_pid=$!
+sleep 4
+kill -KILL "$pid"
+ok "serving process $pid killed during fio"
+pid=$(wait_serving "$pid")
+[ -b "$dev" ] || fail "$dev vanished"
+for i in $(seq 300); do
+    "$RAMD" attach --list 2>/dev/null | grep "$dev" >/dev/null && break
+    sleep 0.1
+done
+grep "recovered" /tmp/ramd.log >/dev/null || fail "no ublk recovery in the log"
+ok "serving process $pid took $dev over"
+wait "$fio_pid" || { cat /tmp/fio-u.out; fail "fio (with verify) across the kill failed"; }
+ok "fio with verify went on across the kill"
+echo 3 >/proc/sys/vm/drop_caches
+verify_tree /mnt/u /tmp/u.sha "ublk after kill -9"
+umount /mnt/u
+e2fsck -fn "$dev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck after kill -9"; }
+ok "e2fsck clean"
+"$RAMD" detach db >/dev/null
+
+log "NVMe/TCP: kill -9 of the serving process with ext4 mounted"
+nqn=$("$RAMD" info nv --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["nvme_nqn"])')
+nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$nqn" -q "$HOSTNQN" --ctrl-loss-tmo=60 \
+    --reconnect-delay=1 >/dev/null || fail "nvme connect"
+ndev=$(dev_of "$nqn") || fail "no block device for $nqn"
+nguid=$(cat "/sys/block/${ndev#/dev/}/nguid" 2>/dev/null || cat "/sys/block/${ndev#/dev/}/wwid")
+mkfs.ext4 -q -F "$ndev" || fail "mkfs.ext4 $ndev"
+mkdir -p /mnt/n
+mount "$ndev" /mnt/n
+make_tree /mnt/n /tmp/n.sha
+sync
+kill -KILL "$pid"
+pid=$(wait_serving "$pid")
+echo 3 >/proc/sys/vm/drop_caches
+verify_tree /mnt/n /tmp/n.sha "NVMe/TCP after kill -9 and reconnect"
+now=$(cat "/sys/block/${ndev#/dev/}/nguid" 2>/dev/null || cat "/sys/block/${ndev#/dev/}/wwid")
+[ "$now" = "$nguid" ] || fail "the namespace changed identity ($nguid -> $now)"
+umount /mnt/n
+e2fsck -fn "$ndev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck after kill -9"; }
+ok "same namespace ($nguid), e2fsck clean"
+nvme disconnect -n "$nqn" >/dev/null
+
+info=$("$RAMD" info)
+[[ $info == *"supervisor"*"2 restart(s), last: signal 9"* ]] || fail "ramd info does not count the restarts: $info"
+ok "ramd info: 2 restarts, last signal 9"
+kill -TERM "$sup_pid"
+wait "$sup_pid" || fail "the supervisor did not exit 0 on SIGTERM"
+ok "SIGTERM stopped the supervisor and the serving process"
+echo "all supervise checks passed"
