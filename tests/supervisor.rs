@@ -234,3 +234,101 @@ fn a_killed_supervisor_leaves_the_serving_process_serving() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `ramd upgrade`: under a writer, to a copy of this binary (every
+/// acknowledged write there after, the restart counted as an upgrade);
+/// to a "binary" that answers `--version` like ramd but fails at start,
+/// which is rolled back to the previous binary with nothing lost and the
+/// command exiting 1 with the reason; refused for a file that is not
+/// ramd (422) and without a supervisor (409).
+#[test]
+fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
+    let args: Vec<String> = ["daemon", "--supervise", "--drive", "db=16M"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let d = Daemon::launch(&args, &[]);
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    // A copy of this very binary stands for the new version.
+    let new = d.dir().join("ramd-new");
+    std::fs::copy(env!("CARGO_BIN_EXE_ramd"), &new).unwrap();
+    let uri = d.uri("db");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (u, s) = (uri.clone(), stop.clone());
+    let writer = std::thread::spawn(move || {
+        let mut a = Acked::default();
+        let n = write_until_cut(&u, 1, &s, &mut a);
+        (a, n)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let out = d
+        .cli()
+        .args(["upgrade", "--binary", new.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ramd upgrade: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("upgraded: pid"));
+    stop.store(true, Ordering::SeqCst);
+    let (acked, n) = writer.join().unwrap();
+    assert!(n > 0, "no write was acknowledged before the upgrade");
+    let (pid2, h) = serving_pid(&api, pid);
+    assert_eq!(
+        h["supervisor"]["last_restart_reason"].as_str(),
+        Some(format!("upgrade to {}", new.display()).as_str())
+    );
+    check(&uri, &acked);
+
+    // A binary that says it is ramd but cannot take over.
+    let bad = d.dir().join("ramd-broken");
+    std::fs::write(
+        &bad,
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'ramd 99.0.0'; exit 0; }\necho 'cannot read this hand-over' >&2\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&bad, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = d
+        .cli()
+        .args(["upgrade", "--binary", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("failed before serving") && err.contains("exit 3"),
+        "{err}"
+    );
+    let (_, h) = serving_pid(&api, pid2);
+    assert!(h["supervisor"]["last_restart_reason"]
+        .as_str()
+        .unwrap()
+        .contains("back on the previous binary"));
+    check(&uri, &acked);
+
+    // Not ramd at all: refused before anything stops.
+    let out = d
+        .cli()
+        .args(["upgrade", "--binary", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a ramd binary"));
+}
+
+#[test]
+fn ramd_upgrade_refuses_an_unsupervised_daemon() {
+    let d = Daemon::start(&["db=8M"]);
+    let out = d.cli().args(["upgrade"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--supervise"), "{err}");
+}

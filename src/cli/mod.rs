@@ -41,6 +41,7 @@ pub mod stats;
 pub mod tls;
 pub mod token;
 pub mod units;
+pub mod upgrade;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -424,6 +425,25 @@ pub enum Command {
     #[command(subcommand)]
     Token(token::TokenCommand),
 
+    /// Hand every drive, ublk device and client of a supervised daemon
+    /// (ramd daemon --supervise) to another ramd binary, without losing
+    /// data: the serving process stops, the supervisor starts the new
+    /// binary with every RAM drive's memory; if the new one fails before it
+    /// serves, the old one is started again (and this command exits 1 with
+    /// the reason). Through the unix socket only.
+    ///
+    /// Examples:
+    ///   ramd upgrade                            # the binary at this ramd's path (after a package upgrade)
+    ///   ramd upgrade --binary /opt/ramd/bin/ramd
+    #[command(verbatim_doc_comment)]
+    Upgrade {
+        /// The new binary [default: the path the daemon was started from].
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+
     /// Print a one-time sign-in link to the web dashboard (ramd daemon
     /// --http ADDR), as the last line.
     ///
@@ -548,6 +568,9 @@ pub enum CliError {
     /// `ramd bench` failed or refused a target.
     #[error(transparent)]
     Bench(#[from] bench::BenchFailed),
+    /// `ramd upgrade` did not end with the new binary serving.
+    #[error(transparent)]
+    Upgrade(#[from] upgrade::UpgradeFailed),
 }
 
 /// A value the command line refuses before any request (exit code 2).
@@ -840,6 +863,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Remote(cmd) => remote::run(&client(), cmd)?,
         Command::Snapshot(cmd) => snapshot::run(&client(), cmd)?,
         Command::Token(cmd) => token::run(&client(), cmd)?,
+        Command::Upgrade { binary, out } => {
+            upgrade::run(&client(), absolute_text(binary.as_deref())?, out.json)?
+        }
         Command::Bench(args) => bench::run(&client(), args)?,
         Command::Dashboard(args) => dashboard::run(&client(), args)?,
         Command::InstallUnits(args) => units::run(&client(), args)?,

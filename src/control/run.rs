@@ -975,9 +975,15 @@ pub fn wait_restores(drives: &Drives) {
     }
 }
 
-/// At exit: unmounts the FUSE attachments, removes the ublk devices.
+/// At exit: unmounts the FUSE attachments, removes the ublk devices
+/// (left to the next process when stopping for an upgrade: they wait,
+/// quiesced, and it recovers them as after a crash).
 fn detach_all(daemon: &Daemon) {
     daemon.attachments.shutdown();
+    if crate::handover::serving::get().is_some_and(|s| s.upgrading()) {
+        tracing::info!("upgrade: ublk devices stay for the next process");
+        return;
+    }
     daemon.ublk.shutdown();
 }
 

@@ -53,6 +53,7 @@ pub struct Serving {
     restarts: u64,
     last_reason: Option<String>,
     gone: AtomicBool,
+    upgrading: AtomicBool,
     handed_back: Mutex<Option<Vec<Entry>>>,
 }
 
@@ -88,6 +89,7 @@ pub fn init_from_env() -> Result<bool, LinkError> {
         restarts,
         last_reason,
         gone: AtomicBool::new(false),
+        upgrading: AtomicBool::new(false),
         handed_back: Mutex::new(Some(handed_back)),
     };
     Ok(SERVING.set(s).is_ok())
@@ -140,6 +142,28 @@ impl Serving {
     /// Asks the supervisor to drop what it keeps under `key`.
     pub fn forget(&self, key: &str) -> Result<(), LinkError> {
         link::send(self.sock.as_fd(), Kind::Forget, key, &[], &[])
+    }
+
+    /// Tells the supervisor that this process is about to exit so that
+    /// `binary` takes over (`ramd upgrade`); the caller then stops the
+    /// process the way SIGTERM does, leaving its ublk devices for the
+    /// next one ([`Serving::upgrading`]).
+    pub fn request_upgrade(&self, binary: &std::path::Path) -> Result<(), LinkError> {
+        use std::os::unix::ffi::OsStrExt;
+        link::send(
+            self.sock.as_fd(),
+            Kind::Upgrade,
+            "",
+            binary.as_os_str().as_bytes(),
+            &[],
+        )?;
+        self.upgrading.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether this process is stopping for an upgrade.
+    pub fn upgrading(&self) -> bool {
+        self.upgrading.load(Ordering::SeqCst)
     }
 
     /// Tells the supervisor this process serves.

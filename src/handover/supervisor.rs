@@ -19,6 +19,15 @@
 //! further ones wait 100 ms, doubling up to 5 s (a crash loop does not
 //! spin).
 //!
+//! Upgrades (`ramd upgrade`): the serving process sends `Kind::Upgrade`
+//! with the new binary's path, then stops gracefully (exit 0). The
+//! supervisor then starts that binary instead, with everything kept; if
+//! it ends before it said it was ready (it cannot read the hand-over's
+//! version, it crashes at start), the binary before it is started again,
+//! everything still kept, and the reason says so. The supervisor itself
+//! is never replaced (it is small and rarely changes: restart the daemon
+//! to upgrade it).
+//!
 //! If the supervisor is killed, the serving process keeps serving
 //! (`serving` module docs) but is no longer protected; the memfds live on
 //! in the serving process's mappings until it exits.
@@ -26,6 +35,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,18 +48,59 @@ use super::wire::Kind;
 /// What is kept: key → (blob, descriptors).
 type Kept = Arc<Mutex<BTreeMap<String, (Vec<u8>, Vec<OwnedFd>)>>>;
 
+/// What one run of the serving process tells the supervisor (written by
+/// the thread reading its records).
+#[derive(Default)]
+struct RunState {
+    ready: AtomicBool,
+    /// The binary an upgrade asked for (`Kind::Upgrade`).
+    upgrade: Mutex<Option<PathBuf>>,
+}
+
+/// What happens after a run ends.
+enum Next {
+    Exit(i32),
+    Restart,
+}
+
+/// The supervisor's memory across runs.
+struct Supervisor {
+    args: Vec<OsString>,
+    kept: Kept,
+    /// The binary started next: this one (`/proc/self/exe`) until an
+    /// upgrade succeeds.
+    binary: PathBuf,
+    /// An upgrade being tried: (new binary, the one before).
+    trying: Option<(PathBuf, PathBuf)>,
+    restarts: u64,
+    reason: String,
+    quick: u32,
+    backoff: Duration,
+}
+
 /// Runs the supervisor over the serving process started with `args` (the
 /// daemon's arguments, without the program name); returns the exit code.
 pub fn run(args: Vec<OsString>) -> i32 {
     let signals = block_signals();
-    let kept: Kept = Arc::default();
-    let (mut restarts, mut reason) = (0u64, String::new());
-    let (mut quick, mut backoff) = (0u32, Duration::from_millis(100));
+    let mut sv = Supervisor {
+        args,
+        kept: Arc::default(),
+        binary: PathBuf::from("/proc/self/exe"),
+        trying: None,
+        restarts: 0,
+        reason: String::new(),
+        quick: 0,
+        backoff: Duration::from_millis(100),
+    };
     loop {
         let started = Instant::now();
-        let ready = Arc::new(AtomicBool::new(false));
-        let (mut child, reader) = match start(&args, &kept, &ready, restarts, &reason) {
+        let state = Arc::new(RunState::default());
+        let (mut child, reader) = match sv.start(&state) {
             Ok(c) => c,
+            Err(e) if sv.trying.is_some() => {
+                sv.roll_back(&format!("it did not start: {e}"));
+                continue;
+            }
             Err(e) => {
                 eprintln!("ramd supervisor: cannot start the serving process: {e}");
                 return 1;
@@ -57,29 +108,107 @@ pub fn run(args: Vec<OsString>) -> i32 {
         };
         let (status, stopping) = wait_child(&mut child, &signals);
         let _ = reader.join();
-        let code = status.code();
-        let keeps = !kept.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
-        match (code, stopping) {
-            (Some(0), _) => return 0,
-            (c, true) => return c.unwrap_or(1),
-            (Some(c), false) if !ready.load(Ordering::SeqCst) && !keeps => return c,
-            _ => {}
+        match sv.after(status, stopping, &state) {
+            Next::Exit(code) => return code,
+            Next::Restart => {}
         }
-        reason = describe(status);
-        restarts += 1;
         eprintln!(
-            "ramd supervisor: the serving process (pid {}) ended ({reason}); restart {restarts}, handing back {} kept entries",
+            "ramd supervisor: the serving process (pid {}) ended ({}); restart {}, handing back {} kept entries",
             child.id(),
-            kept.lock().unwrap_or_else(|e| e.into_inner()).len()
+            sv.reason,
+            sv.restarts,
+            sv.kept.lock().unwrap_or_else(|e| e.into_inner()).len()
         );
+        sv.pace(started);
+    }
+}
+
+impl Supervisor {
+    /// Decides what follows a run that ended with `status`.
+    fn after(&mut self, status: ExitStatus, stopping: bool, state: &RunState) -> Next {
+        let ready = state.ready.load(Ordering::SeqCst);
+        let upgrade = state
+            .upgrade
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if stopping {
+            return Next::Exit(status.code().unwrap_or(1));
+        }
+        if self.trying.is_some() && !ready {
+            self.roll_back(&describe(status));
+            return Next::Restart;
+        }
+        self.trying = None;
+        let keeps = !self
+            .kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        match (status.code(), upgrade) {
+            (Some(0), Some(new)) => {
+                self.reason = format!("upgrade to {}", new.display());
+                self.trying = Some((new.clone(), std::mem::replace(&mut self.binary, new)));
+                self.quick = 0;
+            }
+            (Some(0), None) => return Next::Exit(0),
+            (Some(c), _) if !ready && !keeps => return Next::Exit(c),
+            _ => self.reason = describe(status),
+        }
+        self.restarts += 1;
+        Next::Restart
+    }
+
+    /// The upgrade being tried failed before it served (`why`): the
+    /// binary before it is started again, with everything kept.
+    fn roll_back(&mut self, why: &str) {
+        let (new, previous) = self.trying.take().expect("an upgrade is being tried");
+        self.reason = format!(
+            "upgrade to {} failed before serving ({why}): back on the previous binary",
+            new.display()
+        );
+        eprintln!("ramd supervisor: {}", self.reason);
+        self.binary = previous;
+        self.restarts += 1;
+    }
+
+    /// Waits before a restart when the process keeps dying young.
+    fn pace(&mut self, started: Instant) {
         if started.elapsed() >= Duration::from_secs(10) {
-            (quick, backoff) = (0, Duration::from_millis(100));
+            (self.quick, self.backoff) = (0, Duration::from_millis(100));
         }
-        quick += 1;
-        if quick > 3 {
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+        self.quick += 1;
+        if self.quick > 3 {
+            std::thread::sleep(self.backoff);
+            self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
         }
+    }
+
+    /// Starts the serving process, hands back what is kept, and starts the
+    /// thread that reads its records.
+    fn start(
+        &self,
+        state: &Arc<RunState>,
+    ) -> std::io::Result<(Child, std::thread::JoinHandle<()>)> {
+        let (ours, theirs) = link::pair()?;
+        // The child's end must outlive exec: a copy without close-on-exec,
+        // closed here once the child has it.
+        let inherited = rustix::io::dup(&theirs)?;
+        drop(theirs);
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .env(serving::FD_ENV, inherited.as_raw_fd().to_string())
+            .env(serving::RESTARTS_ENV, self.restarts.to_string())
+            .env(serving::REASON_ENV, &self.reason)
+            .env(serving::SUPERVISOR_ENV, std::process::id().to_string())
+            .spawn()?;
+        drop(inherited);
+        hand_back(&ours, &self.kept);
+        let (kept, state) = (self.kept.clone(), state.clone());
+        let reader = std::thread::Builder::new()
+            .name("supervisor-link".into())
+            .spawn(move || read_records(&ours, &kept, &state))?;
+        Ok((child, reader))
     }
 }
 
@@ -91,36 +220,6 @@ fn describe(status: ExitStatus) -> String {
         (_, Some(s)) => format!("signal {s}"),
         _ => "unknown".into(),
     }
-}
-
-/// Starts the serving process, hands back what is kept, and starts the
-/// thread that reads its records.
-fn start(
-    args: &[OsString],
-    kept: &Kept,
-    ready: &Arc<AtomicBool>,
-    restarts: u64,
-    reason: &str,
-) -> std::io::Result<(Child, std::thread::JoinHandle<()>)> {
-    let (ours, theirs) = link::pair()?;
-    // The child's end must outlive exec: a copy without close-on-exec,
-    // closed here once the child has it.
-    let inherited = rustix::io::dup(&theirs)?;
-    drop(theirs);
-    let child = Command::new("/proc/self/exe")
-        .args(args)
-        .env(serving::FD_ENV, inherited.as_raw_fd().to_string())
-        .env(serving::RESTARTS_ENV, restarts.to_string())
-        .env(serving::REASON_ENV, reason)
-        .env(serving::SUPERVISOR_ENV, std::process::id().to_string())
-        .spawn()?;
-    drop(inherited);
-    hand_back(&ours, kept);
-    let (kept, ready) = (kept.clone(), ready.clone());
-    let reader = std::thread::Builder::new()
-        .name("supervisor-link".into())
-        .spawn(move || read_records(&ours, &kept, &ready))?;
-    Ok((child, reader))
 }
 
 /// Sends every kept entry, then END. A failure is the child's death,
@@ -139,7 +238,7 @@ fn hand_back(sock: &OwnedFd, kept: &Kept) {
 }
 
 /// Keeps what the serving process registers, until it closes the link.
-fn read_records(sock: &OwnedFd, kept: &Kept, ready: &AtomicBool) {
+fn read_records(sock: &OwnedFd, kept: &Kept, state: &RunState) {
     loop {
         match link::recv(sock.as_fd()) {
             Ok(None) => return,
@@ -152,7 +251,12 @@ fn read_records(sock: &OwnedFd, kept: &Kept, ready: &AtomicBool) {
                     Kind::Forget => {
                         k.remove(&r.key);
                     }
-                    Kind::Ready => ready.store(true, Ordering::SeqCst),
+                    Kind::Ready => state.ready.store(true, Ordering::SeqCst),
+                    Kind::Upgrade => {
+                        use std::os::unix::ffi::OsStrExt;
+                        let path = PathBuf::from(std::ffi::OsStr::from_bytes(&r.blob));
+                        *state.upgrade.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+                    }
                     Kind::End => {}
                 }
             }

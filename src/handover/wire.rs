@@ -51,6 +51,9 @@ pub enum Kind {
     Ready = 3,
     /// The end of a hand-back: every kept entry has been sent.
     End = 4,
+    /// The serving process is about to exit for an upgrade: start the
+    /// binary at the path in the blob next (`ramd upgrade`).
+    Upgrade = 5,
 }
 
 impl Kind {
@@ -60,6 +63,7 @@ impl Kind {
             2 => Kind::Forget,
             3 => Kind::Ready,
             4 => Kind::End,
+            5 => Kind::Upgrade,
             _ => return None,
         })
     }

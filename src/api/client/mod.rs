@@ -25,7 +25,7 @@ use crate::api::wire::dirs::{
 };
 use crate::api::wire::drives::{CreateDrive, Deleted, DriveInfo, DriveList, PatchDrive};
 use crate::api::wire::error::ErrorBody;
-use crate::api::wire::health::Health;
+use crate::api::wire::health::{Health, UpgradeRequest, Upgrading};
 use crate::api::wire::persistence::{RestoreRequest, SyncResult};
 use crate::api::wire::stats::{DriveStats, StatsReport};
 use crate::api::wire::tls::TlsReloaded;
@@ -458,6 +458,12 @@ impl Client {
     /// Reads the NBD server's certificates again (`ramd tls reload`).
     pub fn reload_tls(&self) -> Result<TlsReloaded, ClientError> {
         self.call(Method::POST, "/v1/tls/reload", None::<&()>)
+    }
+
+    /// `POST /v1/upgrade` (unix socket only): this daemon's serving
+    /// process hands over to another binary.
+    pub fn upgrade(&self, req: &UpgradeRequest) -> Result<Upgrading, ClientError> {
+        self.call(Method::POST, "/v1/upgrade", Some(req))
     }
 
     /// `GET /v1/tokens`.

@@ -40,6 +40,7 @@ pub mod tcp;
 pub mod throttle;
 pub mod tls;
 pub mod tokens;
+pub mod upgrade;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -98,6 +99,7 @@ routes! {
     delete "/v1/dirs/{id}" => dirs::delete,
     post "/v1/dirs/{id}/sync" => dirs::sync,
     post "/v1/tls/reload" => tls::reload,
+    post "/v1/upgrade" => upgrade::upgrade,
     get "/v1/tokens" => tokens::list,
     post "/v1/tokens" => tokens::create,
     delete "/v1/tokens/{name}" => tokens::revoke,

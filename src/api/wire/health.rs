@@ -79,3 +79,26 @@ pub struct Supervisor {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart_reason: Option<String>,
 }
+
+/// `POST /v1/upgrade`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeRequest {
+    /// The new binary (absent: the path this ramd was started from, which
+    /// a package upgrade has replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+}
+
+/// `POST /v1/upgrade` accepted: this process stops and `binary` takes
+/// over (`GET /v1/health` then shows a new `pid`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upgrading {
+    pub binary: String,
+    /// The serving process that stops now.
+    pub pid: u32,
+    /// Its version.
+    pub version: String,
+    /// The new binary's `--version` line.
+    pub new_version: String,
+}
