@@ -9,7 +9,7 @@
 //! serving, and health says the supervisor is gone.
 //!
 //! `RAMD_RESTART_CYCLES=N` sets the number of kills (3 by default; the
-//! long mode runs 200).
+//! long mode, `RAMD_RESTART_CYCLES=200`, takes about 4 minutes).
 
 mod common;
 
@@ -163,7 +163,9 @@ fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
             let n = write_until_cut(&u, cycle, &s, &mut a);
             (a, n)
         });
-        std::thread::sleep(Duration::from_millis(150 + (cycle * 37) % 200));
+        // Past the supervisor's one second (no crash-loop backoff), then
+        // a kill at a moment that differs between cycles.
+        std::thread::sleep(Duration::from_millis(1000 + (cycle * 37) % 200));
         signal(pid as u32, libc::SIGKILL);
         let (a, n) = writer.join().unwrap();
         stop.store(true, Ordering::SeqCst);

@@ -14,10 +14,10 @@
 //! supervisor with it. An exit 0 ends it too (a graceful stop: RAM drives
 //! end, as without a supervisor). A non-zero exit before the serving
 //! process said it was ready, with nothing kept, ends the supervisor with
-//! that code (a bad configuration does not loop). The first three
-//! restarts in a row of a process that lived less than 10 s are at once;
-//! further ones wait 100 ms, doubling up to 5 s (a crash loop does not
-//! spin).
+//! that code (a bad configuration does not loop). A restart is at once
+//! after a run that served for at least a second, and for the first
+//! three in a row of runs that did not; further ones wait 100 ms,
+//! doubling up to 5 s (a crash loop does not spin).
 //!
 //! Upgrades (`ramd upgrade`): the serving process sends `Kind::Upgrade`
 //! with the new binary's path, then stops gracefully (exit 0). The
@@ -119,7 +119,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             sv.restarts,
             sv.kept.lock().unwrap_or_else(|e| e.into_inner()).len()
         );
-        sv.pace(started);
+        sv.pace(started, state.ready.load(Ordering::SeqCst));
     }
 }
 
@@ -172,9 +172,10 @@ impl Supervisor {
         self.restarts += 1;
     }
 
-    /// Waits before a restart when the process keeps dying young.
-    fn pace(&mut self, started: Instant) {
-        if started.elapsed() >= Duration::from_secs(10) {
+    /// Waits before a restart when the process keeps dying young (see
+    /// the module docs).
+    fn pace(&mut self, started: Instant, served: bool) {
+        if served && started.elapsed() >= Duration::from_secs(1) {
             (self.quick, self.backoff) = (0, Duration::from_millis(100));
         }
         self.quick += 1;
