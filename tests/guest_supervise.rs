@@ -1,7 +1,8 @@
 //! `ramd daemon --supervise` under the kernel's own clients, in one guest
 //! boot (scripts/guest.sh): the serving process killed with SIGKILL while
 //! a ublk device (ext4 mounted, fio with verify writing) and an NVMe/TCP
-//! host (ext4 mounted) use RAM drives; the device is taken over, the host
+//! host (ext4 mounted) use RAM drives, and `ramd upgrade` to another binary
+//! during fio on the ublk device; the device is taken over, the host
 //! reconnects to the same namespace, every file matches its checksum and
 //! fsck is clean. The script is tests/guest-scripts/supervise.sh,
 //! runnable by hand with guest.sh.

@@ -9,6 +9,8 @@
 # - an NVMe/TCP host with ext4 mounted: it reconnects (--ctrl-loss-tmo) to
 #   the same namespace (same NGUID: the same memory), files intact, fsck
 #   clean;
+# - `ramd upgrade` to another binary during fio on the ublk device: the
+#   device is taken over by the new binary, fio with verify goes on;
 # - `ramd info` counts the restarts and says why.
 # tests/guest_supervise.rs runs it; by hand:
 #
@@ -111,6 +113,22 @@ wait "$fio_pid" || { cat /tmp/fio-u.out; fail "fio (with verify) across the kill
 ok "fio with verify went on across the kill"
 echo 3 >/proc/sys/vm/drop_caches
 verify_tree /mnt/u /tmp/u.sha "ublk after kill -9"
+
+log "ublk: ramd upgrade during fio on the mounted RAM drive"
+cp "$RAMD" /tmp/ramd-new
+fio --name=load2 --directory=/mnt/u --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+    --iodepth=32 --size=32M --time_based --runtime=12 --verify=crc32c --verify_fatal=1 \
+    --output=/tmp/fio-u2.out &
+fio_pid=$!
+sleep 3
+"$RAMD" upgrade --binary /tmp/ramd-new >/tmp/upgrade.out 2>&1 || { cat /tmp/upgrade.out; fail "ramd upgrade"; }
+grep "upgraded: pid" /tmp/upgrade.out >/dev/null || { cat /tmp/upgrade.out; fail "ramd upgrade said nothing"; }
+pid=$(serving_pid)
+[ "$(readlink "/proc/$pid/exe")" = /tmp/ramd-new ] || fail "the serving process is not the new binary: $(readlink "/proc/$pid/exe")"
+wait "$fio_pid" || { cat /tmp/fio-u2.out; fail "fio (with verify) across the upgrade failed"; }
+ok "upgraded to /tmp/ramd-new (pid $pid) while fio with verify went on"
+echo 3 >/proc/sys/vm/drop_caches
+verify_tree /mnt/u /tmp/u.sha "ublk after the upgrade"
 umount /mnt/u
 e2fsck -fn "$dev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck after kill -9"; }
 ok "e2fsck clean"
@@ -139,8 +157,8 @@ ok "same namespace ($nguid), e2fsck clean"
 nvme disconnect -n "$nqn" >/dev/null
 
 info=$("$RAMD" info)
-[[ $info == *"supervisor"*"2 restart(s), last: signal 9"* ]] || fail "ramd info does not count the restarts: $info"
-ok "ramd info: 2 restarts, last signal 9"
+[[ $info == *"supervisor"*"3 restart(s), last: signal 9"* ]] || fail "ramd info does not count the restarts: $info"
+ok "ramd info: 3 restarts (2 kills, 1 upgrade), last signal 9"
 kill -TERM "$sup_pid"
 wait "$sup_pid" || fail "the supervisor did not exit 0 on SIGTERM"
 ok "SIGTERM stopped the supervisor and the serving process"
