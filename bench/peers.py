@@ -368,9 +368,12 @@ def make_server(name, tmp, shm, disk, ramds):
         return Server(name, ["nbd-server", "-C", conf, "-p", pidfile], sock, uri,
                       pidfile=pidfile, setup=setup)
     if name in ramds:
+        # A name ending in -supervised runs under `--supervise` (drive
+        # memory in a memfd its supervisor keeps: docs/restart.md).
+        supervise = ["--supervise"] if name.endswith("-supervised") else []
         return Server(name, [ramds[name], "serve", "--no-config", "--socket", sock,
                              "--api-socket", sock + ".api", "--drive", f"{EXPORT}={disk}",
-                             "--log", "warn"], sock, uri)
+                             "--log", "warn"] + supervise, sock, uri)
     if name == "ramd":
         return "no --ramd binary given"
     return f"unknown server {name}"

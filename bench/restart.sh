@@ -3,8 +3,11 @@
 # `ramd daemon --supervise` (issue 31, docs/restart.md), for RAM drives of
 # each size in SIZES filled with data: fio (1 MiB writes over NBD) fills
 # the drive, then the serving process is killed with SIGKILL, and the
-# clock stops when an NBD client (nbdinfo) is served by the new process.
-# Medians of RUNS kills per size; prints a table.
+# clock stops when an NBD client (nbdinfo) is served by the new process;
+# then `ramd upgrade` to a copy of the same binary, timed from the command
+# to the new process serving (the pause an upgrade costs, including the
+# 200 ms the old process waits so that its answer goes out). Medians of
+# RUNS kills and RUNS upgrades per size; prints a table.
 #
 #   cargo build --release
 #   bench/restart.sh                      # SIZES="1G 8G" RUNS=3
@@ -26,8 +29,9 @@ trap cleanup EXIT
 api=$dir/api.sock
 health() { curl -s --max-time 2 --unix-socket "$api" http://ramd/v1/health; }
 pid_of() { health | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null; }
-echo "| drive size | data | kill -9 to served again (median of $runs) | runs (ms) |"
-echo "|---|---|---|---|"
+cp "$RAMD" "$dir/ramd-new"
+echo "| drive size | data | kill -9 to served again (median of $runs) | runs (ms) | ramd upgrade, command to served (median) | runs (ms) |"
+echo "|---|---|---|---|---|---|"
 for size in $sizes; do
     "$RAMD" daemon --supervise --no-config --runtime-dir "$dir" --state-dir "$dir/state" \
         --drive "db=$size" >"$dir/ramd-$size.log" 2>&1 &
@@ -51,9 +55,19 @@ for size in $sizes; do
         t1=$(date +%s%N)
         times+=($(( (t1 - t0) / 1000000 )))
     done
+    ups=()
+    for _ in $(seq "$runs"); do
+        old=$(pid_of)
+        t0=$(date +%s%N)
+        "$RAMD" --api-socket "$api" upgrade --binary "$dir/ramd-new" >/dev/null 2>&1
+        until nbdinfo --size "$uri" >/dev/null 2>&1; do sleep 0.005; done
+        t1=$(date +%s%N)
+        [ "$(pid_of)" != "$old" ] || { echo "upgrade did not change the serving process" >&2; exit 1; }
+        ups+=($(( (t1 - t0) / 1000000 )))
+    done
     alloc=$("$RAMD" --api-socket "$api" info db --json | sed -n 's/.*"allocated_bytes": *\([0-9]*\).*/\1/p')
-    med=$(printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
-    echo "| $size | $(numfmt --to=iec "$alloc") | $med ms | ${times[*]} |"
+    med() { printf '%s\n' "$@" | sort -n | sed -n "$(( (runs + 1) / 2 ))p"; }
+    echo "| $size | $(numfmt --to=iec "$alloc") | $(med "${times[@]}") ms | ${times[*]} | $(med "${ups[@]}") ms | ${ups[*]} |"
     kill "$sup"
     wait "$sup" 2>/dev/null || true
     sup=
