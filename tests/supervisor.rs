@@ -58,6 +58,15 @@ fn serving_pid(api: &Path, not: u64) -> (u64, serde_json::Value) {
     }
 }
 
+/// `ramd daemon --supervise --drive DRIVE`.
+fn supervised(drive: &str) -> Daemon {
+    let args: Vec<String> = ["daemon", "--supervise", "--drive", drive]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    Daemon::launch(&args, &[])
+}
+
 fn client(uri: &str) -> NbdClient {
     let opts = ClientOptions {
         connections: 1,
@@ -175,11 +184,7 @@ fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let args: Vec<String> = ["daemon", "--supervise", "--drive", "db=16M"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut d = Daemon::launch(&args, &[]);
+    let mut d = supervised("db=16M");
     let api = d.api_socket().to_owned();
     let (mut pid, h) = serving_pid(&api, 0);
     assert_eq!(h["supervisor"]["pid"].as_u64(), Some(u64::from(d.pid())));
@@ -251,11 +256,7 @@ fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
 
 #[test]
 fn a_killed_supervisor_leaves_the_serving_process_serving() {
-    let args: Vec<String> = ["daemon", "--supervise", "--drive", "db=8M"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut d = Daemon::launch(&args, &[]);
+    let mut d = supervised("db=8M");
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
     client(&d.uri("db"))
@@ -297,11 +298,7 @@ fn a_killed_supervisor_leaves_the_serving_process_serving() {
 /// ramd (422) and without a supervisor (409).
 #[test]
 fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
-    let args: Vec<String> = ["daemon", "--supervise", "--drive", "db=16M"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let d = Daemon::launch(&args, &[]);
+    let d = supervised("db=16M");
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
     // A copy of this very binary stands for the new version.
