@@ -383,3 +383,24 @@ fn ramd_upgrade_refuses_an_unsupervised_daemon() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--supervise"), "{err}");
 }
+
+/// A drive grown inside its last 64 MiB segment (16 -> 40 MiB) comes back
+/// at its new size with what was written past the old end.
+#[test]
+fn a_grown_drive_comes_back_grown_with_its_data() {
+    let d = supervised("db=16M");
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    let r = d.cli().args(["resize", "db", "40M"]).output().unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    client(&d.uri("db"))
+        .write(30 << 20, &data(9), false)
+        .unwrap();
+    signal(pid as u32, libc::SIGKILL);
+    serving_pid(&api, pid);
+    let c = client(&d.uri("db"));
+    assert_eq!(c.size(), 40 << 20, "the drive came back at another size");
+    let mut buf = vec![0u8; BLOCK];
+    c.read(30 << 20, &mut buf).unwrap();
+    assert_eq!(buf, data(9), "the write past the old end is lost");
+}

@@ -19,6 +19,10 @@ const WAIT: Duration = Duration::from_secs(120);
 pub enum UpgradeFailed {
     #[error("no serving process answered within {}s after the upgrade started; see the daemon's log", WAIT.as_secs())]
     Timeout,
+    /// The serving process was restarted for another reason than the
+    /// upgrade (it ended otherwise while it stopped): the old binary runs.
+    #[error("the serving process was restarted ({reason}), not upgraded: the previous binary serves; see the daemon's log, then try again")]
+    NotUpgraded { reason: String },
     /// The supervisor's reason, which names the binary and its exit.
     #[error("{reason} (nothing was lost; see the daemon's log for why it failed)")]
     RolledBack { reason: String },
@@ -43,6 +47,11 @@ pub fn run(client: &Client, binary: Option<String>, json: bool) -> Result<(), Cl
     }
     if reason.contains("failed before serving") {
         return Err(UpgradeFailed::RolledBack { reason }.into());
+    }
+    if !reason.starts_with("upgrade to ") {
+        // The old process ended otherwise (a crash while stopping): the
+        // supervisor started the old binary again.
+        return Err(UpgradeFailed::NotUpgraded { reason }.into());
     }
     if !json {
         println!("upgraded: pid {} serves, ramd {}", h.pid, h.version);

@@ -43,9 +43,12 @@ fn block_shutdown_signals(args: &DaemonArgs) -> Result<libc::sigset_t, DaemonErr
         let args = std::env::args_os().skip(1).collect();
         std::process::exit(crate::handover::supervisor::run(args));
     }
+    // Blocked first: a stop asked for while the hand-back is read waits
+    // for the signal thread (a graceful stop) instead of killing us.
+    let set = block_signals();
     crate::handover::serving::init_from_env()
         .map_err(|e| DaemonError::Start(std::io::Error::other(format!("supervisor link: {e}"))))?;
-    Ok(block_signals())
+    Ok(set)
 }
 
 fn block_signals() -> libc::sigset_t {

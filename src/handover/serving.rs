@@ -66,10 +66,10 @@ pub fn init_from_env() -> Result<bool, LinkError> {
     let Some(fd) = std::env::var(FD_ENV).ok() else {
         return Ok(false);
     };
-    let fd: RawFd = fd.parse().map_err(|_| {
+    let fd: RawFd = fd.parse().ok().filter(|&n: &RawFd| n > 2).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            format!("{FD_ENV}={fd} is not a descriptor number"),
+            format!("{FD_ENV}={fd} is not a descriptor number above 2"),
         )
     })?;
     let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());

@@ -119,7 +119,36 @@ pub fn run(args: Vec<OsString>) -> i32 {
             sv.restarts,
             sv.kept.lock().unwrap_or_else(|e| e.into_inner()).len()
         );
-        sv.pace(started, state.ready.load(Ordering::SeqCst));
+        // A stop asked for while the process was dying, or during the
+        // wait before the restart, is a stop: no restart.
+        let wait = sv.pace(started, state.ready.load(Ordering::SeqCst));
+        if stop_asked(&signals, wait) {
+            eprintln!("ramd supervisor: stopped before the restart");
+            return 0;
+        }
+    }
+}
+
+/// Waits up to `wait` for SIGTERM or SIGINT (SIGHUP and SIGCHLD are
+/// taken and ignored: no process runs); true if one came. Takes one that
+/// is already pending even when `wait` is zero.
+fn stop_asked(signals: &libc::sigset_t, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ts = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `signals` is an initialised set of blocked signals, `ts`
+        // a valid timespec; a null siginfo pointer is allowed.
+        let sig = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &ts) };
+        match sig {
+            libc::SIGTERM | libc::SIGINT => return true,
+            s if s > 0 => continue,
+            _ if Instant::now() >= deadline => return false,
+            _ => continue,
+        }
     }
 }
 
@@ -172,17 +201,19 @@ impl Supervisor {
         self.restarts += 1;
     }
 
-    /// Waits before a restart when the process keeps dying young (see
-    /// the module docs).
-    fn pace(&mut self, started: Instant, served: bool) {
+    /// How long to wait before a restart: nothing, unless the process
+    /// keeps dying young (see the module docs).
+    fn pace(&mut self, started: Instant, served: bool) -> Duration {
         if served && started.elapsed() >= Duration::from_secs(1) {
             (self.quick, self.backoff) = (0, Duration::from_millis(100));
         }
         self.quick += 1;
-        if self.quick > 3 {
-            std::thread::sleep(self.backoff);
-            self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
+        if self.quick <= 3 {
+            return Duration::ZERO;
         }
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
+        wait
     }
 
     /// Starts the serving process, hands back what is kept, and starts the
@@ -208,8 +239,17 @@ impl Supervisor {
         let (kept, state) = (self.kept.clone(), state.clone());
         let reader = std::thread::Builder::new()
             .name("supervisor-link".into())
-            .spawn(move || read_records(&ours, &kept, &state))?;
-        Ok((child, reader))
+            .spawn(move || read_records(&ours, &kept, &state));
+        match reader {
+            Ok(r) => Ok((child, r)),
+            Err(e) => {
+                // No process runs unsupervised.
+                let mut child = child;
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
     }
 }
 

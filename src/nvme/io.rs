@@ -393,6 +393,11 @@ impl Queue {
         let Some(e) = self.export.as_ref() else {
             return Status::INVALID_NS;
         };
+        if e.is_closed() {
+            // Replaced (a restore) or deleted since the R2T: the host
+            // retries the command (no DNR) against what serves now.
+            return Status::NS_NOT_READY;
+        }
         match e.backend.write(offset, data, false) {
             Ok(()) => Status::SUCCESS,
             Err(e) => Status::from_code(Errno::of(&e).nvme()),
@@ -400,11 +405,21 @@ impl Queue {
     }
 
     /// Completes an in-place write whose data all arrived: `status` is the
-    /// first chunk's failure, or success.
+    /// first chunk's failure, or success. Every chunk went through the
+    /// export's backend (its read-only layer included: a drive locked
+    /// after the R2T refuses the rest) and was refused once the export
+    /// closed (`write_chunk`).
     pub(super) fn in_place_written(&mut self, sqe: &Sqe, status: Status) -> Result<(), ConnError> {
         if let Some(r) = self.recorder.as_mut() {
             r.batch_started();
         }
+        // The export closed after the last chunk landed (a restore replaced
+        // it): the data may be in the store that went, so not a success.
+        let closed = self.export.as_ref().map_or(true, |e| e.is_closed());
+        let status = match (status.is_success(), closed) {
+            (true, true) => Status::NS_NOT_READY,
+            _ => status,
+        };
         let len = u64::from(Rw::parse(sqe).nlb) << LBA_SHIFT;
         self.record(Op::Write, len, status);
         self.reply(sqe.cid(), status, 0)

@@ -12,6 +12,9 @@
 //! Locks: `controllers` (parking_lot, never held across I/O: a socket
 //! shutdown does not block) is touched at connect, disconnect and queue
 //! count changes only; the data path holds its own `Arc<Controller>`.
+//! Order: `controllers`, then the access table's and the export table's
+//! own locks (a Connect's grant and `recheck_access` both decide under
+//! `controllers`).
 //!
 //! Access: an NVMe/TCP host is identified by its host NQN, looked up in
 //! the same per-drive rules as NBD's certificate identities (`identities`,
@@ -217,6 +220,11 @@ impl Target {
         source: &Source,
         admin: &TcpStream,
     ) -> Result<Arc<Controller>, ConnectRefusal> {
+        // The grant is decided under the controllers' lock, which
+        // `recheck_access` also holds while it looks: a Connect decided on
+        // rules just replaced is either seen by that recheck or decided
+        // after it, on the new rules.
+        let mut c = self.controllers.lock();
         let serves = if subnqn == names::DISCOVERY_NQN {
             Serves::Discovery
         } else {
@@ -232,7 +240,6 @@ impl Target {
                 },
             }
         };
-        let mut c = self.controllers.lock();
         let cntlid = (0..MAX_CNTLID)
             .map(|i| (c.next.wrapping_add(i) % MAX_CNTLID) + 1)
             .find(|id| !c.by_id.contains_key(id))

@@ -621,8 +621,13 @@ impl StoreState {
                     return Err(e);
                 }
             }
-            if want_segs > old.len() {
+            // The keeper learns every larger size before it is published
+            // (a grow inside the last segment too): an adopted drive must
+            // not come back shorter than what was acknowledged.
+            if new_size > old_size {
                 self.tell_keeper(new_size);
+            }
+            if want_segs > old.len() {
                 self.segments.store(Arc::new(segs));
             }
             self.size.store(new_size, Ordering::Release);

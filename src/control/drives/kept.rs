@@ -142,11 +142,16 @@ impl Blob {
 /// Tells the supervisor about one drive (see the module invariants).
 pub(super) struct DriveKeeper {
     serving: &'static Serving,
-    /// The settings sent, and a copy of the memfd for sending them again.
-    state: Mutex<(Blob, Option<OwnedFd>)>,
+    /// The settings sent, a copy of the memfd for sending them again, and
+    /// whether the drive was deleted (forgotten: nothing is sent any more,
+    /// so a late resize or settings change cannot bring it back, or put
+    /// its memory under a new drive of the same name).
+    state: Mutex<(Blob, Option<OwnedFd>, bool)>,
 }
 
 impl DriveKeeper {
+    /// Sends the settings and memfd; the caller holds `state` and has
+    /// checked the drive is not forgotten.
     fn send(&self, blob: &Blob, memfd: BorrowedFd<'_>) {
         let key = format!("{KEY_PREFIX}{}", blob.name);
         let bytes = serde_json::to_vec(blob).expect("a blob serializes");
@@ -159,6 +164,9 @@ impl DriveKeeper {
 impl SegmentKeeper for DriveKeeper {
     fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
         let mut st = self.state.lock();
+        if st.2 {
+            return;
+        }
         st.0.size_bytes = size_bytes;
         if st.1.is_none() {
             st.1 = memfd.try_clone_to_owned().ok();
@@ -185,7 +193,7 @@ impl Drives {
         };
         let keeper = Arc::new(DriveKeeper {
             serving,
-            state: Mutex::new((Blob::of(spec, origin), None)),
+            state: Mutex::new((Blob::of(spec, origin), None, false)),
         });
         store.set_keeper(keeper.clone());
         self.kept.0.lock().insert(spec.name.clone(), keeper);
@@ -197,6 +205,9 @@ impl Drives {
             return;
         };
         let mut st = k.state.lock();
+        if st.2 {
+            return;
+        }
         let origin_name = st.0.origin.clone();
         let config_path = st.0.config_path.clone();
         let size = st.0.size_bytes;
@@ -212,17 +223,19 @@ impl Drives {
         }
     }
 
-    /// Forgets a deleted drive: the supervisor drops its memfd.
+    /// Forgets a deleted drive: the supervisor drops its memfd. Marked
+    /// and sent under the keeper's lock, so no send of it can follow.
     pub(super) fn forget_kept(&self, name: &str) {
         self.kept.1.lock().remove(name);
-        if self.kept.0.lock().remove(name).is_none() {
+        let Some(k) = self.kept.0.lock().remove(name) else {
             return;
+        };
+        let mut st = k.state.lock();
+        st.2 = true;
+        if let Err(e) = k.serving.forget(&format!("{KEY_PREFIX}{name}")) {
+            tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
         }
-        if let Some(s) = serving::get() {
-            if let Err(e) = s.forget(&format!("{KEY_PREFIX}{name}")) {
-                tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
-            }
-        }
+        drop(st);
     }
 
     /// Whether drive `name` was adopted at this start with the memory the

@@ -358,7 +358,14 @@ async fn restore_new(
     let (limit, budget) = (req.mem_limit_bytes, drives.budget().clone());
     let (data, store): (DriveData, Arc<dyn Backend>) = match req.compress {
         None => {
-            let s = Arc::new(RamStore::new(size, limit, budget)?);
+            // In a memfd a supervisor keeps, when there is one (the
+            // drive is then kept like any RAM drive: drives::kept).
+            let opts = crate::store::StoreOptions {
+                mem_limit_bytes: limit,
+                shared_memory: crate::handover::serving::get().is_some(),
+                ..Default::default()
+            };
+            let s = Arc::new(RamStore::with_options(size, opts, budget)?);
             (DriveData::Ram(s.clone()), s)
         }
         Some(algo) => {
