@@ -16,7 +16,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,27 +116,56 @@ impl Acked {
     }
 }
 
-/// Writes blocks (4 KiB, unique bytes per seed) until a write fails or
-/// `stop` is set, recording what was acknowledged.
-fn write_until_cut(uri: &str, cycle: u64, stop: &AtomicBool, acked: &mut Acked) -> usize {
-    let c = client(uri);
-    let mut n = 0;
-    for i in 0.. {
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let block = (i * 7919 + cycle * 31) % BLOCKS;
-        let seed = cycle << 32 | i;
-        acked.in_flight = Some((block, seed));
-        acked.tried.entry(block).or_default().push(seed);
-        if c.write(block * BLOCK as u64, &data(seed), false).is_err() {
-            return n;
-        }
-        acked.in_flight = None;
-        acked.last.insert(block, seed);
-        n += 1;
+/// A thread writing blocks (4 KiB, unique bytes per seed) until a write
+/// fails or it is stopped, recording what was acknowledged; `acks` counts
+/// them as they come, for waiting on.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    acks: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<Acked>,
+}
+
+impl Writer {
+    fn start(uri: &str, cycle: u64) -> Writer {
+        let (stop, acks) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (u, s, n) = (uri.to_owned(), stop.clone(), acks.clone());
+        let thread = std::thread::spawn(move || {
+            let mut acked = Acked::default();
+            let c = client(&u);
+            for i in 0.. {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let block = (i * 7919 + cycle * 31) % BLOCKS;
+                let seed = cycle << 32 | i;
+                acked.in_flight = Some((block, seed));
+                acked.tried.entry(block).or_default().push(seed);
+                if c.write(block * BLOCK as u64, &data(seed), false).is_err() {
+                    break;
+                }
+                acked.in_flight = None;
+                acked.last.insert(block, seed);
+                n.fetch_add(1, Ordering::SeqCst);
+            }
+            acked
+        });
+        Writer { stop, acks, thread }
     }
-    n
+
+    fn acks(&self) -> usize {
+        self.acks.load(Ordering::SeqCst)
+    }
+
+    /// Stops it (if its connection is not cut already); what it saw, and
+    /// how many writes were acknowledged.
+    fn finish(self) -> (Acked, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        let n = self.acks();
+        (self.thread.join().unwrap(), n)
+    }
 }
 
 /// Every acknowledged block holds its last acknowledged write. The write
@@ -213,24 +242,23 @@ fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
     let uri = d.uri("db");
     let mut acked = Acked::default();
     let mut total = 0;
+    let mut serving_since = Instant::now();
     for cycle in 0..cycles {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (u, s) = (uri.clone(), stop.clone());
-        let writer = std::thread::spawn(move || {
-            let mut a = Acked::default();
-            let n = write_until_cut(&u, cycle, &s, &mut a);
-            (a, n)
+        let writer = Writer::start(&uri, cycle);
+        // Writes acknowledged, and the process past the supervisor's one
+        // second of serving (no crash-loop backoff; the time is what is
+        // under test there), then a kill at a moment that differs between
+        // cycles.
+        let served_for = Duration::from_millis(1000 + (cycle * 37) % 200);
+        common::wait_until("acknowledged writes", Duration::from_secs(60), || {
+            writer.acks() > 0 && serving_since.elapsed() >= served_for
         });
-        // Past the supervisor's one second (no crash-loop backoff), then
-        // a kill at a moment that differs between cycles.
-        std::thread::sleep(Duration::from_millis(1000 + (cycle * 37) % 200));
         signal(pid as u32, libc::SIGKILL);
-        let (a, n) = writer.join().unwrap();
-        stop.store(true, Ordering::SeqCst);
+        let (a, n) = writer.finish();
         total += n;
         acked.merge(a);
         let (p, h) = serving_pid(&api, pid);
-        pid = p;
+        (pid, serving_since) = (p, Instant::now());
         assert_eq!(h["supervisor"]["restarts"].as_u64(), Some(cycle + 1));
         assert_eq!(h["supervisor"]["last_restart_reason"], "signal 9");
         check(&uri, &mut acked);
@@ -263,31 +291,24 @@ fn a_killed_supervisor_leaves_the_serving_process_serving() {
         .write(0, &pattern(BLOCK, 5), false)
         .unwrap();
     d.kill_hard();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let h = health(&api).expect("the serving process stopped answering");
-        assert_eq!(h["pid"].as_u64(), Some(pid));
-        if h["supervisor"]["alive"] == false {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "health never said the supervisor is gone"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(
+        "health saying the supervisor is gone",
+        Duration::from_secs(20),
+        || {
+            let h = health(&api).expect("the serving process stopped answering");
+            assert_eq!(h["pid"].as_u64(), Some(pid));
+            h["supervisor"]["alive"] == false
+        },
+    );
     let mut buf = vec![0u8; BLOCK];
     client(&d.uri("db")).read(0, &mut buf).unwrap();
     assert_eq!(buf, pattern(BLOCK, 5));
     signal(pid as u32, libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while health(&api).is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the orphan did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(
+        "the orphan stopping on SIGTERM",
+        Duration::from_secs(20),
+        || health(&api).is_none(),
+    );
 }
 
 /// `ramd upgrade`: under a writer, to a copy of this binary (every
@@ -305,14 +326,10 @@ fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
     let new = d.dir().join("ramd-new");
     std::fs::copy(env!("CARGO_BIN_EXE_ramd"), &new).unwrap();
     let uri = d.uri("db");
-    let stop = Arc::new(AtomicBool::new(false));
-    let (u, s) = (uri.clone(), stop.clone());
-    let writer = std::thread::spawn(move || {
-        let mut a = Acked::default();
-        let n = write_until_cut(&u, 1, &s, &mut a);
-        (a, n)
+    let writer = Writer::start(&uri, 1);
+    common::wait_until("acknowledged writes", Duration::from_secs(60), || {
+        writer.acks() > 0
     });
-    std::thread::sleep(Duration::from_millis(200));
     let out = d
         .cli()
         .args(["upgrade", "--binary", new.to_str().unwrap()])
@@ -324,8 +341,7 @@ fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("upgraded: pid"));
-    stop.store(true, Ordering::SeqCst);
-    let (mut acked, n) = writer.join().unwrap();
+    let (mut acked, n) = writer.finish();
     assert!(n > 0, "no write was acknowledged before the upgrade");
     let (pid2, h) = serving_pid(&api, pid);
     assert_eq!(

@@ -463,6 +463,7 @@ impl Queue {
         }
         let at = p.got;
         p.got += data.len();
+        let done = p.got == p.want;
         match p.in_place {
             None => p.buf.extend_from_slice(data),
             Some((offset, status)) if status.is_success() => {
@@ -474,15 +475,16 @@ impl Queue {
             // Failed already: the rest of the data is taken and dropped.
             Some(_) => {}
         }
-        let p = &self.pending[&d.ttag];
-        if p.got < p.want {
+        if !done {
             return Ok(());
         }
         let p = self.pending.remove(&d.ttag).expect("present");
         self.pending_bytes -= p.want;
-        self.current = Some(p.sqe);
         match p.in_place {
-            Some((_, status)) => self.in_place_written(&p.sqe, status)?,
+            Some((_, status)) => {
+                self.current = Some(p.sqe);
+                self.in_place_written(&p.sqe, status)?
+            }
             None => self.execute(&p.sqe, &p.buf)?,
         }
         let kept: usize = self.spare.iter().map(Vec::capacity).sum();

@@ -46,6 +46,24 @@ use crate::control::tokens::{Refused, Role, Token, Tokens};
 #[derive(Debug, Clone)]
 pub struct Caller(pub Token);
 
+/// Refuses a token caller (403 `unix_socket_only`) for what only the
+/// daemon's unix socket may ask: `what` says what and why ("tokens are
+/// made and revoked"), `command` what to run on the daemon's host instead.
+pub fn unix_socket_only(
+    caller: Option<&axum::Extension<Caller>>,
+    what: &str,
+    command: &str,
+) -> Result<(), ApiError> {
+    match caller {
+        None => Ok(()),
+        Some(axum::Extension(Caller(t))) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "unix_socket_only",
+            format!("{what} only through the daemon's unix socket (run `{command}` on its host as its user), not with a token (this is '{}')", t.name),
+        )),
+    }
+}
+
 /// How the token came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {

@@ -54,14 +54,11 @@ fn info(t: Token) -> TokenInfo {
 
 /// Refuses token callers (see the module docs).
 fn unix_socket_only(caller: Option<Extension<Caller>>) -> Result<(), ApiError> {
-    match caller {
-        None => Ok(()),
-        Some(Extension(Caller(t))) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "unix_socket_only",
-            format!("tokens are made and revoked only through the daemon's unix socket (run `ramd token ...` on its host as its user), not with a token (this is '{}')", t.name),
-        )),
-    }
+    super::auth::unix_socket_only(
+        caller.as_ref(),
+        "tokens are made and revoked",
+        "ramd token ...",
+    )
 }
 
 pub async fn list(State(d): State<Arc<Daemon>>) -> Json<TokenList> {

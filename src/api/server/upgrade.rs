@@ -12,7 +12,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
@@ -71,13 +70,11 @@ pub async fn upgrade(
     caller: Option<Extension<Caller>>,
     body: Result<Json<UpgradeRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Upgrading>), ApiError> {
-    if let Some(Extension(Caller(t))) = caller {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "unix_socket_only",
-            format!("an upgrade runs a program as the daemon's user: only through the daemon's unix socket (run `ramd upgrade` on its host as its user), not with a token (this is '{}')", t.name),
-        ));
-    }
+    super::auth::unix_socket_only(
+        caller.as_ref(),
+        "an upgrade runs a program as the daemon's user, so it is asked",
+        "ramd upgrade",
+    )?;
     let req = body.map(|Json(r)| r).unwrap_or_default();
     let Some(s) = serving::get().filter(|s| s.status().supervisor_alive) else {
         return Err(ApiError::new(
@@ -92,13 +89,11 @@ pub async fn upgrade(
     s.request_upgrade(&binary)
         .map_err(|e| ApiError::internal(format!("cannot tell the supervisor: {e}")))?;
     tracing::info!(binary = %binary.display(), new_version = %new_version, "upgrade: stopping this process; the supervisor starts the new binary with every drive kept");
-    // After this answer has gone out: stop as SIGTERM does.
-    tokio::spawn(async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // SAFETY: kill(2) on our own pid with a valid signal; SIGTERM is
-        // blocked in every thread and taken by the signal thread.
-        unsafe { libc::kill(std::process::id() as libc::pid_t, libc::SIGTERM) };
-    });
+    // Stop as SIGTERM does: the API's graceful shutdown lets this
+    // request's answer go out before the process stops.
+    // SAFETY: kill(2) on our own pid with a valid signal; SIGTERM is
+    // blocked in every thread and taken by the signal thread.
+    unsafe { libc::kill(std::process::id() as libc::pid_t, libc::SIGTERM) };
     Ok((
         StatusCode::ACCEPTED,
         Json(Upgrading {

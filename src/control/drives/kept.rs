@@ -142,11 +142,20 @@ impl Blob {
 /// Tells the supervisor about one drive (see the module invariants).
 pub(super) struct DriveKeeper {
     serving: &'static Serving,
-    /// The settings sent, a copy of the memfd for sending them again, and
-    /// whether the drive was deleted (forgotten: nothing is sent any more,
-    /// so a late resize or settings change cannot bring it back, or put
-    /// its memory under a new drive of the same name).
-    state: Mutex<(Blob, Option<OwnedFd>, bool)>,
+    /// Where the drive came from (its settings change, this does not).
+    origin: Origin,
+    state: Mutex<KeeperState>,
+}
+
+/// What a keeper last sent, and whether it may send again.
+struct KeeperState {
+    blob: Blob,
+    /// A copy of the memfd, for sending the settings again.
+    memfd: Option<OwnedFd>,
+    /// The drive was deleted: nothing is sent any more, so a late resize
+    /// or settings change cannot bring it back, or put its memory under a
+    /// new drive of the same name.
+    forgotten: bool,
 }
 
 impl DriveKeeper {
@@ -164,24 +173,24 @@ impl DriveKeeper {
 impl SegmentKeeper for DriveKeeper {
     fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
         let mut st = self.state.lock();
-        if st.2 {
+        if st.forgotten {
             return;
         }
-        st.0.size_bytes = size_bytes;
-        if st.1.is_none() {
-            st.1 = memfd.try_clone_to_owned().ok();
+        st.blob.size_bytes = size_bytes;
+        if st.memfd.is_none() {
+            st.memfd = memfd.try_clone_to_owned().ok();
         }
-        self.send(&st.0, memfd);
+        self.send(&st.blob, memfd);
     }
 }
 
 /// The keepers of this process's drives, by name, and the drives this
 /// process adopted at start (their data outlived the last one).
 #[derive(Default)]
-pub(super) struct Keepers(
-    Mutex<HashMap<String, Arc<DriveKeeper>>>,
-    Mutex<std::collections::HashSet<String>>,
-);
+pub(super) struct Keepers {
+    by_name: Mutex<HashMap<String, Arc<DriveKeeper>>>,
+    adopted: Mutex<std::collections::HashSet<String>>,
+}
 
 impl Drives {
     /// Registers a RAM store's memfd with the supervisor (nothing without
@@ -193,55 +202,54 @@ impl Drives {
         };
         let keeper = Arc::new(DriveKeeper {
             serving,
-            state: Mutex::new((Blob::of(spec, origin), None, false)),
+            origin: origin.clone(),
+            state: Mutex::new(KeeperState {
+                blob: Blob::of(spec, origin),
+                memfd: None,
+                forgotten: false,
+            }),
         });
         store.set_keeper(keeper.clone());
-        self.kept.0.lock().insert(spec.name.clone(), keeper);
+        self.kept.by_name.lock().insert(spec.name.clone(), keeper);
     }
 
-    /// Sends a kept drive's settings again after a change.
+    /// Sends a kept drive's settings again after a change (its size is
+    /// the store's to tell: `keep`).
     pub(super) fn kept_settings_changed(&self, spec: &DriveSpec) {
-        let Some(k) = self.kept.0.lock().get(&spec.name).cloned() else {
+        let Some(k) = self.kept.by_name.lock().get(&spec.name).cloned() else {
             return;
         };
         let mut st = k.state.lock();
-        if st.2 {
+        if st.forgotten {
             return;
         }
-        let origin_name = st.0.origin.clone();
-        let config_path = st.0.config_path.clone();
-        let size = st.0.size_bytes;
-        st.0 = Blob {
-            origin: origin_name,
-            config_path,
-            size_bytes: size,
-            ..Blob::of(spec, &Origin::Api)
+        st.blob = Blob {
+            size_bytes: st.blob.size_bytes,
+            ..Blob::of(spec, &k.origin)
         };
-        let (blob, fd) = (&st.0, &st.1);
-        if let Some(fd) = fd {
-            k.send(blob, fd.as_fd());
+        if let Some(fd) = &st.memfd {
+            k.send(&st.blob, fd.as_fd());
         }
     }
 
     /// Forgets a deleted drive: the supervisor drops its memfd. Marked
     /// and sent under the keeper's lock, so no send of it can follow.
     pub(super) fn forget_kept(&self, name: &str) {
-        self.kept.1.lock().remove(name);
-        let Some(k) = self.kept.0.lock().remove(name) else {
+        self.kept.adopted.lock().remove(name);
+        let Some(k) = self.kept.by_name.lock().remove(name) else {
             return;
         };
         let mut st = k.state.lock();
-        st.2 = true;
+        st.forgotten = true;
         if let Err(e) = k.serving.forget(&format!("{KEY_PREFIX}{name}")) {
             tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
         }
-        drop(st);
     }
 
     /// Whether drive `name` was adopted at this start with the memory the
     /// last serving process wrote (a ublk device it left may resume).
     pub fn adopted_at_start(&self, name: &str) -> bool {
-        self.kept.1.lock().contains(name)
+        self.kept.adopted.lock().contains(name)
     }
 
     /// Adopts the drives a supervisor handed back (at start, before any
@@ -256,7 +264,7 @@ impl Drives {
             let key = entry.key.clone();
             match self.adopt(entry) {
                 Ok(Some(name)) => {
-                    self.kept.1.lock().insert(name.clone());
+                    self.kept.adopted.lock().insert(name.clone());
                     names.push(name)
                 }
                 Ok(None) => {}

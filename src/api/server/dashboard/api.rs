@@ -75,13 +75,11 @@ pub async fn create_link(
     caller: Option<Extension<Caller>>,
     body: Result<Json<CreateDashboardLink>, JsonRejection>,
 ) -> Result<(StatusCode, Json<DashboardLink>), ApiError> {
-    if let Some(Extension(Caller(t))) = caller {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "unix_socket_only",
-            format!("dashboard links carry new tokens, so they are made only through the daemon's unix socket (run `ramd dashboard` on its host as its user), not with a token (this is '{}')", t.name),
-        ));
-    }
+    crate::api::server::auth::unix_socket_only(
+        caller.as_ref(),
+        "dashboard links carry new tokens, so they are made",
+        "ramd dashboard",
+    )?;
     let Json(req) = body?;
     let Some(endpoint) = d.http else {
         return Err(ApiError::new(
