@@ -59,7 +59,7 @@ for size in $sizes; do
     for _ in $(seq "$runs"); do
         old=$(pid_of)
         t0=$(date +%s%N)
-        "$RAMD" --api-socket "$api" upgrade --binary "$dir/ramd-new" >/dev/null 2>&1
+        "$RAMD" --api-socket "$api" upgrade --binary "$dir/ramd-new" >/dev/null
         until nbdinfo --size "$uri" >/dev/null 2>&1; do sleep 0.005; done
         t1=$(date +%s%N)
         [ "$(pid_of)" != "$old" ] || { echo "upgrade did not change the serving process" >&2; exit 1; }
