@@ -141,7 +141,10 @@ log "kill -9 ramd under mounted filesystems (nbd-client -persist, netlink: the d
 nbd-client -unix "$SOCK" -N db /dev/nbd0
 mount /dev/nbd0 /mnt/db
 nbd-client -persist -unix "$SOCK" -N pdb /dev/nbd1
-mkfs.ext4 -q /dev/nbd1
+# No lazy initialisation: an ext4lazyinit thread still zeroing inode
+# tables when the device dies blocks in the kernel, and umount waits for
+# it forever (a loaded run hung here until the 600 s timeout).
+mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0 /dev/nbd1
 mount /dev/nbd1 /mnt/pdb
 make_tree /mnt/pdb /root/pdb.sha256
 sync -f /mnt/pdb # a FLUSH: on ramd's disk from here on (durability=flush)
