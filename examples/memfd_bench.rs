@@ -16,21 +16,25 @@
 //!    bitmaps) of drives of each size in GIB_LIST (default "1,8"), fully
 //!    written (one data run) and every other page written (the most runs).
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ramd::block::backend::Backend;
-use ramd::store::{MemoryBudget, RamStore, SegmentKeeper, StoreOptions};
+use ramd::store::{KeptMemory, MemoryBudget, RamStore, SegmentKeeper, StoreOptions};
 
 const GIB: u64 = 1 << 30;
 
 #[derive(Default)]
-struct Holder(Mutex<Option<(u64, OwnedFd)>>);
+struct Holder(Mutex<Option<(u64, KeptMemory)>>);
 
 impl SegmentKeeper for Holder {
-    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
-        *self.0.lock().unwrap() = Some((size_bytes, memfd.try_clone_to_owned().unwrap()));
+    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+        let kept = KeptMemory {
+            memfd: memfd.try_clone_to_owned().unwrap(),
+            ledger: Some(ledger.try_clone_to_owned().unwrap()),
+        };
+        *self.0.lock().unwrap() = Some((size_bytes, kept));
     }
 }
 

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ramd::block::backend::Backend;
-use ramd::store::{MemoryBudget, RamStore, SegmentKeeper, StoreOptions, PAGE_BYTES};
+use ramd::store::{KeptMemory, MemoryBudget, RamStore, SegmentKeeper, StoreOptions, PAGE_BYTES};
 
 /// Two segments: pages on both sides of a segment boundary are written.
 const SIZE: u64 = 128 << 20;
@@ -78,7 +78,11 @@ fn writer_child() {
     // fd 0 in this process.
     let fd = unsafe { OwnedFd::from_raw_fd(libc::dup(0)) };
     let budget = Arc::new(MemoryBudget::new(u64::MAX));
-    let s = Arc::new(RamStore::adopt(SIZE, fd, opts(), budget).expect("adopt"));
+    let kept = KeptMemory {
+        memfd: fd,
+        ledger: None,
+    };
+    let s = Arc::new(RamStore::adopt(SIZE, kept, opts(), budget).expect("adopt"));
     std::thread::scope(|sc| {
         for t in 0..THREADS {
             let s = s.clone();
@@ -112,7 +116,12 @@ fn writer_child() {
 struct Keeper(std::sync::Mutex<Option<OwnedFd>>);
 
 impl SegmentKeeper for Keeper {
-    fn keep(&self, size_bytes: u64, memfd: std::os::fd::BorrowedFd<'_>) {
+    fn keep(
+        &self,
+        size_bytes: u64,
+        memfd: std::os::fd::BorrowedFd<'_>,
+        _ledger: std::os::fd::BorrowedFd<'_>,
+    ) {
         assert_eq!(size_bytes, SIZE);
         *self.0.lock().unwrap() = Some(memfd.try_clone_to_owned().unwrap());
     }
@@ -198,8 +207,11 @@ fn kill_9_of_the_writer_loses_no_acknowledged_write() {
             "cycle {cycle}: the writer ended by itself: {status:?}"
         );
         total += seen;
-        let s = RamStore::adopt(SIZE, memfd.try_clone().unwrap(), opts(), budget.clone())
-            .expect("adopt after the kill");
+        let kept = KeptMemory {
+            memfd: memfd.try_clone().unwrap(),
+            ledger: None,
+        };
+        let s = RamStore::adopt(SIZE, kept, opts(), budget.clone()).expect("adopt after the kill");
         check(&s, &acked, cycle);
     }
     assert!(total >= cycles * 20, "only {total} acknowledged writes");

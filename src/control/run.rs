@@ -175,6 +175,7 @@ fn create_declared(
     // Persistent drives created through the API (or no longer declared)
     // come back too; restores run in the background, READY=1 waits.
     restore_stored(&drives, settings);
+    drives.forget_unclaimed_kept();
     // Caches after every drive: a name both declare goes to the drive.
     let caches = Arc::new(Caches::new(
         ledger.clone(),

@@ -259,6 +259,20 @@ impl<S: Storage, M: SyncStore> PersistentDrive<S, M> {
         Ok((drive, report))
     }
 
+    /// Opens the drive in `storage` over `store`, memory a previous
+    /// serving process kept with its dirty set (see `restore::adopt`):
+    /// nothing is loaded, the dirty pages are saved by the next sync.
+    pub fn adopt_with(
+        storage: S,
+        key: Option<&Key>,
+        config: PersistConfig,
+        store: M,
+    ) -> Result<(PersistentDrive<S, M>, RestoreReport)> {
+        let (engine, store, report) = super::restore::adopt(storage, key, store)?;
+        let drive = PersistentDrive::assemble(store, engine, config, Some(report.duration));
+        Ok((drive, report))
+    }
+
     /// Gives the state directory back (after `close`; a drive dropped
     /// without `close` keeps only what its last sync saved).
     pub fn into_storage(self) -> S {

@@ -142,6 +142,9 @@ pub struct RestoreReport {
     /// The checkpoint after loading failed (the drive runs; the next sync
     /// retries it).
     pub checkpoint_error: Option<String>,
+    /// Not restored but adopted (`adopt`): the memory a previous serving
+    /// process kept, with this many pages not yet saved.
+    pub kept_dirty_pages: Option<u64>,
     /// Wall time.
     pub duration: Duration,
 }
@@ -206,6 +209,110 @@ pub fn read_meta<S: Storage>(storage: &S) -> Result<Meta> {
 /// Largest single read of the image.
 const READ_RUN_BYTES: u64 = 8 << 20;
 
+/// A state directory opened and verified up to its data: meta, key,
+/// files, and the journal's committed generations (steps 1-2).
+struct Opened<S: Storage> {
+    storage: S,
+    meta: Meta,
+    cipher: Option<Cipher>,
+    image: Image<S::File>,
+    journal: S::File,
+    jpath: String,
+    gens: Vec<GenInfo>,
+    committed_end: u64,
+}
+
+impl<S: Storage> Opened<S> {
+    /// Steps 1 and 2 (see the module docs); changes nothing on disk.
+    fn open(
+        storage: S,
+        key: Option<&Key>,
+        opts: &RestoreOptions,
+        report: &mut RestoreReport,
+    ) -> Result<Opened<S>> {
+        let meta = read_meta(&storage)?;
+        let cipher = open_cipher(&meta, key, storage.describe(""))?;
+        // A leftover of an interrupted meta update is harmless: the rename
+        // is the commit point.
+        let open = |name: &str| {
+            storage
+                .open(name, false)
+                .map_err(io_err("open", storage.describe(name)))
+        };
+        let image = Image {
+            image: open(names::IMAGE)?,
+            pages: open(names::PAGES)?,
+            entry_bytes: meta.entry_bytes(),
+            encrypted: meta.encrypted,
+        };
+        let jpath = storage.describe(names::JOURNAL);
+        let journal = storage
+            .open(names::JOURNAL, true)
+            .map_err(io_err("open", jpath.clone()))?;
+        report.image_gen = meta.image_gen;
+        let (gens, committed_end) = scan_journal(&journal, &meta, opts, &jpath, report)?;
+        Ok(Opened {
+            storage,
+            meta,
+            cipher,
+            image,
+            journal,
+            jpath,
+            gens,
+            committed_end,
+        })
+    }
+
+    /// The generation the journal's last committed generation (or the
+    /// image) holds.
+    fn newest_gen(&self) -> u64 {
+        self.gens
+            .last()
+            .map_or(self.meta.image_gen, |g| g.gen.max(self.meta.image_gen))
+    }
+
+    /// Step 5: the engine over the directory, after forgetting discarded
+    /// journal bytes, with the committed generations checkpointed (a
+    /// failed checkpoint is noted in `report`; the next sync retries it).
+    /// `durable_size` is the size the directory holds now.
+    fn into_engine(mut self, report: &mut RestoreReport, durable_size: u64) -> Result<Engine<S>> {
+        let (cend, flen) = journal_ends(
+            &self.journal,
+            &self.jpath,
+            report.journal_discarded,
+            self.committed_end,
+        )?;
+        let next_gen = report.restored_gen.max(self.meta.image_gen) + 1;
+        if self.meta.drive_size != durable_size && self.gens.is_empty() {
+            // Never happens (the size changes only through generations),
+            // but keep meta honest if it did.
+            self.meta.drive_size = durable_size;
+            write_meta(&self.storage, &self.meta)?;
+        }
+        let writer = JournalWriter::new(
+            self.journal,
+            self.meta.drive_id(),
+            self.meta.entry_bytes(),
+            cend,
+            flen,
+        );
+        let mut engine = Engine::from_parts(
+            self.storage,
+            self.meta,
+            self.image,
+            writer,
+            self.cipher,
+            self.gens,
+            next_gen,
+            durable_size,
+        );
+        if let Err(e) = engine.checkpoint() {
+            report.checkpoint_error = Some(e.to_string());
+        }
+        Ok(engine)
+    }
+}
+
 /// Opens the drive in `storage` into a new RAM store made by `make_store`
 /// (called with the drive size), verifying everything; see the module docs.
 pub fn restore<S: Storage, M: SyncStore>(
@@ -217,49 +324,28 @@ pub fn restore<S: Storage, M: SyncStore>(
 ) -> Result<(Engine<S>, M, RestoreReport)> {
     let started = Instant::now();
     progress.set_phase(RestorePhase::Verifying);
-    let dir = storage.describe("");
-    let mut meta = read_meta(&storage)?;
-    let cipher = open_cipher(&meta, key, dir)?;
-    // A leftover of an interrupted meta update is harmless: the rename is
-    // the commit point.
-    let open = |name: &str| {
-        storage
-            .open(name, false)
-            .map_err(io_err("open", storage.describe(name)))
-    };
-    let image = Image {
-        image: open(names::IMAGE)?,
-        pages: open(names::PAGES)?,
-        entry_bytes: meta.entry_bytes(),
-        encrypted: meta.encrypted,
-    };
-    let jpath = storage.describe(names::JOURNAL);
-    let journal = storage
-        .open(names::JOURNAL, true)
-        .map_err(io_err("open", jpath.clone()))?;
-    let mut report = RestoreReport {
-        image_gen: meta.image_gen,
-        ..RestoreReport::default()
-    };
-
-    // 2. The journal.
-    let (gens, committed_end) = scan_journal(&journal, &meta, &opts, &jpath, &mut report)?;
-    let covered = Covered::new(meta.pages(), &gens);
-    let journal_bytes: u64 = gens.iter().map(|g| g.data_pages * PAGE_BYTES as u64).sum();
+    let mut report = RestoreReport::default();
+    let o = Opened::open(storage, key, &opts, &mut report)?;
+    let covered = Covered::new(o.meta.pages(), &o.gens);
+    let journal_bytes: u64 = o
+        .gens
+        .iter()
+        .map(|g| g.data_pages * PAGE_BYTES as u64)
+        .sum();
 
     // 3. The image.
-    let store = make_store(meta.drive_size)?;
-    let data_pages = count_data_pages(&storage, &image, &meta)?;
+    let store = make_store(o.meta.drive_size)?;
+    let data_pages = count_data_pages(&o.storage, &o.image, &o.meta)?;
     progress.total_bytes.store(
         data_pages * PAGE_BYTES as u64 + journal_bytes,
         Ordering::Relaxed,
     );
     progress.set_phase(RestorePhase::LoadingImage);
     load_image(
-        &storage,
-        &image,
-        &meta,
-        cipher.as_ref(),
+        &o.storage,
+        &o.image,
+        &o.meta,
+        o.cipher.as_ref(),
         &covered,
         opts.force,
         &store,
@@ -270,21 +356,18 @@ pub fn restore<S: Storage, M: SyncStore>(
     // 4. Replay.
     progress.set_phase(RestorePhase::Replaying);
     let replay = Replay {
-        journal: &journal,
-        jpath: &jpath,
-        entry_bytes: meta.entry_bytes(),
-        cipher: cipher.as_ref(),
+        journal: &o.journal,
+        jpath: &o.jpath,
+        entry_bytes: o.meta.entry_bytes(),
+        cipher: o.cipher.as_ref(),
         store: &store,
         progress,
     };
-    for g in &gens {
+    for g in &o.gens {
         replay.generation(g, &mut report)?;
     }
-    report.restored_gen = gens
-        .last()
-        .map_or(meta.image_gen, |g| g.gen.max(meta.image_gen));
+    report.restored_gen = o.newest_gen();
     report.drive_size = store.size();
-    let durable_size = store.size();
     // What was loaded is on disk: nothing is dirty.
     store.clear_dirty();
     // Pages loaded despite failing verification get rewritten (with fresh
@@ -294,29 +377,33 @@ pub fn restore<S: Storage, M: SyncStore>(
     // 5. Change the disk: forget discarded/damaged journal bytes, then
     //    checkpoint what was replayed.
     progress.set_phase(RestorePhase::Checkpointing);
-    let (cend, flen) = journal_ends(&journal, &jpath, report.journal_discarded, committed_end)?;
-    let next_gen = report.restored_gen.max(meta.image_gen) + 1;
-    if meta.drive_size != durable_size && gens.is_empty() {
-        // Never happens (the size changes only through generations), but
-        // keep meta honest if it did.
-        meta.drive_size = durable_size;
-        write_meta(&storage, &meta)?;
-    }
-    let writer = JournalWriter::new(journal, meta.drive_id(), meta.entry_bytes(), cend, flen);
-    let mut engine = Engine::from_parts(
-        storage,
-        meta,
-        image,
-        writer,
-        cipher,
-        gens,
-        next_gen,
-        durable_size,
-    );
-    if let Err(e) = engine.checkpoint() {
-        report.checkpoint_error = Some(e.to_string());
-    }
+    let engine = o.into_engine(&mut report, store.size())?;
     progress.set_phase(RestorePhase::Done);
+    report.duration = started.elapsed();
+    Ok((engine, store, report))
+}
+
+/// Opens the drive in `storage` over `store`: its memory as a previous
+/// serving process of this daemon left it (kept by a supervisor, issue
+/// 31), newer than the directory, with a dirty set that names every page
+/// the directory lacks (`store::ledger`). So nothing is loaded or
+/// replayed: the meta, key and journal are verified as for a restore,
+/// the committed generations checkpointed, and the next sync saves the
+/// dirty pages. Refused, like a restore, for a damaged directory or a
+/// wrong key (the caller then restores from disk or fails the drive).
+pub fn adopt<S: Storage, M: SyncStore>(
+    storage: S,
+    key: Option<&Key>,
+    store: M,
+) -> Result<(Engine<S>, M, RestoreReport)> {
+    let started = Instant::now();
+    let mut report = RestoreReport::default();
+    let o = Opened::open(storage, key, &RestoreOptions::default(), &mut report)?;
+    report.restored_gen = o.newest_gen();
+    report.drive_size = store.size();
+    report.kept_dirty_pages = Some(store.dirty_pages());
+    let durable_size = o.gens.last().map_or(o.meta.drive_size, |g| g.drive_size);
+    let engine = o.into_engine(&mut report, durable_size)?;
     report.duration = started.elapsed();
     Ok((engine, store, report))
 }

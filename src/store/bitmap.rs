@@ -4,12 +4,40 @@
 //! threads holding locks on *different* chunks can update bits that share a
 //! word. Readers that hold no lock (extents, dirty-set snapshots) see each word
 //! atomically; a run spanning words is not a single snapshot.
+//!
+//! The words are the process's own, or part of a page of a shared ledger
+//! (`ledger.rs`) that outlives the process.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::ledger::LedgerPage;
+
+/// Where a bitmap's words live.
+enum Words {
+    Own(Box<[AtomicU64]>),
+    /// `page.words()[first..first + n]`.
+    Shared {
+        page: Arc<LedgerPage>,
+        first: usize,
+        n: usize,
+    },
+}
+
+impl std::ops::Deref for Words {
+    type Target = [AtomicU64];
+    #[inline]
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            Words::Own(w) => w,
+            Words::Shared { page, first, n } => &page.words()[*first..*first + *n],
+        }
+    }
+}
 
 /// One bit per page, `len` bits.
 pub struct AtomicBitmap {
-    words: Box<[AtomicU64]>,
+    words: Words,
     len: usize,
 }
 
@@ -17,7 +45,40 @@ impl AtomicBitmap {
     /// A bitmap of `len` bits, all clear.
     pub fn new(len: usize) -> Self {
         let words = (0..len.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        AtomicBitmap { words, len }
+        AtomicBitmap {
+            words: Words::Own(words),
+            len,
+        }
+    }
+
+    /// A bitmap of `len` bits in `page`'s words from `first` on, as they
+    /// are (an adopted ledger's bits stay).
+    pub fn shared(page: Arc<LedgerPage>, first: usize, len: usize) -> Self {
+        let n = len.div_ceil(64);
+        assert!(first + n <= page.words().len(), "bitmap beyond its page");
+        AtomicBitmap {
+            words: Words::Shared { page, first, n },
+            len,
+        }
+    }
+
+    /// Sets every bit set in `other` (of the same length).
+    pub fn or_from(&self, other: &AtomicBitmap) {
+        for (w, o) in self.words.iter().zip(other.words.iter()) {
+            let bits = o.load(Ordering::Acquire);
+            if bits != 0 {
+                w.fetch_or(bits, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Clears every bit.
+    pub fn clear_all(&self) {
+        for w in self.words.iter() {
+            if w.load(Ordering::Relaxed) != 0 {
+                w.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// Number of bits.

@@ -96,13 +96,14 @@ fn sys(op: &'static str) -> MemfdError {
 
 /// A new, empty, sealed memfd for a drive (module docs).
 pub fn create() -> Result<OwnedFd, MemfdError> {
-    // SAFETY: the name is a NUL-terminated literal; the result is checked.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"ramd-drive".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
+    create_named(c"ramd-drive")
+}
+
+/// A new, empty, sealed memfd named `name` (in /proc/PID/fd).
+pub fn create_named(name: &std::ffi::CStr) -> Result<OwnedFd, MemfdError> {
+    // SAFETY: the name is NUL-terminated; the result is checked.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(sys("memfd_create"));
     }

@@ -76,6 +76,7 @@ pub mod budget;
 pub mod compressed;
 pub mod cut;
 mod huge;
+mod ledger;
 pub mod memfd;
 mod ntcopy;
 mod prefault;
@@ -96,6 +97,7 @@ use bitmap::AtomicBitmap;
 pub use budget::MemoryBudget;
 use huge::HugeState;
 pub use huge::IDLE_MS as HUGE_IDLE_MS;
+use ledger::{Ledger, LedgerPage};
 use prefault::Prefaulter;
 pub use prefault::{AHEAD_BYTES as PREFAULT_AHEAD_BYTES, MARGIN_BYTES as PREFAULT_MARGIN_BYTES};
 use region::Region;
@@ -133,6 +135,9 @@ struct Segment {
     allocated: AtomicBitmap,
     /// Pages changed since the last `take_dirty`.
     dirty: AtomicBitmap,
+    /// Shared stores: pages a cut took from `dirty` that are not saved
+    /// yet, in the ledger with `dirty` (`ledger.rs`).
+    pending: Option<AtomicBitmap>,
     /// Allocated pages the prefaulter committed that nobody has written yet:
     /// they read as zero and are reported as holes.
     zeroed: AtomicBitmap,
@@ -156,6 +161,35 @@ impl Segment {
         !self.allocated.get(p) || self.zeroed.get(p)
     }
 
+    /// A cut takes the dirty bits of `mask` from page `start` (a multiple
+    /// of 16): in a shared store they are pending first (`ledger.rs`).
+    #[inline]
+    fn take_dirty_bits16(&self, start: usize, mask: u16) {
+        if let Some(p) = &self.pending {
+            p.set_bits16(start, mask);
+        }
+        self.dirty.clear_bits16(start, mask);
+    }
+
+    /// Before `[so, so+n)` changes (its chunks locked exclusively): in a
+    /// shared store its pages are dirty already, so a kill in the middle
+    /// of the change leaves them dirty (`ledger.rs`).
+    #[inline]
+    fn mark_before_change(&self, so: usize, n: usize) {
+        if self.pending.is_some() {
+            let page = PAGE_BYTES as usize;
+            self.dirty.set_range(so / page, (so + n).div_ceil(page));
+        }
+    }
+
+    /// A saved cut: nothing is pending any more (no cut runs, so nobody
+    /// sets pending bits meanwhile).
+    fn clear_pending(&self) {
+        if let Some(p) = &self.pending {
+            p.clear_all();
+        }
+    }
+
     /// First page in `[p, last)` whose hole state differs from `hole`.
     fn find_hole_change(&self, p: usize, last: usize, hole: bool) -> usize {
         if !hole {
@@ -175,24 +209,39 @@ impl Segment {
     }
 
     /// An empty segment: anonymous memory, or (`memfd`) segment `index`
-    /// of the drive's memfd, which grows to hold it.
-    fn new(huge: bool, memfd: Option<BorrowedFd<'_>>, index: usize) -> Result<Segment> {
+    /// of the drive's memfd, which grows to hold it, its bits in the
+    /// ledger (cleared: a page there from before a shrink is stale).
+    fn new(huge: bool, shared: Option<(BorrowedFd<'_>, &Ledger)>, index: usize) -> Result<Segment> {
         let len = SEGMENT_BYTES as usize;
-        let region = match memfd {
-            None => Region::new(len, huge)?,
-            Some(fd) => {
-                memfd::grow_to(fd, (index + 1) * len).map_err(std::io::Error::from)?;
-                Region::shared(fd, index * len, len, huge)?
-            }
+        let Some((fd, ledger)) = shared else {
+            return Ok(Segment::with_region(Region::new(len, huge)?, None));
         };
-        Ok(Segment::with_region(region))
+        memfd::grow_to(fd, (index + 1) * len).map_err(std::io::Error::from)?;
+        let region = Region::shared(fd, index * len, len, huge)?;
+        let seg = Segment::with_region(region, Some(ledger.segment(index)?));
+        seg.dirty.clear_all();
+        if let Some(p) = &seg.pending {
+            p.clear_all();
+        }
+        Ok(seg)
     }
 
-    fn with_region(region: Region) -> Segment {
+    /// A segment over `region`, its dirty and pending bits in `ledger`
+    /// (as they are there) or its own.
+    fn with_region(region: Region, ledger: Option<Arc<LedgerPage>>) -> Segment {
+        const HALF: usize = ledger::PAGE_WORDS / 2;
+        let (dirty, pending) = match ledger {
+            None => (AtomicBitmap::new(PAGES_PER_SEGMENT), None),
+            Some(page) => (
+                AtomicBitmap::shared(page.clone(), 0, PAGES_PER_SEGMENT),
+                Some(AtomicBitmap::shared(page, HALF, PAGES_PER_SEGMENT)),
+            ),
+        };
         Segment {
             region,
             allocated: AtomicBitmap::new(PAGES_PER_SEGMENT),
-            dirty: AtomicBitmap::new(PAGES_PER_SEGMENT),
+            dirty,
+            pending,
             zeroed: AtomicBitmap::new(PAGES_PER_SEGMENT),
             locks: (0..CHUNKS_PER_SEGMENT).map(|_| RwLock::new(())).collect(),
             epochs: (0..CHUNKS_PER_SEGMENT).map(|_| AtomicU32::new(0)).collect(),
@@ -275,22 +324,39 @@ pub struct StoreState {
     huge: HugeState,
     /// Every segment's mapping is locked in RAM (`StoreOptions::lock_memory`).
     lock: bool,
-    /// The memfd the segments map (`StoreOptions::shared_memory`; None:
-    /// anonymous memory). Segment `i` is its range at `i * SEGMENT_BYTES`.
-    memfd: Option<OwnedFd>,
+    /// The memfd the segments map and the ledger their dirty bits live in
+    /// (`StoreOptions::shared_memory`; None: anonymous memory). Segment
+    /// `i` is the memfd's range at `i * SEGMENT_BYTES`.
+    shared: Option<Shared>,
     /// Who else holds the memfd (set once; see [`SegmentKeeper`]), told
     /// under `resize_lock` whenever the size changes.
     keeper: OnceLock<Arc<dyn SegmentKeeper>>,
 }
 
-/// Someone who keeps a drive's memfd alive beyond this process (a
+/// A shared store's memory: its data and its dirty ledger.
+struct Shared {
+    memfd: OwnedFd,
+    ledger: Ledger,
+}
+
+/// What a keeper holds of a shared store, for [`RamStore::adopt`].
+pub struct KeptMemory {
+    /// The data (`memfd.rs`).
+    pub memfd: OwnedFd,
+    /// The dirty ledger (`ledger.rs`); None from a keeper that had none
+    /// (the dirty set starts empty then).
+    pub ledger: Option<OwnedFd>,
+}
+
+/// Someone who keeps a drive's memory alive beyond this process (a
 /// supervisor). The store knows nothing of it but this call.
 pub trait SegmentKeeper: Send + Sync {
-    /// The drive is `size_bytes` long, its memory in `memfd`. Called when
-    /// the keeper is set, before a grow publishes the new size (so no
-    /// write beyond the old one is acknowledged before the keeper knows)
-    /// and after a shrink. Failures are the keeper's to report.
-    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>);
+    /// The drive is `size_bytes` long, its memory in `memfd`, its dirty
+    /// bits in `ledger`. Called when the keeper is set, before a grow
+    /// publishes the new size (so no write beyond the old one is
+    /// acknowledged before the keeper knows) and after a shrink. Failures
+    /// are the keeper's to report.
+    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>);
 }
 
 /// How a chunk is locked for an operation.
@@ -407,8 +473,11 @@ impl RamStore {
                 opts.huge_pages && (!opts.shared_memory || memfd::collapse_possible()),
             ),
             lock: opts.lock_memory,
-            memfd: match opts.shared_memory {
-                true => Some(memfd::create().map_err(std::io::Error::from)?),
+            shared: match opts.shared_memory {
+                true => Some(Shared {
+                    memfd: memfd::create().map_err(std::io::Error::from)?,
+                    ledger: Ledger::create(size_bytes)?,
+                }),
                 false => None,
             },
             keeper: OnceLock::new(),
@@ -418,16 +487,19 @@ impl RamStore {
         Ok(RamStore::start(state, opts))
     }
 
-    /// A drive of `size_bytes` over the memfd another process kept (see
+    /// A drive of `size_bytes` over the memory another process kept (see
     /// `memfd.rs`): the same memory, so the same bytes. The allocation
     /// bitmaps are rebuilt from the file's data runs and the pages charged
     /// to both budgets, past their limits if need be (the memory is there
     /// already). Data beyond `size_bytes` (none, if the file is ours) is
-    /// freed. Refused when the descriptor is not a sealed drive memfd long
-    /// enough for the size.
+    /// freed. The dirty set is the ledger's dirty and pending pages, and
+    /// the next cut records the smallest size the ledger saw since its
+    /// last saved one (`ledger.rs`): what a persistent drive's state
+    /// directory lacks. Refused when the descriptor is not a sealed drive
+    /// memfd long enough for the size, or the ledger not a ledger.
     pub fn adopt(
         size_bytes: u64,
-        fd: OwnedFd,
+        kept: KeptMemory,
         opts: StoreOptions,
         global_mem: Arc<MemoryBudget>,
     ) -> Result<RamStore> {
@@ -438,20 +510,32 @@ impl RamStore {
         }
         let nsegs = size_bytes.div_ceil(SEGMENT_BYTES) as usize;
         let seg_len = SEGMENT_BYTES as usize;
+        let fd = kept.memfd;
         let borrowed = std::os::fd::AsFd::as_fd(&fd);
         memfd::check(borrowed, nsegs * seg_len).map_err(std::io::Error::from)?;
+        let (ledger, fresh_ledger) = match kept.ledger {
+            Some(l) => (Ledger::adopt(l)?, false),
+            None => (Ledger::create(size_bytes)?, true),
+        };
         let huge = HugeState::new(opts.huge_pages && memfd::collapse_possible());
         let segs = (0..nsegs)
             .map(|i| {
-                Ok(Arc::new(Segment::with_region(Region::shared(
-                    borrowed,
-                    i * seg_len,
-                    seg_len,
-                    huge.enabled(),
-                )?)))
+                let region = Region::shared(borrowed, i * seg_len, seg_len, huge.enabled())?;
+                let seg = Segment::with_region(region, Some(ledger.segment(i)?));
+                if fresh_ledger {
+                    seg.dirty.clear_all();
+                }
+                if let Some(p) = &seg.pending {
+                    if fresh_ledger {
+                        p.clear_all();
+                    }
+                    seg.dirty.or_from(p);
+                }
+                Ok(Arc::new(seg))
             })
             .collect::<Result<Vec<_>>>()?;
         let bytes = mark_data_runs(&segs, borrowed, size_bytes)?;
+        let min_size = ledger.unsaved_min().min(size_bytes);
         let state = Arc::new(StoreState {
             size: AtomicU64::new(size_bytes),
             segments: ArcSwap::from_pointee(segs),
@@ -460,10 +544,10 @@ impl RamStore {
             resize_lock: Mutex::new(()),
             fill_end: AtomicU64::new(u64::MAX),
             snap: SnapState::default(),
-            min_size: AtomicU64::new(size_bytes),
+            min_size: AtomicU64::new(min_size),
             huge,
             lock: opts.lock_memory,
-            memfd: Some(fd),
+            shared: Some(Shared { memfd: fd, ledger }),
             keeper: OnceLock::new(),
         });
         state.drive_mem.try_reserve_over(bytes, u64::MAX);
@@ -478,7 +562,7 @@ impl RamStore {
     /// the same in every process that maps this memory, another for
     /// every new memfd while this one exists.
     pub fn memfd_inode(&self) -> Option<u64> {
-        let fd = self.state.memfd.as_ref()?;
+        let fd = &self.state.shared.as_ref()?.memfd;
         rustix::fs::fstat(fd).ok().map(|st| st.st_ino)
     }
 
@@ -486,7 +570,7 @@ impl RamStore {
     /// [`SegmentKeeper`]); a second keeper is ignored. Does nothing for a
     /// store in anonymous memory.
     pub fn set_keeper(&self, keeper: Arc<dyn SegmentKeeper>) {
-        if self.state.memfd.is_none() {
+        if self.state.shared.is_none() {
             return;
         }
         let _guard = self.state.resize_lock.lock();
@@ -577,12 +661,20 @@ impl StoreState {
 
     /// Takes the set of pages changed since the last call (see module docs
     /// for the guarantee with respect to concurrent writers).
+    /// A shared store's ledger forgets its pending pages too: whoever
+    /// takes the set saves it (or knows it saved).
     pub fn take_dirty(&self) -> DirtyPages {
         self.min_size.store(self.size(), Ordering::Release);
         let segs = self.segments.load();
         let mut words = Vec::with_capacity(segs.len() * PAGES_PER_SEGMENT / 64);
         for seg in segs.iter() {
             words.extend(seg.dirty.take());
+            if let Some(p) = &seg.pending {
+                p.clear_all();
+            }
+        }
+        if let Some(s) = &self.shared {
+            s.ledger.note_saved(self.size());
         }
         DirtyPages { words }
     }
@@ -611,8 +703,15 @@ impl StoreState {
             let old = self.segments.load_full();
             let mut segs: Vec<Arc<Segment>> = old.as_ref().clone();
             while segs.len() < want_segs {
-                let fd = self.memfd.as_ref().map(std::os::fd::AsFd::as_fd);
-                segs.push(Arc::new(Segment::new(self.huge.enabled(), fd, segs.len())?));
+                let shared = self
+                    .shared
+                    .as_ref()
+                    .map(|s| (std::os::fd::AsFd::as_fd(&s.memfd), &s.ledger));
+                segs.push(Arc::new(Segment::new(
+                    self.huge.enabled(),
+                    shared,
+                    segs.len(),
+                )?));
             }
             if self.lock {
                 if let Err(e) = lock_segments(&segs, new_size) {
@@ -634,6 +733,9 @@ impl StoreState {
         } else {
             self.size.store(new_size, Ordering::Release);
             self.min_size.fetch_min(new_size, Ordering::AcqRel);
+            if let Some(s) = &self.shared {
+                s.ledger.note_shrink(new_size);
+            }
             self.release_tail(new_size, old_size);
             let segs = self.segments.load_full();
             if segs.len() > want_segs {
@@ -651,14 +753,14 @@ impl StoreState {
     /// Tells the keeper (if any) that the drive is `size` bytes long. The
     /// caller holds the resize lock.
     fn tell_keeper(&self, size: u64) {
-        if let (Some(keeper), Some(fd)) = (self.keeper.get(), &self.memfd) {
-            keeper.keep(size, std::os::fd::AsFd::as_fd(fd));
+        if let (Some(keeper), Some(s)) = (self.keeper.get(), &self.shared) {
+            keeper.keep(size, std::os::fd::AsFd::as_fd(&s.memfd), s.ledger.fd());
         }
     }
 
     /// True when the drive's memory is a memfd (`memfd.rs`).
     pub fn is_shared(&self) -> bool {
-        self.memfd.is_some()
+        self.shared.is_some()
     }
 
     /// Frees everything in `[new_size, old_size)` after a shrink, zeroing
@@ -770,6 +872,9 @@ impl StoreState {
             }
             if pos + n > self.size.load(Ordering::Acquire) {
                 return Err(self.out_of_range(offset, len));
+            }
+            if access == Access::Exclusive {
+                seg.mark_before_change(so, n as usize);
             }
             f(seg, so, n as usize, (pos - offset) as usize)?;
             pos += n;
@@ -973,6 +1078,7 @@ impl StoreState {
         if ready == so {
             return Err(no_space.expect("a chunk failed to prepare"));
         }
+        seg.mark_before_change(so, ready - so);
         // SAFETY: `[so, ready)` lies inside the segment's mapping; we hold
         // the exclusive locks of every chunk it touches, so no other thread
         // reads or writes these bytes while the slice lives.
@@ -1524,13 +1630,99 @@ mod tests {
         assert_eq!(s.allocated_bytes(), 4 * PAGE_BYTES);
     }
 
-    /// Keeps a duplicate of the memfd it is given, as a supervisor does.
+    /// Keeps duplicates of the descriptors it is given, as a supervisor
+    /// does.
     #[derive(Default)]
-    struct Holder(Mutex<(u64, Option<OwnedFd>)>);
+    struct Holder(Mutex<(u64, Option<OwnedFd>, Option<OwnedFd>)>);
 
     impl SegmentKeeper for Holder {
-        fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
-            *self.0.lock() = (size_bytes, Some(memfd.try_clone_to_owned().unwrap()));
+        fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+            *self.0.lock() = (
+                size_bytes,
+                Some(memfd.try_clone_to_owned().unwrap()),
+                Some(ledger.try_clone_to_owned().unwrap()),
+            );
+        }
+    }
+
+    impl Holder {
+        /// What it holds, as an adoption takes it (duplicates).
+        fn kept(&self) -> (u64, KeptMemory) {
+            let g = self.0.lock();
+            let kept = KeptMemory {
+                memfd: g.1.as_ref().unwrap().try_clone().unwrap(),
+                ledger: g.2.as_ref().map(|l| l.try_clone().unwrap()),
+            };
+            (g.0, kept)
+        }
+    }
+
+    fn dirty_list(s: &StoreState) -> Vec<u64> {
+        s.segments
+            .load()
+            .iter()
+            .enumerate()
+            .flat_map(|(i, seg)| {
+                (0..PAGES_PER_SEGMENT)
+                    .filter(|&p| seg.dirty.get(p))
+                    .map(move |p| (i * PAGES_PER_SEGMENT + p) as u64)
+            })
+            .collect()
+    }
+
+    /// The dirty set outlives the process with the memory (`ledger.rs`):
+    /// an adopted store's dirty set holds every page written since the
+    /// last saved cut, including the ones a cut had taken but not saved
+    /// when the process died; a saved cut's pages are not dirty again.
+    #[test]
+    fn the_dirty_set_survives_an_adoption() {
+        let global = Arc::new(MemoryBudget::new(u64::MAX));
+        let opts = StoreOptions {
+            shared_memory: true,
+            prefault: false,
+            ..StoreOptions::default()
+        };
+        let s = RamStore::with_options(SEGMENT_BYTES * 2, opts, global.clone()).unwrap();
+        let holder = Arc::new(Holder::default());
+        s.set_keeper(holder.clone());
+        s.take_dirty();
+        s.write(0, &[1; 4096], false).unwrap();
+        s.write(SEGMENT_BYTES, &[2; 4096], false).unwrap();
+        // A saved cut.
+        let mut cut = s.snapshot();
+        while cut.next_chunk().is_some() {}
+        cut.finish();
+        s.write(8192, &[3; 4096], false).unwrap();
+        s.write(SEGMENT_BYTES + 8192, &[4; 4096], false).unwrap();
+        // A cut that took everything and died before it was saved.
+        let mut cut = s.snapshot();
+        while cut.next_chunk().is_some() {}
+        std::mem::forget(cut);
+        assert!(dirty_list(&s).is_empty());
+        s.write(4 * 4096, &[5; 10], false).unwrap();
+        let (size, kept) = holder.kept();
+        let a = RamStore::adopt(size, kept, opts, global.clone()).unwrap();
+        let p = SEGMENT_BYTES / PAGE_BYTES;
+        assert_eq!(dirty_list(&a), vec![2, 4, p + 2]);
+        // Saved by the adopter: a second adoption starts clean.
+        let mut cut = a.snapshot();
+        while cut.next_chunk().is_some() {}
+        cut.finish();
+        let (size, kept) = holder.kept();
+        let b = RamStore::adopt(size, kept, opts, global.clone()).unwrap();
+        assert!(dirty_list(&b).is_empty());
+        // A shrink and grow since the last saved cut is remembered.
+        b.resize(SEGMENT_BYTES / 2).unwrap();
+        b.resize(SEGMENT_BYTES * 2).unwrap();
+        let (size, kept) = holder.kept();
+        let c = RamStore::adopt(size, kept, opts, global).unwrap();
+        assert_eq!(c.snapshot().min_size_bytes(), SEGMENT_BYTES / 2);
+    }
+
+    fn kept(memfd: OwnedFd) -> KeptMemory {
+        KeptMemory {
+            memfd,
+            ledger: None,
         }
     }
 
@@ -1562,14 +1754,14 @@ mod tests {
         let (allocated, extents) = (s.allocated_bytes(), s.extents(0, s.size()).unwrap());
         drop(s);
         assert_eq!(global.used_bytes(), 0);
-        let (size, fd) = std::mem::take(&mut *holder.0.lock());
+        let (size, fd, _) = std::mem::take(&mut *holder.0.lock());
         let fd = fd.unwrap();
         let opts = StoreOptions {
             prefault: false,
             ..StoreOptions::default()
         };
         let dup = fd.try_clone().unwrap();
-        let a = RamStore::adopt(size, dup, opts, global.clone()).unwrap();
+        let a = RamStore::adopt(size, kept(dup), opts, global.clone()).unwrap();
         let mut got = vec![0u8; want.len()];
         a.read(0, &mut got).unwrap();
         assert!(got == want);
@@ -1579,10 +1771,10 @@ mod tests {
         // A shrink frees the tail and keeps the file's length; adopting at
         // the smaller size finds the rest of the file empty.
         a.resize(SEGMENT_BYTES / 2).unwrap();
-        let kept = a.allocated_bytes();
+        let held = a.allocated_bytes();
         drop(a);
-        let b = RamStore::adopt(SEGMENT_BYTES / 2, fd, opts, global.clone()).unwrap();
-        assert_eq!(b.allocated_bytes(), kept);
+        let b = RamStore::adopt(SEGMENT_BYTES / 2, kept(fd), opts, global.clone()).unwrap();
+        assert_eq!(b.allocated_bytes(), held);
         b.resize(3 * SEGMENT_BYTES).unwrap();
         let mut tail = vec![1u8; 16];
         b.read(2 * SEGMENT_BYTES, &mut tail).unwrap();
@@ -1590,12 +1782,12 @@ mod tests {
         drop(b);
         // Short and unsealed files are refused.
         let short = memfd::create().unwrap();
-        assert!(RamStore::adopt(4096, short, opts, global.clone()).is_err());
+        assert!(RamStore::adopt(4096, kept(short), opts, global.clone()).is_err());
         // SAFETY: a fresh memfd, owned at once.
         let plain = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"x".as_ptr(), 0)) };
         // SAFETY: ftruncate on our descriptor.
         unsafe { libc::ftruncate(plain.as_raw_fd(), SEGMENT_BYTES as i64) };
-        assert!(RamStore::adopt(4096, plain, opts, global).is_err());
+        assert!(RamStore::adopt(4096, kept(plain), opts, global).is_err());
     }
 
     /// With `shared_memory` off the segments are anonymous: nothing to

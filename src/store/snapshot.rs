@@ -207,7 +207,7 @@ impl StoreState {
             // next one.
             return CowOutcome::Proceed;
         }
-        seg.dirty.clear_bits16(start, mask);
+        seg.take_dirty_bits16(start, mask);
         seg.epochs[ci].store(e, Ordering::Release);
         CowOutcome::Proceed
     }
@@ -331,7 +331,7 @@ impl Snapshot<'_> {
         if seg.epochs[ci].load(Ordering::Acquire) < self.epoch {
             let start = ci * PAGES_PER_CHUNK;
             let mask = seg.dirty.bits16(start);
-            seg.dirty.clear_bits16(start, mask);
+            seg.take_dirty_bits16(start, mask);
             seg.epochs[ci].store(self.epoch, Ordering::Release);
             return (mask != 0).then(|| copy_pages(seg, ci, chunk, mask));
         }
@@ -418,6 +418,17 @@ impl Drop for Snapshot<'_> {
         for (chunk, mask) in unsaved {
             let (seg, ci) = self.seg_of(chunk);
             seg.dirty.set_bits16(ci * PAGES_PER_CHUNK, mask);
+        }
+        if self.finished {
+            // Saved: what this cut took is on disk, what it did not is
+            // dirty again (above), so a shared store's ledger forgets its
+            // pending pages and the smaller sizes before this cut.
+            for seg in self.segs.iter() {
+                seg.clear_pending();
+            }
+            if let Some(s) = &self.state.shared {
+                s.ledger.note_saved(self.size_bytes);
+            }
         }
     }
 }

@@ -1,13 +1,20 @@
 //! RAM drives kept across restarts of the serving process (issue 31,
 //! docs/restart.md). When a supervisor started this process
-//! (`ramd daemon --supervise`, `handover::serving`), every plain RAM
-//! drive (raw store: neither persistent nor compressed) keeps its memory
-//! in a sealed memfd (`StoreOptions::shared_memory`) that the supervisor
-//! holds under `drive/NAME`, with the drive's settings as a JSON blob.
-//! After a restart the drives handed back are adopted
-//! (`RamStore::adopt`: the same memory, so every byte written before the
-//! kill) before any declared drive is created; a declared drive of the
-//! same name is that adopted drive.
+//! (`ramd daemon --supervise`, `handover::serving`), every drive over the
+//! raw store (plain RAM drives and persistent ones; not compressed ones)
+//! keeps its memory in a sealed memfd and its dirty set in a ledger
+//! (`StoreOptions::shared_memory`, `store::ledger`) that the supervisor
+//! holds under `drive/NAME` (plain) or `persistent/NAME`, with the drive's
+//! settings as a JSON blob. After a restart the plain drives handed back
+//! are adopted (`RamStore::adopt`: the same memory, so every byte written
+//! before the kill) before any declared drive is created; a declared
+//! drive of the same name is that adopted drive. A persistent drive's
+//! memory waits until its state directory is opened, which then adopts
+//! it instead of restoring (`persistent::open`): the memory is newer
+//! than the directory, and the ledger's dirty set is what the directory
+//! lacks. Persistent drives have their own prefix so that an older
+//! binary, which knows only `drive/` and ignores blob fields it does not
+//! know, never serves one as a plain drive.
 //!
 //! Invariants:
 //! - a drive's memfd is registered before its export is published (in
@@ -31,13 +38,14 @@ use serde::{Deserialize, Serialize};
 
 use super::create::Source;
 use super::error::DriveError;
+use super::persistent::Kept;
 use super::spec::DriveSpec;
 use super::{store_options, DriveData, Drives};
 use crate::block::backend::Error as StoreError;
 use crate::control::ledger::Origin;
 use crate::handover::serving::{self, Entry, Serving};
 use crate::nbd::access::{AccessRules, BadNetwork};
-use crate::store::{RamStore, SegmentKeeper};
+use crate::store::{KeptMemory, RamStore, SegmentKeeper};
 
 /// Why a drive handed back cannot be served again.
 #[derive(Debug, thiserror::Error)]
@@ -59,8 +67,10 @@ pub enum KeptError {
 /// The blob's layout version.
 const BLOB_VERSION: u32 = 1;
 
-/// The key prefix of drives.
+/// The key prefix of plain RAM drives.
 const KEY_PREFIX: &str = "drive/";
+/// The key prefix of persistent drives (module docs).
+const PERSISTENT_PREFIX: &str = "persistent/";
 
 /// A drive's settings, as the supervisor keeps them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +88,9 @@ struct Blob {
     identities: Vec<String>,
     read_only_identities: Vec<String>,
     networks: Vec<String>,
+    /// A persistent drive's state directory (its settings live there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state_dir: Option<PathBuf>,
 }
 
 impl Blob {
@@ -98,6 +111,7 @@ impl Blob {
             identities: spec.access.identities.clone(),
             read_only_identities: spec.access.read_only_identities.clone(),
             networks: spec.access.networks.iter().map(|n| n.to_string()).collect(),
+            state_dir: None,
         }
     }
 
@@ -142,6 +156,8 @@ impl Blob {
 /// Tells the supervisor about one drive (see the module invariants).
 pub(super) struct DriveKeeper {
     serving: &'static Serving,
+    /// The supervisor's key: prefix and name.
+    key: String,
     /// Where the drive came from (its settings change, this does not).
     origin: Origin,
     state: Mutex<KeeperState>,
@@ -150,8 +166,8 @@ pub(super) struct DriveKeeper {
 /// What a keeper last sent, and whether it may send again.
 struct KeeperState {
     blob: Blob,
-    /// A copy of the memfd, for sending the settings again.
-    memfd: Option<OwnedFd>,
+    /// Copies of the memfd and the ledger, for sending the settings again.
+    fds: Option<(OwnedFd, OwnedFd)>,
     /// The drive was deleted: nothing is sent any more, so a late resize
     /// or settings change cannot bring it back, or put its memory under a
     /// new drive of the same name.
@@ -159,28 +175,30 @@ struct KeeperState {
 }
 
 impl DriveKeeper {
-    /// Sends the settings and memfd; the caller holds `state` and has
-    /// checked the drive is not forgotten.
-    fn send(&self, blob: &Blob, memfd: BorrowedFd<'_>) {
-        let key = format!("{KEY_PREFIX}{}", blob.name);
+    /// Sends the settings, memfd and ledger; the caller holds `state` and
+    /// has checked the drive is not forgotten.
+    fn send(&self, blob: &Blob, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
         let bytes = serde_json::to_vec(blob).expect("a blob serializes");
-        if let Err(e) = self.serving.put(&key, &bytes, &[memfd]) {
+        if let Err(e) = self.serving.put(&self.key, &bytes, &[memfd, ledger]) {
             tracing::error!(drive = %blob.name, "the supervisor could not be told about the drive's memory (a restart would lose it): {e}");
         }
     }
 }
 
 impl SegmentKeeper for DriveKeeper {
-    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>) {
+    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
         let mut st = self.state.lock();
         if st.forgotten {
             return;
         }
         st.blob.size_bytes = size_bytes;
-        if st.memfd.is_none() {
-            st.memfd = memfd.try_clone_to_owned().ok();
+        if st.fds.is_none() {
+            st.fds = memfd
+                .try_clone_to_owned()
+                .and_then(|m| Ok((m, ledger.try_clone_to_owned()?)))
+                .ok();
         }
-        self.send(&st.blob, memfd);
+        self.send(&st.blob, memfd, ledger);
     }
 }
 
@@ -190,6 +208,14 @@ impl SegmentKeeper for DriveKeeper {
 pub(super) struct Keepers {
     by_name: Mutex<HashMap<String, Arc<DriveKeeper>>>,
     adopted: Mutex<std::collections::HashSet<String>>,
+    /// Persistent drives' memory handed back, until their directories
+    /// are opened (by name).
+    persistent: Mutex<HashMap<String, Entry>>,
+}
+
+/// Whether new raw stores should live in memfds: a supervisor keeps them.
+pub(super) fn supervised() -> bool {
+    serving::get().is_some()
 }
 
 impl Drives {
@@ -197,20 +223,73 @@ impl Drives {
     /// one, or for a store without a memfd). Before the export is
     /// published.
     pub(super) fn keep(&self, spec: &DriveSpec, origin: &Origin, store: &RamStore) {
+        self.keep_as(KEY_PREFIX, Blob::of(spec, origin), origin, store);
+    }
+
+    /// `keep` for a persistent drive over the raw store in `dir`.
+    pub(super) fn keep_persistent(
+        &self,
+        spec: &DriveSpec,
+        origin: &Origin,
+        store: &RamStore,
+        dir: &std::path::Path,
+    ) {
+        let blob = Blob {
+            state_dir: Some(dir.to_owned()),
+            ..Blob::of(spec, origin)
+        };
+        self.keep_as(PERSISTENT_PREFIX, blob, origin, store);
+    }
+
+    fn keep_as(&self, prefix: &str, blob: Blob, origin: &Origin, store: &RamStore) {
         let Some(serving) = serving::get() else {
             return;
         };
+        let name = blob.name.clone();
         let keeper = Arc::new(DriveKeeper {
             serving,
+            key: format!("{prefix}{name}"),
             origin: origin.clone(),
             state: Mutex::new(KeeperState {
-                blob: Blob::of(spec, origin),
-                memfd: None,
+                blob,
+                fds: None,
                 forgotten: false,
             }),
         });
         store.set_keeper(keeper.clone());
-        self.kept.by_name.lock().insert(spec.name.clone(), keeper);
+        self.kept.by_name.lock().insert(name, keeper);
+    }
+
+    /// The memory a supervisor kept of persistent drive `name`, once (a
+    /// second call, or for a drive nothing was kept of: None). An entry
+    /// that cannot be read is logged and left with the supervisor.
+    pub(super) fn take_kept_persistent(&self, name: &str) -> Option<Kept> {
+        let entry = self.kept.persistent.lock().remove(name)?;
+        let kept = Blob::parse(&entry.blob).and_then(|b| {
+            let mut fds = entry.fds.into_iter();
+            let memfd = fds.next().ok_or(KeptError::NoMemfd)?;
+            Ok(Kept {
+                size_bytes: b.size_bytes,
+                memory: KeptMemory {
+                    memfd,
+                    ledger: fds.next(),
+                },
+            })
+        });
+        kept.inspect_err(|e| tracing::error!(drive = %name, "the memory of persistent drive kept across the restart cannot be used ({e}): restoring it from its state directory"))
+            .ok()
+    }
+
+    /// Drops the persistent drives' memory nobody claimed at start (their
+    /// state directories are gone): the supervisor forgets it.
+    pub fn forget_unclaimed_kept(&self) {
+        let Some(serving) = serving::get() else {
+            return;
+        };
+        for (name, _) in self.kept.persistent.lock().drain() {
+            tracing::warn!(drive = %name, "memory kept of a persistent drive whose state directory is gone: dropped");
+            let _ = serving.forget(&format!("{PERSISTENT_PREFIX}{name}"));
+        }
     }
 
     /// Sends a kept drive's settings again after a change (its size is
@@ -225,10 +304,11 @@ impl Drives {
         }
         st.blob = Blob {
             size_bytes: st.blob.size_bytes,
+            state_dir: st.blob.state_dir.take(),
             ..Blob::of(spec, &k.origin)
         };
-        if let Some(fd) = &st.memfd {
-            k.send(&st.blob, fd.as_fd());
+        if let Some((memfd, ledger)) = &st.fds {
+            k.send(&st.blob, memfd.as_fd(), ledger.as_fd());
         }
     }
 
@@ -241,7 +321,7 @@ impl Drives {
         };
         let mut st = k.state.lock();
         st.forgotten = true;
-        if let Err(e) = k.serving.forget(&format!("{KEY_PREFIX}{name}")) {
+        if let Err(e) = k.serving.forget(&k.key) {
             tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
         }
     }
@@ -278,15 +358,24 @@ impl Drives {
     }
 
     fn adopt(self: &Arc<Self>, entry: Entry) -> Result<Option<String>, KeptError> {
+        if let Some(name) = entry.key.strip_prefix(PERSISTENT_PREFIX) {
+            self.kept.persistent.lock().insert(name.to_owned(), entry);
+            return Ok(None);
+        }
         if !entry.key.starts_with(KEY_PREFIX) {
             return Ok(None);
         }
         let blob = Blob::parse(&entry.blob)?;
         let (spec, origin) = blob.spec()?;
-        let fd = entry.fds.into_iter().next().ok_or(KeptError::NoMemfd)?;
+        let mut fds = entry.fds.into_iter();
+        let memfd = fds.next().ok_or(KeptError::NoMemfd)?;
+        let kept = KeptMemory {
+            memfd,
+            ledger: fds.next(),
+        };
         let mut opts = store_options(spec.mem_limit_bytes, spec.lock_memory);
         opts.shared_memory = true;
-        let store = RamStore::adopt(spec.size_bytes, fd, opts, self.budget().clone())?;
+        let store = RamStore::adopt(spec.size_bytes, kept, opts, self.budget().clone())?;
         let allocated = store.allocated_bytes();
         let data = DriveData::Ram(Arc::new(store));
         self.create_from(spec.clone(), Source::Kept(origin, data))?;

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::persistent::{self, settings, DiskDrive, Found, Persistence, RestoreRecord};
+use super::kept;
+use super::persistent::{self, settings, DiskDrive, Found, Kept, Persistence, RestoreRecord};
 use super::spec::{DriveSpec, PersistSpec};
 use super::{
     data_end, error, not_found, not_ready, promise_for, Drive, DriveData, DriveError, DriveKind,
@@ -78,7 +79,18 @@ impl Drives {
         let promise = promise_for(spec.size_bytes, spec.mem_limit_bytes, spec.overcommit);
         self.ledger.repromise(claim, &promise)?;
         let origin = claim.origin.name();
-        let pd = persistent::create_new(&dir, spec, persist, origin, self.budget().clone())?;
+        let pd = persistent::create_new(
+            &dir,
+            spec,
+            persist,
+            origin,
+            self.budget().clone(),
+            kept::supervised(),
+        )?;
+        // Kept by a supervisor (if any) before clients can write.
+        if let DiskDrive::Raw(d) = &pd {
+            self.keep_persistent(spec, &claim.origin, d.store(), &dir);
+        }
         let p = Arc::new(Persistence::new(
             dir.clone(),
             persist.clone(),
@@ -95,7 +107,10 @@ impl Drives {
             None,
             now_unix_s(),
         );
-        self.insert(&mut drives, &drive)?;
+        if let Err(e) = self.insert(&mut drives, &drive) {
+            self.forget_kept(&spec.name);
+            return Err(e);
+        }
         p.start_scheduler(&pd, &spec.name);
         tracing::info!(
             drive = %spec.name,
@@ -154,10 +169,12 @@ impl Drives {
         );
         // A declared size (config, flags, `ramd create --size`)
         // is applied after the restore.
+        let kept = self.take_kept_persistent(&spec.name);
         self.spawn_restore(
             &placeholder,
             Some(spec.size_bytes),
             RestoreOptions::default(),
+            kept,
         );
         Ok(placeholder)
     }
@@ -205,11 +222,12 @@ impl Drives {
         placeholder: &Arc<Drive>,
         want_size: Option<u64>,
         opts: RestoreOptions,
+        kept: Option<Kept>,
     ) {
         let (me, ph) = (self.clone(), placeholder.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("restore-{}", placeholder.name))
-            .spawn(move || me.run_restore(&ph, want_size, opts));
+            .spawn(move || me.run_restore(&ph, want_size, opts, kept));
         if let Err(e) = spawned {
             let mut drives = self.drives.lock();
             self.finish_failed(
@@ -225,6 +243,7 @@ impl Drives {
         placeholder: &Arc<Drive>,
         want_size: Option<u64>,
         opts: RestoreOptions,
+        kept: Option<Kept>,
     ) {
         let Some(p) = placeholder.persist.clone() else {
             return;
@@ -241,6 +260,7 @@ impl Drives {
             mem_limit_bytes: placeholder.mem_limit_bytes(),
             compress: placeholder.compress(),
             lock_memory: placeholder.lock_memory,
+            shared_memory: kept::supervised(),
         };
         let result = persistent::open(
             &p.dir,
@@ -249,6 +269,7 @@ impl Drives {
             &progress,
             memory,
             self.budget().clone(),
+            kept,
         );
         drop(turn);
         let mut drives = self.drives.lock();
@@ -288,6 +309,11 @@ impl Drives {
         );
         let text = persistent::report_text(&report);
         *p.restore.lock() = RestoreRecord::Done(report);
+        // Kept by a supervisor (if any) before clients can write.
+        if let DiskDrive::Raw(d) = &pd {
+            let origin = placeholder.claim.origin.clone();
+            self.keep_persistent(&spec, &origin, d.store(), &p.dir);
+        }
         self.replace(&mut drives, placeholder, &drive);
         tracing::info!(drive = %drive.name, "{text}");
         if let Some(want) = want_size.filter(|&w| w != pd.size()) {
@@ -469,7 +495,7 @@ impl Drives {
         self.replace(&mut drives, &drive, &placeholder);
         drop(drives);
         tracing::info!(drive = %name, force = opts.force, discard_journal = opts.discard_journal, "restoring again");
-        self.spawn_restore(&placeholder, None, opts);
+        self.spawn_restore(&placeholder, None, opts, None);
         Ok(placeholder)
     }
 

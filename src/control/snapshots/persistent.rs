@@ -156,6 +156,7 @@ impl DiskRestore {
             &persist,
             &self.origin,
             self.budget.clone(),
+            false,
         )
         .map_err(|e| self.disk(e))?;
         let mut sink = StagingSink {

@@ -48,7 +48,7 @@ use crate::persist::{
     RestoreReport, SyncScheduler,
 };
 use crate::store::compressed::{Algorithm, CompressedStore};
-use crate::store::MemoryBudget;
+use crate::store::{KeptMemory, MemoryBudget, RamStore, StoreOptions};
 pub use disk::DiskDrive;
 
 /// Where persistent drives live inside the daemon's state directory.
@@ -175,6 +175,7 @@ pub fn create_new(
     persist: &PersistSpec,
     origin: &str,
     budget: Arc<MemoryBudget>,
+    shared_memory: bool,
 ) -> Result<DiskDrive, DiskError> {
     let key = read_key(persist)?;
     let existed = dir.exists();
@@ -199,7 +200,10 @@ pub fn create_new(
                 size,
                 key.as_ref(),
                 cfg,
-                store_options(limit, lock),
+                StoreOptions {
+                    shared_memory,
+                    ..store_options(limit, lock)
+                },
                 budget,
             )?)),
             Some(algo) => {
@@ -230,10 +234,23 @@ pub struct Memory {
     pub compress: Option<Algorithm>,
     /// Lock its memory in RAM.
     pub lock_memory: bool,
+    /// A raw store in a memfd, for a supervisor to keep (issue 31).
+    pub shared_memory: bool,
 }
 
-/// Opens (restores) the drive in `dir` into the store `memory` asks for;
-/// see `persist::restore`. Errors are the engine's precise messages.
+/// Memory of a raw persistent drive a supervisor kept across a restart
+/// of the serving process: its size and descriptors.
+pub struct Kept {
+    pub size_bytes: u64,
+    pub memory: KeptMemory,
+}
+
+/// Opens the drive in `dir` over the memory a supervisor `kept` (see
+/// `persist::restore::adopt`: nothing loaded, the pages not saved yet
+/// saved by the next sync), or restores it into the store `memory` asks
+/// for when nothing was kept, the drive is compressed, or the kept
+/// memory cannot be mapped (logged: the directory's data is served then).
+/// Errors are the engine's precise messages.
 pub fn open(
     dir: &Path,
     persist: &PersistSpec,
@@ -241,6 +258,7 @@ pub fn open(
     progress: &RestoreProgress,
     memory: Memory,
     budget: Arc<MemoryBudget>,
+    kept: Option<Kept>,
 ) -> Result<(DiskDrive, RestoreReport), DiskError> {
     let key = read_key(persist)?;
     let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
@@ -249,9 +267,24 @@ pub fn open(
         memory.mem_limit_bytes,
         memory.lock_memory,
     );
+    let opts_store = StoreOptions {
+        shared_memory: memory.shared_memory,
+        ..store_options(limit, lock)
+    };
+    if let (Some(k), None) = (kept, memory.compress) {
+        match RamStore::adopt(k.size_bytes, k.memory, opts_store, budget.clone()) {
+            Ok(store) => {
+                let (d, r) = PersistentDrive::adopt_with(storage, key.as_ref(), cfg, store)?;
+                return Ok((DiskDrive::Raw(Arc::new(d)), r));
+            }
+            Err(e) => tracing::error!(
+                dir = %dir.display(),
+                "the memory kept across the restart cannot be mapped ({e}): restoring from the state directory instead (writes after its last sync are lost)"
+            ),
+        }
+    }
     Ok(match memory.compress {
         None => {
-            let opts_store = store_options(limit, lock);
             let (d, r) = PersistentDrive::open(
                 storage,
                 key.as_ref(),
@@ -385,6 +418,14 @@ pub fn phase_name(p: crate::persist::restore::RestorePhase) -> &'static str {
 
 /// A one-line summary of a restore report, for logs and `ramd info`.
 pub fn report_text(r: &RestoreReport) -> String {
+    if let Some(n) = r.kept_dirty_pages {
+        return format!(
+            "kept across a restart of the serving process: its memory adopted, nothing loaded; {} not yet saved go to the state directory with the next sync (directory checked in {:.2}s, generation {})",
+            crate::size::format_size(n * crate::persist::format::PAGE_BYTES as u64),
+            r.duration.as_secs_f64(),
+            r.restored_gen
+        );
+    }
     // A drive synced but never checkpointed has everything in the journal
     // and nothing in the image: both are counted ("restored 0 B" said it
     // had nothing).
@@ -600,7 +641,7 @@ mod tests {
         assert_eq!(probe(&dir), Found::New);
         let s = spec("db");
         let budget = Arc::new(MemoryBudget::new(1 << 30));
-        let d = create_new(&dir, &s, s.persist.as_ref().unwrap(), "api", budget).unwrap();
+        let d = create_new(&dir, &s, s.persist.as_ref().unwrap(), "api", budget, false).unwrap();
         d.close().unwrap();
         drop(d);
         assert_eq!(
@@ -628,7 +669,7 @@ mod tests {
         let mut s = spec("db");
         s.persist.as_mut().unwrap().key_file = Some(root.path().join("missing.key"));
         let budget = Arc::new(MemoryBudget::new(1 << 30));
-        let e = match create_new(&dir, &s, s.persist.as_ref().unwrap(), "api", budget) {
+        let e = match create_new(&dir, &s, s.persist.as_ref().unwrap(), "api", budget, false) {
             Err(e) => e,
             Ok(_) => panic!("created without a key"),
         };
@@ -648,6 +689,7 @@ mod tests {
                 s.persist.as_ref().unwrap(),
                 "api",
                 budget.clone(),
+                false,
             )
             .unwrap();
             d.close().unwrap();
