@@ -520,3 +520,76 @@ fn a_persistent_drive_loses_no_acknowledged_write_across_kills() {
     wait_ready(plain.api_socket(), "pdb");
     check(&plain.uri("pdb"), &mut acked);
 }
+
+/// The inode of a file (a unix socket's).
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).unwrap().ino()
+}
+
+/// Whether process `pid` has died (a zombie whose parent has not reaped
+/// it yet counts as dead: its descriptors are closed).
+fn dead(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Listening sockets are kept with the drives: while the serving process
+/// is dead (its supervisor held stopped, so the gap lasts), connections
+/// to the NBD and API sockets are not refused but wait, and the next
+/// serving process answers them; the socket files are the same ones,
+/// after a kill and after `ramd upgrade`.
+#[test]
+fn connections_made_while_the_serving_process_is_dead_wait_for_the_next_one() {
+    let d = supervised("db=16M");
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    client(&d.uri("db")).write(0, &data(5), false).unwrap();
+    let (nbd_ino, api_ino) = (inode(d.socket()), inode(&api));
+    signal(d.pid(), libc::SIGSTOP);
+    signal(pid as u32, libc::SIGKILL);
+    common::wait_until(
+        "the serving process to die",
+        Duration::from_secs(30),
+        || dead(pid),
+    );
+    let nbd = std::os::unix::net::UnixStream::connect(d.socket());
+    let health_conn = std::os::unix::net::UnixStream::connect(&api);
+    signal(d.pid(), libc::SIGCONT);
+    let mut nbd = nbd.expect("an NBD connection was refused while the serving process was dead");
+    let mut h =
+        health_conn.expect("an API connection was refused while the serving process was dead");
+    nbd.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut greeting = [0u8; 8];
+    nbd.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting, b"NBDMAGIC");
+    h.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    h.write_all(b"GET /v1/health HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    h.read_to_string(&mut resp).unwrap();
+    let body: serde_json::Value =
+        serde_json::from_str(resp.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_ne!(
+        body["pid"].as_u64(),
+        Some(pid),
+        "answered by the dead process?"
+    );
+    assert_eq!(body["supervisor"]["restarts"].as_u64(), Some(1));
+    assert_eq!((inode(d.socket()), inode(&api)), (nbd_ino, api_ino));
+    // An upgrade (to the same binary) serves the same sockets too.
+    let up = d.cli().args(["upgrade"]).output().unwrap();
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!((inode(d.socket()), inode(&api)), (nbd_ino, api_ino));
+    let mut buf = vec![0u8; BLOCK];
+    client(&d.uri("db")).read(0, &mut buf).unwrap();
+    assert_eq!(buf, data(5));
+}

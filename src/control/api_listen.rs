@@ -124,7 +124,8 @@ pub fn bind_all(
     for (addr, surface) in wanted {
         let Some(addr) = addr else { continue };
         let transport = transport(addr, mode, tls)?;
-        let listener = bind(addr)?;
+        let key = crate::handover::listeners::key("api-tcp", addr);
+        let listener = crate::handover::listeners::kept_or_bind(&key, None, || bind(addr))?;
         bound.push(TcpApi {
             listener,
             transport,

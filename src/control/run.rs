@@ -24,6 +24,7 @@ use super::snapshots::Snapshots;
 use super::tokens::Tokens;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
 use crate::fuse::Attachments;
+use crate::handover::listeners;
 use crate::nbd::access::AccessTable;
 use crate::nbd::tls::{TlsMode, TlsSettings};
 use crate::nbd::{ExportTable, Server, ServerConfig};
@@ -366,6 +367,25 @@ fn descriptor_plan(settings: &Settings) -> fds::Plan {
 
 /// The API's TCP listeners (`--api-listen`, `--http`), bound, with their
 /// transports; refused (stopping the start) without TLS off loopback.
+/// The API's unix socket (kept across a restart under a supervisor, or
+/// bound) and TCP listeners; then every listener is bound, so the ones a
+/// supervisor kept that the settings no longer name are closed.
+fn bind_apis(
+    settings: &Settings,
+    tls: Option<&Arc<TlsSettings>>,
+    fds: &fds::Plan,
+) -> Result<(std::os::unix::net::UnixListener, Vec<TcpApi>), DaemonError> {
+    let api_path = settings.api_socket.as_path();
+    let api_key = listeners::key("api-unix", api_path.display());
+    let api_listener = listeners::kept_or_bind(&api_key, Some(api_path), || bind_api(api_path))?;
+    api_listener
+        .set_nonblocking(true)
+        .map_err(DaemonError::Start)?;
+    let api_tcp = bind_api_tcp(settings, tls, fds)?;
+    listeners::forget_unclaimed();
+    Ok((api_listener, api_tcp))
+}
+
 fn bind_api_tcp(
     settings: &Settings,
     tls: Option<&Arc<TlsSettings>>,
@@ -631,11 +651,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     caches.set_servers(nbd_handle.clone(), nvme_target);
     let tcp_addrs = server.tcp_addrs().to_vec();
 
-    let api_listener = bind_api(&settings.api_socket)?;
-    api_listener
-        .set_nonblocking(true)
-        .map_err(DaemonError::Start)?;
-    let api_tcp = bind_api_tcp(&settings, tls.as_ref(), &fds)?;
+    let (api_listener, api_tcp) = bind_apis(&settings, tls.as_ref(), &fds)?;
     let http = http_endpoint(&api_tcp)?;
     // Before the API serves and before READY=1: every directory is in RAM
     // (or listed as failed) before anything may use it. API requests made
@@ -704,7 +720,9 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .caches
         .shutdown(&settings.state_dir.join("cache-rescue"));
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    remove_if_socket(&settings.api_socket);
+    if !listeners::keep_socket_files() {
+        remove_if_socket(&settings.api_socket);
+    }
     cache_shutdown_result(&outcomes)?;
     tracing::info!("stopped");
     Ok(())

@@ -7,12 +7,14 @@
 //! - [`link`]: records with their descriptors on a SEQPACKET socket;
 //! - [`supervisor`]: `ramd daemon --supervise`, the keeper that restarts
 //!   the serving process and hands everything back;
-//! - [`serving`]: the serving process's end of the link.
+//! - [`serving`]: the serving process's end of the link;
+//! - [`listeners`]: listening sockets kept, taken back instead of bound.
 //!
 //! What the blobs mean (a drive's settings) is the daemon's business
 //! (`control::kept`): nothing here knows a drive.
 
 pub mod link;
+pub mod listeners;
 pub mod serving;
 pub mod supervisor;
 pub mod wire;

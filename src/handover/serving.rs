@@ -14,6 +14,7 @@
 //! wrong trade): a watcher thread sees EOF, logs an error, and
 //! [`Serving::status`] says the supervisor is gone.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -21,6 +22,9 @@ use std::sync::{Mutex, OnceLock};
 use super::link::{self, LinkError};
 use super::wire::Kind;
 
+/// The key prefix of listening sockets (`super::listeners`), kept apart
+/// from the drives' entries.
+pub const LISTENER_PREFIX: &str = "listen/";
 /// The link's descriptor number, set by the supervisor.
 pub const FD_ENV: &str = "RAMD_HANDOVER_FD";
 /// How many times the supervisor restarted the serving process.
@@ -55,6 +59,9 @@ pub struct Serving {
     gone: AtomicBool,
     upgrading: AtomicBool,
     handed_back: Mutex<Option<Vec<Entry>>>,
+    /// Listening sockets handed back, by key, until bound again
+    /// (`super::listeners`).
+    listeners: Mutex<HashMap<String, OwnedFd>>,
 }
 
 static SERVING: OnceLock<Serving> = OnceLock::new();
@@ -82,7 +89,13 @@ pub fn init_from_env() -> Result<bool, LinkError> {
     // process alone, and nothing else here owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(std::io::Error::from)?;
-    let handed_back = read_hand_back(sock.as_fd())?;
+    let (listeners, handed_back): (Vec<Entry>, Vec<Entry>) = read_hand_back(sock.as_fd())?
+        .into_iter()
+        .partition(|e| e.key.starts_with(LISTENER_PREFIX));
+    let listeners = listeners
+        .into_iter()
+        .filter_map(|e| Some((e.key, e.fds.into_iter().next()?)))
+        .collect();
     let s = Serving {
         sock,
         supervisor_pid: supervisor_pid.unwrap_or(0) as u32,
@@ -91,6 +104,7 @@ pub fn init_from_env() -> Result<bool, LinkError> {
         gone: AtomicBool::new(false),
         upgrading: AtomicBool::new(false),
         handed_back: Mutex::new(Some(handed_back)),
+        listeners: Mutex::new(listeners),
     };
     Ok(SERVING.set(s).is_ok())
 }
@@ -131,6 +145,20 @@ impl Serving {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .unwrap_or_default()
+    }
+
+    /// The listening socket handed back under `key` (once).
+    pub fn take_listener(&self, key: &str) -> Option<OwnedFd> {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+    }
+
+    /// The keys of the listening sockets nobody took back.
+    pub fn drain_listeners(&self) -> Vec<String> {
+        let mut l = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        l.drain().map(|(k, _)| k).collect()
     }
 
     /// Asks the supervisor to keep `fds` and `blob` under `key`

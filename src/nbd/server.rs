@@ -51,6 +51,7 @@ use super::tls::{self, ClientCerts, TlsError, TlsMode, TlsSettings};
 use super::transport::{SocketTimeouts, Stream, Transport};
 use super::wait::Blocking;
 use crate::block::{Export, ExportTable};
+use crate::handover::listeners as kept;
 
 /// Default for `ServerConfig::poll_us`.
 pub const DEFAULT_POLL_US: u32 = 50;
@@ -467,12 +468,18 @@ impl Server {
             .check_tls()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         give_large_buffers_back_when_freed();
-        let mut listeners = vec![Listener::Unix(bind_unix(&config.unix_socket)?)];
+        let path = &config.unix_socket;
+        let unix = kept::kept_or_bind(&kept::key("nbd-unix", path.display()), Some(path), || {
+            bind_unix(path)
+        })?;
+        let mut listeners = vec![Listener::Unix(unix)];
         let socket_id = file_id(&config.unix_socket)?;
         let mut tcp_addrs = Vec::new();
         for addr in &config.tcp {
-            let l = TcpListener::bind(addr)
-                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+            let l = kept::kept_or_bind(&kept::key("nbd-tcp", addr), None, || {
+                TcpListener::bind(addr)
+            })
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
             tcp_addrs.push(l.local_addr()?);
             listeners.push(Listener::Tcp(l));
         }
@@ -554,7 +561,7 @@ impl Server {
         }
         drop(live);
         let path = &self.shared.config.unix_socket;
-        if file_id(path).ok() == Some(self.socket_id) {
+        if file_id(path).ok() == Some(self.socket_id) && !kept::keep_socket_files() {
             let _ = std::fs::remove_file(path);
         }
         Ok(())

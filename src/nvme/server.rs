@@ -25,6 +25,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::conn;
 use super::target::Target;
+use crate::handover::listeners as kept;
 
 /// How often the accept loop looks at the shutdown flag.
 const ACCEPT_TICK: Duration = Duration::from_millis(200);
@@ -72,7 +73,7 @@ impl NvmeServer {
     pub fn bind(target: Arc<Target>) -> io::Result<NvmeServer> {
         let mut listeners = Vec::new();
         for a in &target.config.listen {
-            let l = TcpListener::bind(a)?;
+            let l = kept::kept_or_bind(&kept::key("nvme-tcp", a), None, || TcpListener::bind(a))?;
             l.set_nonblocking(true)?;
             listeners.push(l);
         }
