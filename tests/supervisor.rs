@@ -593,3 +593,52 @@ fn connections_made_while_the_serving_process_is_dead_wait_for_the_next_one() {
     client(&d.uri("db")).read(0, &mut buf).unwrap();
     assert_eq!(buf, data(5));
 }
+
+/// Drive `name`'s counted writes and connections (GET .../stats).
+fn counts(d: &Daemon, name: &str) -> (u64, u64) {
+    let (code, body) = d.http("GET", &format!("/v1/drives/{name}/stats"), None);
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let t = &v["totals"];
+    (
+        t["ops"]["write"].as_u64().unwrap(),
+        t["connections_opened"].as_u64().unwrap(),
+    )
+}
+
+/// A drive's I/O counts survive the hand-over: exactly across `ramd
+/// upgrade` (they are sent once more after the last request), and a kill
+/// -9 after that never takes them back below what the upgrade handed on
+/// (a kill loses at most the last second's counts).
+#[test]
+fn io_counts_survive_an_upgrade_and_a_kill() {
+    let d = supervised("db=16M");
+    let api = d.api_socket().to_owned();
+    serving_pid(&api, 0);
+    let c = client(&d.uri("db"));
+    for i in 0..50 {
+        c.write(i * BLOCK as u64, &data(i), false).unwrap();
+    }
+    drop(c);
+    let before = counts(&d, "db");
+    assert!(before.0 >= 50 && before.1 >= 1, "{before:?}");
+    let up = d.cli().args(["upgrade"]).output().unwrap();
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!(
+        counts(&d, "db"),
+        before,
+        "the counts changed across the upgrade"
+    );
+    let (pid, _) = serving_pid(&api, 0);
+    signal(pid as u32, libc::SIGKILL);
+    serving_pid(&api, pid);
+    let after = counts(&d, "db");
+    assert!(
+        after.0 >= before.0 && after.1 >= before.1,
+        "{after:?} < {before:?}"
+    );
+}

@@ -177,6 +177,7 @@ fn create_declared(
     // come back too; restores run in the background, READY=1 waits.
     restore_stored(&drives, settings);
     drives.forget_unclaimed_kept();
+    drives.keep_metrics();
     // Caches after every drive: a name both declare goes to the drive.
     let caches = Arc::new(Caches::new(
         ledger.clone(),
@@ -712,6 +713,8 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     stop_nvme(nvme);
     stop_nbd(&nbd_handle, nbd_thread);
     detach_all(&daemon);
+    // Final counts for the next process (an upgrade's).
+    drives.send_kept_metrics();
     pressure_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // No client can write any more: save every persistent drive, and
     // write every cache back (bounded, loud).

@@ -59,7 +59,8 @@ pub fn bucket_upper(i: usize) -> u64 {
 }
 
 /// A plain histogram: a snapshot, a sum of snapshots or a difference.
-#[derive(Clone, PartialEq, Eq)]
+/// Serialized to hand a drive's counts to the next serving process.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Histogram {
     /// Count per bucket.
     pub counts: Box<[u64]>,
@@ -92,6 +93,11 @@ impl Histogram {
     pub fn record_n(&mut self, v: u64, n: u64) {
         self.counts[bucket_of(v)] += n;
         self.sum_ns = self.sum_ns.wrapping_add(v.wrapping_mul(n));
+    }
+
+    /// True when it has this build's buckets (a deserialized one may not).
+    pub fn is_well_formed(&self) -> bool {
+        self.counts.len() == BUCKETS
     }
 
     /// Number of recorded values.

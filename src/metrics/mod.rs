@@ -173,8 +173,9 @@ impl ConnStats {
     }
 }
 
-/// Everything recorded for a drive up to a moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Everything recorded for a drive up to a moment. Serialized to hand
+/// a drive's counts to the next serving process (issue 31).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     /// Requests handled, by [`Op`] index (successful or not).
     pub ops: [u64; OPS],
@@ -202,6 +203,28 @@ impl Totals {
     /// Failed requests in total.
     pub fn errors_total(&self) -> u64 {
         self.errors.iter().sum()
+    }
+
+    /// Adds another drive's (or an earlier process's) totals; refused
+    /// (false, nothing added) when `other`'s histograms have another
+    /// build's buckets.
+    pub fn add(&mut self, other: &Totals) -> bool {
+        if !other.latency.iter().all(Histogram::is_well_formed) {
+            return false;
+        }
+        let add = |a: &mut [u64], b: &[u64]| {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = x.wrapping_add(*y);
+            }
+        };
+        add(&mut self.ops, &other.ops);
+        add(&mut self.bytes, &other.bytes);
+        add(&mut self.errors, &other.errors);
+        for i in 0..TIMED {
+            self.latency[i].add(&other.latency[i]);
+        }
+        self.connections_total = self.connections_total.wrapping_add(other.connections_total);
+        true
     }
 
     /// What was recorded after `earlier` (a snapshot of the same drive).
@@ -270,6 +293,13 @@ impl DriveMetrics {
             c.add_to(&mut t);
         }
         t
+    }
+
+    /// Counts an earlier serving process recorded for this drive (they
+    /// survive a restart, issue 31); false when they do not fit this
+    /// build (nothing added).
+    pub fn seed(&self, earlier: &Totals) -> bool {
+        self.inner.lock().retired.add(earlier)
     }
 
     fn retire(&self, stats: &Arc<ConnStats>) {

@@ -44,6 +44,7 @@ use super::{store_options, DriveData, Drives};
 use crate::block::backend::Error as StoreError;
 use crate::control::ledger::Origin;
 use crate::handover::serving::{self, Entry, Serving};
+use crate::metrics::Totals;
 use crate::nbd::access::{AccessRules, BadNetwork};
 use crate::store::{KeptMemory, RamStore, SegmentKeeper};
 
@@ -71,6 +72,12 @@ const BLOB_VERSION: u32 = 1;
 const KEY_PREFIX: &str = "drive/";
 /// The key prefix of persistent drives (module docs).
 const PERSISTENT_PREFIX: &str = "persistent/";
+/// The key prefix of a kept drive's I/O counts (`metrics::Totals`, JSON).
+const METRICS_PREFIX: &str = "metrics/";
+/// How often kept drives' counts go to the supervisor: a kill loses at
+/// most the counts of the last period (a stop for an upgrade none: the
+/// counts are sent once more after the last request).
+const METRICS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A drive's settings, as the supervisor keeps them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,6 +218,10 @@ pub(super) struct Keepers {
     /// Persistent drives' memory handed back, until their directories
     /// are opened (by name).
     persistent: Mutex<HashMap<String, Entry>>,
+    /// Counts an earlier process recorded, until their drive is served.
+    metrics: Mutex<HashMap<String, Totals>>,
+    /// The counts last sent, by drive (nothing is sent when unchanged).
+    sent: Mutex<HashMap<String, Totals>>,
 }
 
 /// Whether new raw stores should live in memfds: a supervisor keeps them.
@@ -281,7 +292,8 @@ impl Drives {
     }
 
     /// Drops the persistent drives' memory nobody claimed at start (their
-    /// state directories are gone): the supervisor forgets it.
+    /// state directories are gone), and the counts of drives that are not
+    /// there: the supervisor forgets them.
     pub fn forget_unclaimed_kept(&self) {
         let Some(serving) = serving::get() else {
             return;
@@ -289,6 +301,75 @@ impl Drives {
         for (name, _) in self.kept.persistent.lock().drain() {
             tracing::warn!(drive = %name, "memory kept of a persistent drive whose state directory is gone: dropped");
             let _ = serving.forget(&format!("{PERSISTENT_PREFIX}{name}"));
+        }
+        let mut counts = self.kept.metrics.lock();
+        counts.retain(|name, _| {
+            let there = self.get(name).is_ok();
+            if !there {
+                let _ = serving.forget(&format!("{METRICS_PREFIX}{name}"));
+            }
+            there
+        });
+    }
+
+    /// Adds the counts an earlier serving process recorded for `drive`
+    /// (once; nothing when none were kept).
+    pub(super) fn seed_kept_metrics(&self, drive: &super::Drive) {
+        let Some(t) = self.kept.metrics.lock().remove(&drive.name) else {
+            return;
+        };
+        if let Some(m) = &drive.metrics {
+            if !m.seed(&t) {
+                tracing::warn!(drive = %drive.name, "the I/O counts kept across the restart have another layout: counting from zero");
+            }
+        }
+    }
+
+    /// Sends every kept drive's counts that changed since the last send
+    /// (see [`METRICS_EVERY`]); under the keeper's lock, so nothing is
+    /// sent for a drive once it is forgotten.
+    pub fn send_kept_metrics(&self) {
+        let Some(serving) = serving::get() else {
+            return;
+        };
+        let keepers: Vec<_> = self.kept.by_name.lock().values().cloned().collect();
+        for k in keepers {
+            // The drive map before the keeper's lock, as everywhere else.
+            let name = k.state.lock().blob.name.clone();
+            let Some(m) = self.get(&name).ok().and_then(|d| d.metrics.clone()) else {
+                continue;
+            };
+            let t = m.snapshot();
+            let st = k.state.lock();
+            if st.forgotten || self.kept.sent.lock().get(&name) == Some(&t) {
+                continue;
+            }
+            let blob = serde_json::to_vec(&t).expect("counts serialize");
+            match serving.put(&format!("{METRICS_PREFIX}{name}"), &blob, &[]) {
+                Ok(()) => drop(self.kept.sent.lock().insert(name, t)),
+                Err(e) => {
+                    tracing::warn!(drive = %name, "the supervisor could not be sent the drive's I/O counts: {e}")
+                }
+            }
+        }
+    }
+
+    /// Under a supervisor: a thread sending the kept drives' counts every
+    /// [`METRICS_EVERY`], for as long as the drives exist.
+    pub fn keep_metrics(self: &Arc<Self>) {
+        if serving::get().is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("ramd-keep-counts".into())
+            .spawn(move || loop {
+                std::thread::sleep(METRICS_EVERY);
+                let Some(d) = weak.upgrade() else { return };
+                d.send_kept_metrics();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to keep the drives' I/O counts across restarts: {e}");
         }
     }
 
@@ -321,6 +402,8 @@ impl Drives {
         };
         let mut st = k.state.lock();
         st.forgotten = true;
+        self.kept.sent.lock().remove(name);
+        let _ = k.serving.forget(&format!("{METRICS_PREFIX}{name}"));
         if let Err(e) = k.serving.forget(&k.key) {
             tracing::error!(drive = %name, "the supervisor could not be told the drive is deleted: {e}");
         }
@@ -350,8 +433,13 @@ impl Drives {
                 Ok(None) => {}
                 Err(e) => tracing::error!(
                     entry = %key,
-                    "a drive kept across the restart cannot be served again (its memory stays with the supervisor): {e}"
+                    "an entry kept across the restart cannot be used (it stays with the supervisor): {e}"
                 ),
+            }
+        }
+        for name in &names {
+            if let Ok(d) = self.get(name) {
+                self.seed_kept_metrics(&d);
             }
         }
         names
@@ -360,6 +448,11 @@ impl Drives {
     fn adopt(self: &Arc<Self>, entry: Entry) -> Result<Option<String>, KeptError> {
         if let Some(name) = entry.key.strip_prefix(PERSISTENT_PREFIX) {
             self.kept.persistent.lock().insert(name.to_owned(), entry);
+            return Ok(None);
+        }
+        if let Some(name) = entry.key.strip_prefix(METRICS_PREFIX) {
+            let counts = serde_json::from_slice(&entry.blob)?;
+            self.kept.metrics.lock().insert(name.to_owned(), counts);
             return Ok(None);
         }
         if !entry.key.starts_with(KEY_PREFIX) {

@@ -315,6 +315,7 @@ impl Drives {
             self.keep_persistent(&spec, &origin, d.store(), &p.dir);
         }
         self.replace(&mut drives, placeholder, &drive);
+        self.seed_kept_metrics(&drive);
         tracing::info!(drive = %drive.name, "{text}");
         if let Some(want) = want_size.filter(|&w| w != pd.size()) {
             self.apply_declared_size(&drive, want);
