@@ -120,11 +120,22 @@ impl<C: SideCopy> CutState<C> {
     }
 
     /// Puts a writer's copy of `unit` (charged to `global`) into the side
-    /// table, if cut `epoch` still runs; otherwise gives the charge back
-    /// and returns false (the unit's pages stay dirty for the next cut).
-    /// Call before clearing the unit's dirty mask: the walk reads masks
-    /// before the side table, so it always sees the unit in one of them.
-    pub fn insert(&self, global: &MemoryBudget, epoch: u32, unit: u64, copy: C) -> bool {
+    /// table and runs `clear` (which clears the unit's dirty mask), if cut
+    /// `epoch` still runs; otherwise gives the charge back and returns
+    /// false (the unit's pages stay dirty for the next cut). The copy goes
+    /// in before the mask is cleared (the walk reads masks before the side
+    /// table, so it always sees the unit in one of them), and both happen
+    /// under the lock `end` takes: a cut that ends meanwhile, and marks
+    /// its untaken copies' pages dirty again, does so after the clear, not
+    /// before it (which would lose those pages' dirty bits).
+    pub fn insert(
+        &self,
+        global: &MemoryBudget,
+        epoch: u32,
+        unit: u64,
+        copy: C,
+        clear: impl FnOnce(),
+    ) -> bool {
         let bytes = copy.charged_bytes();
         let mut sh = self.shared.lock();
         if self.active() != epoch {
@@ -134,6 +145,7 @@ impl<C: SideCopy> CutState<C> {
         }
         sh.side.insert(unit, copy);
         self.copy_bytes.fetch_add(bytes, Ordering::Relaxed);
+        clear();
         true
     }
 

@@ -535,6 +535,7 @@ impl RamStore {
             })
             .collect::<Result<Vec<_>>>()?;
         let bytes = mark_data_runs(&segs, borrowed, size_bytes)?;
+        zero_end_tail(&segs, size_bytes);
         let min_size = ledger.unsaved_min().min(size_bytes);
         let state = Arc::new(StoreState {
             size: AtomicU64::new(size_bytes),
@@ -731,17 +732,21 @@ impl StoreState {
             }
             self.size.store(new_size, Ordering::Release);
         } else {
-            self.size.store(new_size, Ordering::Release);
-            self.min_size.fetch_min(new_size, Ordering::AcqRel);
+            // The keeper first, then the ledger: a kill from here on comes
+            // back at the smaller size (the adoption frees what lies beyond
+            // and zeroes the end page's tail), never at the old size with
+            // a half-released tail that nothing marks as changed.
+            self.tell_keeper(new_size);
             if let Some(s) = &self.shared {
                 s.ledger.note_shrink(new_size);
             }
+            self.size.store(new_size, Ordering::Release);
+            self.min_size.fetch_min(new_size, Ordering::AcqRel);
             self.release_tail(new_size, old_size);
             let segs = self.segments.load_full();
             if segs.len() > want_segs {
                 self.segments.store(Arc::new(segs[..want_segs].to_vec()));
             }
-            self.tell_keeper(new_size);
             if self.lock {
                 // Unlocking cannot fail for want of a limit.
                 let _ = lock_segments(&self.segments.load(), new_size);
@@ -1233,6 +1238,27 @@ fn lock_segments(segs: &[Arc<Segment>], size: u64) -> Result<()> {
 /// Sets the `allocated` bits of the pages of `segs` that hold data in
 /// `fd` (its data runs, `memfd.rs`) below `size`; frees data beyond it (a
 /// file a shrink left longer). Returns the bytes of those pages.
+/// An adopted drive's end page beyond its size reads as zero, as after a
+/// completed shrink (a kill in the middle of one may have left old bytes
+/// there); changed, so marked dirty. Before anyone else uses the store.
+fn zero_end_tail(segs: &[Arc<Segment>], size: u64) {
+    let tail = (size % PAGE_BYTES) as usize;
+    if tail == 0 {
+        return;
+    }
+    let page = size / PAGE_BYTES;
+    let seg = &segs[(page / PAGES_PER_SEGMENT as u64) as usize];
+    let p = (page % PAGES_PER_SEGMENT as u64) as usize;
+    if !seg.allocated.get(p) {
+        return;
+    }
+    let at = p * PAGE_BYTES as usize + tail;
+    // SAFETY: the rest of page `p`, inside the segment's mapping; nothing
+    // else uses the store yet (it is being adopted).
+    unsafe { std::ptr::write_bytes(seg.region.ptr(at), 0, PAGE_BYTES as usize - tail) };
+    seg.dirty.set(p);
+}
+
 fn mark_data_runs(segs: &[Arc<Segment>], fd: BorrowedFd<'_>, size: u64) -> Result<u64> {
     let (page, per_seg) = (PAGE_BYTES as usize, PAGES_PER_SEGMENT);
     let end_page = size.div_ceil(PAGE_BYTES) as usize;
@@ -1724,6 +1750,33 @@ mod tests {
             memfd,
             ledger: None,
         }
+    }
+
+    /// A kill in the middle of a shrink: the keeper was told the smaller
+    /// size first, the tail was not released yet. The adoption frees what
+    /// lies beyond and zeroes the end page's tail (marked changed), so
+    /// growing again shows zeroes, as after a completed shrink.
+    #[test]
+    fn an_adoption_finishes_a_shrink_the_kill_interrupted() {
+        let global = Arc::new(MemoryBudget::new(u64::MAX));
+        let opts = StoreOptions {
+            shared_memory: true,
+            prefault: false,
+            ..StoreOptions::default()
+        };
+        let s = RamStore::with_options(1 << 20, opts, global.clone()).unwrap();
+        let holder = Arc::new(Holder::default());
+        s.set_keeper(holder.clone());
+        s.write(0, &[7; 8192], false).unwrap();
+        s.take_dirty();
+        let (_, kept) = holder.kept();
+        let a = RamStore::adopt(100, kept, opts, global).unwrap();
+        assert_eq!(dirty_list(&a), vec![0]);
+        a.resize(8192).unwrap();
+        let mut buf = vec![1u8; 8192];
+        a.read(0, &mut buf).unwrap();
+        assert_eq!(&buf[..100], &[7; 100][..]);
+        assert!(buf[100..].iter().all(|&b| b == 0), "old bytes came back");
     }
 
     /// A store over memfds survives its own drop: a new store adopting

@@ -202,12 +202,15 @@ impl StoreState {
         }
         // Inserted before the bits are cleared: the walk reads bits, then
         // the side table, so it always sees the chunk in one of them.
-        if !self.snap.insert(&self.global_mem, e, chunk, captured) {
+        let clear = || seg.take_dirty_bits16(start, mask);
+        if !self
+            .snap
+            .insert(&self.global_mem, e, chunk, captured, clear)
+        {
             // The snapshot ended meanwhile: the pages stay dirty for the
             // next one.
             return CowOutcome::Proceed;
         }
-        seg.take_dirty_bits16(start, mask);
         seg.epochs[ci].store(e, Ordering::Release);
         CowOutcome::Proceed
     }

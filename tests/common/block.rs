@@ -28,8 +28,19 @@ impl Loop {
 }
 
 impl Drop for Loop {
+    /// Detaches the device and waits (up to 30 s) until the kernel has
+    /// let go of the file: `losetup -d` of a device someone still has
+    /// open (udev probing it after an unmount, say) only marks it for
+    /// release when they close it, so the file can still be in use when
+    /// losetup returns, and a `ramd detach` right after would be refused.
     fn drop(&mut self) {
         let _ = try_run(tool("losetup").args(["-d", &self.dev]), TOOL_TIMEOUT);
+        let name = self.dev.trim_start_matches("/dev/");
+        let backing = PathBuf::from(format!("/sys/block/{name}/loop/backing_file"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while backing.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

@@ -59,6 +59,8 @@ pub enum KeptError {
     Network(#[from] BadNetwork),
     #[error("no memfd came with it")]
     NoMemfd,
+    #[error("no dirty ledger came with it (kept by an older build): the pages its state directory lacks are unknown")]
+    NoLedger,
     #[error("its memory cannot be adopted: {0}")]
     Adopt(#[from] StoreError),
     #[error("it cannot be registered: {0}")]
@@ -272,18 +274,29 @@ impl Drives {
     }
 
     /// The memory a supervisor kept of persistent drive `name`, once (a
-    /// second call, or for a drive nothing was kept of: None). An entry
-    /// that cannot be read is logged and left with the supervisor.
-    pub(super) fn take_kept_persistent(&self, name: &str) -> Option<Kept> {
+    /// second call, or for a drive nothing was kept of: None). Not
+    /// `usable` (the drive is compressed now: a raw store's memory cannot
+    /// serve it) it is forgotten: the directory is restored, and stale
+    /// memory must not outlive that. An entry that cannot be read, or has
+    /// no ledger, is logged and left with the supervisor.
+    pub(super) fn take_kept_persistent(&self, name: &str, usable: bool) -> Option<Kept> {
         let entry = self.kept.persistent.lock().remove(name)?;
+        if !usable {
+            tracing::warn!(drive = %name, "memory kept across the restart is of a raw store, the drive is compressed now: restored from its state directory instead");
+            if let Some(s) = serving::get() {
+                let _ = s.forget(&entry.key);
+            }
+            return None;
+        }
         let kept = Blob::parse(&entry.blob).and_then(|b| {
             let mut fds = entry.fds.into_iter();
             let memfd = fds.next().ok_or(KeptError::NoMemfd)?;
+            let ledger = fds.next().ok_or(KeptError::NoLedger)?;
             Ok(Kept {
                 size_bytes: b.size_bytes,
                 memory: KeptMemory {
                     memfd,
-                    ledger: fds.next(),
+                    ledger: Some(ledger),
                 },
             })
         });

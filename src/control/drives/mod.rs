@@ -790,7 +790,12 @@ impl Drives {
         ledger::check_delete(Kind::Drive, name, &attached, drive.connections(), force)?;
         drive.export.close();
         drives.remove(name);
-        self.forget_kept(name);
+        // Data kept for the state directory stays kept until it is saved
+        // there (a failed final save puts the drive back, still kept).
+        let saving = keep_data && drive.persistent().is_some();
+        if !saving {
+            self.forget_kept(name);
+        }
         self.ledger.release(&drive.claim);
         self.access.set(name, AccessRules::default());
         drop(drives);
@@ -803,6 +808,7 @@ impl Drives {
             if keep_data {
                 if let Some(pd) = drive.persistent() {
                     self.final_save(&drive, pd, p)?;
+                    self.forget_kept(name);
                 }
                 tracing::info!(drive = %name, dir = %p.dir.display(), "drive deleted; its data stays in the state directory");
             } else {

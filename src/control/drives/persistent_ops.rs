@@ -169,7 +169,7 @@ impl Drives {
         );
         // A declared size (config, flags, `ramd create --size`)
         // is applied after the restore.
-        let kept = self.take_kept_persistent(&spec.name);
+        let kept = self.take_kept_persistent(&spec.name, spec.compress.is_none());
         self.spawn_restore(
             &placeholder,
             Some(spec.size_bytes),

@@ -196,11 +196,11 @@ impl Inner {
             }
             // Inserted before the bits are cleared: the walk reads bits,
             // then the side table, so it sees the group in one of them.
-            if !self.cut.insert(&self.mem.global, e, g, copy) {
+            let clear = || self.marks.clear_mask(g, mask);
+            if !self.cut.insert(&self.mem.global, e, g, copy, clear) {
                 // The cut ended meanwhile: the pages stay dirty.
                 return true;
             }
-            self.marks.clear_mask(g, mask);
         }
         self.marks.set_epoch(g, e);
         true
