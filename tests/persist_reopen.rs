@@ -2,6 +2,7 @@
 //! and real disks), checking each time against a `Vec<u8>` oracle; restore
 //! options; corruption detection; encryption; error injection.
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use ramd::block::backend::{self, Backend};
@@ -11,7 +12,7 @@ use ramd::persist::{
 };
 use ramd::sim::{Faults, Rng, SimDisk};
 use ramd::store::compressed::{Algorithm, CompressedStore};
-use ramd::store::{MemoryBudget, RamStore, StoreOptions, SyncStore};
+use ramd::store::{KeptMemory, MemoryBudget, RamStore, SegmentKeeper, StoreOptions, SyncStore};
 
 const PAGE: u64 = 4096;
 
@@ -631,4 +632,81 @@ fn sync_cost_is_proportional_to_changed_bytes() {
     drop(d);
     let d = open(disk.after_crash(1, 0.0), None);
     assert!(contents(&d) == want, "the restored drive differs");
+}
+
+/// Keeps duplicates of a shared store's descriptors, as the supervisor of
+/// `ramd daemon --supervise` does.
+#[derive(Default)]
+struct Holder(std::sync::Mutex<Option<(u64, OwnedFd, OwnedFd)>>);
+
+impl SegmentKeeper for Holder {
+    fn keep(&self, size: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+        let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().unwrap();
+        *self.0.lock().unwrap() = Some((size, dup(memfd), dup(ledger)));
+    }
+}
+
+impl Holder {
+    /// The kept memory, as an adoption after a kill takes it.
+    fn adopt(&self) -> RamStore {
+        let g = self.0.lock().unwrap();
+        let (size, memfd, ledger) = g.as_ref().unwrap();
+        let kept = KeptMemory {
+            memfd: memfd.try_clone().unwrap(),
+            ledger: Some(ledger.try_clone().unwrap()),
+        };
+        RamStore::adopt(*size, kept, shared_opts(), budget()).unwrap()
+    }
+}
+
+fn shared_opts() -> StoreOptions {
+    StoreOptions {
+        shared_memory: true,
+        ..store_opts()
+    }
+}
+
+/// Memory kept across a kill of the serving process (issue 31): adopted
+/// over its state directory it serves every write, its first sync saves
+/// what the directory lacked, and the directory alone then has it all;
+/// adopted over a directory another process wrote since, it is refused
+/// as stale instead of serving old data.
+#[test]
+fn kept_memory_is_adopted_by_its_directory_and_refused_by_a_newer_one() {
+    let disk = SimDisk::new(3);
+    let store = RamStore::with_options(64 * PAGE, shared_opts(), budget()).unwrap();
+    let holder = Arc::new(Holder::default());
+    store.set_keeper(holder.clone());
+    let d =
+        PersistentDrive::create_with(disk.clone(), store, None, PersistConfig::default()).unwrap();
+    d.write(0, &[1; 8192], false).unwrap();
+    d.sync().unwrap();
+    d.write(4 * PAGE, &[2; 4096], false).unwrap(); // acknowledged, not saved
+    let want = contents(&d);
+    drop(d); // killed: nothing more reaches the disk
+    let disk = disk.after_crash(1, 0.0);
+    let (d, r) =
+        PersistentDrive::adopt_with(disk.clone(), None, PersistConfig::default(), holder.adopt())
+            .unwrap();
+    assert_eq!(r.kept_dirty_pages, Some(1));
+    assert!(contents(&d) == want);
+    d.sync().unwrap();
+    drop(d);
+    let disk = disk.after_crash(2, 0.0);
+    let d = open(disk.clone(), None);
+    assert!(
+        contents(&d) == want,
+        "the directory lacks what the adopted memory held"
+    );
+    // Another process writes the directory on; the kept memory is older.
+    d.write(8 * PAGE, &[3; 4096], false).unwrap();
+    d.sync().unwrap();
+    drop(d);
+    let disk = disk.after_crash(3, 0.0);
+    let stale = PersistentDrive::adopt_with(disk, None, PersistConfig::default(), holder.adopt());
+    let e = stale.err().expect("stale memory was adopted");
+    assert!(
+        matches!(e, ramd::persist::Error::StaleKeptMemory { .. }),
+        "{e}"
+    );
 }

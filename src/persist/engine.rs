@@ -481,6 +481,7 @@ impl<S: Storage> Engine<S> {
             }
             run.flush(&mut self.journal)
                 .map_err(io_err("write", jpath()))?;
+            store.note_generation(self.next_gen - 1);
             let info = self
                 .journal
                 .commit(size, min_size)

@@ -141,6 +141,14 @@ pub enum Error {
         "wrong key for the encrypted drive in {0}: the key check in its metadata does not open"
     )]
     WrongKey(String),
+    /// Memory kept across a restart of the serving process that the
+    /// state directory has moved on from (`restore::adopt`).
+    #[error("the memory kept for {dir} is older than the directory (the directory is at generation {dir_gen}, the memory last saw {mem_gen}): another process wrote the directory since")]
+    StaleKeptMemory {
+        dir: String,
+        dir_gen: u64,
+        mem_gen: u64,
+    },
     /// Encryption failed.
     #[error("encryption: {0}")]
     Crypto(#[from] crypto::CryptoError),

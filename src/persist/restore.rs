@@ -370,6 +370,7 @@ pub fn restore<S: Storage, M: SyncStore>(
     report.drive_size = store.size();
     // What was loaded is on disk: nothing is dirty.
     store.clear_dirty();
+    store.note_generation(report.restored_gen);
     // Pages loaded despite failing verification get rewritten (with fresh
     // checksums) by the first sync.
     rewrite_pages(&store, &report.forced_bad_pages);
@@ -400,6 +401,18 @@ pub fn adopt<S: Storage, M: SyncStore>(
     let mut report = RestoreReport::default();
     let o = Opened::open(storage, key, &RestoreOptions::default(), &mut report)?;
     report.restored_gen = o.newest_gen();
+    // The memory noted the generation it committed or was committing:
+    // the directory holds that one, or the one before when the commit did
+    // not land. Anything else means the directory moved on without this
+    // memory (another process wrote it): the memory is stale.
+    let (dir_gen, mem_gen) = (report.restored_gen, store.kept_generation().unwrap_or(0));
+    if dir_gen != mem_gen && dir_gen + 1 != mem_gen {
+        return Err(Error::StaleKeptMemory {
+            dir: o.storage.describe(""),
+            dir_gen,
+            mem_gen,
+        });
+    }
     report.drive_size = store.size();
     report.kept_dirty_pages = Some(store.dirty_pages());
     let durable_size = o.gens.last().map_or(o.meta.drive_size, |g| g.drive_size);

@@ -9,7 +9,9 @@
 //! ledger, next to the data:
 //!
 //! ```text
-//!  ledger page 0        magic, unsaved_min (the smallest size since the last saved cut)
+//!  ledger page 0        magic, unsaved_min (the smallest size since the last saved cut),
+//!                       generation (the newest journal generation this memory committed
+//!                       or is committing: see `SyncStore::note_generation`)
 //!  ledger page 1 + i    segment i: dirty bits (2 KiB) | pending bits (2 KiB)
 //! ```
 //!
@@ -147,6 +149,16 @@ impl Ledger {
     /// A shrink to `size`.
     pub fn note_shrink(&self, size: u64) {
         self.header.words()[1].fetch_min(size, Ordering::AcqRel);
+    }
+
+    /// The newest generation noted (0: none).
+    pub fn generation(&self) -> u64 {
+        self.header.words()[2].load(Ordering::Acquire)
+    }
+
+    /// Notes generation `gen` (see the module docs).
+    pub fn set_generation(&self, gen: u64) {
+        self.header.words()[2].store(gen, Ordering::Release);
     }
 
     /// A cut of `size` is saved (or the store is known saved at `size`).

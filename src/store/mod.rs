@@ -763,6 +763,19 @@ impl StoreState {
         }
     }
 
+    /// The persistence generation a shared store's ledger noted (see
+    /// `SyncStore::note_generation`); None in anonymous memory.
+    pub fn kept_generation(&self) -> Option<u64> {
+        self.shared.as_ref().map(|s| s.ledger.generation())
+    }
+
+    /// Notes generation `gen` in a shared store's ledger.
+    pub fn note_generation(&self, gen: u64) {
+        if let Some(s) = &self.shared {
+            s.ledger.set_generation(gen);
+        }
+    }
+
     /// True when the drive's memory is a memfd (`memfd.rs`).
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()

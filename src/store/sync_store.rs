@@ -64,6 +64,16 @@ pub trait SyncStore: Backend + 'static {
     fn cut_copy_bytes(&self) -> u64;
     /// Grows or shrinks the drive (waits for a running cut).
     fn resize(&self, size_bytes: u64) -> Result<()>;
+    /// The engine is about to commit generation `gen`, or opened the
+    /// directory at it: a store whose memory can outlive the process
+    /// remembers it, so that memory is adopted only by a directory it is
+    /// not older than (`persist::restore::adopt`). Nothing by default.
+    fn note_generation(&self, _gen: u64) {}
+    /// What `note_generation` noted last (None: the store does not keep
+    /// it).
+    fn kept_generation(&self) -> Option<u64> {
+        None
+    }
     /// Threads a restore loads the image with: two (one reads from the
     /// disk while the other verifies and copies) unless the store spends
     /// more CPU per page than that.
@@ -108,6 +118,12 @@ impl SyncStore for RamStore {
     }
     fn clear_dirty(&self) {
         self.take_dirty();
+    }
+    fn note_generation(&self, gen: u64) {
+        StoreState::note_generation(self, gen)
+    }
+    fn kept_generation(&self) -> Option<u64> {
+        StoreState::kept_generation(self)
     }
     fn cut_copy_bytes(&self) -> u64 {
         self.snapshot_copy_bytes()

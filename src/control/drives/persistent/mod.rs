@@ -249,8 +249,9 @@ pub struct Kept {
 /// `persist::restore::adopt`: nothing loaded, the pages not saved yet
 /// saved by the next sync), or restores it into the store `memory` asks
 /// for when nothing was kept, the drive is compressed, or the kept
-/// memory cannot be mapped (logged: the directory's data is served then).
-/// Errors are the engine's precise messages.
+/// memory cannot be mapped or is older than the directory (logged: the
+/// directory's data is served then). Errors are the engine's precise
+/// messages.
 pub fn open(
     dir: &Path,
     persist: &PersistSpec,
@@ -261,7 +262,6 @@ pub fn open(
     kept: Option<Kept>,
 ) -> Result<(DiskDrive, RestoreReport), DiskError> {
     let key = read_key(persist)?;
-    let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
     let (cfg, limit, lock) = (
         engine_config(persist),
         memory.mem_limit_bytes,
@@ -272,17 +272,25 @@ pub fn open(
         ..store_options(limit, lock)
     };
     if let (Some(k), None) = (kept, memory.compress) {
-        match RamStore::adopt(k.size_bytes, k.memory, opts_store, budget.clone()) {
-            Ok(store) => {
-                let (d, r) = PersistentDrive::adopt_with(storage, key.as_ref(), cfg, store)?;
-                return Ok((DiskDrive::Raw(Arc::new(d)), r));
+        let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
+        let adopted = RamStore::adopt(k.size_bytes, k.memory, opts_store, budget.clone())
+            .map_err(crate::persist::Error::from)
+            .and_then(|store| PersistentDrive::adopt_with(storage, key.as_ref(), cfg, store));
+        match adopted {
+            Ok((d, r)) => return Ok((DiskDrive::Raw(Arc::new(d)), r)),
+            Err(
+                e @ (crate::persist::Error::Store(_)
+                | crate::persist::Error::StaleKeptMemory { .. }),
+            ) => {
+                tracing::error!(
+                    dir = %dir.display(),
+                    "the memory kept across the restart cannot be used ({e}): restoring from the state directory instead"
+                )
             }
-            Err(e) => tracing::error!(
-                dir = %dir.display(),
-                "the memory kept across the restart cannot be mapped ({e}): restoring from the state directory instead (writes after its last sync are lost)"
-            ),
+            Err(e) => return Err(e.into()),
         }
     }
+    let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
     Ok(match memory.compress {
         None => {
             let (d, r) = PersistentDrive::open(
