@@ -4,7 +4,9 @@
 //! host (ext4 mounted) use RAM drives, and `ramd upgrade` to another binary
 //! during fio on the ublk device; the device is taken over, the host
 //! reconnects to the same namespace, every file matches its checksum and
-//! fsck is clean. The script is tests/guest-scripts/supervise.sh,
+//! fsck is clean; and a persistent drive (ext4 over ublk, nothing synced
+//! since its creation) across a kill, then restored by an unsupervised
+//! daemon from its state directory alone. The script is tests/guest-scripts/supervise.sh,
 //! runnable by hand with guest.sh.
 
 mod common;

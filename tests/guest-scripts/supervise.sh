@@ -11,7 +11,12 @@
 #   clean;
 # - `ramd upgrade` to another binary during fio on the ublk device: the
 #   device is taken over by the new binary, fio with verify goes on;
-# - `ramd info` counts the restarts and says why.
+# - `ramd info` counts the restarts and says why;
+# - a persistent drive (durability=periodic, no sync before the kill) with
+#   ext4 over ublk: kill -9 during fio, the memory and its dirty set are
+#   adopted (nothing restored), fio goes on, files intact; after a clean
+#   stop, a daemon *without* a supervisor restores it from its state
+#   directory alone: every file there.
 # tests/guest_supervise.rs runs it; by hand:
 #
 #   scripts/guest.sh run -e RAMD=$PWD/target/debug/ramd tests/guest-scripts/supervise.sh
@@ -82,8 +87,9 @@ dev_of() { # nqn: its namespace's block device, waited for (20 s)
 
 modprobe ublk_drv || fail "modprobe ublk_drv"
 modprobe nvme-tcp || fail "modprobe nvme-tcp"
-"$RAMD" daemon --supervise --no-config --drive db=256M --drive nv=128M \
-    --nvme-listen "$ADDR:$PORT" >>/tmp/ramd.log 2>&1 &
+PDRIVE="pd=128M,persist,durability=periodic,sync-interval=1h"
+"$RAMD" daemon --supervise --no-config --drive db=256M --drive nv=128M --drive "$PDRIVE" \
+    --state-dir /tmp/ramd-state --nvme-listen "$ADDR:$PORT" >>/tmp/ramd.log 2>&1 &
 sup_pid=$!
 pid=$(wait_serving 0)
 ok "supervised: serving process $pid, supervisor $sup_pid"
@@ -159,7 +165,49 @@ nvme disconnect -n "$nqn" >/dev/null
 info=$("$RAMD" info)
 [[ $info == *"supervisor"*"3 restart(s), last: signal 9"* ]] || fail "ramd info does not count the restarts: $info"
 ok "ramd info: 3 restarts (2 kills, 1 upgrade), last signal 9"
+
+log "persistent drive over ublk: kill -9 during fio, nothing synced since"
+pdev=$("$RAMD" attach pd --ublk)
+mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$pdev" || fail "mkfs.ext4 $pdev"
+mkdir -p /mnt/p
+mount "$pdev" /mnt/p
+make_tree /mnt/p /tmp/p.sha
+fio --name=load --directory=/mnt/p --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+    --iodepth=32 --size=16M --time_based --runtime=12 --verify=crc32c --verify_fatal=1 \
+    --output=/tmp/fio-p.out &
+fio_pid=$!
+sleep 3
+kill -KILL "$pid"
+pid=$(wait_serving "$pid")
+wait "$fio_pid" || { cat /tmp/fio-p.out; fail "fio (with verify) on the persistent drive across the kill failed"; }
+grep "kept across a restart of the serving process: its memory adopted" /tmp/ramd.log >/dev/null ||
+    fail "the persistent drive was not adopted"
+ok "persistent drive adopted (not restored); fio with verify went on across the kill"
+echo 3 >/proc/sys/vm/drop_caches
+verify_tree /mnt/p /tmp/p.sha "persistent drive after kill -9"
+umount /mnt/p
+e2fsck -fn "$pdev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the persistent drive"; }
+"$RAMD" detach pd >/dev/null
+
 kill -TERM "$sup_pid"
 wait "$sup_pid" || fail "the supervisor did not exit 0 on SIGTERM"
 ok "SIGTERM stopped the supervisor and the serving process"
+
+log "the persistent drive from its state directory alone, without a supervisor"
+"$RAMD" daemon --no-config --drive "$PDRIVE" --state-dir /tmp/ramd-state >>/tmp/ramd2.log 2>&1 &
+plain=$!
+for i in $(seq 600); do
+    st=$("$RAMD" info pd --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || true)
+    [ "$st" = ready ] && break
+    sleep 0.1
+done
+[ "$st" = ready ] || { cat /tmp/ramd2.log >&2; fail "the persistent drive did not come back (state: $st)"; }
+pdev=$("$RAMD" attach pd --ublk)
+e2fsck -fn "$pdev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the restored drive"; }
+mount -o ro "$pdev" /mnt/p
+verify_tree /mnt/p /tmp/p.sha "persistent drive restored from its directory"
+umount /mnt/p
+"$RAMD" detach pd >/dev/null
+kill -TERM "$plain"
+wait "$plain" || fail "the unsupervised daemon did not exit 0 on SIGTERM"
 echo "all supervise checks passed"
