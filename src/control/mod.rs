@@ -110,9 +110,13 @@ pub struct DaemonArgs {
     #[arg(long, conflicts_with = "config")]
     pub no_config: bool,
 
-    /// Run under a small supervisor process that keeps every plain RAM
-    /// drive's memory (a memfd) and restarts the serving process if it
-    /// dies (kill -9, a crash): RAM drives come back with their data
+    /// Run under a small supervisor process that keeps the memory of
+    /// every RAM drive and persistent drive (memfds; not compressed
+    /// drives), the listening sockets and the I/O counts, and restarts the
+    /// serving process if it dies (kill -9, a crash): drives come back with
+    /// every acknowledged write, persistent ones with what they had not
+    /// synced yet, and clients connecting meanwhile wait instead of being
+    /// refused. `ramd upgrade` hands over to a new binary the same way
     /// (docs/restart.md). SIGTERM still stops everything.
     #[arg(long)]
     pub supervise: bool,
