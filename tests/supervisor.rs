@@ -642,3 +642,39 @@ fn io_counts_survive_an_upgrade_and_a_kill() {
         "{after:?} < {before:?}"
     );
 }
+
+/// A serving process that cannot start (its NBD port is taken) ends the
+/// supervisor with its error, though it had bound and registered other
+/// listeners first: kept listeners (and counts) alone are no reason to
+/// restart, which would loop forever.
+#[test]
+fn a_start_that_fails_after_binding_ends_the_supervisor() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::try_run(
+        common::ramd().args([
+            "daemon",
+            "--supervise",
+            "--no-config",
+            "--runtime-dir",
+            dir.path().to_str().unwrap(),
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+            "--nvme-listen",
+            "127.0.0.1:0",
+            "--nbd-listen",
+            &format!("127.0.0.1:{port}"),
+            "--drive",
+            "db=16M",
+        ]),
+        Duration::from_secs(60),
+    )
+    .expect("the supervisor did not end");
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        out.stderr
+    );
+}

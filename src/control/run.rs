@@ -379,6 +379,13 @@ fn bind_apis(
     let api_path = settings.api_socket.as_path();
     let api_key = listeners::key("api-unix", api_path.display());
     let api_listener = listeners::kept_or_bind(&api_key, Some(api_path), || bind_api(api_path))?;
+    // Owner only, whatever a kept socket's file was given since.
+    std::fs::set_permissions(api_path, std::fs::Permissions::from_mode(0o600)).map_err(
+        |source| DaemonError::Api {
+            path: api_path.to_owned(),
+            source,
+        },
+    )?;
     api_listener
         .set_nonblocking(true)
         .map_err(DaemonError::Start)?;

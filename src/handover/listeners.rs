@@ -29,11 +29,14 @@ pub fn key(kind: &str, address: impl std::fmt::Display) -> String {
 
 /// The listener a previous serving process kept under `key` when there
 /// is one (and `path`, for a unix socket, still names a socket file);
-/// else what `bind` makes, registered with the supervisor (if any).
+/// else what `bind` makes, registered with the supervisor (if any). When
+/// the bind fails while listeners nobody took back yet are kept (the
+/// settings moved an address: the old socket may hold the port), those
+/// are closed and the bind tried again for up to 2 s.
 pub fn kept_or_bind<L, E>(
     key: &str,
     path: Option<&Path>,
-    bind: impl FnOnce() -> Result<L, E>,
+    mut bind: impl FnMut() -> Result<L, E>,
 ) -> Result<L, E>
 where
     L: From<OwnedFd> + AsFd,
@@ -41,28 +44,59 @@ where
     let Some(s) = serving::get() else {
         return bind();
     };
-    if let Some(fd) = s.take_listener(key) {
-        if usable(fd.as_fd(), path) {
+    if let Some((fd, file)) = s.take_listener(key) {
+        if usable(fd.as_fd(), path, &file) {
             tracing::debug!(listener = %key, "listening socket kept across the restart: serving it again");
             return Ok(L::from(fd));
         }
         tracing::warn!(listener = %key, "the listening socket kept across the restart is gone (its file was removed): binding again");
     }
-    let l = bind()?;
-    if let Err(e) = s.put(key, b"", &[l.as_fd()]) {
+    let l = match bind() {
+        Ok(l) => l,
+        Err(e) => {
+            if s.unclaimed_listeners() == 0 {
+                return Err(e);
+            }
+            forget_unclaimed();
+            let mut last = e;
+            let mut bound = None;
+            for _ in 0..40 {
+                // The supervisor closes its copies when it reads the
+                // forgets: a moment.
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                match bind() {
+                    Ok(l) => {
+                        bound = Some(l);
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            bound.ok_or(last)?
+        }
+    };
+    if let Err(e) = s.put(key, &path.map(file_id).unwrap_or_default(), &[l.as_fd()]) {
         tracing::error!(listener = %key, "the supervisor could not be told about the listening socket (a restart binds it again): {e}");
     }
     Ok(l)
 }
 
-/// Still listening, and for a unix socket its file still a socket.
-fn usable(fd: BorrowedFd<'_>, path: Option<&Path>) -> bool {
-    use std::os::unix::fs::FileTypeExt;
+/// Still listening, and for a unix socket its file still the one it was
+/// bound to (`file`: its device and inode when it was kept), not a
+/// socket someone else bound there since.
+fn usable(fd: BorrowedFd<'_>, path: Option<&Path>, file: &[u8]) -> bool {
     let listening = rustix::net::sockopt::socket_acceptconn(fd).unwrap_or(false);
-    let file_ok = path.map_or(true, |p| {
-        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
-    });
-    listening && file_ok
+    listening && path.map_or(true, |p| file_id(p) == file)
+}
+
+/// A unix socket file's device and inode, as the blob it is kept with
+/// (empty when it is not a socket).
+fn file_id(path: &Path) -> Vec<u8> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => format!("{}:{}", m.dev(), m.ino()).into_bytes(),
+        _ => Vec::new(),
+    }
 }
 
 /// Tells the supervisor to close the listeners nobody took back at start.

@@ -61,7 +61,7 @@ pub struct Serving {
     handed_back: Mutex<Option<Vec<Entry>>>,
     /// Listening sockets handed back, by key, until bound again
     /// (`super::listeners`).
-    listeners: Mutex<HashMap<String, OwnedFd>>,
+    listeners: Mutex<HashMap<String, (OwnedFd, Vec<u8>)>>,
 }
 
 static SERVING: OnceLock<Serving> = OnceLock::new();
@@ -94,7 +94,7 @@ pub fn init_from_env() -> Result<bool, LinkError> {
         .partition(|e| e.key.starts_with(LISTENER_PREFIX));
     let listeners = listeners
         .into_iter()
-        .filter_map(|e| Some((e.key, e.fds.into_iter().next()?)))
+        .filter_map(|e| Some((e.key, (e.fds.into_iter().next()?, e.blob))))
         .collect();
     let s = Serving {
         sock,
@@ -147,12 +147,21 @@ impl Serving {
             .unwrap_or_default()
     }
 
-    /// The listening socket handed back under `key` (once).
-    pub fn take_listener(&self, key: &str) -> Option<OwnedFd> {
+    /// The listening socket handed back under `key` (once), with the
+    /// blob it was kept with.
+    pub fn take_listener(&self, key: &str) -> Option<(OwnedFd, Vec<u8>)> {
         self.listeners
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key)
+    }
+
+    /// How many listening sockets handed back nobody took yet.
+    pub fn unclaimed_listeners(&self) -> usize {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// The keys of the listening sockets nobody took back.

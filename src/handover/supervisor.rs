@@ -13,8 +13,10 @@
 //! after SIGTERM or SIGINT its exit, whatever the status, ends the
 //! supervisor with it. An exit 0 ends it too (a graceful stop: RAM drives
 //! end, as without a supervisor). A non-zero exit before the serving
-//! process said it was ready, with nothing kept, ends the supervisor with
-//! that code (a bad configuration does not loop). A restart is at once
+//! process said it was ready ends the supervisor with that code when no
+//! serving process was ever ready (nothing was served, so nothing kept
+//! holds an acknowledged write: a bad configuration does not loop), or
+//! when nothing but listening sockets and counts is kept. A restart is at once
 //! after a run that served for at least a second, and for the first
 //! three in a row of runs that did not; further ones wait 100 ms,
 //! doubling up to 5 s (a crash loop does not spin).
@@ -76,6 +78,9 @@ struct Supervisor {
     reason: String,
     quick: u32,
     backoff: Duration,
+    /// Some serving process said it was ready (served) in this
+    /// supervisor's life.
+    served: bool,
 }
 
 /// Runs the supervisor over the serving process started with `args` (the
@@ -91,6 +96,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         reason: String::new(),
         quick: 0,
         backoff: Duration::from_millis(100),
+        served: false,
     };
     loop {
         let started = Instant::now();
@@ -169,11 +175,16 @@ impl Supervisor {
             return Next::Restart;
         }
         self.trying = None;
-        let keeps = !self
+        self.served |= ready;
+        // Listening sockets and counts alone are not worth restarting a
+        // process that cannot start (a bad setting would loop forever),
+        // nor is anything when nothing was ever served.
+        let keeps = self
             .kept
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .is_empty();
+            .keys()
+            .any(|k| !k.starts_with("listen/") && !k.starts_with("metrics/"));
         match (status.code(), upgrade) {
             (Some(0), Some(new)) => {
                 self.reason = format!("upgrade to {}", new.display());
@@ -181,7 +192,7 @@ impl Supervisor {
                 self.quick = 0;
             }
             (Some(0), None) => return Next::Exit(0),
-            (Some(c), _) if !ready && !keeps => return Next::Exit(c),
+            (Some(c), _) if !ready && (!keeps || !self.served) => return Next::Exit(c),
             _ => self.reason = describe(status),
         }
         self.restarts += 1;

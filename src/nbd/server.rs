@@ -472,6 +472,11 @@ impl Server {
         let unix = kept::kept_or_bind(&kept::key("nbd-unix", path.display()), Some(path), || {
             bind_unix(path)
         })?;
+        // A socket kept from a previous process keeps its file, and the
+        // group that process gave it: private again, as a new one is (the
+        // caller gives the group the settings name now).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
         let mut listeners = vec![Listener::Unix(unix)];
         let socket_id = file_id(&config.unix_socket)?;
         let mut tcp_addrs = Vec::new();

@@ -240,6 +240,7 @@ impl<S: Storage, M: SyncStore> PersistentDrive<S, M> {
         let engine = Engine::create(storage, store.size(), key)?;
         // Everything is on disk (nothing): start with a clean dirty set.
         store.clear_dirty();
+        store.note_directory(engine.meta().uuid);
         Ok(PersistentDrive::assemble(store, engine, config, None))
     }
 

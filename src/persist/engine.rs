@@ -481,11 +481,12 @@ impl<S: Storage> Engine<S> {
             }
             run.flush(&mut self.journal)
                 .map_err(io_err("write", jpath()))?;
-            store.note_generation(self.next_gen - 1);
+            store.note_committing(self.next_gen - 1);
             let info = self
                 .journal
                 .commit(size, min_size)
                 .map_err(io_err("write and fdatasync", jpath()))?;
+            store.note_committed(info.gen);
             Ok(Some(info))
         })();
         progress.end();

@@ -143,7 +143,7 @@ pub enum Error {
     WrongKey(String),
     /// Memory kept across a restart of the serving process that the
     /// state directory has moved on from (`restore::adopt`).
-    #[error("the memory kept for {dir} is older than the directory (the directory is at generation {dir_gen}, the memory last saw {mem_gen}): another process wrote the directory since")]
+    #[error("the memory kept for {dir} is not of this directory's state (the directory is at generation {dir_gen}, the memory last committed {mem_gen}, or it was saved to another directory): another process wrote the directory since")]
     StaleKeptMemory {
         dir: String,
         dir_gen: u64,

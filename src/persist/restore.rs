@@ -370,7 +370,9 @@ pub fn restore<S: Storage, M: SyncStore>(
     report.drive_size = store.size();
     // What was loaded is on disk: nothing is dirty.
     store.clear_dirty();
-    store.note_generation(report.restored_gen);
+    store.note_directory(o.meta.uuid);
+    store.note_committed(report.restored_gen);
+    store.note_committing(report.restored_gen);
     // Pages loaded despite failing verification get rewritten (with fresh
     // checksums) by the first sync.
     rewrite_pages(&store, &report.forced_bad_pages);
@@ -401,18 +403,24 @@ pub fn adopt<S: Storage, M: SyncStore>(
     let mut report = RestoreReport::default();
     let o = Opened::open(storage, key, &RestoreOptions::default(), &mut report)?;
     report.restored_gen = o.newest_gen();
-    // The memory noted the generation it committed or was committing:
-    // the directory holds that one, or the one before when the commit did
-    // not land. Anything else means the directory moved on without this
-    // memory (another process wrote it): the memory is stale.
-    let (dir_gen, mem_gen) = (report.restored_gen, store.kept_generation().unwrap_or(0));
-    if dir_gen != mem_gen && dir_gen + 1 != mem_gen {
+    // The memory noted the last generation it committed and the one it
+    // was committing: the directory holds one of them (the second when
+    // its commit landed before the kill). Anything else means the
+    // directory moved on without this memory (another process wrote it):
+    // the memory is stale. (Failed attempts consume numbers, so "the one
+    // before the committing one" would not do.)
+    let dir_gen = report.restored_gen;
+    let (committed, committing) = store.kept_generations().unwrap_or((0, 0));
+    let same_dir = store.kept_directory() == Some(o.meta.uuid);
+    if !same_dir || (dir_gen != committed && dir_gen != committing) {
         return Err(Error::StaleKeptMemory {
             dir: o.storage.describe(""),
             dir_gen,
-            mem_gen,
+            mem_gen: committed,
         });
     }
+    store.note_committed(dir_gen);
+    store.note_committing(dir_gen);
     report.drive_size = store.size();
     report.kept_dirty_pages = Some(store.dirty_pages());
     let durable_size = o.gens.last().map_or(o.meta.drive_size, |g| g.drive_size);

@@ -10,8 +10,9 @@
 //!
 //! ```text
 //!  ledger page 0        magic, unsaved_min (the smallest size since the last saved cut),
-//!                       generation (the newest journal generation this memory committed
-//!                       or is committing: see `SyncStore::note_generation`)
+//!                       the journal generation this memory is committing, and the
+//!                       last one it committed (`SyncStore::note_committing`), and
+//!                       the state directory's id (its meta's uuid) they count in
 //!  ledger page 1 + i    segment i: dirty bits (2 KiB) | pending bits (2 KiB)
 //! ```
 //!
@@ -151,14 +152,43 @@ impl Ledger {
         self.header.words()[1].fetch_min(size, Ordering::AcqRel);
     }
 
-    /// The newest generation noted (0: none).
-    pub fn generation(&self) -> u64 {
-        self.header.words()[2].load(Ordering::Acquire)
+    /// The generations noted: (last committed, being committed).
+    pub fn generations(&self) -> (u64, u64) {
+        let w = self.header.words();
+        (w[3].load(Ordering::Acquire), w[2].load(Ordering::Acquire))
     }
 
-    /// Notes generation `gen` (see the module docs).
-    pub fn set_generation(&self, gen: u64) {
+    /// Notes that generation `gen` is being committed.
+    pub fn set_committing(&self, gen: u64) {
         self.header.words()[2].store(gen, Ordering::Release);
+    }
+
+    /// The state directory's id noted (zeroes: none).
+    pub fn directory(&self) -> [u8; 16] {
+        let w = self.header.words();
+        let (a, b) = (w[4].load(Ordering::Acquire), w[5].load(Ordering::Acquire));
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&a.to_le_bytes());
+        id[8..].copy_from_slice(&b.to_le_bytes());
+        id
+    }
+
+    /// Notes the state directory's id.
+    pub fn set_directory(&self, id: [u8; 16]) {
+        let w = self.header.words();
+        w[4].store(
+            u64::from_le_bytes(id[..8].try_into().unwrap()),
+            Ordering::Release,
+        );
+        w[5].store(
+            u64::from_le_bytes(id[8..].try_into().unwrap()),
+            Ordering::Release,
+        );
+    }
+
+    /// Notes that generation `gen` is committed.
+    pub fn set_committed(&self, gen: u64) {
+        self.header.words()[3].store(gen, Ordering::Release);
     }
 
     /// A cut of `size` is saved (or the store is known saved at `size`).

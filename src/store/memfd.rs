@@ -138,20 +138,6 @@ pub fn grow_to(fd: BorrowedFd<'_>, len: usize) -> Result<(), MemfdError> {
     Ok(())
 }
 
-/// Allocates the file's pages in `[offset, offset+len)` (zeroed) without
-/// mapping them: what the prefaulter does ahead of a sequential fill of a
-/// shared drive (bench/RESULTS.md, "prefill"), so the writer's faults
-/// only map pages that exist.
-pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<()> {
-    // SAFETY: fallocate on a valid descriptor; no memory is passed.
-    let rc =
-        unsafe { libc::fallocate(fd.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Checks that an adopted descriptor is a drive memfd of at least `len`
 /// bytes with its seals.
 pub fn check(fd: BorrowedFd<'_>, len: usize) -> Result<(), MemfdError> {

@@ -763,16 +763,36 @@ impl StoreState {
         }
     }
 
-    /// The persistence generation a shared store's ledger noted (see
-    /// `SyncStore::note_generation`); None in anonymous memory.
-    pub fn kept_generation(&self) -> Option<u64> {
-        self.shared.as_ref().map(|s| s.ledger.generation())
+    /// The persistence generations a shared store's ledger noted (last
+    /// committed, being committed: `SyncStore::note_committing`); None in
+    /// anonymous memory.
+    pub fn kept_generations(&self) -> Option<(u64, u64)> {
+        self.shared.as_ref().map(|s| s.ledger.generations())
     }
 
-    /// Notes generation `gen` in a shared store's ledger.
-    pub fn note_generation(&self, gen: u64) {
+    /// Notes in a shared store's ledger that `gen` is being committed.
+    pub fn note_committing(&self, gen: u64) {
         if let Some(s) = &self.shared {
-            s.ledger.set_generation(gen);
+            s.ledger.set_committing(gen);
+        }
+    }
+
+    /// The state directory id a shared store's ledger noted.
+    pub fn kept_directory(&self) -> Option<[u8; 16]> {
+        self.shared.as_ref().map(|s| s.ledger.directory())
+    }
+
+    /// Notes in a shared store's ledger which state directory it saves to.
+    pub fn note_directory(&self, id: [u8; 16]) {
+        if let Some(s) = &self.shared {
+            s.ledger.set_directory(id);
+        }
+    }
+
+    /// Notes in a shared store's ledger that `gen` is committed.
+    pub fn note_committed(&self, gen: u64) {
+        if let Some(s) = &self.shared {
+            s.ledger.set_committed(gen);
         }
     }
 
@@ -938,7 +958,7 @@ impl StoreState {
                 }
                 self.reserve_mem(bytes)?;
                 huge::note_commit();
-                self.commit_ahead(seg, pos / SEGMENT_BYTES, p0 * page, (p1 - p0) * page);
+                seg.region.populate(p0 * page, (p1 - p0) * page);
                 for p in p0..p1 {
                     if !seg.allocated.set(p) {
                         seg.zeroed.set(p);
@@ -953,22 +973,6 @@ impl StoreState {
             pos += n;
         }
         committed
-    }
-
-    /// The prefaulter's commit of `[so, so+len)` of segment `index`: in
-    /// anonymous memory, populated (allocated and mapped); in a memfd,
-    /// allocated in the file with `fallocate`, twice as fast as a shmem
-    /// populate, so the prefaulter stays ahead of a fill, whose faults
-    /// then only map existing pages (bench/RESULTS.md, "prefill").
-    fn commit_ahead(&self, seg: &Segment, index: u64, so: usize, len: usize) {
-        let Some(s) = &self.shared else {
-            seg.region.populate(so, len);
-            return;
-        };
-        let at = index * SEGMENT_BYTES + so as u64;
-        if memfd::allocate(std::os::fd::AsFd::as_fd(&s.memfd), at, len).is_err() {
-            seg.region.populate(so, len);
-        }
     }
 
     fn out_of_range(&self, offset: u64, len: u64) -> Error {

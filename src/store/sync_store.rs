@@ -64,14 +64,23 @@ pub trait SyncStore: Backend + 'static {
     fn cut_copy_bytes(&self) -> u64;
     /// Grows or shrinks the drive (waits for a running cut).
     fn resize(&self, size_bytes: u64) -> Result<()>;
-    /// The engine is about to commit generation `gen`, or opened the
-    /// directory at it: a store whose memory can outlive the process
-    /// remembers it, so that memory is adopted only by a directory it is
-    /// not older than (`persist::restore::adopt`). Nothing by default.
-    fn note_generation(&self, _gen: u64) {}
-    /// What `note_generation` noted last (None: the store does not keep
-    /// it).
-    fn kept_generation(&self) -> Option<u64> {
+    /// The engine is about to commit generation `gen`: a store whose
+    /// memory can outlive the process remembers it, and the last one
+    /// committed (`note_committed`), so that the memory is adopted only by
+    /// a directory at one of the two (`persist::restore::adopt`). Nothing
+    /// by default.
+    fn note_committing(&self, _gen: u64) {}
+    /// Generation `gen` is committed (or the directory was opened at it).
+    fn note_committed(&self, _gen: u64) {}
+    /// The store saves to the state directory `id` (its meta's uuid).
+    fn note_directory(&self, _id: [u8; 16]) {}
+    /// What `note_directory` noted (None: the store does not keep it).
+    fn kept_directory(&self) -> Option<[u8; 16]> {
+        None
+    }
+    /// What was noted: (last committed, being committed); None: the store
+    /// does not keep it.
+    fn kept_generations(&self) -> Option<(u64, u64)> {
         None
     }
     /// Threads a restore loads the image with: two (one reads from the
@@ -119,11 +128,20 @@ impl SyncStore for RamStore {
     fn clear_dirty(&self) {
         self.take_dirty();
     }
-    fn note_generation(&self, gen: u64) {
-        StoreState::note_generation(self, gen)
+    fn note_committing(&self, gen: u64) {
+        StoreState::note_committing(self, gen)
     }
-    fn kept_generation(&self) -> Option<u64> {
-        StoreState::kept_generation(self)
+    fn note_committed(&self, gen: u64) {
+        StoreState::note_committed(self, gen)
+    }
+    fn kept_generations(&self) -> Option<(u64, u64)> {
+        StoreState::kept_generations(self)
+    }
+    fn note_directory(&self, id: [u8; 16]) {
+        StoreState::note_directory(self, id)
+    }
+    fn kept_directory(&self) -> Option<[u8; 16]> {
+        StoreState::kept_directory(self)
     }
     fn cut_copy_bytes(&self) -> u64 {
         self.snapshot_copy_bytes()

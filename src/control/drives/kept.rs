@@ -315,14 +315,13 @@ impl Drives {
             tracing::warn!(drive = %name, "memory kept of a persistent drive whose state directory is gone: dropped");
             let _ = serving.forget(&format!("{PERSISTENT_PREFIX}{name}"));
         }
-        let mut counts = self.kept.metrics.lock();
-        counts.retain(|name, _| {
-            let there = self.get(name).is_ok();
-            if !there {
-                let _ = serving.forget(&format!("{METRICS_PREFIX}{name}"));
-            }
-            there
-        });
+        // Names first: the drive map is never taken under the counts'
+        // lock (a restore thread takes them in the other order).
+        let names: Vec<String> = self.kept.metrics.lock().keys().cloned().collect();
+        for name in names.iter().filter(|n| self.get(n).is_err()) {
+            self.kept.metrics.lock().remove(name);
+            let _ = serving.forget(&format!("{METRICS_PREFIX}{name}"));
+        }
     }
 
     /// Adds the counts an earlier serving process recorded for `drive`
@@ -336,13 +335,19 @@ impl Drives {
                 tracing::warn!(drive = %drive.name, "the I/O counts kept across the restart have another layout: counting from zero");
             }
         }
+        // A drive no longer kept (compressed now) sends no counts: the old
+        // ones must not be seeded again at the next start.
+        let kept = self.kept.by_name.lock().contains_key(&drive.name);
+        if let (false, Some(s)) = (kept, serving::get()) {
+            let _ = s.forget(&format!("{METRICS_PREFIX}{}", drive.name));
+        }
     }
 
     /// Sends every kept drive's counts that changed since the last send
     /// (see [`METRICS_EVERY`]); under the keeper's lock, so nothing is
     /// sent for a drive once it is forgotten.
     pub fn send_kept_metrics(&self) {
-        let Some(serving) = serving::get() else {
+        let Some(serving) = serving::get().filter(|s| s.status().supervisor_alive) else {
             return;
         };
         let keepers: Vec<_> = self.kept.by_name.lock().values().cloned().collect();
