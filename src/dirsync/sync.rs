@@ -962,7 +962,13 @@ impl Engine<'_> {
                 break; // replaced by something else: next sync
             }
             let hot = is_recent(before.ctime, self.opts.hot_window);
-            let x = meta::read_xattrs(s).map_err(rd(s))?;
+            // By path: the file may be deleted since it was opened (then
+            // it is a change for the next sync, not a failed one).
+            let x = match meta::read_xattrs(s) {
+                Ok(x) => x,
+                Err(e) if is_not_found(&e) => break,
+                Err(e) => return Err(rd(s)(e)),
+            };
             let out = File::options()
                 .write(true)
                 .read(true)
