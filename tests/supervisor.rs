@@ -209,13 +209,9 @@ fn check(uri: &str, acked: &mut Acked) {
 
 #[test]
 fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
-    let cycles: u64 = std::env::var("RAMD_RESTART_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
     let mut d = supervised("db=16M");
     let api = d.api_socket().to_owned();
-    let (mut pid, h) = serving_pid(&api, 0);
+    let (pid, h) = serving_pid(&api, 0);
     assert_eq!(h["supervisor"]["pid"].as_u64(), Some(u64::from(d.pid())));
     assert_eq!(h["supervisor"]["restarts"].as_u64(), Some(0));
     // A drive made through the API, with an access rule, and one deleted.
@@ -239,35 +235,7 @@ fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
     let del = d.cli().args(["delete", "gone"]).output().unwrap();
     assert!(del.status.success());
 
-    let uri = d.uri("db");
-    let mut acked = Acked::default();
-    let mut total = 0;
-    let mut serving_since = Instant::now();
-    for cycle in 0..cycles {
-        let writer = Writer::start(&uri, cycle);
-        // Writes acknowledged, and the process past the supervisor's one
-        // second of serving (no crash-loop backoff; the time is what is
-        // under test there), then a kill at a moment that differs between
-        // cycles.
-        let served_for = Duration::from_millis(1000 + (cycle * 37) % 200);
-        common::wait_until("acknowledged writes", Duration::from_secs(60), || {
-            writer.acks() > 0 && serving_since.elapsed() >= served_for
-        });
-        signal(pid as u32, libc::SIGKILL);
-        let (a, n) = writer.finish();
-        total += n;
-        acked.merge(a);
-        let (p, h) = serving_pid(&api, pid);
-        (pid, serving_since) = (p, Instant::now());
-        assert_eq!(h["supervisor"]["restarts"].as_u64(), Some(cycle + 1));
-        assert_eq!(h["supervisor"]["last_restart_reason"], "signal 9");
-        check(&uri, &mut acked);
-    }
-    eprintln!(
-        "{cycles} kills, {total} acknowledged writes, {} blocks checked",
-        acked.last.len()
-    );
-    assert!(total > 0, "no write was acknowledged at all");
+    kill_loop(&api, &d.uri("db"), "db", pid);
     // The API drive came back with its data and its rule; the deleted one
     // did not.
     let mut buf = vec![0u8; BLOCK];
@@ -429,6 +397,45 @@ fn cycles() -> u64 {
         .unwrap_or(3)
 }
 
+/// `cycles()` kills of serving process `pid` while a client writes to
+/// drive `name` at `uri`: after each, the restart is counted with its
+/// reason, the drive is ready again, and every acknowledged write reads
+/// back. Returns what was acknowledged.
+fn kill_loop(api: &Path, uri: &str, name: &str, mut pid: u64) -> Acked {
+    let cycles = cycles();
+    let mut acked = Acked::default();
+    let mut total = 0;
+    let mut serving_since = Instant::now();
+    for cycle in 0..cycles {
+        let writer = Writer::start(uri, cycle);
+        // Writes acknowledged, and the process past the supervisor's one
+        // second of serving (no crash-loop backoff; the time is what is
+        // under test there), then a kill at a moment that differs between
+        // cycles.
+        let served_for = Duration::from_millis(1000 + (cycle * 37) % 200);
+        common::wait_until("acknowledged writes", Duration::from_secs(60), || {
+            writer.acks() > 0 && serving_since.elapsed() >= served_for
+        });
+        signal(pid as u32, libc::SIGKILL);
+        let (a, n) = writer.finish();
+        total += n;
+        acked.merge(a);
+        let (p, h) = serving_pid(api, pid);
+        pid = p;
+        assert_eq!(h["supervisor"]["restarts"].as_u64(), Some(cycle + 1));
+        assert_eq!(h["supervisor"]["last_restart_reason"], "signal 9");
+        wait_ready(api, name);
+        serving_since = Instant::now();
+        check(uri, &mut acked);
+    }
+    eprintln!(
+        "{cycles} kills of {name}, {total} acknowledged writes, {} blocks checked",
+        acked.last.len()
+    );
+    assert!(total > 0, "no write was acknowledged at all");
+    acked
+}
+
 /// Drive `name`'s state ("ready", "restoring", ...), or None while
 /// nobody answers.
 fn drive_state(api: &Path, name: &str) -> Option<String> {
@@ -460,7 +467,6 @@ fn wait_ready(api: &Path, name: &str) {
 /// directory, restores every one of them.
 #[test]
 fn a_persistent_drive_loses_no_acknowledged_write_across_kills() {
-    let cycles = cycles();
     let args: Vec<String> = [
         "daemon",
         "--supervise",
@@ -472,31 +478,9 @@ fn a_persistent_drive_loses_no_acknowledged_write_across_kills() {
     .collect();
     let mut d = Daemon::launch(&args, &[]);
     let api = d.api_socket().to_owned();
-    let (mut pid, _) = serving_pid(&api, 0);
+    let (pid, _) = serving_pid(&api, 0);
     wait_ready(&api, "pdb");
-    let uri = d.uri("pdb");
-    let (mut acked, mut total) = (Acked::default(), 0);
-    let mut serving_since = Instant::now();
-    for cycle in 0..cycles {
-        let writer = Writer::start(&uri, cycle);
-        let served_for = Duration::from_millis(1000 + (cycle * 37) % 200);
-        common::wait_until("acknowledged writes", Duration::from_secs(60), || {
-            writer.acks() > 0 && serving_since.elapsed() >= served_for
-        });
-        signal(pid as u32, libc::SIGKILL);
-        let (a, n) = writer.finish();
-        total += n;
-        acked.merge(a);
-        (pid, _) = serving_pid(&api, pid);
-        wait_ready(&api, "pdb");
-        serving_since = Instant::now();
-        check(&uri, &mut acked);
-    }
-    eprintln!(
-        "{cycles} kills of a persistent drive, {total} acknowledged writes, {} blocks checked",
-        acked.last.len()
-    );
-    assert!(total > 0, "no write was acknowledged at all");
+    let mut acked = kill_loop(&api, &d.uri("pdb"), "pdb", pid);
     let status = d.terminate();
     let log = d.log();
     assert!(status.success(), "supervisor exit: {status:?}\n{log}");

@@ -1716,6 +1716,23 @@ mod tests {
         }
     }
 
+    /// Shared memory, no prefaulter (its pages would blur the checks).
+    fn kept_opts() -> StoreOptions {
+        StoreOptions {
+            shared_memory: true,
+            prefault: false,
+            ..StoreOptions::default()
+        }
+    }
+
+    /// A store of `size` bytes in shared memory that a `Holder` keeps.
+    fn kept_store(size: u64, global: &Arc<MemoryBudget>) -> (RamStore, Arc<Holder>) {
+        let s = RamStore::with_options(size, kept_opts(), global.clone()).unwrap();
+        let holder = Arc::new(Holder::default());
+        s.set_keeper(holder.clone());
+        (s, holder)
+    }
+
     fn dirty_list(s: &StoreState) -> Vec<u64> {
         s.segments
             .load()
@@ -1736,14 +1753,8 @@ mod tests {
     #[test]
     fn the_dirty_set_survives_an_adoption() {
         let global = Arc::new(MemoryBudget::new(u64::MAX));
-        let opts = StoreOptions {
-            shared_memory: true,
-            prefault: false,
-            ..StoreOptions::default()
-        };
-        let s = RamStore::with_options(SEGMENT_BYTES * 2, opts, global.clone()).unwrap();
-        let holder = Arc::new(Holder::default());
-        s.set_keeper(holder.clone());
+        let opts = kept_opts();
+        let (s, holder) = kept_store(SEGMENT_BYTES * 2, &global);
         s.take_dirty();
         s.write(0, &[1; 4096], false).unwrap();
         s.write(SEGMENT_BYTES, &[2; 4096], false).unwrap();
@@ -1792,14 +1803,8 @@ mod tests {
     #[test]
     fn an_adoption_finishes_a_shrink_the_kill_interrupted() {
         let global = Arc::new(MemoryBudget::new(u64::MAX));
-        let opts = StoreOptions {
-            shared_memory: true,
-            prefault: false,
-            ..StoreOptions::default()
-        };
-        let s = RamStore::with_options(1 << 20, opts, global.clone()).unwrap();
-        let holder = Arc::new(Holder::default());
-        s.set_keeper(holder.clone());
+        let opts = kept_opts();
+        let (s, holder) = kept_store(1 << 20, &global);
         s.write(0, &[7; 8192], false).unwrap();
         s.take_dirty();
         let (_, kept) = holder.kept();

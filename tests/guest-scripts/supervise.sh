@@ -73,6 +73,22 @@ verify_tree() { # dir manifest what
     ok "$3: $(wc -l <"$2") files match their checksums"
 }
 
+fresh_fs() { # dev dir manifest: ext4 on dev (no lazy init: the device may
+    # stall under it at a kill), mounted on dir, with a tree and its checksums
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$1" || fail "mkfs.ext4 $1"
+    mkdir -p "$2"
+    mount "$1" "$2"
+    make_tree "$2" "$3"
+}
+
+start_fio() { # name dir size seconds: 4 KiB random writes with verify in
+    # the background; its pid in $fio_pid, its output in /tmp/fio-NAME.out
+    fio --name="$1" --directory="$2" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+        --iodepth=32 --size="$3" --time_based --runtime="$4" --verify=crc32c --verify_fatal=1 \
+        --output="/tmp/fio-$1.out" &
+    fio_pid=$!
+}
+
 dev_of() { # nqn: its namespace's block device, waited for (20 s)
     local i b
     for i in $(seq 200); do
@@ -96,14 +112,8 @@ ok "supervised: serving process $pid, supervisor $sup_pid"
 
 log "ublk: kill -9 of the serving process during fio on a mounted RAM drive"
 dev=$("$RAMD" attach db --ublk)
-mkfs.ext4 -q -F "$dev" || fail "mkfs.ext4 $dev"
-mkdir -p /mnt/u
-mount "$dev" /mnt/u
-make_tree /mnt/u /tmp/u.sha
-fio --name=load --directory=/mnt/u --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
-    --iodepth=32 --size=32M --time_based --runtime=15 --verify=crc32c --verify_fatal=1 \
-    --output=/tmp/fio-u.out &
-fio_pid=$!
+fresh_fs "$dev" /mnt/u /tmp/u.sha
+start_fio load /mnt/u 32M 15
 sleep 4
 kill -KILL "$pid"
 ok "serving process $pid killed during fio"
@@ -115,23 +125,20 @@ for i in $(seq 300); do
 done
 grep "recovered" /tmp/ramd.log >/dev/null || fail "no ublk recovery in the log"
 ok "serving process $pid took $dev over"
-wait "$fio_pid" || { cat /tmp/fio-u.out; fail "fio (with verify) across the kill failed"; }
+wait "$fio_pid" || { cat /tmp/fio-load.out; fail "fio (with verify) across the kill failed"; }
 ok "fio with verify went on across the kill"
 echo 3 >/proc/sys/vm/drop_caches
 verify_tree /mnt/u /tmp/u.sha "ublk after kill -9"
 
 log "ublk: ramd upgrade during fio on the mounted RAM drive"
 cp "$RAMD" /tmp/ramd-new
-fio --name=load2 --directory=/mnt/u --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
-    --iodepth=32 --size=32M --time_based --runtime=12 --verify=crc32c --verify_fatal=1 \
-    --output=/tmp/fio-u2.out &
-fio_pid=$!
+start_fio load2 /mnt/u 32M 12
 sleep 3
 "$RAMD" upgrade --binary /tmp/ramd-new >/tmp/upgrade.out 2>&1 || { cat /tmp/upgrade.out; fail "ramd upgrade"; }
 grep "upgraded: pid" /tmp/upgrade.out >/dev/null || { cat /tmp/upgrade.out; fail "ramd upgrade said nothing"; }
 pid=$(serving_pid)
 [ "$(readlink "/proc/$pid/exe")" = /tmp/ramd-new ] || fail "the serving process is not the new binary: $(readlink "/proc/$pid/exe")"
-wait "$fio_pid" || { cat /tmp/fio-u2.out; fail "fio (with verify) across the upgrade failed"; }
+wait "$fio_pid" || { cat /tmp/fio-load2.out; fail "fio (with verify) across the upgrade failed"; }
 ok "upgraded to /tmp/ramd-new (pid $pid) while fio with verify went on"
 echo 3 >/proc/sys/vm/drop_caches
 verify_tree /mnt/u /tmp/u.sha "ublk after the upgrade"
@@ -146,10 +153,7 @@ nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$nqn" -q "$HOSTNQN" --ctrl-loss-tm
     --reconnect-delay=1 >/dev/null || fail "nvme connect"
 ndev=$(dev_of "$nqn") || fail "no block device for $nqn"
 nguid=$(cat "/sys/block/${ndev#/dev/}/nguid" 2>/dev/null || cat "/sys/block/${ndev#/dev/}/wwid")
-mkfs.ext4 -q -F "$ndev" || fail "mkfs.ext4 $ndev"
-mkdir -p /mnt/n
-mount "$ndev" /mnt/n
-make_tree /mnt/n /tmp/n.sha
+fresh_fs "$ndev" /mnt/n /tmp/n.sha
 sync
 kill -KILL "$pid"
 pid=$(wait_serving "$pid")
@@ -168,18 +172,12 @@ ok "ramd info: 3 restarts (2 kills, 1 upgrade), last signal 9"
 
 log "persistent drive over ublk: kill -9 during fio, nothing synced since"
 pdev=$("$RAMD" attach pd --ublk)
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$pdev" || fail "mkfs.ext4 $pdev"
-mkdir -p /mnt/p
-mount "$pdev" /mnt/p
-make_tree /mnt/p /tmp/p.sha
-fio --name=load --directory=/mnt/p --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
-    --iodepth=32 --size=16M --time_based --runtime=12 --verify=crc32c --verify_fatal=1 \
-    --output=/tmp/fio-p.out &
-fio_pid=$!
+fresh_fs "$pdev" /mnt/p /tmp/p.sha
+start_fio load3 /mnt/p 16M 12
 sleep 3
 kill -KILL "$pid"
 pid=$(wait_serving "$pid")
-wait "$fio_pid" || { cat /tmp/fio-p.out; fail "fio (with verify) on the persistent drive across the kill failed"; }
+wait "$fio_pid" || { cat /tmp/fio-load3.out; fail "fio (with verify) on the persistent drive across the kill failed"; }
 grep "kept across a restart of the serving process: its memory adopted" /tmp/ramd.log >/dev/null ||
     fail "the persistent drive was not adopted"
 ok "persistent drive adopted (not restored); fio with verify went on across the kill"
