@@ -42,9 +42,12 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::keep::{Keep, KeepError, Owner};
+use crate::store::memfd;
 use crate::store::region::Region;
 
 /// Bytes of one arena page.
@@ -135,9 +138,18 @@ impl Page {
     }
 }
 
+/// A mapped region and its place in the arena (region `index` is at
+/// `index * region_bytes` of a kept arena's memfd).
+struct Carved {
+    region: Region,
+    index: usize,
+}
+
 struct Inner {
     /// By base address, so a page finds its region.
-    regions: BTreeMap<usize, Region>,
+    regions: BTreeMap<usize, Carved>,
+    /// Base addresses by region index.
+    bases: Vec<usize>,
     /// The region new pages are carved from and how much of it is used.
     last: Option<(usize, usize)>,
     /// Given back and released (they read as zero), reused first after
@@ -156,16 +168,26 @@ pub struct PageArena {
     region_bytes: usize,
     /// Regions are locked in RAM as they are mapped (`--lock-memory`).
     locked: bool,
+    /// The memfds of a drive kept across restarts (`keep.rs`): regions are
+    /// mapped from its arena memfd, class pages noted in its page map.
+    keep: Option<Arc<Keep>>,
 }
 
 impl PageArena {
     /// An arena of mappings of `region_bytes` (a multiple of 2 MiB),
     /// locked in RAM with `locked`.
     pub fn new(region_bytes: usize, locked: bool) -> PageArena {
+        PageArena::with_keep(region_bytes, locked, None)
+    }
+
+    /// [`PageArena::new`] over the memfds of `keep` (`keep.rs`; None:
+    /// anonymous memory).
+    pub fn with_keep(region_bytes: usize, locked: bool, keep: Option<Arc<Keep>>) -> PageArena {
         debug_assert!(region_bytes % (2 << 20) == 0);
         PageArena {
             inner: Mutex::new(Inner {
                 regions: BTreeMap::new(),
+                bases: Vec::new(),
                 last: None,
                 released: Vec::new(),
                 cached: Vec::new(),
@@ -173,6 +195,103 @@ impl PageArena {
             }),
             region_bytes,
             locked,
+            keep,
+        }
+    }
+
+    /// The arena a killed process left in `keep`: every region mapped
+    /// again, the pages `held(index)` says are held out (charged by the
+    /// caller: [`PageArena::charged_pages`]), every other page released
+    /// (its memory freed; a page the process had cached was resident).
+    pub fn adopt(
+        keep: Arc<Keep>,
+        locked: bool,
+        held: impl Fn(u64) -> bool,
+    ) -> Result<PageArena, KeepError> {
+        let rb = keep.region_bytes();
+        let arena = PageArena::with_keep(rb, locked, Some(keep.clone()));
+        let per = (rb / PAGE_BYTES) as u64;
+        let mut g = arena.inner.lock();
+        for i in 0..keep.regions() {
+            let base = arena.map_region(&mut g, i)?;
+            g.last = Some((base, rb));
+            let mut free_run: Option<u64> = None;
+            for j in 0..=per {
+                let free = j < per && !held(i as u64 * per + j);
+                match (free, free_run) {
+                    (true, None) => free_run = Some(j),
+                    (false, Some(from)) => {
+                        let (at, len) =
+                            (from as usize * PAGE_BYTES, (j - from) as usize * PAGE_BYTES);
+                        g.regions[&base].region.release(at, len);
+                        g.released.extend(
+                            (from..j).map(|k| Page::from_addr(base + k as usize * PAGE_BYTES)),
+                        );
+                        free_run = None;
+                    }
+                    _ => {}
+                }
+                if j < per && !free {
+                    g.out += 1;
+                }
+            }
+        }
+        drop(g);
+        Ok(arena)
+    }
+
+    /// Maps region `index` (of the kept memfd, or anonymous), locked when
+    /// the drive is; returns its base address.
+    fn map_region(&self, g: &mut Inner, index: usize) -> io::Result<usize> {
+        let rb = self.region_bytes;
+        let r = match &self.keep {
+            Some(k) => {
+                memfd::grow_to(k.arena_fd(), (index + 1) * rb).map_err(io::Error::from)?;
+                Region::shared(k.arena_fd(), index * rb, rb, false)?
+            }
+            None => Region::new(rb, false)?,
+        };
+        if self.locked {
+            r.lock_to(rb)?;
+        }
+        let base = r.ptr(0) as usize;
+        g.regions.insert(base, Carved { region: r, index });
+        g.bases.push(base);
+        if let Some(k) = &self.keep {
+            k.set_regions(index + 1);
+        }
+        Ok(base)
+    }
+
+    /// The index of an arena page (its offset in the kept memfd / 4 KiB).
+    pub fn index_of(&self, page: Page) -> u64 {
+        let g = self.inner.lock();
+        let (&base, c) = g
+            .regions
+            .range(..=page.addr())
+            .next_back()
+            .expect("a page of this arena");
+        ((c.index * self.region_bytes + (page.addr() - base)) / PAGE_BYTES) as u64
+    }
+
+    /// The page of index `index` (see [`PageArena::index_of`]), if mapped.
+    pub fn page_at(&self, index: u64) -> Option<Page> {
+        let per = (self.region_bytes / PAGE_BYTES) as u64;
+        let g = self.inner.lock();
+        let base = *g.bases.get((index / per) as usize)?;
+        Some(Page::from_addr(base + (index % per) as usize * PAGE_BYTES))
+    }
+
+    /// The kept memfds, if the drive is kept.
+    pub fn keep(&self) -> Option<&Arc<Keep>> {
+        self.keep.as_ref()
+    }
+
+    /// Notes in a kept drive's page map that `page` is page `owner.index`
+    /// of a class, or no class's page (nothing for an unkept drive).
+    pub fn note_owner(&self, page: Page, owner: Option<Owner>) {
+        if let Some(k) = &self.keep {
+            k.set_owner(self.index_of(page), owner);
         }
     }
 
@@ -209,13 +328,12 @@ impl PageArena {
         let (base, used) = match g.last {
             Some((base, used)) if used < self.region_bytes => (base, used),
             _ => {
-                let r = Region::new(self.region_bytes, false)?;
-                if self.locked {
-                    r.lock_to(self.region_bytes)?;
+                let index = g.bases.len();
+                let pages = (index + 1) * self.region_bytes / PAGE_BYTES;
+                if self.keep.is_some() && pages > super::keep::MAX_ARENA_PAGES {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
-                let base = r.ptr(0) as usize;
-                g.regions.insert(base, r);
-                (base, 0)
+                (self.map_region(g, index)?, 0)
             }
         };
         g.last = Some((base, used + PAGE_BYTES));
@@ -254,13 +372,13 @@ impl PageArena {
                 j += 1;
             }
             let (addr, len) = (pages[i].addr(), (j - i) * PAGE_BYTES);
-            let (&base, region) = g
+            let (&base, c) = g
                 .regions
                 .range(..=addr)
                 .next_back()
                 .expect("a page of this arena");
-            debug_assert!(addr + len <= base + region.len());
-            region.release(addr - base, len);
+            debug_assert!(addr + len <= base + c.region.len());
+            c.region.release(addr - base, len);
             i = j;
         }
         g.released.extend_from_slice(&pages);
@@ -299,7 +417,7 @@ impl PageArena {
     pub fn metadata_bytes(&self) -> u64 {
         let g = self.inner.lock();
         (std::mem::size_of::<PageArena>()
-            + g.regions.len() * (std::mem::size_of::<Region>() + 3 * 8)
+            + g.regions.len() * (std::mem::size_of::<Carved>() + 4 * 8)
             + (g.released.capacity() + g.cached.capacity()) * std::mem::size_of::<Page>())
             as u64
     }

@@ -81,8 +81,10 @@
 //! bounds-checked decoding. `zstd`: the same crate and version the
 //! snapshots use.
 
+mod adopt;
 mod arena;
 mod heap;
+mod keep;
 mod marks;
 mod page;
 mod pool;
@@ -93,28 +95,30 @@ mod sync;
 mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use super::budget::MemoryBudget;
 use super::cut::CutState;
+use super::SegmentKeeper;
 use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
 pub use arena::region_bytes_for as locked_region_bytes_for;
 use arena::{Charge, NoPage, PageArena};
 pub use heap::return_freed_memory;
+use keep::Keep;
+pub use keep::{KeepError, KeptFiles};
 use marks::Marks;
 pub use page::{Algorithm, ParseAlgorithmError, HUGE_MIN_BYTES, PAGE_BYTES, ZSTD_DEFAULT_LEVEL};
 use page::{Codec, Packed, PageError, PACK_BUF_BYTES};
 use pool::Pool;
-use shard::{Placing, Shard, Space, GROUP_PAGES};
+pub use shard::SHARDS;
+use shard::{global_page, locals_before, locate, Placing, Shard, Space, GROUP_PAGES};
 pub use stats::CompressedStats;
 use sync::CapturedGroup;
 pub use sync::CompressedCut;
 use table::{Entry, Obj, ACCESSED};
 
-/// Shards per drive (see the module docs).
-pub const SHARDS: usize = 16;
 /// Bytes per page group: the unit of sharding.
 pub const GROUP_BYTES: u64 = (GROUP_PAGES * PAGE_BYTES) as u64;
 /// The largest compressed drive: 64 TiB (a shard-local page index is a u32).
@@ -160,6 +164,13 @@ impl Charge for Overdraft<'_> {
 }
 
 impl DriveMem {
+    fn new(limit: Option<u64>, global: Arc<MemoryBudget>) -> DriveMem {
+        DriveMem {
+            drive: MemoryBudget::new(limit.unwrap_or(u64::MAX)),
+            global,
+        }
+    }
+
     /// Takes `bytes` from the drive's budget, then the daemon's, with
     /// `take`; from neither when either refuses.
     fn reserve_with(&self, bytes: u64, take: impl Fn(&MemoryBudget) -> bool) -> bool {
@@ -226,36 +237,22 @@ struct Inner {
     min_size: AtomicU64,
     /// What recompression did (`recompress.rs`).
     recomp: recompress::Counters,
+    /// Who else holds a kept drive's memfds (`keep.rs`), told its size.
+    keeper: OnceLock<Arc<dyn SegmentKeeper>>,
 }
 
-/// Where page `p` lives: its shard and shard-local page index.
-#[inline]
-fn locate(p: u64) -> (usize, u32) {
-    let g = p / GROUP_PAGES as u64;
-    let local = (g / SHARDS as u64) * GROUP_PAGES as u64 + p % GROUP_PAGES as u64;
-    ((g % SHARDS as u64) as usize, local as u32)
+/// Empty shards for a new drive.
+fn fresh_shards() -> Box<[Padded]> {
+    (0..SHARDS)
+        .map(|si| Padded(RwLock::new(Shard::new(si))))
+        .collect()
 }
 
-/// The page a shard-local page of shard `si` is.
-#[inline]
-fn global_page(si: usize, local: u32) -> u64 {
-    let (lg, i) = (
-        local as u64 / GROUP_PAGES as u64,
-        local as u64 % GROUP_PAGES as u64,
-    );
-    (lg * SHARDS as u64 + si as u64) * GROUP_PAGES as u64 + i
-}
-
-/// How many of shard `si`'s local pages lie before page `first`.
-fn locals_before(si: usize, first: u64) -> u32 {
-    let (g_first, part) = (first / GROUP_PAGES as u64, first % GROUP_PAGES as u64);
-    let full = g_first.saturating_sub(si as u64).div_ceil(SHARDS as u64);
-    let partial = if g_first % SHARDS as u64 == si as u64 {
-        part
-    } else {
-        0
-    };
-    (full * GROUP_PAGES as u64 + partial) as u32
+fn kept_error(e: KeepError) -> Error {
+    match e {
+        KeepError::Io(e) => Error::Io(e),
+        e => Error::Invalid(format!("kept compressed memory: {e}")),
+    }
 }
 
 fn corrupt(e: PageError) -> Error {
@@ -307,33 +304,96 @@ impl CompressedStore {
         lock_memory: bool,
     ) -> Result<CompressedStore> {
         let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
-        let s = Inner {
-            algo,
-            size: AtomicU64::new(0),
-            shards: (0..SHARDS)
-                .map(|_| Padded(RwLock::new(Shard::default())))
-                .collect(),
-            pool: Pool::default(),
-            arena: PageArena::new(arena::region_bytes_for(promise), lock_memory),
-            mem: DriveMem {
-                drive: MemoryBudget::new(mem_limit_bytes.unwrap_or(u64::MAX)),
-                global: global_mem,
-            },
-            resize_lock: Mutex::new(()),
-            marks: Marks::default(),
-            cut: CutState::default(),
-            min_size: AtomicU64::new(0),
-            recomp: recompress::Counters::default(),
-        };
+        let arena = PageArena::new(arena::region_bytes_for(promise), lock_memory);
+        let mem = DriveMem::new(mem_limit_bytes, global_mem);
+        let s = Inner::of(algo, arena, Pool::default(), fresh_shards(), mem);
         s.resize(size_bytes)?;
+        CompressedStore::start(s, size_bytes)
+    }
+
+    /// [`CompressedStore::with_lock`] in memfds that can outlive the
+    /// process (`keep.rs`): a supervisor holds them ([`Self::set_keeper`])
+    /// and the next process adopts them ([`Self::adopt`]).
+    pub fn kept(
+        size_bytes: u64,
+        algo: Algorithm,
+        mem_limit_bytes: Option<u64>,
+        global_mem: Arc<MemoryBudget>,
+        lock_memory: bool,
+    ) -> Result<CompressedStore> {
+        let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
+        let rb = arena::region_bytes_for(promise);
+        let keep = Arc::new(Keep::create(rb).map_err(kept_error)?);
+        let arena = PageArena::with_keep(rb, lock_memory, Some(keep));
+        let mem = DriveMem::new(mem_limit_bytes, global_mem);
+        let s = Inner::of(algo, arena, Pool::default(), fresh_shards(), mem);
+        s.resize(size_bytes)?;
+        CompressedStore::start(s, size_bytes)
+    }
+
+    /// A drive of `size_bytes` over the memfds a killed (or upgraded)
+    /// process kept (`keep.rs`, `adopt.rs`): every page it acknowledged.
+    /// Its pages are charged to both budgets, past their limits if need
+    /// be (the memory is there already). Refused when the files are not a
+    /// kept compressed drive or contradict themselves.
+    pub fn adopt(
+        size_bytes: u64,
+        files: KeptFiles,
+        algo: Algorithm,
+        mem_limit_bytes: Option<u64>,
+        global_mem: Arc<MemoryBudget>,
+        lock_memory: bool,
+    ) -> Result<CompressedStore> {
+        if size_bytes == 0 || size_bytes > MAX_COMPRESSED_DRIVE_BYTES {
+            return Err(Error::Invalid(format!(
+                "cannot adopt a compressed drive of {size_bytes} bytes"
+            )));
+        }
+        let keep = Arc::new(Keep::open(files).map_err(kept_error)?);
+        let mem = DriveMem::new(mem_limit_bytes, global_mem);
+        let over = |b| {
+            mem.drive.try_reserve_over(b, u64::MAX);
+            mem.global.try_reserve_over(b, u64::MAX);
+        };
+        let (arena, pool, shards) =
+            adopt::rebuild(keep, size_bytes, lock_memory, &mem, over).map_err(kept_error)?;
+        let shards = shards.into_iter().map(|s| Padded(RwLock::new(s))).collect();
+        let s = Inner::of(algo, arena, pool, shards, mem);
+        s.marks.grow(size_bytes.div_ceil(GROUP_BYTES));
+        // Zeroes the end page's tail (a shrink the kill interrupted) and
+        // publishes the size.
+        s.cut_end_page(size_bytes)?;
+        CompressedStore::start(s, size_bytes)
+    }
+
+    fn start(s: Inner, size_bytes: u64) -> Result<CompressedStore> {
         s.min_size.store(size_bytes, Ordering::Release);
         let inner = Arc::new(s);
-        let worker = algo
+        let worker = inner
+            .algo
             .secondary()
             .map(|_| recompress::Worker::start(inner.clone()))
             .transpose()
             .map_err(Error::Io)?;
         Ok(CompressedStore { worker, inner })
+    }
+
+    /// Gives a kept drive's memfds to `keeper` (at once, then with every
+    /// size: before a grow is published, before a shrink changes
+    /// anything); a second keeper, or one for an unkept drive, is ignored.
+    pub fn set_keeper(&self, keeper: Arc<dyn SegmentKeeper>) {
+        let Some(k) = self.inner.arena.keep() else {
+            return;
+        };
+        let _guard = self.inner.resize_lock.lock();
+        if self.inner.keeper.set(keeper.clone()).is_ok() {
+            keeper.keep(self.inner.size(), k.arena_fd(), k.meta_fd());
+        }
+    }
+
+    /// True when the drive's memory is kept in memfds (`keep.rs`).
+    pub fn is_kept(&self) -> bool {
+        self.inner.arena.keep().is_some()
     }
 
     /// The drive's compression.
@@ -433,6 +493,40 @@ impl CompressedStore {
 }
 
 impl Inner {
+    /// A drive of size 0 over these pieces.
+    fn of(
+        algo: Algorithm,
+        arena: PageArena,
+        pool: Pool,
+        shards: Box<[Padded]>,
+        mem: DriveMem,
+    ) -> Inner {
+        Inner {
+            algo,
+            size: AtomicU64::new(0),
+            shards,
+            pool,
+            arena,
+            mem,
+            resize_lock: Mutex::new(()),
+            marks: Marks::default(),
+            cut: CutState::default(),
+            min_size: AtomicU64::new(0),
+            recomp: recompress::Counters::default(),
+            keeper: OnceLock::new(),
+        }
+    }
+
+    /// A kept drive's size is about to be `size`: noted in its memfds and
+    /// told its keeper (under the resize lock).
+    fn note_kept_size(&self, size: u64) {
+        let Some(k) = self.arena.keep() else { return };
+        k.note_size(size);
+        if let Some(keeper) = self.keeper.get() {
+            keeper.keep(size, k.arena_fd(), k.meta_fd());
+        }
+    }
+
     /// Where a shard's pages go.
     fn space(&self) -> Space<'_, DriveMem> {
         Space {
@@ -691,6 +785,9 @@ impl Inner {
         }
         let _guard = self.resize_lock.lock();
         let old_size = self.size();
+        if new_size != old_size {
+            self.note_kept_size(new_size);
+        }
         if new_size >= old_size {
             self.marks.grow(new_size.div_ceil(GROUP_BYTES));
             self.size.store(new_size, Ordering::Release);

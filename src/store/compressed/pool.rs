@@ -49,9 +49,12 @@
 //! - `live_bytes` is the sum of the stored objects' lengths (the entries
 //!   that name them hold the lengths).
 
+use std::collections::HashMap;
+
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use super::arena::{Charge, NoPage, Page, PageArena, PAGE_BYTES};
+use super::keep::{self, Owner, ID_BYTES};
 use super::page::HUGE_MIN_BYTES;
 use crate::store::ntcopy::copy_streaming;
 
@@ -77,6 +80,15 @@ pub const fn slot_bytes(class: usize) -> usize {
 pub fn class_of(len: usize) -> usize {
     debug_assert!(len > 0 && len <= MAX_OBJECT_BYTES);
     (len - 1) / CLASS_STEP_BYTES
+}
+
+/// The class for an object of `len` bytes in an arena that is `kept`
+/// (its slots end with the object's id: `keep.rs`); None when it does not
+/// fit the largest class (it is stored raw).
+#[inline]
+pub fn class_for(len: usize, kept: bool) -> Option<usize> {
+    let need = len + if kept { ID_BYTES } else { 0 };
+    (need <= MAX_OBJECT_BYTES).then(|| class_of(need))
 }
 
 /// Counters of the pool's compaction, for the stats.
@@ -184,6 +196,33 @@ impl Class {
         f(&tmp[..len])
     }
 
+    /// Writes `id` at the end of the slot ending at byte `end` (kept
+    /// drives: `keep.rs`).
+    fn write_id(&mut self, end: usize, id: u32) {
+        let at = end - ID_BYTES;
+        // SAFETY: as in `write_at`; the id's 4 bytes are 4-aligned (slots
+        // are multiples of 16) so they lie in one page.
+        unsafe {
+            keep::write_id(
+                self.pages[at / PAGE_BYTES].bytes_mut().as_mut_ptr(),
+                at % PAGE_BYTES,
+                id,
+            )
+        }
+    }
+
+    /// The id at the end of the slot ending at byte `end`.
+    fn read_id(&self, end: usize) -> u32 {
+        let at = end - ID_BYTES;
+        // SAFETY: as in `read_at`, and as in `write_id`.
+        unsafe {
+            keep::read_id(
+                self.pages[at / PAGE_BYTES].bytes().as_ptr(),
+                at % PAGE_BYTES,
+            )
+        }
+    }
+
     fn metadata_bytes(&self) -> u64 {
         ((self.pages.capacity() * std::mem::size_of::<Page>())
             + (self.rev.capacity() + self.loc.capacity() + self.free_ids.capacity()) * 4)
@@ -199,13 +238,20 @@ impl Pool {
     /// Stores `data` as a new object of its class; returns its id. Takes a
     /// page from `arena` when the class's last page is full; on `NoPage`
     /// nothing changed.
+    ///
+    /// In a kept arena the object's id goes at the end of its slot and the
+    /// class's count is raised after (`keep.rs`); `data` must then fit a
+    /// class with its id ([`class_for`]).
     pub fn alloc(&self, data: &[u8], arena: &PageArena, mem: &impl Charge) -> Result<u32, NoPage> {
-        let class = class_of(data.len());
+        let keep = arena.keep();
+        let class = class_for(data.len(), keep.is_some()).expect("an object that fits a class");
         let slot = slot_bytes(class);
         let mut c = self.class(class);
         let n = c.rev.len();
         if (n + 1) * slot > c.pages.len() * PAGE_BYTES {
             let page = arena.take(mem)?;
+            let index = c.pages.len() as u64;
+            arena.note_owner(page, Some(Owner { class, index }));
             reserve_some(&mut c.pages);
             c.pages.push(page);
         }
@@ -221,12 +267,16 @@ impl Pool {
         reserve_some(&mut c.rev);
         c.rev.push(id);
         c.write_at(n * slot, data);
+        if let Some(k) = keep {
+            c.write_id((n + 1) * slot, id);
+            k.set_class_count(class, n as u64 + 1);
+        }
         c.live_bytes += data.len() as u64;
         Ok(id)
     }
 
     /// Replaces the bytes of object `id` of `class` (`old_len` long) with
-    /// `data`, which fits its slot.
+    /// `data`, which fits its slot. Never in a kept arena (`keep.rs`).
     pub fn overwrite(&self, class: usize, id: u32, old_len: usize, data: &[u8]) {
         assert!(
             data.len() <= slot_bytes(class),
@@ -258,12 +308,19 @@ impl Pool {
         mem: &impl Charge,
     ) -> u64 {
         let slot = slot_bytes(class);
+        let keep = arena.keep();
         let mut c = self.class(class);
         let at = c.loc[id as usize] as usize;
         let last = c.rev.len() - 1;
         if at != last {
-            c.copy_within(last * slot, at * slot, slot);
             let moved = c.rev[last];
+            match keep {
+                None => c.copy_within(last * slot, at * slot, slot),
+                Some(_) => {
+                    c.copy_within(last * slot, at * slot, slot - ID_BYTES);
+                    c.write_id((at + 1) * slot, moved);
+                }
+            }
             c.loc[moved as usize] = at as u32;
             c.rev[at] = moved;
             c.compact.moved_objects += 1;
@@ -272,9 +329,13 @@ impl Pool {
         c.loc[id as usize] = FREE;
         c.free_ids.push(id);
         c.live_bytes -= len as u64;
+        if let Some(k) = keep {
+            k.set_class_count(class, c.rev.len() as u64);
+        }
         let mut freed = 0;
         while c.pages.len() * PAGE_BYTES >= c.rev.len() * slot + PAGE_BYTES {
             let page = c.pages.pop().expect("a page beyond the objects");
+            arena.note_owner(page, None);
             arena.give(page, mem);
             c.compact.runs += 1;
             freed += PAGE_BYTES as u64;
@@ -287,6 +348,57 @@ impl Pool {
             };
         }
         freed
+    }
+
+    /// Rebuilds class `class` of a kept drive (`keep.rs`) from its `pages`
+    /// (in order) holding `n` objects, and `refs`: the (id, length) of
+    /// every object the page tables name. Each slot's id is read; an id
+    /// in two slots is the object a free was moving when the process died:
+    /// the higher slot (the whole original) wins. Returns the ids given to
+    /// the slots nobody names (the loser, and objects written but never
+    /// named): the caller frees them.
+    pub fn adopt_class(
+        &self,
+        class: usize,
+        pages: Vec<Page>,
+        n: usize,
+        refs: &HashMap<u32, u16>,
+    ) -> Result<Vec<u32>, &'static str> {
+        let slot = slot_bytes(class);
+        if pages.len() != (n * slot).div_ceil(PAGE_BYTES) {
+            return Err("a class's pages differ from what its objects need");
+        }
+        let mut c = self.class(class);
+        c.pages = pages;
+        let ids = refs.keys().max().map_or(0, |&m| m as usize + 1);
+        let (mut loc, mut rev) = (vec![FREE; ids], vec![FREE; n]);
+        let mut unnamed = Vec::new();
+        for s in (0..n).rev() {
+            let id = c.read_id((s + 1) * slot);
+            match loc.get_mut(id as usize) {
+                Some(l) if *l == FREE && refs.contains_key(&id) => {
+                    *l = s as u32;
+                    rev[s] = id;
+                }
+                _ => unnamed.push(s),
+            }
+        }
+        if refs.keys().any(|&id| loc[id as usize] == FREE) {
+            return Err("a page names an object no slot holds");
+        }
+        let mut garbage = Vec::with_capacity(unnamed.len());
+        for s in unnamed {
+            garbage.push(loc.len() as u32);
+            rev[s] = loc.len() as u32;
+            loc.push(s as u32);
+        }
+        c.free_ids = (0..ids as u32)
+            .filter(|&i| loc[i as usize] == FREE)
+            .collect();
+        c.loc = loc;
+        c.rev = rev;
+        c.live_bytes = refs.values().map(|&l| l as u64).sum();
+        Ok(garbage)
     }
 
     /// Sum of the stored objects' lengths.

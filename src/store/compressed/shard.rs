@@ -15,12 +15,44 @@
 
 use super::arena::{Charge, NoPage, Page, PageArena, PAGE_BYTES};
 use super::page::Packed;
-use super::pool::{class_of, slot_bytes, Pool};
-use super::table::{Entry, Obj, Table};
+use super::pool::{class_for, slot_bytes, Pool};
+use super::table::{self, Entry, Obj, Table};
 use crate::store::ntcopy::copy_streaming;
 
 /// Pages per group: the unit of sharding (64 KiB, the raw store's chunk).
 pub const GROUP_PAGES: usize = 16;
+/// Shards per drive (see the module docs).
+pub const SHARDS: usize = 16;
+
+/// Where page `p` lives: its shard and shard-local page index.
+#[inline]
+pub fn locate(p: u64) -> (usize, u32) {
+    let g = p / GROUP_PAGES as u64;
+    let local = (g / SHARDS as u64) * GROUP_PAGES as u64 + p % GROUP_PAGES as u64;
+    ((g % SHARDS as u64) as usize, local as u32)
+}
+
+/// The page a shard-local page of shard `si` is.
+#[inline]
+pub fn global_page(si: usize, local: u32) -> u64 {
+    let (lg, i) = (
+        local as u64 / GROUP_PAGES as u64,
+        local as u64 % GROUP_PAGES as u64,
+    );
+    (lg * SHARDS as u64 + si as u64) * GROUP_PAGES as u64 + i
+}
+
+/// How many of shard `si`'s local pages lie before page `first`.
+pub fn locals_before(si: usize, first: u64) -> u32 {
+    let (g_first, part) = (first / GROUP_PAGES as u64, first % GROUP_PAGES as u64);
+    let full = g_first.saturating_sub(si as u64).div_ceil(SHARDS as u64);
+    let partial = if g_first % SHARDS as u64 == si as u64 {
+        part
+    } else {
+        0
+    };
+    (full * GROUP_PAGES as u64 + partial) as u32
+}
 
 /// Page counts of a shard, summed into the drive's stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,8 +75,9 @@ pub struct Space<'a, C: Charge> {
 }
 
 /// A shard: its table and counts.
-#[derive(Default)]
 pub struct Shard {
+    /// Its index in the drive (for a kept drive's shadow: `keep.rs`).
+    index: usize,
     table: Table,
     counts: ShardCounts,
 }
@@ -90,6 +123,33 @@ fn fill_raw(p: Page, d: &[u8]) {
 }
 
 impl Shard {
+    /// Shard `index` of a drive, empty.
+    pub fn new(index: usize) -> Shard {
+        Shard {
+            index,
+            table: Table::default(),
+            counts: ShardCounts::default(),
+        }
+    }
+
+    /// Sets a local page's entry; in a kept drive its shadow too, after
+    /// what the entry names is written and before what it replaced is
+    /// freed (`keep.rs`).
+    fn set<C: Charge>(&mut self, local: u32, e: Entry, flags: u8, sp: &Space<'_, C>) {
+        self.table.set(local, e, flags);
+        if let Some(k) = sp.arena.keep() {
+            let (bits, wide) = table::kept_bits(e, |p| sp.arena.index_of(p));
+            k.set_entry(global_page(self.index, local), bits, wide);
+        }
+    }
+
+    /// Takes a local page's entry from a kept drive's shadow (adoption:
+    /// `adopt.rs`).
+    pub fn adopt_entry(&mut self, local: u32, e: Entry) {
+        self.table.set(local, e, 0);
+        self.count(e, true);
+    }
+
     /// The entry of a local page.
     #[inline]
     pub fn entry(&self, local: u32) -> Entry {
@@ -161,7 +221,12 @@ impl Shard {
                 }
             },
             Placing::Compressed { bytes, page, codec } => {
-                let class = class_of(bytes.len());
+                // A kept drive's objects end with their id and are never
+                // rewritten in place (`keep.rs`).
+                let kept = sp.arena.keep().is_some();
+                let Some(class) = class_for(bytes.len(), kept) else {
+                    return self.place(local, Placing::Raw(page), flags, sp);
+                };
                 let obj = |class: usize, id| Obj {
                     class: class as u8,
                     id,
@@ -170,7 +235,7 @@ impl Shard {
                 };
                 match old {
                     // Same class: rewrite the slot in place.
-                    Entry::Stored(o) if o.class as usize == class => {
+                    Entry::Stored(o) if o.class as usize == class && !kept => {
                         sp.pool.overwrite(class, o.id, o.len as usize, bytes);
                         self.recount(old, Entry::Stored(obj(class, o.id)));
                         self.table
@@ -185,7 +250,9 @@ impl Shard {
                         // No memory for it in its class: the page's own
                         // memory may hold it.
                         Err(e) => match old {
-                            Entry::Stored(o) if bytes.len() <= slot_bytes(o.class as usize) => {
+                            Entry::Stored(o)
+                                if !kept && bytes.len() <= slot_bytes(o.class as usize) =>
+                            {
                                 let c = o.class as usize;
                                 sp.pool.overwrite(c, o.id, o.len as usize, bytes);
                                 self.recount(old, Entry::Stored(obj(c, o.id)));
@@ -205,7 +272,7 @@ impl Shard {
         };
         self.count(old, false);
         self.count(entry, true);
-        self.table.set(local, entry, flags);
+        self.set(local, entry, flags, sp);
         self.forget(old, sp);
         Ok(())
     }
@@ -222,7 +289,7 @@ impl Shard {
             return;
         }
         self.count(old, false);
-        self.table.set(local, Entry::Hole, 0);
+        self.set(local, Entry::Hole, 0, sp);
         self.forget(old, sp);
     }
 

@@ -109,6 +109,31 @@ fn decode(bits: u64, wide: impl FnOnce() -> u64) -> Entry {
     }
 }
 
+/// An entry as a kept drive's shadow holds it (`keep.rs`): no flags, a
+/// raw page by its arena index (`index_of`) instead of its address; and
+/// the wide same-filled word (0: none).
+pub fn kept_bits(e: Entry, index_of: impl FnOnce(Page) -> u64) -> (u64, u64) {
+    match e {
+        Entry::Raw(p) => (index_of(p) << 12 | TAG_RAW, 0),
+        Entry::Same(w) if narrow(w).is_none() => (TAG_SAME | SAME_WIDE, w),
+        e => (encode(e), 0),
+    }
+}
+
+/// The entry kept bits encode (see [`kept_bits`]), a raw page found by
+/// its index with `page_at`; None when that page does not exist.
+pub fn from_kept(bits: u64, wide: u64, page_at: impl FnOnce(u64) -> Option<Page>) -> Option<Entry> {
+    match bits & 3 {
+        TAG_RAW => page_at(bits >> 12).map(Entry::Raw),
+        _ => Some(decode(bits, || wide)),
+    }
+}
+
+/// The arena index of a raw page's kept bits (None: not a raw page).
+pub fn kept_raw_index(bits: u64) -> Option<u64> {
+    (bits & 3 == TAG_RAW).then_some(bits >> 12)
+}
+
 /// The 32-bit pattern a word repeats, if it does.
 fn narrow(w: u64) -> Option<u32> {
     (w >> 32 == w & 0xffff_ffff).then_some(w as u32)
@@ -370,5 +395,35 @@ mod tests {
         t.check().unwrap();
         t.truncate(0);
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn kept_entries_round_trip_with_raw_pages_by_index() {
+        let page = Page::from_addr(0x7f00_0000_5000);
+        let obj = Obj {
+            class: 9,
+            id: 77,
+            len: 150,
+            codec: 1,
+        };
+        for e in [
+            Entry::Hole,
+            Entry::Same(0),
+            Entry::Same(0x0102_0304_0506_0708),
+            Entry::Raw(page),
+            Entry::Stored(obj),
+        ] {
+            let (bits, wide) = kept_bits(e, |p| {
+                assert_eq!(p, page);
+                123_456
+            });
+            let back = from_kept(bits, wide, |i| {
+                assert_eq!(i, 123_456);
+                Some(page)
+            });
+            assert_eq!(back, Some(e));
+        }
+        let (bits, _) = kept_bits(Entry::Raw(page), |_| 5);
+        assert_eq!(from_kept(bits, 0, |_| None), None);
     }
 }
