@@ -203,8 +203,10 @@ impl Drives {
             None => self.new_store(spec)?,
         };
         // Kept by a supervisor (if any) before clients can write.
-        if let DriveData::Ram(store) = &data {
-            self.keep(spec, &origin, store);
+        match &data {
+            DriveData::Ram(store) => self.keep(spec, &origin, store),
+            DriveData::Compressed(store) => self.keep_compressed(spec, &origin, store),
+            _ => {}
         }
         let drive = self.assemble(
             spec,
@@ -246,6 +248,11 @@ impl Drives {
                 // In a memfd a supervisor keeps (`kept`), when there is one.
                 opts.shared_memory = crate::handover::serving::get().is_some();
                 RamStore::with_options(size, opts, budget).map(|s| DriveData::Ram(s.into()))
+            }
+            // In memfds a supervisor keeps, when there is one.
+            Some(a) if crate::handover::serving::get().is_some() => {
+                CompressedStore::kept(size, a, limit, budget, lock)
+                    .map(|s| DriveData::Compressed(s.into()))
             }
             Some(a) => CompressedStore::with_lock(size, a, limit, budget, lock)
                 .map(|s| DriveData::Compressed(s.into())),

@@ -1,14 +1,18 @@
 //! RAM drives kept across restarts of the serving process (issue 31,
 //! docs/restart.md). When a supervisor started this process
 //! (`ramd daemon --supervise`, `handover::serving`), every drive over the
-//! raw store (plain RAM drives and persistent ones; not compressed ones)
-//! keeps its memory in a sealed memfd and its dirty set in a ledger
-//! (`StoreOptions::shared_memory`, `store::ledger`) that the supervisor
-//! holds under `drive/NAME` (plain) or `persistent/NAME`, with the drive's
-//! settings as a JSON blob. After a restart the plain drives handed back
-//! are adopted (`RamStore::adopt`: the same memory, so every byte written
-//! before the kill) before any declared drive is created; a declared
-//! drive of the same name is that adopted drive. A persistent drive's
+//! raw store (plain RAM drives and persistent ones) keeps its memory in a
+//! sealed memfd and its dirty set in a ledger (`StoreOptions::
+//! shared_memory`, `store::ledger`) that the supervisor holds under
+//! `drive/NAME` (plain) or `persistent/NAME`, with the drive's settings as
+//! a JSON blob; a compressed RAM drive keeps its arena and its meta memfd
+//! (`store::compressed::keep`) under `compressed/NAME`. After a restart the
+//! plain and compressed drives handed back are adopted (`RamStore::adopt`,
+//! `CompressedStore::adopt`: the same memory, so every byte written before
+//! the kill) before any declared drive is created; a declared drive of
+//! the same name is that adopted drive. (Persistent compressed drives are
+//! not kept: their dirty marks live in the process; they restore from
+//! their state directory.) A persistent drive's
 //! memory waits until its state directory is opened, which then adopts
 //! it instead of restoring (`persistent::open`): the memory is newer
 //! than the directory, and the ledger's dirty set is what the directory
@@ -46,6 +50,7 @@ use crate::control::ledger::Origin;
 use crate::handover::serving::{self, Entry, Serving};
 use crate::metrics::Totals;
 use crate::nbd::access::{AccessRules, BadNetwork};
+use crate::store::compressed::{Algorithm, CompressedStore, KeptFiles, ParseAlgorithmError};
 use crate::store::{KeptMemory, RamStore, SegmentKeeper};
 
 /// Why a drive handed back cannot be served again.
@@ -59,6 +64,10 @@ pub enum KeptError {
     Network(#[from] BadNetwork),
     #[error("no memfd came with it")]
     NoMemfd,
+    #[error("its compression is not readable: {0}")]
+    Compress(#[from] ParseAlgorithmError),
+    #[error("a compressed drive's entry without its compression")]
+    NoCompression,
     #[error("no dirty ledger came with it (kept by an older build): the pages its state directory lacks are unknown")]
     NoLedger,
     #[error("its memory cannot be adopted: {0}")]
@@ -74,6 +83,9 @@ const BLOB_VERSION: u32 = 1;
 const KEY_PREFIX: &str = "drive/";
 /// The key prefix of persistent drives (module docs).
 const PERSISTENT_PREFIX: &str = "persistent/";
+/// The key prefix of compressed RAM drives: their own, so that an older
+/// binary never takes their memfds for a raw store's.
+const COMPRESSED_PREFIX: &str = "compressed/";
 /// The key prefix of a kept drive's I/O counts (`metrics::Totals`, JSON).
 const METRICS_PREFIX: &str = "metrics/";
 /// How often kept drives' counts go to the supervisor: a kill loses at
@@ -100,6 +112,9 @@ struct Blob {
     /// A persistent drive's state directory (its settings live there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     state_dir: Option<PathBuf>,
+    /// A compressed drive's compression (`lz4`, `zstd:3`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compress: Option<String>,
 }
 
 impl Blob {
@@ -121,6 +136,7 @@ impl Blob {
             read_only_identities: spec.access.read_only_identities.clone(),
             networks: spec.access.networks.iter().map(|n| n.to_string()).collect(),
             state_dir: None,
+            compress: spec.compress.map(|a| a.to_string()),
         }
     }
 
@@ -155,7 +171,11 @@ impl Blob {
                 read_only_identities: self.read_only_identities.clone(),
                 networks,
             },
-            compress: None,
+            compress: self
+                .compress
+                .as_deref()
+                .map(str::parse::<Algorithm>)
+                .transpose()?,
             lock_memory: self.lock_memory,
         };
         Ok((spec, origin))
@@ -236,7 +256,24 @@ impl Drives {
     /// one, or for a store without a memfd). Before the export is
     /// published.
     pub(super) fn keep(&self, spec: &DriveSpec, origin: &Origin, store: &RamStore) {
-        self.keep_as(KEY_PREFIX, Blob::of(spec, origin), origin, store);
+        self.keep_as(KEY_PREFIX, Blob::of(spec, origin), origin, |k| {
+            store.set_keeper(k)
+        });
+    }
+
+    /// `keep` for a compressed RAM drive (nothing when its store is not
+    /// kept in memfds).
+    pub(super) fn keep_compressed(
+        &self,
+        spec: &DriveSpec,
+        origin: &Origin,
+        store: &CompressedStore,
+    ) {
+        if store.is_kept() {
+            self.keep_as(COMPRESSED_PREFIX, Blob::of(spec, origin), origin, |k| {
+                store.set_keeper(k)
+            });
+        }
     }
 
     /// `keep` for a persistent drive over the raw store in `dir`.
@@ -251,10 +288,18 @@ impl Drives {
             state_dir: Some(dir.to_owned()),
             ..Blob::of(spec, origin)
         };
-        self.keep_as(PERSISTENT_PREFIX, blob, origin, store);
+        self.keep_as(PERSISTENT_PREFIX, blob, origin, |k| store.set_keeper(k));
     }
 
-    fn keep_as(&self, prefix: &str, blob: Blob, origin: &Origin, store: &RamStore) {
+    /// Registers a keeper for a drive's memory under `prefix`; `set` gives
+    /// it to the store (which sends its descriptors at once).
+    fn keep_as(
+        &self,
+        prefix: &str,
+        blob: Blob,
+        origin: &Origin,
+        set: impl FnOnce(Arc<dyn SegmentKeeper>),
+    ) {
         let Some(serving) = serving::get() else {
             return;
         };
@@ -269,7 +314,7 @@ impl Drives {
                 forgotten: false,
             }),
         });
-        store.set_keeper(keeper.clone());
+        set(keeper.clone());
         self.kept.by_name.lock().insert(name, keeper);
     }
 
@@ -473,22 +518,38 @@ impl Drives {
             self.kept.metrics.lock().insert(name.to_owned(), counts);
             return Ok(None);
         }
-        if !entry.key.starts_with(KEY_PREFIX) {
+        let compressed = entry.key.starts_with(COMPRESSED_PREFIX);
+        if !entry.key.starts_with(KEY_PREFIX) && !compressed {
             return Ok(None);
         }
         let blob = Blob::parse(&entry.blob)?;
         let (spec, origin) = blob.spec()?;
         let mut fds = entry.fds.into_iter();
         let memfd = fds.next().ok_or(KeptError::NoMemfd)?;
-        let kept = KeptMemory {
-            memfd,
-            ledger: fds.next(),
+        let (data, allocated) = match compressed {
+            true => {
+                let algo = spec.compress.ok_or(KeptError::NoCompression)?;
+                let meta = fds.next().ok_or(KeptError::NoMemfd)?;
+                let files = KeptFiles { arena: memfd, meta };
+                let (limit, lock) = (spec.mem_limit_bytes, spec.lock_memory);
+                let budget = self.budget().clone();
+                let store =
+                    CompressedStore::adopt(spec.size_bytes, files, algo, limit, budget, lock)?;
+                let allocated = store.allocated_bytes();
+                (DriveData::Compressed(Arc::new(store)), allocated)
+            }
+            false => {
+                let kept = KeptMemory {
+                    memfd,
+                    ledger: fds.next(),
+                };
+                let mut opts = store_options(spec.mem_limit_bytes, spec.lock_memory);
+                opts.shared_memory = true;
+                let store = RamStore::adopt(spec.size_bytes, kept, opts, self.budget().clone())?;
+                let allocated = store.allocated_bytes();
+                (DriveData::Ram(Arc::new(store)), allocated)
+            }
         };
-        let mut opts = store_options(spec.mem_limit_bytes, spec.lock_memory);
-        opts.shared_memory = true;
-        let store = RamStore::adopt(spec.size_bytes, kept, opts, self.budget().clone())?;
-        let allocated = store.allocated_bytes();
-        let data = DriveData::Ram(Arc::new(store));
         self.create_from(spec.clone(), Source::Kept(origin, data))?;
         tracing::info!(drive = %spec.name, size = spec.size_bytes, allocated_bytes = allocated, "drive kept across a restart of the serving process: served again with its data");
         Ok(Some(spec.name))

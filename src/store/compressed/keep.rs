@@ -271,7 +271,8 @@ impl Keep {
         self.word(at).store(bits, Ordering::Release);
     }
 
-    /// Copies of both descriptors, for a keeper.
+    /// Copies of both descriptors, as a keeper would hand them back.
+    #[cfg(test)]
     pub fn files(&self) -> io::Result<KeptFiles> {
         Ok(KeptFiles {
             arena: self.arena.try_clone()?,
