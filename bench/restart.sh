@@ -8,9 +8,14 @@
 # to the new process serving (the pause an upgrade costs, including the
 # 200 ms the old process waits so that its answer goes out). Medians of
 # RUNS kills and RUNS upgrades per size; prints a table.
+# DRIVE_OPTS adds drive options: ",compress=lz4" times compressed drives,
+# whose adoption rebuilds their tables (store/compressed/adopt.rs); the fill
+# then writes buffers that compress to about half (fio's
+# buffer_compress_percentage=50 per 4 KiB).
 #
 #   cargo build --release
 #   bench/restart.sh                      # SIZES="1G 8G" RUNS=3
+#   DRIVE_OPTS=,compress=lz4 bench/restart.sh
 #
 # Needs: fio with its nbd engine, nbdinfo, curl. Starts its own daemon in
 # a temporary directory; the machine needs the sizes' sum of free memory.
@@ -19,6 +24,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 RAMD=${RAMD:-$here/../target/release/ramd}
 sizes=${SIZES:-1G 8G}
 runs=${RUNS:-3}
+opts=${DRIVE_OPTS:-}
+fill_opts=()
+case "$opts" in *compress=*) fill_opts=(--buffer_compress_percentage=50 --buffer_compress_chunk=4k --refill_buffers) ;; esac
 dir=$(mktemp -d /tmp/ramd-restart-bench.XXXXXX)
 sup=
 cleanup() {
@@ -34,12 +42,12 @@ echo "| drive size | data | kill -9 to served again (median of $runs) | runs (ms
 echo "|---|---|---|---|---|---|"
 for size in $sizes; do
     "$RAMD" daemon --supervise --no-config --runtime-dir "$dir" --state-dir "$dir/state" \
-        --drive "db=$size" >"$dir/ramd-$size.log" 2>&1 &
+        --drive "db=$size$opts" >"$dir/ramd-$size.log" 2>&1 &
     sup=$!
     for _ in $(seq 300); do [ -n "$(pid_of)" ] && break; sleep 0.1; done
     uri="nbd+unix:///db?socket=$dir/nbd.sock"
     fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
-        --size="$size" --output=/dev/null
+        --size="$size" "${fill_opts[@]}" --output=/dev/null
     times=()
     for _ in $(seq "$runs"); do
         old=$(pid_of)
