@@ -8,11 +8,14 @@
 //! - [`supervisor`]: `ramd daemon --supervise`, the keeper that restarts
 //!   the serving process and hands everything back;
 //! - [`serving`]: the serving process's end of the link;
+//! - [`fdstore`]: systemd's descriptor store as the keeper instead of a
+//!   supervisor (a service with `FileDescriptorStoreMax=`);
 //! - [`listeners`]: listening sockets kept, taken back instead of bound.
 //!
 //! What the blobs mean (a drive's settings) is the daemon's business
 //! (`control::kept`): nothing here knows a drive.
 
+pub mod fdstore;
 pub mod link;
 pub mod listeners;
 pub mod serving;

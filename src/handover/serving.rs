@@ -13,12 +13,17 @@
 //! volatile drive now, to avoid maybe losing them later, would be the
 //! wrong trade): a watcher thread sees EOF, logs an error, and
 //! [`Serving::status`] says the supervisor is gone.
+//!
+//! Under systemd with a descriptor store and no supervisor, the keeper is
+//! systemd (`fdstore.rs`): the same entries, put and forgotten through
+//! the same calls; the hand-back is what systemd passed at start.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use super::fdstore::{self, FdStore};
 use super::link::{self, LinkError};
 use super::wire::Kind;
 
@@ -50,9 +55,17 @@ pub struct Status {
     pub supervisor_alive: bool,
 }
 
+/// Who keeps the entries.
+enum Keeper {
+    /// A supervisor, at the other end of this link.
+    Link(OwnedFd),
+    /// systemd's descriptor store.
+    Systemd(FdStore),
+}
+
 /// The link (see the module docs).
 pub struct Serving {
-    sock: OwnedFd,
+    keeper: Keeper,
     supervisor_pid: u32,
     restarts: u64,
     last_reason: Option<String>,
@@ -71,7 +84,7 @@ static SERVING: OnceLock<Serving> = OnceLock::new();
 /// starts (it removes the variables from the environment).
 pub fn init_from_env() -> Result<bool, LinkError> {
     let Some(fd) = std::env::var(FD_ENV).ok() else {
-        return Ok(false);
+        return init_from_systemd();
     };
     let fd: RawFd = fd.parse().ok().filter(|&n: &RawFd| n > 2).ok_or_else(|| {
         std::io::Error::new(
@@ -89,24 +102,42 @@ pub fn init_from_env() -> Result<bool, LinkError> {
     // process alone, and nothing else here owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(std::io::Error::from)?;
-    let (listeners, handed_back): (Vec<Entry>, Vec<Entry>) = read_hand_back(sock.as_fd())?
+    let entries = read_hand_back(sock.as_fd())?;
+    let keeper = Keeper::Link(sock);
+    let pid = supervisor_pid.unwrap_or(0) as u32;
+    Ok(SERVING
+        .set(Serving::new(keeper, pid, restarts, last_reason, entries))
+        .is_ok())
+}
+
+/// The key of the count of starts kept in systemd's store.
+const STARTS_KEY: &str = "starts";
+
+/// Under systemd with a descriptor store (`$FDSTORE`, `NOTIFY_SOCKET`):
+/// systemd is the keeper; what it passed back is the hand-back.
+fn init_from_systemd() -> Result<bool, LinkError> {
+    if fdstore::configured().is_none() || std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return Ok(false);
+    }
+    let (store, passed) = FdStore::from_env()?;
+    let mut entries: Vec<Entry> = passed
         .into_iter()
-        .partition(|e| e.key.starts_with(LISTENER_PREFIX));
-    let listeners = listeners
-        .into_iter()
-        .filter_map(|e| Some((e.key, (e.fds.into_iter().next()?, e.blob))))
+        .map(|(key, blob, fds)| Entry { key, blob, fds })
         .collect();
-    let s = Serving {
-        sock,
-        supervisor_pid: supervisor_pid.unwrap_or(0) as u32,
-        restarts,
-        last_reason,
-        gone: AtomicBool::new(false),
-        upgrading: AtomicBool::new(false),
-        handed_back: Mutex::new(Some(handed_back)),
-        listeners: Mutex::new(listeners),
-    };
-    Ok(SERVING.set(s).is_ok())
+    // Starts are counted in the store itself: systemd says nothing of them.
+    let starts = entries
+        .iter()
+        .position(|e| e.key == STARTS_KEY)
+        .map(|i| entries.swap_remove(i))
+        .and_then(|e| String::from_utf8(e.blob).ok()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    store.put(STARTS_KEY, (starts + 1).to_string().as_bytes(), &[])?;
+    let reason = (starts > 0).then(|| "systemd started the service again".to_owned());
+    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    let keeper = Keeper::Systemd(store);
+    Ok(SERVING
+        .set(Serving::new(keeper, parent, starts, reason, entries))
+        .is_ok())
 }
 
 /// Every PUT up to END.
@@ -138,6 +169,38 @@ pub fn get() -> Option<&'static Serving> {
 }
 
 impl Serving {
+    fn new(
+        keeper: Keeper,
+        supervisor_pid: u32,
+        restarts: u64,
+        last_reason: Option<String>,
+        entries: Vec<Entry>,
+    ) -> Serving {
+        let (listeners, handed_back): (Vec<Entry>, Vec<Entry>) = entries
+            .into_iter()
+            .partition(|e| e.key.starts_with(LISTENER_PREFIX));
+        let listeners = listeners
+            .into_iter()
+            .filter_map(|e| Some((e.key, (e.fds.into_iter().next()?, e.blob))))
+            .collect();
+        Serving {
+            keeper,
+            supervisor_pid,
+            restarts,
+            last_reason,
+            gone: AtomicBool::new(false),
+            upgrading: AtomicBool::new(false),
+            handed_back: Mutex::new(Some(handed_back)),
+            listeners: Mutex::new(listeners),
+        }
+    }
+
+    /// True when systemd's descriptor store is the keeper (no supervisor
+    /// process: `ramd upgrade` is `systemctl restart` there).
+    pub fn under_systemd(&self) -> bool {
+        matches!(self.keeper, Keeper::Systemd(_))
+    }
+
     /// What was handed back at start (once; later calls get nothing).
     pub fn take_handed_back(&self) -> Vec<Entry> {
         self.handed_back
@@ -173,12 +236,18 @@ impl Serving {
     /// Asks the supervisor to keep `fds` and `blob` under `key`
     /// (replacing what it kept there).
     pub fn put(&self, key: &str, blob: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), LinkError> {
-        link::send(self.sock.as_fd(), Kind::Put, key, blob, fds)
+        match &self.keeper {
+            Keeper::Link(sock) => link::send(sock.as_fd(), Kind::Put, key, blob, fds),
+            Keeper::Systemd(store) => Ok(store.put(key, blob, fds)?),
+        }
     }
 
     /// Asks the supervisor to drop what it keeps under `key`.
     pub fn forget(&self, key: &str) -> Result<(), LinkError> {
-        link::send(self.sock.as_fd(), Kind::Forget, key, &[], &[])
+        match &self.keeper {
+            Keeper::Link(sock) => link::send(sock.as_fd(), Kind::Forget, key, &[], &[]),
+            Keeper::Systemd(store) => Ok(store.forget(key)?),
+        }
     }
 
     /// Tells the supervisor that this process is about to exit so that
@@ -187,8 +256,15 @@ impl Serving {
     /// next one ([`Serving::upgrading`]).
     pub fn request_upgrade(&self, binary: &std::path::Path) -> Result<(), LinkError> {
         use std::os::unix::ffi::OsStrExt;
+        let Keeper::Link(sock) = &self.keeper else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "under systemd's descriptor store there is no supervisor to start another binary: install it and run `systemctl restart` on the unit (the store is kept across restarts)",
+            )
+            .into());
+        };
         link::send(
-            self.sock.as_fd(),
+            sock.as_fd(),
             Kind::Upgrade,
             "",
             binary.as_os_str().as_bytes(),
@@ -205,17 +281,23 @@ impl Serving {
 
     /// Tells the supervisor this process serves.
     pub fn ready(&self) -> Result<(), LinkError> {
-        link::send(self.sock.as_fd(), Kind::Ready, "", &[], &[])
+        match &self.keeper {
+            Keeper::Link(sock) => link::send(sock.as_fd(), Kind::Ready, "", &[], &[]),
+            Keeper::Systemd(_) => Ok(()),
+        }
     }
 
     /// Starts the thread that notices the supervisor's death.
     pub fn watch(&'static self) -> std::io::Result<()> {
+        let Keeper::Link(sock) = &self.keeper else {
+            return Ok(());
+        };
         std::thread::Builder::new()
             .name("ramd-supervised".into())
             .spawn(move || {
                 // The supervisor sends nothing after the hand-back: the
                 // next thing is EOF, when it is gone.
-                while let Ok(Some(_)) = link::recv(self.sock.as_fd()) {}
+                while let Ok(Some(_)) = link::recv(sock.as_fd()) {}
                 self.gone.store(true, Ordering::SeqCst);
                 tracing::error!(
                     supervisor_pid = self.supervisor_pid,

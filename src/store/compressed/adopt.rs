@@ -24,19 +24,18 @@
 //! it changes the kept memory only by steps that are themselves kept
 //! consistent (frees, cleared entries), so a kill during it is as any.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::arena::{Charge, PageArena, PAGE_BYTES};
 use super::keep::{Keep, KeepError};
 use super::pool::{slot_bytes, Pool, CLASSES};
-use super::shard::{locate, Shard, SHARDS};
+use super::shard::{locate, Shard, GROUP_PAGES, SHARDS};
 use super::table::{self, Entry};
 
 /// What the tables name, from a pass over the shadow.
 struct Named {
-    /// Per class: id -> length.
-    objects: Vec<HashMap<u32, u16>>,
+    /// Per class, by id: the object's length (0: no entry names it).
+    objects: Vec<Vec<u16>>,
     /// Raw pages, by arena index.
     raw: Vec<u64>,
 }
@@ -79,23 +78,52 @@ pub fn rebuild<C: Charge>(
             pool.free(class, id, 0, &arena, mem);
         }
     }
-    let mut shards: Vec<Shard> = (0..SHARDS).map(Shard::new).collect();
-    for p in 0..pages {
-        let (bits, wide) = keep.entry(p);
-        if bits != 0 {
-            let e = table::from_kept(bits, wide, |i| arena.page_at(i)).expect("checked by `named`");
-            let (si, local) = locate(p);
-            shards[si].adopt_entry(local, e);
-        }
-    }
+    let shards = tables(&keep, pages, &arena);
     Ok((arena, pool, shards))
+}
+
+/// The shards' tables from the shadow, pages `0..pages`, on as many
+/// threads as there are CPUs (each fills whole shards).
+fn tables(keep: &Keep, pages: u64, arena: &PageArena) -> Vec<Shard> {
+    let mut shards: Vec<Shard> = (0..SHARDS).map(Shard::new).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(SHARDS));
+    let mut parts: Vec<Vec<(usize, &mut Shard)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (si, sh) in shards.iter_mut().enumerate() {
+        parts[si % threads].push((si, sh));
+    }
+    std::thread::scope(|scope| {
+        for part in parts {
+            scope.spawn(move || {
+                for (si, sh) in part {
+                    fill_shard(keep, pages, arena, si, sh);
+                }
+            });
+        }
+    });
+    shards
+}
+
+/// Shard `si`'s entries: the page groups `g` with `g % SHARDS == si`.
+fn fill_shard(keep: &Keep, pages: u64, arena: &PageArena, si: usize, sh: &mut Shard) {
+    let group = GROUP_PAGES as u64;
+    let mut g = si as u64;
+    while g * group < pages {
+        for p in g * group..((g + 1) * group).min(pages) {
+            let (bits, wide) = keep.entry(p);
+            if bits != 0 {
+                let e = table::from_kept(bits, wide, |i| arena.page_at(i)).expect("checked by `named`");
+                sh.adopt_entry(locate(p).1, e);
+            }
+        }
+        g += SHARDS as u64;
+    }
 }
 
 /// The objects and raw pages the shadow names for pages `0..pages`;
 /// entries beyond (up to the largest size the drive had) are cleared.
 fn named(keep: &Keep, pages: u64, carved: u64) -> Result<Named, KeepError> {
     let mut n = Named {
-        objects: vec![HashMap::new(); CLASSES],
+        objects: vec![Vec::new(); CLASSES],
         raw: Vec::new(),
     };
     for p in pages..keep.max_pages() {
@@ -123,7 +151,11 @@ fn named(keep: &Keep, pages: u64, carved: u64) -> Result<Named, KeepError> {
                         "an object entry of a bad class or length",
                     ));
                 }
-                if n.objects[class].insert(o.id, o.len).is_some() {
+                let ids = &mut n.objects[class];
+                if ids.len() <= o.id as usize {
+                    ids.resize(o.id as usize + 1, 0);
+                }
+                if std::mem::replace(&mut ids[o.id as usize], o.len) != 0 {
                     return Err(KeepError::Inconsistent("two pages name one object"));
                 }
             }

@@ -49,8 +49,6 @@
 //! - `live_bytes` is the sum of the stored objects' lengths (the entries
 //!   that name them hold the lengths).
 
-use std::collections::HashMap;
-
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use super::arena::{Charge, NoPage, Page, PageArena, PAGE_BYTES};
@@ -351,8 +349,8 @@ impl Pool {
     }
 
     /// Rebuilds class `class` of a kept drive (`keep.rs`) from its `pages`
-    /// (in order) holding `n` objects, and `refs`: the (id, length) of
-    /// every object the page tables name. Each slot's id is read; an id
+    /// (in order) holding `n` objects, and `refs`: by id, the length of
+    /// every object the page tables name (0: none). Each slot's id is read; an id
     /// in two slots is the object a free was moving when the process died:
     /// the higher slot (the whole original) wins. Returns the ids given to
     /// the slots nobody names (the loser, and objects written but never
@@ -362,7 +360,7 @@ impl Pool {
         class: usize,
         pages: Vec<Page>,
         n: usize,
-        refs: &HashMap<u32, u16>,
+        refs: &[u16],
     ) -> Result<Vec<u32>, &'static str> {
         let slot = slot_bytes(class);
         if pages.len() != (n * slot).div_ceil(PAGE_BYTES) {
@@ -370,20 +368,20 @@ impl Pool {
         }
         let mut c = self.class(class);
         c.pages = pages;
-        let ids = refs.keys().max().map_or(0, |&m| m as usize + 1);
+        let ids = refs.len();
         let (mut loc, mut rev) = (vec![FREE; ids], vec![FREE; n]);
         let mut unnamed = Vec::new();
         for s in (0..n).rev() {
             let id = c.read_id((s + 1) * slot);
             match loc.get_mut(id as usize) {
-                Some(l) if *l == FREE && refs.contains_key(&id) => {
+                Some(l) if *l == FREE && refs[id as usize] != 0 => {
                     *l = s as u32;
                     rev[s] = id;
                 }
                 _ => unnamed.push(s),
             }
         }
-        if refs.keys().any(|&id| loc[id as usize] == FREE) {
+        if refs.iter().zip(&loc).any(|(&len, &l)| len != 0 && l == FREE) {
             return Err("a page names an object no slot holds");
         }
         let mut garbage = Vec::with_capacity(unnamed.len());
@@ -397,7 +395,7 @@ impl Pool {
             .collect();
         c.loc = loc;
         c.rev = rev;
-        c.live_bytes = refs.values().map(|&l| l as u64).sum();
+        c.live_bytes = refs.iter().map(|&l| l as u64).sum();
         Ok(garbage)
     }
 
