@@ -474,15 +474,23 @@ fn wait_ready(api: &Path, name: &str) {
 /// directory, restores every one of them.
 #[test]
 fn a_persistent_drive_loses_no_acknowledged_write_across_kills() {
-    let args: Vec<String> = [
-        "daemon",
-        "--supervise",
-        "--drive",
-        "pdb=16M,persist,durability=periodic,sync-interval=50ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    persistent_kill_loop("");
+}
+
+/// The same for a persistent compressed drive: its arena, tables' shadow
+/// and dirty ledger are kept (`store::compressed::keep`, `marks.rs`).
+#[test]
+fn a_persistent_compressed_drive_loses_no_acknowledged_write_across_kills() {
+    persistent_kill_loop(",compress=lz4");
+}
+
+/// The persistent drives' kill loop, the drive with `extra` options.
+fn persistent_kill_loop(extra: &str) {
+    let drive = format!("pdb=16M,persist,durability=periodic,sync-interval=50ms{extra}");
+    let args: Vec<String> = ["daemon", "--supervise", "--drive", &drive]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut d = Daemon::launch(&args, &[]);
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
@@ -497,16 +505,11 @@ fn a_persistent_drive_loses_no_acknowledged_write_across_kills() {
     );
     // The directory alone, without a supervisor.
     let state = d.state_dir().to_string_lossy().into_owned();
-    let args: Vec<String> = [
-        "daemon",
-        "--drive",
-        "pdb=16M,persist",
-        "--state-dir",
-        &state,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let drive = format!("pdb=16M,persist{extra}");
+    let args: Vec<String> = ["daemon", "--drive", &drive, "--state-dir", &state]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let plain = Daemon::launch(&args, &[]);
     wait_ready(plain.api_socket(), "pdb");
     check(&plain.uri("pdb"), &mut acked);
@@ -526,7 +529,9 @@ fn a_compressed_drive_loses_no_acknowledged_write_across_kills() {
     let log = d.log();
     assert!(status.success(), "supervisor exit: {status:?}\n{log}");
     assert!(
-        log.contains("drive kept across a restart of the serving process: served again with its data"),
+        log.contains(
+            "drive kept across a restart of the serving process: served again with its data"
+        ),
         "the drive was not adopted:\n{log}"
     );
 }

@@ -114,7 +114,10 @@ fn write_slot(fd: BorrowedFd<'_>, seq: u64, content: &[u8]) -> io::Result<()> {
     if content.len() as u64 > SLOT_BYTES {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("an entry of {} bytes, more than the {SLOT_BYTES} a slot holds", content.len()),
+            format!(
+                "an entry of {} bytes, more than the {SLOT_BYTES} a slot holds",
+                content.len()
+            ),
         ));
     }
     let next = seq + 1;
@@ -185,7 +188,10 @@ impl FdStore {
             Err(_) => Vec::new(),
         };
         for (raw, name) in passed {
-            let Some((id, i)) = name.rsplit_once('.').filter(|(id, _)| id.starts_with("ramd.")) else {
+            let Some((id, i)) = name
+                .rsplit_once('.')
+                .filter(|(id, _)| id.starts_with("ramd."))
+            else {
                 continue;
             };
             let Ok(i) = i.parse::<usize>() else { continue };
@@ -207,7 +213,13 @@ impl FdStore {
                     let names: Vec<usize> = fds.keys().copied().collect();
                     tracing::warn!(entry = %id, "an incomplete entry in systemd's descriptor store (a start cut short): removed");
                     for i in names {
-                        let _ = notify(&[NotifyState::FdStoreRemove, NotifyState::FdName(&format!("{id}.{i}"))], &[]);
+                        let _ = notify(
+                            &[
+                                NotifyState::FdStoreRemove,
+                                NotifyState::FdName(&format!("{id}.{i}")),
+                            ],
+                            &[],
+                        );
                     }
                 }
             }
@@ -230,7 +242,11 @@ impl FdStore {
         }
         let blob_fd = fds.remove(&0)?;
         let own: Vec<OwnedFd> = (1..=n).filter_map(|i| fds.remove(&i)).collect();
-        let idents = own.iter().map(|f| ident(f.as_fd())).collect::<io::Result<_>>().ok()?;
+        let idents = own
+            .iter()
+            .map(|f| ident(f.as_fd()))
+            .collect::<io::Result<_>>()
+            .ok()?;
         let stored = Stored {
             id: id.to_owned(),
             blob: blob_fd,
@@ -242,7 +258,10 @@ impl FdStore {
 
     /// Keeps `fds` and `blob` under `key` (see the module docs).
     pub fn put(&self, key: &str, blob: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-        let idents = fds.iter().map(|f| ident(*f)).collect::<io::Result<Vec<_>>>()?;
+        let idents = fds
+            .iter()
+            .map(|f| ident(*f))
+            .collect::<io::Result<Vec<_>>>()?;
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let content = encode(key, fds.len(), blob);
         if let Some(s) = entries.get_mut(key) {
@@ -263,7 +282,10 @@ impl FdStore {
             notify(&[NotifyState::FdStore, NotifyState::FdName(&name)], &[*fd])?;
         }
         let name = format!("{id}.0");
-        notify(&[NotifyState::FdStore, NotifyState::FdName(&name)], &[memfd.as_fd()])?;
+        notify(
+            &[NotifyState::FdStore, NotifyState::FdName(&name)],
+            &[memfd.as_fd()],
+        )?;
         let stored = Stored {
             id,
             blob: memfd,
@@ -291,7 +313,10 @@ impl FdStore {
     fn remove(s: &Stored) -> io::Result<()> {
         for i in 0..=s.fds.len() {
             let name = format!("{}.{i}", s.id);
-            notify(&[NotifyState::FdStoreRemove, NotifyState::FdName(&name)], &[])?;
+            notify(
+                &[NotifyState::FdStoreRemove, NotifyState::FdName(&name)],
+                &[],
+            )?;
         }
         Ok(())
     }
@@ -307,9 +332,15 @@ mod tests {
         rustix::io::pwrite(fd.as_fd(), &MAGIC.to_le_bytes(), 0).unwrap();
         write_slot(fd.as_fd(), 0, &encode("drive/db", 2, b"{\"a\":1}")).unwrap();
         let (seq, c) = read_slot(fd.as_fd()).unwrap();
-        assert_eq!((seq, decode(&c).unwrap()), (1, ("drive/db".into(), 2, b"{\"a\":1}".to_vec())));
+        assert_eq!(
+            (seq, decode(&c).unwrap()),
+            (1, ("drive/db".into(), 2, b"{\"a\":1}".to_vec()))
+        );
         write_slot(fd.as_fd(), 1, &encode("drive/db", 2, b"{\"a\":2}")).unwrap();
-        assert_eq!(decode(&read_slot(fd.as_fd()).unwrap().1).unwrap().2, b"{\"a\":2}");
+        assert_eq!(
+            decode(&read_slot(fd.as_fd()).unwrap().1).unwrap().2,
+            b"{\"a\":2}"
+        );
         // A write of slot 1 (seq 3) cut short: its header's hash does not
         // match the bytes, so seq 2 (slot 0) still wins.
         rustix::io::pwrite(fd.as_fd(), b"torn", slot_at(1)).unwrap();

@@ -351,12 +351,14 @@ pub struct KeptMemory {
 /// Someone who keeps a drive's memory alive beyond this process (a
 /// supervisor). The store knows nothing of it but this call.
 pub trait SegmentKeeper: Send + Sync {
-    /// The drive is `size_bytes` long, its memory in `memfd`, its dirty
-    /// bits in `ledger`. Called when the keeper is set, before a grow
-    /// publishes the new size (so no write beyond the old one is
-    /// acknowledged before the keeper knows) and after a shrink. Failures
-    /// are the keeper's to report.
-    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>);
+    /// The drive is `size_bytes` long, its memory in `fds`: a raw store's
+    /// memfd and dirty ledger; a compressed store's arena and meta memfds
+    /// and, if it has one, its ledger (`compressed::keep`). Called when the
+    /// keeper is set, before a grow publishes the new size (so no write
+    /// beyond the old one is acknowledged before the keeper knows) and
+    /// before a shrink changes anything. Failures are the keeper's to
+    /// report.
+    fn keep(&self, size_bytes: u64, fds: &[BorrowedFd<'_>]);
 }
 
 /// How a chunk is locked for an operation.
@@ -759,7 +761,7 @@ impl StoreState {
     /// caller holds the resize lock.
     fn tell_keeper(&self, size: u64) {
         if let (Some(keeper), Some(s)) = (self.keeper.get(), &self.shared) {
-            keeper.keep(size, std::os::fd::AsFd::as_fd(&s.memfd), s.ledger.fd());
+            keeper.keep(size, &[std::os::fd::AsFd::as_fd(&s.memfd), s.ledger.fd()]);
         }
     }
 
@@ -1695,11 +1697,11 @@ mod tests {
     struct Holder(Mutex<(u64, Option<OwnedFd>, Option<OwnedFd>)>);
 
     impl SegmentKeeper for Holder {
-        fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+        fn keep(&self, size_bytes: u64, fds: &[BorrowedFd<'_>]) {
             *self.0.lock() = (
                 size_bytes,
-                Some(memfd.try_clone_to_owned().unwrap()),
-                Some(ledger.try_clone_to_owned().unwrap()),
+                Some(fds[0].try_clone_to_owned().unwrap()),
+                Some(fds[1].try_clone_to_owned().unwrap()),
             );
         }
     }

@@ -251,7 +251,7 @@ impl Drives {
             }
             // In memfds a supervisor keeps, when there is one.
             Some(a) if crate::handover::serving::get().is_some() => {
-                CompressedStore::kept(size, a, limit, budget, lock)
+                CompressedStore::kept(size, a, limit, budget, lock, false)
                     .map(|s| DriveData::Compressed(s.into()))
             }
             Some(a) => CompressedStore::with_lock(size, a, limit, budget, lock)

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 
 use super::create::Source;
 use super::error::DriveError;
-use super::persistent::Kept;
+use super::persistent::{Kept, KeptStore};
 use super::spec::DriveSpec;
 use super::{store_options, DriveData, Drives};
 use crate::block::backend::Error as StoreError;
@@ -86,6 +86,8 @@ const PERSISTENT_PREFIX: &str = "persistent/";
 /// The key prefix of compressed RAM drives: their own, so that an older
 /// binary never takes their memfds for a raw store's.
 const COMPRESSED_PREFIX: &str = "compressed/";
+/// The key prefix of persistent compressed drives (their own, as above).
+const PERSISTENT_COMPRESSED_PREFIX: &str = "persistent-compressed/";
 /// The key prefix of a kept drive's I/O counts (`metrics::Totals`, JSON).
 const METRICS_PREFIX: &str = "metrics/";
 /// How often kept drives' counts go to the supervisor: a kill loses at
@@ -195,8 +197,8 @@ pub(super) struct DriveKeeper {
 /// What a keeper last sent, and whether it may send again.
 struct KeeperState {
     blob: Blob,
-    /// Copies of the memfd and the ledger, for sending the settings again.
-    fds: Option<(OwnedFd, OwnedFd)>,
+    /// Copies of the store's descriptors, for sending the settings again.
+    fds: Option<Vec<OwnedFd>>,
     /// The drive was deleted: nothing is sent any more, so a late resize
     /// or settings change cannot bring it back, or put its memory under a
     /// new drive of the same name.
@@ -206,28 +208,29 @@ struct KeeperState {
 impl DriveKeeper {
     /// Sends the settings, memfd and ledger; the caller holds `state` and
     /// has checked the drive is not forgotten.
-    fn send(&self, blob: &Blob, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+    fn send(&self, blob: &Blob, fds: &[BorrowedFd<'_>]) {
         let bytes = serde_json::to_vec(blob).expect("a blob serializes");
-        if let Err(e) = self.serving.put(&self.key, &bytes, &[memfd, ledger]) {
+        if let Err(e) = self.serving.put(&self.key, &bytes, fds) {
             tracing::error!(drive = %blob.name, "the supervisor could not be told about the drive's memory (a restart would lose it): {e}");
         }
     }
 }
 
 impl SegmentKeeper for DriveKeeper {
-    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+    fn keep(&self, size_bytes: u64, fds: &[BorrowedFd<'_>]) {
         let mut st = self.state.lock();
         if st.forgotten {
             return;
         }
         st.blob.size_bytes = size_bytes;
         if st.fds.is_none() {
-            st.fds = memfd
-                .try_clone_to_owned()
-                .and_then(|m| Ok((m, ledger.try_clone_to_owned()?)))
+            st.fds = fds
+                .iter()
+                .map(|f| f.try_clone_to_owned())
+                .collect::<std::io::Result<_>>()
                 .ok();
         }
-        self.send(&st.blob, memfd, ledger);
+        self.send(&st.blob, fds);
     }
 }
 
@@ -276,6 +279,27 @@ impl Drives {
         }
     }
 
+    /// `keep` for a persistent drive over a compressed store in `dir`
+    /// (nothing when its store is not kept in memfds).
+    pub(super) fn keep_persistent_compressed(
+        &self,
+        spec: &DriveSpec,
+        origin: &Origin,
+        store: &CompressedStore,
+        dir: &std::path::Path,
+    ) {
+        if !store.is_kept() {
+            return;
+        }
+        let blob = Blob {
+            state_dir: Some(dir.to_owned()),
+            ..Blob::of(spec, origin)
+        };
+        self.keep_as(PERSISTENT_COMPRESSED_PREFIX, blob, origin, |k| {
+            store.set_keeper(k)
+        });
+    }
+
     /// `keep` for a persistent drive over the raw store in `dir`.
     pub(super) fn keep_persistent(
         &self,
@@ -319,33 +343,65 @@ impl Drives {
     }
 
     /// The memory a supervisor kept of persistent drive `name`, once (a
-    /// second call, or for a drive nothing was kept of: None). Not
-    /// `usable` (the drive is compressed now: a raw store's memory cannot
-    /// serve it) it is forgotten: the directory is restored, and stale
-    /// memory must not outlive that. An entry that cannot be read, or has
-    /// no ledger, is logged and left with the supervisor.
-    pub(super) fn take_kept_persistent(&self, name: &str, usable: bool) -> Option<Kept> {
+    /// second call, or for a drive nothing was kept of: None). Memory of
+    /// another store than the drive's now (`compress`: raw memory for a
+    /// compressed drive, or another compression) is forgotten: the
+    /// directory is restored, and stale memory must not outlive that. An
+    /// entry that cannot be read, or has no ledger, is logged and left
+    /// with the supervisor.
+    pub(super) fn take_kept_persistent(
+        &self,
+        name: &str,
+        compress: Option<Algorithm>,
+    ) -> Option<Kept> {
         let entry = self.kept.persistent.lock().remove(name)?;
-        if !usable {
-            tracing::warn!(drive = %name, "memory kept across the restart is of a raw store, the drive is compressed now: restored from its state directory instead");
+        let kept = Blob::parse(&entry.blob).and_then(|b| {
+            let algo = b
+                .compress
+                .as_deref()
+                .map(str::parse::<Algorithm>)
+                .transpose()?;
+            Ok((b.size_bytes, algo))
+        });
+        let (size_bytes, algo) = match kept {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(drive = %name, "the memory of persistent drive kept across the restart cannot be used ({e}): restoring it from its state directory");
+                return None;
+            }
+        };
+        if algo != compress {
+            let was = algo.map_or("raw".to_owned(), |a| a.to_string());
+            let now = compress.map_or("raw".to_owned(), |a| a.to_string());
+            tracing::warn!(drive = %name, "memory kept across the restart is of a {was} store, the drive is {now} now: restored from its state directory instead");
             if let Some(s) = serving::get() {
                 let _ = s.forget(&entry.key);
             }
             return None;
         }
-        let kept = Blob::parse(&entry.blob).and_then(|b| {
-            let mut fds = entry.fds.into_iter();
-            let memfd = fds.next().ok_or(KeptError::NoMemfd)?;
-            let ledger = fds.next().ok_or(KeptError::NoLedger)?;
-            Ok(Kept {
-                size_bytes: b.size_bytes,
-                memory: KeptMemory {
-                    memfd,
-                    ledger: Some(ledger),
-                },
+        let mut fds = entry.fds.into_iter();
+        let memory = (|| {
+            let first = fds.next().ok_or(KeptError::NoMemfd)?;
+            Ok::<_, KeptError>(match algo {
+                None => KeptStore::Raw(KeptMemory {
+                    memfd: first,
+                    ledger: Some(fds.next().ok_or(KeptError::NoLedger)?),
+                }),
+                Some(algo) => {
+                    let meta = fds.next().ok_or(KeptError::NoMemfd)?;
+                    let ledger = Some(fds.next().ok_or(KeptError::NoLedger)?);
+                    let files = KeptFiles {
+                        arena: first,
+                        meta,
+                        ledger,
+                    };
+                    KeptStore::Compressed { files, algo }
+                }
             })
-        });
-        kept.inspect_err(|e| tracing::error!(drive = %name, "the memory of persistent drive kept across the restart cannot be used ({e}): restoring it from its state directory"))
+        })();
+        memory
+            .map(|memory| Kept { size_bytes, memory })
+            .inspect_err(|e| tracing::error!(drive = %name, "the memory of persistent drive kept across the restart cannot be used ({e}): restoring it from its state directory"))
             .ok()
     }
 
@@ -356,9 +412,9 @@ impl Drives {
         let Some(serving) = serving::get() else {
             return;
         };
-        for (name, _) in self.kept.persistent.lock().drain() {
+        for (name, entry) in self.kept.persistent.lock().drain() {
             tracing::warn!(drive = %name, "memory kept of a persistent drive whose state directory is gone: dropped");
-            let _ = serving.forget(&format!("{PERSISTENT_PREFIX}{name}"));
+            let _ = serving.forget(&entry.key);
         }
         // Names first: the drive map is never taken under the counts'
         // lock (a restore thread takes them in the other order).
@@ -451,8 +507,9 @@ impl Drives {
             state_dir: st.blob.state_dir.take(),
             ..Blob::of(spec, &k.origin)
         };
-        if let Some((memfd, ledger)) = &st.fds {
-            k.send(&st.blob, memfd.as_fd(), ledger.as_fd());
+        if let Some(fds) = &st.fds {
+            let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+            k.send(&st.blob, &fds);
         }
     }
 
@@ -509,7 +566,11 @@ impl Drives {
     }
 
     fn adopt(self: &Arc<Self>, entry: Entry) -> Result<Option<String>, KeptError> {
-        if let Some(name) = entry.key.strip_prefix(PERSISTENT_PREFIX) {
+        let persistent = entry
+            .key
+            .strip_prefix(PERSISTENT_PREFIX)
+            .or_else(|| entry.key.strip_prefix(PERSISTENT_COMPRESSED_PREFIX));
+        if let Some(name) = persistent {
             self.kept.persistent.lock().insert(name.to_owned(), entry);
             return Ok(None);
         }
@@ -530,7 +591,11 @@ impl Drives {
             true => {
                 let algo = spec.compress.ok_or(KeptError::NoCompression)?;
                 let meta = fds.next().ok_or(KeptError::NoMemfd)?;
-                let files = KeptFiles { arena: memfd, meta };
+                let files = KeptFiles {
+                    arena: memfd,
+                    meta,
+                    ledger: None,
+                };
                 let (limit, lock) = (spec.mem_limit_bytes, spec.lock_memory);
                 let budget = self.budget().clone();
                 let store =

@@ -88,8 +88,11 @@ impl Drives {
             kept::supervised(),
         )?;
         // Kept by a supervisor (if any) before clients can write.
-        if let DiskDrive::Raw(d) = &pd {
-            self.keep_persistent(spec, &claim.origin, d.store(), &dir);
+        match &pd {
+            DiskDrive::Raw(d) => self.keep_persistent(spec, &claim.origin, d.store(), &dir),
+            DiskDrive::Compressed(d) => {
+                self.keep_persistent_compressed(spec, &claim.origin, d.store(), &dir)
+            }
         }
         let p = Arc::new(Persistence::new(
             dir.clone(),
@@ -169,7 +172,7 @@ impl Drives {
         );
         // A declared size (config, flags, `ramd create --size`)
         // is applied after the restore.
-        let kept = self.take_kept_persistent(&spec.name, spec.compress.is_none());
+        let kept = self.take_kept_persistent(&spec.name, spec.compress);
         self.spawn_restore(
             &placeholder,
             Some(spec.size_bytes),
@@ -310,9 +313,12 @@ impl Drives {
         let text = persistent::report_text(&report);
         *p.restore.lock() = RestoreRecord::Done(report);
         // Kept by a supervisor (if any) before clients can write.
-        if let DiskDrive::Raw(d) = &pd {
-            let origin = placeholder.claim.origin.clone();
-            self.keep_persistent(&spec, &origin, d.store(), &p.dir);
+        let origin = placeholder.claim.origin.clone();
+        match &pd {
+            DiskDrive::Raw(d) => self.keep_persistent(&spec, &origin, d.store(), &p.dir),
+            DiskDrive::Compressed(d) => {
+                self.keep_persistent_compressed(&spec, &origin, d.store(), &p.dir)
+            }
         }
         self.replace(&mut drives, placeholder, &drive);
         self.seed_kept_metrics(&drive);

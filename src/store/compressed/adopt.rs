@@ -111,7 +111,8 @@ fn fill_shard(keep: &Keep, pages: u64, arena: &PageArena, si: usize, sh: &mut Sh
         for p in g * group..((g + 1) * group).min(pages) {
             let (bits, wide) = keep.entry(p);
             if bits != 0 {
-                let e = table::from_kept(bits, wide, |i| arena.page_at(i)).expect("checked by `named`");
+                let e =
+                    table::from_kept(bits, wide, |i| arena.page_at(i)).expect("checked by `named`");
                 sh.adopt_entry(locate(p).1, e);
             }
         }
@@ -276,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_kept_drive_is_adopted_with_every_page_and_keeps_working() {
-        let s = CompressedStore::kept(SIZE, Algorithm::Lz4, None, budget(), false).unwrap();
+        let s = CompressedStore::kept(SIZE, Algorithm::Lz4, None, budget(), false, false).unwrap();
         let mut model = vec![0u8; SIZE as usize];
         churn(&s, &mut model, 6000, 1);
         let stats = s.stats();
@@ -311,7 +312,7 @@ mod tests {
 
     #[test]
     fn objects_nobody_names_and_a_move_cut_short_are_repaired() {
-        let s = CompressedStore::kept(SIZE, Algorithm::Lz4, None, budget(), false).unwrap();
+        let s = CompressedStore::kept(SIZE, Algorithm::Lz4, None, budget(), false, false).unwrap();
         let mut model = vec![0u8; SIZE as usize];
         churn(&s, &mut model, 2000, 3);
         let inner = &s.inner;
@@ -343,8 +344,8 @@ mod tests {
 
     #[test]
     fn a_shrink_cut_short_ends_at_adoption_and_bad_memory_is_refused() {
-        let s = CompressedStore::kept(SIZE, Algorithm::Zstd { level: 1 }, None, budget(), false)
-            .unwrap();
+        let zstd = Algorithm::Zstd { level: 1 };
+        let s = CompressedStore::kept(SIZE, zstd, None, budget(), false, false).unwrap();
         let mut model = vec![0u8; SIZE as usize];
         churn(&s, &mut model, 3000, 4);
         let f = files(&s);
@@ -371,10 +372,74 @@ mod tests {
         let other = KeptFiles {
             arena: crate::store::memfd::create().unwrap(),
             meta: crate::store::memfd::create().unwrap(),
+            ledger: None,
         };
         let e = CompressedStore::adopt(SIZE, other, algo, None, budget(), false)
             .err()
             .unwrap();
         assert!(e.to_string().contains("kept compressed"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod ledger_tests {
+    use std::os::fd::AsFd;
+    use std::sync::Arc;
+
+    use super::super::{Algorithm, CompressedStore, KeptFiles, MemoryBudget};
+    use crate::block::backend::Backend;
+    use crate::store::{SyncCut, SyncStore};
+
+    const SIZE: u64 = 4 << 20;
+
+    fn files(s: &CompressedStore) -> KeptFiles {
+        let mut f = s.inner.arena.keep().unwrap().files().unwrap();
+        let ledger = s.inner.marks.ledger().unwrap().fd();
+        f.ledger = Some(ledger.as_fd().try_clone_to_owned().unwrap());
+        f
+    }
+
+    fn adopt(f: KeptFiles) -> CompressedStore {
+        let budget = Arc::new(MemoryBudget::new(u64::MAX));
+        CompressedStore::adopt(SIZE, f, Algorithm::Lz4, None, budget, false).unwrap()
+    }
+
+    /// A persistent drive's dirty set outlives the process: pages written
+    /// since the last saved cut, and the pages of a cut that took them but
+    /// died before it was saved (pending), are dirty after an adoption; a
+    /// saved cut's are not.
+    #[test]
+    fn the_dirty_set_survives_an_adoption() {
+        let budget = Arc::new(MemoryBudget::new(u64::MAX));
+        let s = CompressedStore::kept(SIZE, Algorithm::Lz4, None, budget, false, true).unwrap();
+        let page: Vec<u8> = (0..4096).map(|i| (i / 7) as u8).collect();
+        for p in 0..10 {
+            s.write(p * 4096, &page, false).unwrap();
+        }
+        // A cut that took every dirty page and died before its save.
+        let mut cut = s.cut();
+        while cut.next_chunk().unwrap().is_some() {}
+        std::mem::forget(cut);
+        assert_eq!(s.dirty_pages(), 0);
+        let f = files(&s);
+        drop(s);
+        let a = adopt(f);
+        assert_eq!(a.dirty_pages(), 10, "pending pages are dirty again");
+        a.write(20 * 4096, &page, false).unwrap();
+        let mut cut = a.cut();
+        while cut.next_chunk().unwrap().is_some() {}
+        cut.finish();
+        a.write(30 * 4096, &page, false).unwrap();
+        let f = files(&a);
+        drop(a);
+        let b = adopt(f);
+        assert_eq!(
+            b.dirty_pages(),
+            1,
+            "only the page written after the saved cut"
+        );
+        let mut back = vec![0u8; 4096];
+        b.read(30 * 4096, &mut back).unwrap();
+        assert_eq!(back, page);
     }
 }

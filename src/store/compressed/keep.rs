@@ -83,10 +83,13 @@ pub const ID_BYTES: usize = 4;
 /// Room for 256 class counts (`pool.rs` has at most 256 classes).
 const _: () = assert!(W_CLASSES + 256 <= HEADER_WORDS);
 
-/// The two memfds of a kept compressed drive, as a keeper holds them.
+/// The memfds of a kept compressed drive, as a keeper holds them: its
+/// arena, its meta and, for a persistent drive, its dirty ledger
+/// (`marks.rs`).
 pub struct KeptFiles {
     pub arena: OwnedFd,
     pub meta: OwnedFd,
+    pub ledger: Option<OwnedFd>,
 }
 
 /// Why kept memory cannot be adopted.
@@ -144,10 +147,10 @@ impl Keep {
 
     /// The memfds another process kept; refused when they are not those
     /// of a kept compressed drive.
-    pub fn open(files: KeptFiles) -> Result<Keep, KeepError> {
-        memfd::check(files.meta.as_fd(), META_WORDS * 8).map_err(KeepError::NotKept)?;
-        memfd::check(files.arena.as_fd(), 0).map_err(KeepError::NotKept)?;
-        let k = Keep::map(files.arena, files.meta)?;
+    pub fn open(arena: OwnedFd, meta: OwnedFd) -> Result<Keep, KeepError> {
+        memfd::check(meta.as_fd(), META_WORDS * 8).map_err(KeepError::NotKept)?;
+        memfd::check(arena.as_fd(), 0).map_err(KeepError::NotKept)?;
+        let k = Keep::map(arena, meta)?;
         if k.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
             return Err(KeepError::Magic);
         }
@@ -277,6 +280,7 @@ impl Keep {
         Ok(KeptFiles {
             arena: self.arena.try_clone()?,
             meta: self.meta_fd.try_clone()?,
+            ledger: None,
         })
     }
 }
@@ -321,17 +325,15 @@ mod tests {
         k.set_owner(5, Some(Owner { class: 7, index: 3 }));
         k.set_entry(MAX_PAGES as u64 - 1, 0xabc, 0);
         k.note_size(1 << 30);
-        let b = Keep::open(k.files().unwrap()).unwrap();
+        let f = k.files().unwrap();
+        let b = Keep::open(f.arena, f.meta).unwrap();
         assert_eq!(b.class_count(7), 42);
         assert_eq!(b.owner(5), Some(Owner { class: 7, index: 3 }));
         assert_eq!(b.owner(6), None);
         assert_eq!(b.entry(MAX_PAGES as u64 - 1), (0xabc, 0));
         assert_eq!(b.max_pages(), (1 << 30) / 4096);
-        let other = KeptFiles {
-            arena: memfd::create().unwrap(),
-            meta: memfd::create().unwrap(),
-        };
-        memfd::grow_to(other.meta.as_fd(), META_WORDS * 8).unwrap();
-        assert!(matches!(Keep::open(other), Err(KeepError::Magic)));
+        let (arena, meta) = (memfd::create().unwrap(), memfd::create().unwrap());
+        memfd::grow_to(meta.as_fd(), META_WORDS * 8).unwrap();
+        assert!(matches!(Keep::open(arena, meta), Err(KeepError::Magic)));
     }
 }

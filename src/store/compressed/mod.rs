@@ -103,6 +103,7 @@ use super::budget::MemoryBudget;
 use super::cut::CutState;
 use super::SegmentKeeper;
 use crate::block::backend::{check_range, Backend, Caps, Error, Extent, Result};
+use crate::store::ledger::Ledger;
 pub use arena::region_bytes_for as locked_region_bytes_for;
 use arena::{Charge, NoPage, PageArena};
 pub use heap::return_freed_memory;
@@ -306,27 +307,40 @@ impl CompressedStore {
         let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
         let arena = PageArena::new(arena::region_bytes_for(promise), lock_memory);
         let mem = DriveMem::new(mem_limit_bytes, global_mem);
-        let s = Inner::of(algo, arena, Pool::default(), fresh_shards(), mem);
+        let s = Inner::of(
+            algo,
+            arena,
+            Pool::default(),
+            fresh_shards(),
+            mem,
+            Marks::default(),
+        );
         s.resize(size_bytes)?;
         CompressedStore::start(s, size_bytes)
     }
 
     /// [`CompressedStore::with_lock`] in memfds that can outlive the
     /// process (`keep.rs`): a supervisor holds them ([`Self::set_keeper`])
-    /// and the next process adopts them ([`Self::adopt`]).
+    /// and the next process adopts them ([`Self::adopt`]). With `ledger`
+    /// (a persistent drive) its dirty set is kept too (`marks.rs`).
     pub fn kept(
         size_bytes: u64,
         algo: Algorithm,
         mem_limit_bytes: Option<u64>,
         global_mem: Arc<MemoryBudget>,
         lock_memory: bool,
+        ledger: bool,
     ) -> Result<CompressedStore> {
         let promise = size_bytes.min(mem_limit_bytes.unwrap_or(u64::MAX));
         let rb = arena::region_bytes_for(promise);
         let keep = Arc::new(Keep::create(rb).map_err(kept_error)?);
         let arena = PageArena::with_keep(rb, lock_memory, Some(keep));
         let mem = DriveMem::new(mem_limit_bytes, global_mem);
-        let s = Inner::of(algo, arena, Pool::default(), fresh_shards(), mem);
+        let marks = match ledger {
+            true => Marks::kept(Ledger::create(size_bytes)?),
+            false => Marks::default(),
+        };
+        let s = Inner::of(algo, arena, Pool::default(), fresh_shards(), mem, marks);
         s.resize(size_bytes)?;
         CompressedStore::start(s, size_bytes)
     }
@@ -334,8 +348,10 @@ impl CompressedStore {
     /// A drive of `size_bytes` over the memfds a killed (or upgraded)
     /// process kept (`keep.rs`, `adopt.rs`): every page it acknowledged.
     /// Its pages are charged to both budgets, past their limits if need
-    /// be (the memory is there already). Refused when the files are not a
-    /// kept compressed drive or contradict themselves.
+    /// be (the memory is there already). With a ledger, the dirty set is
+    /// its dirty and pending pages and the next cut records the smallest
+    /// size it saw since its last saved one (`marks.rs`). Refused when the
+    /// files are not a kept compressed drive or contradict themselves.
     pub fn adopt(
         size_bytes: u64,
         files: KeptFiles,
@@ -349,7 +365,16 @@ impl CompressedStore {
                 "cannot adopt a compressed drive of {size_bytes} bytes"
             )));
         }
-        let keep = Arc::new(Keep::open(files).map_err(kept_error)?);
+        let keep = Arc::new(Keep::open(files.arena, files.meta).map_err(kept_error)?);
+        let groups = size_bytes.div_ceil(GROUP_BYTES);
+        let (marks, min_size) = match files.ledger {
+            Some(fd) => {
+                let ledger = Ledger::adopt(fd)?;
+                let min = ledger.unsaved_min().min(size_bytes);
+                (Marks::adopt(ledger, groups)?, min)
+            }
+            None => (Marks::default(), size_bytes),
+        };
         let mem = DriveMem::new(mem_limit_bytes, global_mem);
         let over = |b| {
             mem.drive.try_reserve_over(b, u64::MAX);
@@ -358,16 +383,18 @@ impl CompressedStore {
         let (arena, pool, shards) =
             adopt::rebuild(keep, size_bytes, lock_memory, &mem, over).map_err(kept_error)?;
         let shards = shards.into_iter().map(|s| Padded(RwLock::new(s))).collect();
-        let s = Inner::of(algo, arena, pool, shards, mem);
-        s.marks.grow(size_bytes.div_ceil(GROUP_BYTES));
+        let s = Inner::of(algo, arena, pool, shards, mem, marks);
+        s.marks.grow(groups)?;
         // Zeroes the end page's tail (a shrink the kill interrupted) and
         // publishes the size.
         s.cut_end_page(size_bytes)?;
-        CompressedStore::start(s, size_bytes)
+        CompressedStore::start(s, min_size)
     }
 
-    fn start(s: Inner, size_bytes: u64) -> Result<CompressedStore> {
-        s.min_size.store(size_bytes, Ordering::Release);
+    /// Starts the drive; `min_size` is the smallest size its next cut
+    /// records.
+    fn start(s: Inner, min_size: u64) -> Result<CompressedStore> {
+        s.min_size.store(min_size, Ordering::Release);
         let inner = Arc::new(s);
         let worker = inner
             .algo
@@ -387,7 +414,7 @@ impl CompressedStore {
         };
         let _guard = self.inner.resize_lock.lock();
         if self.inner.keeper.set(keeper.clone()).is_ok() {
-            keeper.keep(self.inner.size(), k.arena_fd(), k.meta_fd());
+            keeper.keep(self.inner.size(), &self.inner.kept_fds(k));
         }
     }
 
@@ -500,6 +527,7 @@ impl Inner {
         pool: Pool,
         shards: Box<[Padded]>,
         mem: DriveMem,
+        marks: Marks,
     ) -> Inner {
         Inner {
             algo,
@@ -509,7 +537,7 @@ impl Inner {
             arena,
             mem,
             resize_lock: Mutex::new(()),
-            marks: Marks::default(),
+            marks,
             cut: CutState::default(),
             min_size: AtomicU64::new(0),
             recomp: recompress::Counters::default(),
@@ -523,8 +551,15 @@ impl Inner {
         let Some(k) = self.arena.keep() else { return };
         k.note_size(size);
         if let Some(keeper) = self.keeper.get() {
-            keeper.keep(size, k.arena_fd(), k.meta_fd());
+            keeper.keep(size, &self.kept_fds(k));
         }
+    }
+
+    /// A kept drive's descriptors, as its keeper holds them (`KeptFiles`).
+    fn kept_fds<'a>(&'a self, k: &'a Keep) -> Vec<std::os::fd::BorrowedFd<'a>> {
+        let mut fds = vec![k.arena_fd(), k.meta_fd()];
+        fds.extend(self.marks.ledger().map(|l| l.fd()));
+        fds
     }
 
     /// Where a shard's pages go.
@@ -720,6 +755,7 @@ impl Inner {
         if p * PAGE + (at + n) as u64 > self.size() {
             return Err(self.out_of_range(p * PAGE + at as u64, n as u64));
         }
+        self.marks.mark_before_change(p);
         match (src, packed) {
             (Source::Trim, _) if whole => shard.trim(local, &self.space()),
             (Source::Zeroes, _) if whole => shard
@@ -789,9 +825,12 @@ impl Inner {
             self.note_kept_size(new_size);
         }
         if new_size >= old_size {
-            self.marks.grow(new_size.div_ceil(GROUP_BYTES));
+            self.marks.grow(new_size.div_ceil(GROUP_BYTES))?;
             self.size.store(new_size, Ordering::Release);
             return Ok(());
+        }
+        if let Some(l) = self.marks.ledger() {
+            l.note_shrink(new_size);
         }
         self.cut_end_page(new_size)?;
         self.min_size.fetch_min(new_size, Ordering::AcqRel);
@@ -824,6 +863,7 @@ impl Inner {
             pg[at..].fill(0);
             let mut buf = [0u8; PACK_BUF_BYTES];
             let pk = page::pack(self.algo.primary(), &pg, &mut buf).map_err(corrupt)?;
+            self.marks.mark_before_change(p);
             self.place_page(&mut shard, local, pk, &pg, &buf)?;
             // Its tail became zero: changed.
             self.marks.set_dirty(p);

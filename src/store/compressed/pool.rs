@@ -381,7 +381,11 @@ impl Pool {
                 _ => unnamed.push(s),
             }
         }
-        if refs.iter().zip(&loc).any(|(&len, &l)| len != 0 && l == FREE) {
+        if refs
+            .iter()
+            .zip(&loc)
+            .any(|(&len, &l)| len != 0 && l == FREE)
+        {
             return Err("a page names an object no slot holds");
         }
         let mut garbage = Vec::with_capacity(unnamed.len());

@@ -196,7 +196,7 @@ impl Inner {
             }
             // Inserted before the bits are cleared: the walk reads bits,
             // then the side table, so it sees the group in one of them.
-            let clear = || self.marks.clear_mask(g, mask);
+            let clear = || self.marks.take_mask(g, mask);
             if !self.cut.insert(&self.mem.global, e, g, copy, clear) {
                 // The cut ended meanwhile: the pages stay dirty.
                 return true;
@@ -234,7 +234,7 @@ impl CompressedCut<'_> {
         let shard = s.shard(local_page(g, 0).0).read();
         if s.marks.epoch(g) < self.epoch {
             let mask = s.marks.dirty_mask(g);
-            s.marks.clear_mask(g, mask);
+            s.marks.take_mask(g, mask);
             s.marks.set_epoch(g, self.epoch);
             return (mask != 0).then(|| CapturedGroup::copy(s, &shard, g, mask));
         }
@@ -316,6 +316,12 @@ impl Drop for CompressedCut<'_> {
         for (g, mask) in unsaved {
             s.marks.set_mask(g, mask);
         }
+        if self.finished {
+            // Saved: what this cut took is on disk, what it did not is
+            // dirty again (above), so a kept drive's ledger forgets its
+            // pending pages and the smaller sizes before this cut.
+            s.marks.saved(self.size_bytes);
+        }
     }
 }
 
@@ -333,6 +339,21 @@ impl SyncStore for CompressedStore {
     }
     fn cut_copy_bytes(&self) -> u64 {
         self.inner.cut_copy_bytes()
+    }
+    fn note_committing(&self, gen: u64) {
+        self.inner.note_committing(gen)
+    }
+    fn note_committed(&self, gen: u64) {
+        self.inner.note_committed(gen)
+    }
+    fn note_directory(&self, id: [u8; 16]) {
+        self.inner.note_directory(id)
+    }
+    fn kept_directory(&self) -> Option<[u8; 16]> {
+        self.inner.kept_directory()
+    }
+    fn kept_generations(&self) -> Option<(u64, u64)> {
+        self.inner.kept_generations()
     }
     fn load_threads(&self) -> usize {
         self.inner.load_threads()
@@ -384,11 +405,37 @@ impl SyncStore for Inner {
 
     fn clear_dirty(&self) {
         self.min_size.store(self.size(), Ordering::Release);
-        self.marks.clear_all();
+        self.marks.clear_all(self.size());
     }
 
     fn cut_copy_bytes(&self) -> u64 {
         self.cut.copy_bytes()
+    }
+
+    fn note_committing(&self, gen: u64) {
+        if let Some(l) = self.marks.ledger() {
+            l.set_committing(gen);
+        }
+    }
+
+    fn note_committed(&self, gen: u64) {
+        if let Some(l) = self.marks.ledger() {
+            l.set_committed(gen);
+        }
+    }
+
+    fn note_directory(&self, id: [u8; 16]) {
+        if let Some(l) = self.marks.ledger() {
+            l.set_directory(id);
+        }
+    }
+
+    fn kept_directory(&self) -> Option<[u8; 16]> {
+        self.marks.ledger().map(|l| l.directory())
+    }
+
+    fn kept_generations(&self) -> Option<(u64, u64)> {
+        self.marks.ledger().map(|l| l.generations())
     }
 
     /// A restore is bound by compressing the pages again: one load thread

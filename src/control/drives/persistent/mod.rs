@@ -47,7 +47,7 @@ use crate::persist::{
     names, DirStorage, Key, PersistConfig, PersistentDrive, RestoreOptions, RestoreProgress,
     RestoreReport, SyncScheduler,
 };
-use crate::store::compressed::{Algorithm, CompressedStore};
+use crate::store::compressed::{Algorithm, CompressedStore, KeptFiles};
 use crate::store::{KeptMemory, MemoryBudget, RamStore, StoreOptions};
 pub use disk::DiskDrive;
 
@@ -207,8 +207,11 @@ pub fn create_new(
                 budget,
             )?)),
             Some(algo) => {
-                let store = CompressedStore::with_lock(size, algo, limit, budget, lock)
-                    .map_err(crate::persist::Error::from)?;
+                let store = match shared_memory {
+                    true => CompressedStore::kept(size, algo, limit, budget, lock, true),
+                    false => CompressedStore::with_lock(size, algo, limit, budget, lock),
+                }
+                .map_err(crate::persist::Error::from)?;
                 DiskDrive::Compressed(Arc::new(PersistentDrive::create_with(
                     storage,
                     store,
@@ -238,11 +241,19 @@ pub struct Memory {
     pub shared_memory: bool,
 }
 
-/// Memory of a raw persistent drive a supervisor kept across a restart
-/// of the serving process: its size and descriptors.
+/// Memory of a persistent drive a supervisor kept across a restart of
+/// the serving process: its size and descriptors.
 pub struct Kept {
     pub size_bytes: u64,
-    pub memory: KeptMemory,
+    pub memory: KeptStore,
+}
+
+/// A kept store's descriptors, by kind.
+pub enum KeptStore {
+    /// The raw store's memfd and ledger.
+    Raw(KeptMemory),
+    /// A compressed store's memfds and ledger, and its compression.
+    Compressed { files: KeptFiles, algo: Algorithm },
 }
 
 /// Opens the drive in `dir` over the memory a supervisor `kept` (see
@@ -271,13 +282,25 @@ pub fn open(
         shared_memory: memory.shared_memory,
         ..store_options(limit, lock)
     };
-    if let (Some(k), None) = (kept, memory.compress) {
+    if let Some(k) = kept {
         let storage = DirStorage::open_dir(dir).map_err(DiskError::OpenDir)?;
-        let adopted = RamStore::adopt(k.size_bytes, k.memory, opts_store, budget.clone())
-            .map_err(crate::persist::Error::from)
-            .and_then(|store| PersistentDrive::adopt_with(storage, key.as_ref(), cfg, store));
+        let size = k.size_bytes;
+        let adopted = match k.memory {
+            KeptStore::Raw(m) => RamStore::adopt(size, m, opts_store, budget.clone())
+                .map_err(crate::persist::Error::from)
+                .and_then(|store| PersistentDrive::adopt_with(storage, key.as_ref(), cfg, store))
+                .map(|(d, r)| (DiskDrive::Raw(Arc::new(d)), r)),
+            KeptStore::Compressed { files, algo } => {
+                CompressedStore::adopt(size, files, algo, limit, budget.clone(), lock)
+                    .map_err(crate::persist::Error::from)
+                    .and_then(|store| {
+                        PersistentDrive::adopt_with(storage, key.as_ref(), cfg, store)
+                    })
+                    .map(|(d, r)| (DiskDrive::Compressed(Arc::new(d)), r))
+            }
+        };
         match adopted {
-            Ok((d, r)) => return Ok((DiskDrive::Raw(Arc::new(d)), r)),
+            Ok(done) => return Ok(done),
             Err(
                 e @ (crate::persist::Error::Store(_)
                 | crate::persist::Error::StaleKeptMemory { .. }),
@@ -305,7 +328,11 @@ pub fn open(
             (DiskDrive::Raw(Arc::new(d)), r)
         }
         Some(algo) => {
-            let make = |size| CompressedStore::with_lock(size, algo, limit, budget, lock);
+            let kept = memory.shared_memory;
+            let make = |size| match kept {
+                true => CompressedStore::kept(size, algo, limit, budget, lock, true),
+                false => CompressedStore::with_lock(size, algo, limit, budget, lock),
+            };
             let (d, r) =
                 PersistentDrive::open_with(storage, key.as_ref(), opts, progress, cfg, make)?;
             (DiskDrive::Compressed(Arc::new(d)), r)
