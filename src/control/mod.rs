@@ -111,9 +111,8 @@ pub struct DaemonArgs {
     pub no_config: bool,
 
     /// Run under a small supervisor process that keeps the memory of
-    /// every RAM drive (plain and compressed) and persistent drive (memfds;
-    /// not persistent compressed ones), the listening sockets and the I/O
-    /// counts, and restarts the serving process if it dies (kill -9, a
+    /// every RAM drive and persistent drive (memfds; compressed ones
+    /// too), the listening sockets and the I/O counts, and restarts the serving process if it dies (kill -9, a
     /// crash): drives come back with every acknowledged write, persistent
     /// ones with what they had not synced yet, and clients connecting
     /// meanwhile wait instead of being refused. `ramd upgrade` hands over

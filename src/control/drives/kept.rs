@@ -10,9 +10,9 @@
 //! plain and compressed drives handed back are adopted (`RamStore::adopt`,
 //! `CompressedStore::adopt`: the same memory, so every byte written before
 //! the kill) before any declared drive is created; a declared drive of
-//! the same name is that adopted drive. (Persistent compressed drives are
-//! not kept: their dirty marks live in the process; they restore from
-//! their state directory.) A persistent drive's
+//! the same name is that adopted drive. A persistent compressed drive's
+//! arena, meta and dirty ledger go under `persistent-compressed/NAME` and
+//! wait for its state directory like a raw persistent drive's. A persistent drive's
 //! memory waits until its state directory is opened, which then adopts
 //! it instead of restoring (`persistent::open`): the memory is newer
 //! than the directory, and the ledger's dirty set is what the directory
