@@ -32,7 +32,16 @@
 //!   the previous blob;
 //! - a put with other descriptors under a key that has some (not done by
 //!   the daemon: a drive's memfds live as long as its key) replaces the
-//!   entry: removed, then stored anew.
+//!   entry: removed, then stored anew;
+//! - a new entry ends with `BARRIER=1`: systemd has processed it before
+//!   the put returns, so before the drive is published (a message from a
+//!   process killed before systemd read it might not be attributed);
+//! - systemd silently drops descriptors beyond `FileDescriptorStoreMax=`,
+//!   so the store counts them and refuses an entry that would not fit
+//!   (the drive is then served but not kept, and the log says why);
+//! - at start every `ramd.*` descriptor that is not part of a whole entry
+//!   is removed from the store and closed, so nothing stale stays there
+//!   under a name a later entry reuses.
 //!
 //! Dependency: sd-notify's `fdstore` feature (its `sendfd`) sends the
 //! descriptors with `FDSTORE=1`; it is the crate the daemon already uses
@@ -40,7 +49,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use sd_notify::NotifyState;
@@ -94,6 +103,54 @@ struct Stored {
 /// The store (see the module docs).
 pub struct FdStore {
     entries: Mutex<HashMap<String, Stored>>,
+    /// `FileDescriptorStoreMax=`.
+    max: u64,
+}
+
+/// Why an entry could not be stored.
+fn full(max: u64, used: u64, adding: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!("systemd's descriptor store is full ({used} of FileDescriptorStoreMax={max} in use, {adding} more needed): raise FileDescriptorStoreMax= in the unit"),
+    )
+}
+
+/// Removes the stored descriptors named `name`.
+fn remove_name(name: &str) {
+    if let Err(e) = notify(
+        &[NotifyState::FdStoreRemove, NotifyState::FdName(name)],
+        &[],
+    ) {
+        tracing::warn!(name, "cannot remove a descriptor from systemd's store: {e}");
+    }
+}
+
+/// Waits (5 s at most) until systemd has processed every message sent
+/// before (sd_notify(3) `BARRIER=1`: it closes the pipe it was sent).
+fn barrier() -> io::Result<()> {
+    let mut ends = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we own.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors nobody else owns.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    notify(&[NotifyState::Custom("BARRIER=1")], &[w.as_fd()])?;
+    drop(w);
+    let mut p = libc::pollfd {
+        fd: r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd we own, for a descriptor that stays open.
+    match unsafe { libc::poll(&mut p, 1, 5000) } {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        0 => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "systemd did not answer a BARRIER=1 within 5 s",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The unit's store size, when systemd gave this service one.
@@ -179,14 +236,21 @@ fn decode(c: &[u8]) -> Option<(String, usize, Vec<u8>)> {
 impl FdStore {
     /// Takes what systemd passed back at start (`LISTEN_FDS`, names
     /// `ramd.*`): the whole entries, handed back as a supervisor would;
-    /// descriptors of incomplete entries are removed from the store and
-    /// closed. Other passed descriptors are left alone.
-    pub fn from_env() -> io::Result<(FdStore, Vec<PassedBack>)> {
+    /// every other `ramd.*` descriptor (incomplete entries, duplicates) is
+    /// removed from the store and closed. Descriptors of other names are
+    /// left alone.
+    pub fn from_env(max: u64) -> io::Result<(FdStore, Vec<PassedBack>)> {
         let mut groups: HashMap<String, HashMap<usize, OwnedFd>> = HashMap::new();
         let passed: Vec<_> = match sd_notify::listen_fds_with_names(true) {
             Ok(it) => it.collect(),
-            Err(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(
+                    "the descriptors systemd passed cannot be read ({e}): nothing kept is adopted"
+                );
+                Vec::new()
+            }
         };
+        let mut stray = std::collections::HashSet::new();
         for (raw, name) in passed {
             let Some((id, i)) = name
                 .rsplit_once('.')
@@ -194,12 +258,17 @@ impl FdStore {
             else {
                 continue;
             };
-            let Ok(i) = i.parse::<usize>() else { continue };
             // SAFETY: systemd passed this descriptor to this process (the
             // LISTEN_PID check passed); nothing else owns it.
             let fd = unsafe { OwnedFd::from_raw_fd(raw) };
             rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
-            groups.entry(id.to_owned()).or_default().insert(i, fd);
+            match i.parse::<usize>() {
+                Ok(i) if !groups.get(id).is_some_and(|g| g.contains_key(&i)) => {
+                    groups.entry(id.to_owned()).or_default().insert(i, fd);
+                }
+                // Two of one name, or no index: dropped from the store.
+                _ => drop(stray.insert(name)),
+            }
         }
         let mut entries = HashMap::new();
         let mut handed = Vec::new();
@@ -210,22 +279,18 @@ impl FdStore {
                     handed.push(entry);
                 }
                 None => {
-                    let names: Vec<usize> = fds.keys().copied().collect();
-                    tracing::warn!(entry = %id, "an incomplete entry in systemd's descriptor store (a start cut short): removed");
-                    for i in names {
-                        let _ = notify(
-                            &[
-                                NotifyState::FdStoreRemove,
-                                NotifyState::FdName(&format!("{id}.{i}")),
-                            ],
-                            &[],
-                        );
-                    }
+                    tracing::warn!(entry = %id, "an incomplete entry in systemd's descriptor store (a start or a forget cut short): removed")
                 }
             }
+            // What no entry took (all of it, when incomplete).
+            stray.extend(fds.into_keys().map(|i| format!("{id}.{i}")));
+        }
+        for name in &stray {
+            remove_name(name);
         }
         let store = FdStore {
             entries: Mutex::new(entries),
+            max,
         };
         Ok((store, handed))
     }
@@ -242,11 +307,15 @@ impl FdStore {
         }
         let blob_fd = fds.remove(&0)?;
         let own: Vec<OwnedFd> = (1..=n).filter_map(|i| fds.remove(&i)).collect();
-        let idents = own
-            .iter()
-            .map(|f| ident(f.as_fd()))
-            .collect::<io::Result<_>>()
-            .ok()?;
+        let idents = match own.iter().map(|f| ident(f.as_fd())).collect() {
+            Ok(i) => i,
+            Err(_) => {
+                // Back in the map, to be removed with the strays.
+                fds.insert(0, blob_fd);
+                fds.extend(own.into_iter().enumerate().map(|(i, f)| (i + 1, f)));
+                return None;
+            }
+        };
         let stored = Stored {
             id: id.to_owned(),
             blob: blob_fd,
@@ -271,7 +340,11 @@ impl FdStore {
                 return Ok(());
             }
             let old = entries.remove(key).expect("just found");
-            Self::remove(&old)?;
+            Self::remove(&old);
+        }
+        let used: u64 = entries.values().map(|s| s.fds.len() as u64 + 1).sum();
+        if used + fds.len() as u64 + 1 > self.max {
+            return Err(full(self.max, used, fds.len() + 1));
         }
         let memfd = memfd::create_named(c"ramd-fdstore").map_err(io::Error::from)?;
         rustix::io::pwrite(memfd.as_fd(), &MAGIC.to_le_bytes(), 0)?;
@@ -286,6 +359,7 @@ impl FdStore {
             &[NotifyState::FdStore, NotifyState::FdName(&name)],
             &[memfd.as_fd()],
         )?;
+        barrier()?;
         let stored = Stored {
             id,
             blob: memfd,
@@ -296,29 +370,21 @@ impl FdStore {
         Ok(())
     }
 
-    /// Drops what is kept under `key` (nothing when nothing is).
+    /// Drops what is kept under `key` (nothing when nothing is); under
+    /// the entries' lock, so a put of the key cannot come in between.
     pub fn forget(&self, key: &str) -> io::Result<()> {
-        let removed = self
-            .entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        match removed {
-            Some(s) => Self::remove(&s),
-            None => Ok(()),
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = entries.remove(key) {
+            Self::remove(&s);
         }
+        Ok(())
     }
 
     /// Removes an entry's descriptors from the store, its blob first.
-    fn remove(s: &Stored) -> io::Result<()> {
+    fn remove(s: &Stored) {
         for i in 0..=s.fds.len() {
-            let name = format!("{}.{i}", s.id);
-            notify(
-                &[NotifyState::FdStoreRemove, NotifyState::FdName(&name)],
-                &[],
-            )?;
+            remove_name(&format!("{}.{i}", s.id));
         }
-        Ok(())
     }
 }
 

@@ -116,10 +116,13 @@ const STARTS_KEY: &str = "starts";
 /// Under systemd with a descriptor store (`$FDSTORE`, `NOTIFY_SOCKET`):
 /// systemd is the keeper; what it passed back is the hand-back.
 fn init_from_systemd() -> Result<bool, LinkError> {
-    if fdstore::configured().is_none() || std::env::var_os("NOTIFY_SOCKET").is_none() {
+    let Some(max) = fdstore::configured() else {
+        return Ok(false);
+    };
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
         return Ok(false);
     }
-    let (store, passed) = FdStore::from_env()?;
+    let (store, passed) = FdStore::from_env(max)?;
     let mut entries: Vec<Entry> = passed
         .into_iter()
         .map(|(key, blob, fds)| Entry { key, blob, fds })

@@ -1,6 +1,7 @@
 //! RAM drives kept across restarts of the serving process (issue 31,
 //! docs/restart.md). When a supervisor started this process
-//! (`ramd daemon --supervise`, `handover::serving`), every drive over the
+//! (`ramd daemon --supervise`, `handover::serving`; or systemd's
+//! descriptor store, `handover::fdstore`), every drive over the
 //! raw store (plain RAM drives and persistent ones) keeps its memory in a
 //! sealed memfd and its dirty set in a ledger (`StoreOptions::
 //! shared_memory`, `store::ledger`) that the supervisor holds under
@@ -10,15 +11,15 @@
 //! plain and compressed drives handed back are adopted (`RamStore::adopt`,
 //! `CompressedStore::adopt`: the same memory, so every byte written before
 //! the kill) before any declared drive is created; a declared drive of
-//! the same name is that adopted drive. A persistent compressed drive's
-//! arena, meta and dirty ledger go under `persistent-compressed/NAME` and
-//! wait for its state directory like a raw persistent drive's. A persistent drive's
+//! the same name is that adopted drive. A persistent drive's
 //! memory waits until its state directory is opened, which then adopts
 //! it instead of restoring (`persistent::open`): the memory is newer
 //! than the directory, and the ledger's dirty set is what the directory
-//! lacks. Persistent drives have their own prefix so that an older
-//! binary, which knows only `drive/` and ignores blob fields it does not
-//! know, never serves one as a plain drive.
+//! lacks; a persistent compressed drive's arena, meta and dirty ledger
+//! go under `persistent-compressed/NAME` and wait the same way.
+//! Persistent and compressed drives have their own prefixes so that an
+//! older binary, which knows only `drive/` and ignores blob fields it
+//! does not know, never serves one as a plain drive.
 //!
 //! Invariants:
 //! - a drive's memfd is registered before its export is published (in
@@ -436,8 +437,8 @@ impl Drives {
                 tracing::warn!(drive = %drive.name, "the I/O counts kept across the restart have another layout: counting from zero");
             }
         }
-        // A drive no longer kept (compressed now) sends no counts: the old
-        // ones must not be seeded again at the next start.
+        // A drive no longer kept (its store is not in memfds now) sends no
+        // counts: the old ones must not be seeded again at the next start.
         let kept = self.kept.by_name.lock().contains_key(&drive.name);
         if let (false, Some(s)) = (kept, serving::get()) {
             let _ = s.forget(&format!("{METRICS_PREFIX}{}", drive.name));
@@ -516,8 +517,32 @@ impl Drives {
     /// Forgets a deleted drive: the supervisor drops its memfd. Marked
     /// and sent under the keeper's lock, so no send of it can follow.
     pub(super) fn forget_kept(&self, name: &str) {
+        self.forget_kept_of(name, None);
+    }
+
+    /// The keeper of drive `name` now, to forget that one later
+    /// ([`Drives::forget_kept_of`]) even if the name is taken meanwhile.
+    pub(super) fn kept_keeper(&self, name: &str) -> Option<Arc<DriveKeeper>> {
+        self.kept.by_name.lock().get(name).cloned()
+    }
+
+    /// [`Drives::forget_kept`], of keeper `only` if given: when a newer
+    /// drive of the name registered its own keeper meanwhile (its entry
+    /// replaced the old one with the supervisor), nothing is sent.
+    pub(super) fn forget_kept_of(&self, name: &str, only: Option<Arc<DriveKeeper>>) {
+        let k = {
+            let mut by_name = self.kept.by_name.lock();
+            match (&only, by_name.get(name)) {
+                (Some(old), Some(now)) if !Arc::ptr_eq(old, now) => {
+                    old.state.lock().forgotten = true;
+                    return;
+                }
+                _ => {}
+            }
+            by_name.remove(name)
+        };
         self.kept.adopted.lock().remove(name);
-        let Some(k) = self.kept.by_name.lock().remove(name) else {
+        let Some(k) = k.or(only) else {
             return;
         };
         let mut st = k.state.lock();

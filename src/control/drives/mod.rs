@@ -793,6 +793,9 @@ impl Drives {
         // Data kept for the state directory stays kept until it is saved
         // there (a failed final save puts the drive back, still kept).
         let saving = keep_data && drive.persistent().is_some();
+        // The keeper is forgotten after the save, but only if the name's
+        // keeper is still this drive's (the name is free meanwhile).
+        let keeper = self.kept_keeper(name);
         if !saving {
             self.forget_kept(name);
         }
@@ -808,7 +811,7 @@ impl Drives {
             if keep_data {
                 if let Some(pd) = drive.persistent() {
                     self.final_save(&drive, pd, p)?;
-                    self.forget_kept(name);
+                    self.forget_kept_of(name, keeper);
                 }
                 tracing::info!(drive = %name, dir = %p.dir.display(), "drive deleted; its data stays in the state directory");
             } else {

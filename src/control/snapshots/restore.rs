@@ -369,10 +369,12 @@ async fn restore_new(
             (DriveData::Ram(s.clone()), s)
         }
         Some(algo) => {
-            let s = Arc::new(
-                CompressedStore::new(size, algo, limit, budget)
-                    .map_err(|e| SnapshotsError::Drive(e.into()))?,
-            );
+            // Kept in memfds when a supervisor serves (drives::kept).
+            let s = match crate::handover::serving::get() {
+                Some(_) => CompressedStore::kept(size, algo, limit, budget, false, false),
+                None => CompressedStore::new(size, algo, limit, budget),
+            };
+            let s = Arc::new(s.map_err(|e| SnapshotsError::Drive(e.into()))?);
             (DriveData::Compressed(s.clone()), s)
         }
     };

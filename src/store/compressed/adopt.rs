@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use super::arena::{Charge, PageArena, PAGE_BYTES};
-use super::keep::{Keep, KeepError};
+use super::keep::{Keep, KeepError, ID_BYTES};
 use super::pool::{slot_bytes, Pool, CLASSES};
 use super::shard::{locate, Shard, GROUP_PAGES, SHARDS};
 use super::table::{self, Entry};
@@ -147,9 +147,10 @@ fn named(keep: &Keep, pages: u64, carved: u64) -> Result<Named, KeepError> {
         match table::from_kept(bits, wide, |_| None) {
             Some(Entry::Stored(o)) => {
                 let class = o.class as usize;
-                if class >= CLASSES || o.len == 0 || o.len as usize > slot_bytes(class) {
+                let fits = o.len as usize + ID_BYTES <= slot_bytes(class);
+                if class >= CLASSES || o.len == 0 || !fits || o.codec > 1 {
                     return Err(KeepError::Inconsistent(
-                        "an object entry of a bad class or length",
+                        "an object entry of a bad class, length or codec",
                     ));
                 }
                 let ids = &mut n.objects[class];

@@ -274,6 +274,30 @@ impl Keep {
         self.word(at).store(bits, Ordering::Release);
     }
 
+    /// Frees the shadow of drive pages `[from, to)` (cleared: a shrink
+    /// made them holes), whole 4 KiB pages of it only.
+    pub fn release_shadow(&self, from: u64, to: u64) {
+        let (a, b) = (
+            (SHADOW_AT + 2 * from as usize) * 8,
+            (SHADOW_AT + 2 * to as usize) * 8,
+        );
+        let (a, b) = (a.next_multiple_of(4096), b / 4096 * 4096);
+        if a < b {
+            let flags =
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+            if let Err(e) = rustix::fs::fallocate(&self.meta_fd, flags, a as u64, (b - a) as u64) {
+                tracing::warn!("cannot free a shrunk compressed drive's table shadow: {e}");
+            }
+        }
+    }
+
+    /// Bytes of the meta memfd that may be resident: the header, the
+    /// page map of the carved arena and the shadow of the largest size.
+    pub fn metadata_bytes(&self) -> u64 {
+        let carved = self.regions() * self.region_bytes() / 4096;
+        (HEADER_WORDS * 8 + carved * 8) as u64 + self.max_pages() * 16
+    }
+
     /// Copies of both descriptors, as a keeper would hand them back.
     #[cfg(test)]
     pub fn files(&self) -> io::Result<KeptFiles> {

@@ -386,8 +386,12 @@ impl CompressedStore {
         let s = Inner::of(algo, arena, pool, shards, mem, marks);
         s.marks.grow(groups)?;
         // Zeroes the end page's tail (a shrink the kill interrupted) and
-        // publishes the size.
-        s.cut_end_page(size_bytes)?;
+        // publishes the size. Refusing the drive for want of space would
+        // lose it: the tail stays then (beyond the size, unread), logged.
+        if let Err(e) = s.cut_end_page(size_bytes) {
+            tracing::warn!("an adopted compressed drive's end page keeps bytes beyond its size ({e}); they would reappear if it grew");
+            s.size.store(size_bytes, Ordering::Release);
+        }
         CompressedStore::start(s, min_size)
     }
 
@@ -602,6 +606,7 @@ impl Inner {
             + SHARDS * std::mem::size_of::<Padded>()) as u64
             + self.pool.metadata_bytes()
             + self.arena.metadata_bytes()
+            + self.arena.keep().map_or(0, |k| k.metadata_bytes())
             + self.marks.metadata_bytes();
         total
     }
@@ -824,15 +829,23 @@ impl Inner {
         if new_size != old_size {
             self.note_kept_size(new_size);
         }
+        // A resize that fails changes nothing: the keeper hears the old
+        // size again.
+        let undo = |e: Error| {
+            self.note_kept_size(old_size);
+            e
+        };
         if new_size >= old_size {
-            self.marks.grow(new_size.div_ceil(GROUP_BYTES))?;
+            self.marks
+                .grow(new_size.div_ceil(GROUP_BYTES))
+                .map_err(|e| undo(e.into()))?;
             self.size.store(new_size, Ordering::Release);
             return Ok(());
         }
+        self.cut_end_page(new_size).map_err(undo)?;
         if let Some(l) = self.marks.ledger() {
             l.note_shrink(new_size);
         }
-        self.cut_end_page(new_size)?;
         self.min_size.fetch_min(new_size, Ordering::AcqRel);
         let first = new_size.div_ceil(PAGE);
         let sp = self.space();
@@ -847,6 +860,9 @@ impl Inner {
         }
         // Beyond the end nothing is dirty: those pages no longer exist.
         self.marks.shrink(first);
+        if let Some(k) = self.arena.keep() {
+            k.release_shadow(first, old_size.div_ceil(PAGE));
+        }
         Ok(())
     }
 
@@ -860,6 +876,12 @@ impl Inner {
         if at != 0 && shard.entry(local) != Entry::Hole {
             let mut pg = [0u8; PAGE_BYTES];
             self.load(&shard, local, 0, &mut pg)?;
+            if pg[at..].iter().all(|&b| b == 0) {
+                // Nothing to zero (an adoption's usual case): no rewrite,
+                // which could fail for space.
+                self.size.store(new_size, Ordering::Release);
+                return Ok(());
+            }
             pg[at..].fill(0);
             let mut buf = [0u8; PACK_BUF_BYTES];
             let pk = page::pack(self.algo.primary(), &pg, &mut buf).map_err(corrupt)?;

@@ -67,7 +67,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::page::{self, Packed, PACK_BUF_BYTES, PAGE_BYTES};
-use super::pool::class_of;
+use super::pool::class_for;
 use super::shard::{Placing, Space, GROUP_PAGES};
 use super::table::{self, Entry, ACCESSED, KEPT};
 use super::{Inner, Overdraft, SHARDS};
@@ -336,8 +336,16 @@ impl Inner {
             return 0;
         }
         let mut buf = [0u8; PACK_BUF_BYTES];
+        // The classes objects take in this drive (a kept drive's end with
+        // their id: `keep.rs`); no class, or not a smaller one: no gain.
+        let kept = self.arena.keep().is_some();
+        let gains = |n: usize| match (class_for(n, kept), class_for(c.len, kept)) {
+            (Some(_), _) if c.len == PAGE_BYTES => true,
+            (Some(new), Some(old)) => new < old,
+            _ => false,
+        };
         let n = match page::compress(second, &pg, &mut buf) {
-            Ok(Packed::Compressed(n)) if c.len == PAGE_BYTES || class_of(n) < class_of(c.len) => n,
+            Ok(Packed::Compressed(n)) if gains(n) => n,
             _ => {
                 self.shard(si).read().swap_flags(c.local, c.bits, KEPT);
                 return 0;
