@@ -29,10 +29,10 @@ const GIB: u64 = 1 << 30;
 struct Holder(Mutex<Option<(u64, KeptMemory)>>);
 
 impl SegmentKeeper for Holder {
-    fn keep(&self, size_bytes: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+    fn keep(&self, size_bytes: u64, fds: &[BorrowedFd<'_>]) {
         let kept = KeptMemory {
-            memfd: memfd.try_clone_to_owned().unwrap(),
-            ledger: Some(ledger.try_clone_to_owned().unwrap()),
+            memfd: fds[0].try_clone_to_owned().unwrap(),
+            ledger: Some(fds[1].try_clone_to_owned().unwrap()),
         };
         *self.0.lock().unwrap() = Some((size_bytes, kept));
     }

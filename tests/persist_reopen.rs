@@ -640,9 +640,9 @@ fn sync_cost_is_proportional_to_changed_bytes() {
 struct Holder(std::sync::Mutex<Option<(u64, OwnedFd, OwnedFd)>>);
 
 impl SegmentKeeper for Holder {
-    fn keep(&self, size: u64, memfd: BorrowedFd<'_>, ledger: BorrowedFd<'_>) {
+    fn keep(&self, size: u64, fds: &[BorrowedFd<'_>]) {
         let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().unwrap();
-        *self.0.lock().unwrap() = Some((size, dup(memfd), dup(ledger)));
+        *self.0.lock().unwrap() = Some((size, dup(fds[0]), dup(fds[1])));
     }
 }
 

@@ -116,14 +116,9 @@ fn writer_child() {
 struct Keeper(std::sync::Mutex<Option<OwnedFd>>);
 
 impl SegmentKeeper for Keeper {
-    fn keep(
-        &self,
-        size_bytes: u64,
-        memfd: std::os::fd::BorrowedFd<'_>,
-        _ledger: std::os::fd::BorrowedFd<'_>,
-    ) {
+    fn keep(&self, size_bytes: u64, fds: &[std::os::fd::BorrowedFd<'_>]) {
         assert_eq!(size_bytes, SIZE);
-        *self.0.lock().unwrap() = Some(memfd.try_clone_to_owned().unwrap());
+        *self.0.lock().unwrap() = Some(fds[0].try_clone_to_owned().unwrap());
     }
 }
 

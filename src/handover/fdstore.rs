@@ -109,10 +109,9 @@ pub struct FdStore {
 
 /// Why an entry could not be stored.
 fn full(max: u64, used: u64, adding: usize) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::StorageFull,
-        format!("systemd's descriptor store is full ({used} of FileDescriptorStoreMax={max} in use, {adding} more needed): raise FileDescriptorStoreMax= in the unit"),
-    )
+    io::Error::other(format!(
+        "systemd's descriptor store is full ({used} of FileDescriptorStoreMax={max} in use, {adding} more needed): raise FileDescriptorStoreMax= in the unit"
+    ))
 }
 
 /// Removes the stored descriptors named `name`.
