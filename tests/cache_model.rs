@@ -14,7 +14,10 @@
 //!   backing is either the value it had at the last FLUSH (or the last FUA
 //!   write covering it) or a value written to it since: every flushed write
 //!   survives;
-//! - a clean close leaves the backing equal to the oracle, durably.
+//! - a clean close leaves the backing equal to the oracle, durably;
+//! - a kept cache (`cache::keep`, issue 31): at any quiet moment, the
+//!   backing with the dirty runs its shadow records applied (what a
+//!   restart after a kill -9 writes back) equals the oracle.
 //!
 //! A failing case prints its seed; set PROPTEST_RNG_SEED to replay others.
 
@@ -150,6 +153,7 @@ fn run_case(
     cutoff: u64,
     ops: &[Op],
     crash_seed: Option<u64>,
+    kept: bool,
 ) -> Result<(), TestCaseError> {
     let init = initial_contents();
     let backing = Arc::new(MemBacking::with_contents(init.clone()));
@@ -161,7 +165,7 @@ fn run_case(
     cfg.dirty_high_percent = 60;
     cfg.dirty_low_percent = 30;
     cfg.writeback_max_io_bytes = 4 * block_bytes;
-    let cache = Cache::new(backing.clone(), cfg, None).unwrap();
+    let cache = Cache::with_keep(backing.clone(), cfg, None, kept).unwrap();
     let mut oracle = init.clone();
     let mut crash = CrashModel::new(&init);
     for op in ops {
@@ -217,6 +221,12 @@ fn run_case(
             }
         }
     }
+    if kept {
+        prop_assert!(
+            kept_image(&cache, &backing) == oracle,
+            "the backing with the kept dirty runs differs from the oracle"
+        );
+    }
     let s = cache.stats();
     prop_assert!(s.resident_bytes <= s.capacity_bytes);
     prop_assert!(s.dirty_bytes <= s.resident_bytes);
@@ -247,6 +257,29 @@ fn run_case(
     Ok(())
 }
 
+/// What a restart after a kill -9 would leave: the dirty runs the kept
+/// shadow records (read first: the flusher may write some back meanwhile,
+/// which the backing then holds too), applied to the backing.
+fn kept_image(cache: &Cache, backing: &MemBacking) -> Vec<u8> {
+    let [data, shadow] = cache.kept_fds().expect("a kept cache");
+    let keep = ramd::cache::keep::CacheKeep::open(
+        data.try_clone_to_owned().unwrap(),
+        shadow.try_clone_to_owned().unwrap(),
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    keep.for_each_dirty(&mut |off, bytes| {
+        runs.push((off, bytes.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    let mut image = backing.contents();
+    for (off, bytes) in runs {
+        image[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
+    }
+    image
+}
+
 fn case_strategy() -> impl Strategy<Value = (u64, PolicyKind, u64, Vec<Op>, Option<u64>)> {
     (
         prop_oneof![Just(4096u64), Just(8192), Just(16384)],
@@ -268,21 +301,28 @@ proptest! {
     fn writeback_matches_the_oracle_and_survives_crashes(
         (bs, policy, cutoff, ops, crash) in case_strategy()
     ) {
-        run_case(Mode::WriteBack, bs, policy, cutoff, &ops, crash)?;
+        run_case(Mode::WriteBack, bs, policy, cutoff, &ops, crash, false)?;
+    }
+
+    #[test]
+    fn a_kept_writeback_caches_shadow_holds_every_dirty_byte(
+        (bs, policy, cutoff, ops, crash) in case_strategy()
+    ) {
+        run_case(Mode::WriteBack, bs, policy, cutoff, &ops, crash, true)?;
     }
 
     #[test]
     fn writethrough_matches_the_oracle(
         (bs, policy, cutoff, ops, crash) in case_strategy()
     ) {
-        run_case(Mode::WriteThrough, bs, policy, cutoff, &ops, crash)?;
+        run_case(Mode::WriteThrough, bs, policy, cutoff, &ops, crash, false)?;
     }
 
     #[test]
     fn writearound_matches_the_oracle(
         (bs, policy, cutoff, ops, crash) in case_strategy()
     ) {
-        run_case(Mode::WriteAround, bs, policy, cutoff, &ops, crash)?;
+        run_case(Mode::WriteAround, bs, policy, cutoff, &ops, crash, false)?;
     }
 }
 

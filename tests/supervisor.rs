@@ -443,12 +443,16 @@ fn kill_loop(api: &Path, uri: &str, name: &str, mut pid: u64) -> Acked {
     acked
 }
 
-/// Drive `name`'s state ("ready", "restoring", ...), or None while
-/// nobody answers.
+/// Drive (or cache) `name`'s state ("ready", "restoring", ...), or None
+/// while nobody answers.
 fn drive_state(api: &Path, name: &str) -> Option<String> {
+    state_of(api, "drives", name).or_else(|| state_of(api, "caches", name))
+}
+
+fn state_of(api: &Path, what: &str, name: &str) -> Option<String> {
     let mut s = std::os::unix::net::UnixStream::connect(api).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let req = format!("GET /v1/drives/{name} HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n\r\n");
+    let req = format!("GET /v1/{what}/{name} HTTP/1.1\r\nHost: ramd\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
@@ -533,6 +537,44 @@ fn a_compressed_drive_loses_no_acknowledged_write_across_kills() {
             "drive kept across a restart of the serving process: served again with its data"
         ),
         "the drive was not adopted:\n{log}"
+    );
+}
+
+/// A write-back cache over a file, its writes kept dirty (no age or
+/// level write-back), across kill -9: the next serving process writes the
+/// kept dirty data back to the file before the cache opens again
+/// (`control::caches::kept`), so every acknowledged write reads back
+/// through the (cold) cache.
+#[test]
+fn a_write_back_caches_dirty_data_survives_kills() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let cfg = dir.path().join("ramd.toml");
+    let text = format!(
+        "[[cache]]\nname = \"wb\"\nbacking = \"{}\"\nsize = \"8M\"\nmode = \"writeback\"\n\
+         max_dirty_age = \"1h\"\ndirty_high = 100\ndirty_low = 90\n",
+        backing.display()
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let args: Vec<String> = ["daemon", "--supervise", "--config", cfg.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut d = Daemon::launch(&args, &[]);
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    wait_ready(&api, "wb");
+    kill_loop(&api, &d.uri("wb"), "wb", pid);
+    let status = d.terminate();
+    let log = d.log();
+    assert!(status.success(), "supervisor exit: {status:?}\n{log}");
+    assert!(
+        log.contains("of dirty data kept across the restart written back to"),
+        "no kept dirty data was written back:\n{log}"
     );
 }
 

@@ -58,6 +58,7 @@ use super::config::{CacheConfig, Mode};
 use super::gate::{Gate, Pass};
 use super::health::{Health, Op};
 use super::index::Index;
+use super::keep::{CacheKeep, Geometry};
 use super::policy::{HitMarks, Policy};
 use super::seq::SeqDetector;
 use super::stats::{Counters, Ctr};
@@ -198,6 +199,8 @@ pub(crate) struct Inner {
     pub seq: SeqDetector,
     /// Where slot memory is charged (None: not charged).
     pub(super) budget: Option<Arc<MemoryBudget>>,
+    /// A kept cache's memfds and dirty shadow (`keep.rs`).
+    pub(crate) keep: Option<CacheKeep>,
     /// Bytes charged to `budget`, given back on drop.
     pub(super) charged: AtomicU64,
     epoch: Instant,
@@ -242,18 +245,33 @@ impl Inner {
         backing: Arc<dyn Backend>,
         cfg: CacheConfig,
         budget: Option<Arc<MemoryBudget>>,
+        kept: bool,
     ) -> std::io::Result<Inner> {
         let bs = cfg.block_bytes;
         let size = backing.size();
         let nblocks = size.div_ceil(bs);
         // A cache larger than its backing would only waste metadata.
         let nslots = cfg.slots().min(nblocks.max(1)) as u32;
-        let data = Region::new((nslots as u64 * bs) as usize, false)?;
+        let unit_shift = 9.max(bs.trailing_zeros().saturating_sub(6));
+        let len = (nslots as u64 * bs) as usize;
+        let keep = match kept {
+            true => Some(CacheKeep::create(Geometry {
+                block_bytes: bs,
+                unit_shift,
+                slots: nslots,
+                size_bytes: size,
+            })?),
+            false => None,
+        };
+        let data = match &keep {
+            Some(k) => Region::shared(k.fds()[0], 0, len, false)?,
+            None => Region::new(len, false)?,
+        };
         Ok(Inner {
             size,
             bs,
             shift: bs.trailing_zeros(),
-            unit_shift: 9.max(bs.trailing_zeros().saturating_sub(6)),
+            unit_shift,
             nslots,
             slots: (0..nslots)
                 .map(|_| Slot {
@@ -289,6 +307,7 @@ impl Inner {
             ),
             seq: SeqDetector::new(cfg.sequential_cutoff_bytes),
             budget,
+            keep,
             charged: AtomicU64::new(0),
             epoch: Instant::now(),
             gate: Gate::new(),
@@ -645,6 +664,9 @@ impl Inner {
             self.alloc.lock().free.push(slot);
             return Err(ClaimErr::Exists);
         }
+        if let Some(k) = &self.keep {
+            k.set_clean(slot);
+        }
         g.block = b;
         g.gen += 1;
         g.valid = 0;
@@ -695,14 +717,31 @@ impl Inner {
     pub fn mark_clean(&self, s: u32, g: &mut Meta) {
         debug_assert_eq!(g.state, State::Dirty);
         g.state = State::Clean;
+        if let Some(k) = &self.keep {
+            k.set_clean(s);
+        }
         self.dirty.clear(s as usize);
         self.dirty_count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Before the bytes of slot `s` (holding `b`, dirty or becoming so)
+    /// change in the units of `valid`: a kept cache's shadow says so
+    /// (`keep.rs`).
+    #[inline]
+    pub(crate) fn keep_dirty(&self, s: u32, b: u64, valid: u64) {
+        if let Some(k) = &self.keep {
+            k.set_dirty(s, b, valid);
+        }
     }
 
     /// Empties a resident slot whose write lock the caller holds.
     pub(crate) fn invalidate_locked(&self, s: u32, g: &mut Meta) {
         debug_assert_ne!(g.state, State::Empty);
         if g.state == State::Dirty {
+            // Superseded (a zero or trim the backing did) or given up on.
+            if let Some(k) = &self.keep {
+                k.set_clean(s);
+            }
             self.dirty.clear(s as usize);
             self.dirty_count.fetch_sub(1, Ordering::Relaxed);
         }

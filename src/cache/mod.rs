@@ -57,6 +57,7 @@ mod flusher;
 mod gate;
 pub mod health;
 mod index;
+pub mod keep;
 pub mod policy;
 pub mod prometheus;
 mod read;
@@ -184,12 +185,35 @@ impl Cache {
                 "the backing is empty (size 0): nothing to cache".into(),
             ));
         }
-        let inner = Arc::new(Inner::new(backing, cfg, budget)?);
+        Cache::with_keep(backing, cfg, budget, false)
+    }
+
+    /// [`Cache::new`], with `kept` its slots and the shadow of its dirty
+    /// ones in memfds that a supervisor can keep across a kill of this
+    /// process (`keep.rs`; [`Cache::kept_fds`]).
+    pub fn with_keep(
+        backing: Arc<dyn Backend>,
+        cfg: CacheConfig,
+        budget: Option<Arc<MemoryBudget>>,
+        kept: bool,
+    ) -> Result<Cache, CacheError> {
+        cfg.validate()?;
+        if backing.size() == 0 {
+            return Err(CacheError::Config(
+                "the backing is empty (size 0): nothing to cache".into(),
+            ));
+        }
+        let inner = Arc::new(Inner::new(backing, cfg, budget, kept)?);
         let flusher = Flusher::spawn(inner.clone())?;
         Ok(Cache {
             inner,
             flusher: Mutex::new(Some(flusher)),
         })
+    }
+
+    /// A kept cache's data and shadow memfds (None: not kept).
+    pub fn kept_fds(&self) -> Option<[std::os::fd::BorrowedFd<'_>; 2]> {
+        self.inner.keep.as_ref().map(|k| k.fds())
     }
 
     /// Opens `spec` (a file, a block device or an NBD URI, see

@@ -70,6 +70,7 @@ impl Inner {
                     // Units the write covers in part and the cache lacks.
                     self.fill_units(b, s, &mut g, need)?;
                 }
+                self.keep_dirty(s, b, g.valid | touched);
                 self.copy_in(s, off, piece);
                 g.valid |= touched;
                 g.gen += 1;
@@ -100,6 +101,7 @@ impl Inner {
                             return Err(e);
                         }
                     }
+                    self.keep_dirty(c.slot, b, c.g.valid | touched);
                     self.copy_in(c.slot, off, piece);
                     c.g.valid |= touched;
                     self.publish(c, State::Dirty);
@@ -145,6 +147,8 @@ impl Inner {
                 let bstart = self.block_start(b);
                 let from = offset.max(bstart);
                 let to = end.min(bstart + self.bs);
+                let whole = self.unit_masks(b, from - bstart, to - bstart).0;
+                self.keep_dirty(s, b, g.valid | whole);
                 self.copy_in(
                     s,
                     from - bstart,

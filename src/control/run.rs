@@ -178,6 +178,9 @@ fn create_declared(
     restore_stored(&drives, settings);
     drives.forget_unclaimed_kept();
     drives.keep_metrics();
+    // Dirty data caches left when the last serving process was killed
+    // goes to its backings before any cache opens over them.
+    crate::control::caches::kept::write_back_kept(&settings.state_dir.join("cache-rescue"));
     // Caches after every drive: a name both declare goes to the drive.
     let caches = Arc::new(Caches::new(
         ledger.clone(),

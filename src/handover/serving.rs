@@ -30,6 +30,9 @@ use super::wire::Kind;
 /// The key prefix of listening sockets (`super::listeners`), kept apart
 /// from the drives' entries.
 pub const LISTENER_PREFIX: &str = "listen/";
+/// The key prefix of caches' kept dirty data (`control::caches::kept`),
+/// kept apart from the drives' entries.
+pub const CACHE_PREFIX: &str = "cache/";
 /// The link's descriptor number, set by the supervisor.
 pub const FD_ENV: &str = "RAMD_HANDOVER_FD";
 /// How many times the supervisor restarted the serving process.
@@ -75,6 +78,8 @@ pub struct Serving {
     /// Listening sockets handed back, by key, until bound again
     /// (`super::listeners`).
     listeners: Mutex<HashMap<String, (OwnedFd, Vec<u8>)>>,
+    /// Caches' kept dirty data handed back, until written back.
+    caches: Mutex<Vec<Entry>>,
 }
 
 static SERVING: OnceLock<Serving> = OnceLock::new();
@@ -179,6 +184,9 @@ impl Serving {
         last_reason: Option<String>,
         entries: Vec<Entry>,
     ) -> Serving {
+        let (caches, entries): (Vec<Entry>, Vec<Entry>) = entries
+            .into_iter()
+            .partition(|e| e.key.starts_with(CACHE_PREFIX));
         let (listeners, handed_back): (Vec<Entry>, Vec<Entry>) = entries
             .into_iter()
             .partition(|e| e.key.starts_with(LISTENER_PREFIX));
@@ -195,7 +203,13 @@ impl Serving {
             upgrading: AtomicBool::new(false),
             handed_back: Mutex::new(Some(handed_back)),
             listeners: Mutex::new(listeners),
+            caches: Mutex::new(caches),
         }
+    }
+
+    /// The caches' kept dirty data handed back at start (once).
+    pub fn take_kept_caches(&self) -> Vec<Entry> {
+        std::mem::take(&mut *self.caches.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// True when systemd's descriptor store is the keeper (no supervisor

@@ -40,6 +40,7 @@
 
 pub mod error;
 mod give_back;
+pub mod kept;
 mod reopen;
 pub mod shutdown;
 pub mod spec;
@@ -472,6 +473,7 @@ impl Caches {
         let mut map = self.map.lock();
         if map.get(&entry.name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
             map.remove(&entry.name);
+            self.forget_kept_cache(&entry.name);
         }
         // Still under the claim: nobody else's rules are dropped.
         self.access.set(&entry.name, AccessRules::default());
@@ -502,14 +504,13 @@ impl Caches {
             .into());
         }
         self.ledger.repromise(&entry.claim, &Promise::Bytes(need))?;
+        // In memfds a keeper holds, when there is one (`kept.rs`).
+        let kept = crate::handover::serving::get().is_some();
+        let budget = Some(self.ledger.budget().clone());
         let cache = Arc::new(
-            Cache::new(
-                backing,
-                spec.config.clone(),
-                Some(self.ledger.budget().clone()),
-            )
-            .map_err(backing_error)?,
+            Cache::with_keep(backing, spec.config.clone(), budget, kept).map_err(backing_error)?,
         );
+        self.keep_cache(entry, &cache);
         let metrics = self.metrics_enabled.then(|| Arc::new(DriveMetrics::new()));
         let export = self.export_for(entry, &cache, metrics.clone());
         if let Err(e) = self.ledger.publish(&entry.claim, export.clone()) {

@@ -245,13 +245,32 @@ fn give_up(entry: &CacheEntry, live: &Live, rescue_root: &Path, error: String) -
 /// Writes `data.img`, `ranges` and `apply.sh` into `dir`; returns the
 /// bytes saved.
 fn write_rescue(entry: &CacheEntry, live: &Live, dir: &Path) -> std::io::Result<u64> {
+    use crate::block::backend::Backend;
+    let apply = apply_script_for(&entry.name, &entry.spec.backing, entry.backing_kind);
+    write_rescue_dir(dir, live.cache.size(), &apply, &mut |f| {
+        live.cache.save_dirty(f)
+    })
+}
+
+/// Hands each dirty run (backing offset, bytes) to its argument; returns
+/// the bytes handed.
+pub(super) type SaveDirty<'a> =
+    dyn FnMut(&mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>) -> std::io::Result<u64> + 'a;
+
+/// Writes `data.img` (`size` bytes, sparse), `ranges` and `apply` as
+/// `apply.sh` into `dir`, the data from `save`; returns the bytes saved.
+pub(super) fn write_rescue_dir(
+    dir: &Path,
+    size: u64,
+    apply: &str,
+    save: &mut SaveDirty<'_>,
+) -> std::io::Result<u64> {
     crate::paths::create_private_dir(dir).map_err(std::io::Error::other)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     let img = create_private(&dir.join("data.img"))?;
-    use crate::block::backend::Backend;
-    img.set_len(live.cache.size())?;
+    img.set_len(size)?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
-    let saved = live.cache.save_dirty(&mut |offset, bytes| {
+    let saved = save(&mut |offset, bytes| {
         img.write_all_at(bytes, offset)?;
         let len = bytes.len() as u64;
         match ranges.last_mut() {
@@ -266,7 +285,7 @@ fn write_rescue(entry: &CacheEntry, live: &Live, dir: &Path) -> std::io::Result<
         list.push_str(&format!("{o} {l}\n"));
     }
     write_synced(&dir.join("ranges"), list.as_bytes())?;
-    write_synced(&dir.join("apply.sh"), apply_script(entry).as_bytes())?;
+    write_synced(&dir.join("apply.sh"), apply.as_bytes())?;
     std::fs::set_permissions(dir.join("apply.sh"), std::fs::Permissions::from_mode(0o700))?;
     File::open(dir)?.sync_all()?;
     Ok(saved)
@@ -296,22 +315,21 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// The script that copies the saved ranges onto the backing.
-fn apply_script(entry: &CacheEntry) -> String {
-    let backing = sh_quote(&entry.spec.backing);
+/// The script that copies the saved ranges onto cache `name`'s backing.
+pub(super) fn apply_script_for(name: &str, backing: &str, kind: BackingKind) -> String {
+    let backing = sh_quote(backing);
     let head = format!(
         "#!/bin/sh\n\
          # Written by ramd when cache '{name}' could not write its dirty data back\n\
-         # to its backing at shutdown. Copies every range listed in ./ranges from\n\
+         # to its backing (at shutdown, or kept across a restart). Copies every range listed in ./ranges from\n\
          # ./data.img onto the backing (same offsets), then flushes it. Run it once\n\
          # the backing works again, BEFORE anything else writes to it.\n\
          # Usage: sh apply.sh [BACKING]   (default: the cache's backing)\n\
          set -eu\n\
          cd \"$(dirname \"$0\")\"\n\
          target=${{1:-{backing}}}\n",
-        name = entry.name
     );
-    let body = match entry.backing_kind {
+    let body = match kind {
         BackingKind::Nbd => NBD_APPLY,
         BackingKind::File | BackingKind::BlockDevice => FILE_APPLY,
     };
