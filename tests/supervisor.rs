@@ -578,6 +578,193 @@ fn a_write_back_caches_dirty_data_survives_kills() {
     );
 }
 
+/// Kept dirty data whose backing is gone when the next serving process
+/// starts waits for it: the cache stays unavailable (nothing reads the
+/// stale backing), and once the backing is back the reopener writes the
+/// kept data back first, then opens the cache: every acknowledged write.
+#[test]
+fn a_caches_kept_data_waits_for_its_backing() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let cfg = dir.path().join("ramd.toml");
+    let text = format!(
+        "[[cache]]\nname = \"wb\"\nbacking = \"{}\"\nsize = \"8M\"\nmode = \"writeback\"\n\
+         max_dirty_age = \"1h\"\ndirty_high = 100\ndirty_low = 90\n",
+        backing.display()
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let args: Vec<String> = ["daemon", "--supervise", "--config", cfg.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let d = Daemon::launch(&args, &[]);
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    wait_ready(&api, "wb");
+    let written = common::random_bytes(1 << 20, 41);
+    client(&d.uri("wb"))
+        .write(3 << 20, &written, false)
+        .unwrap();
+    // The backing disappears while the serving process is dead.
+    signal(d.pid(), libc::SIGSTOP);
+    signal(pid as u32, libc::SIGKILL);
+    common::wait_until(
+        "the serving process to die",
+        Duration::from_secs(30),
+        || dead(pid),
+    );
+    let away = dir.path().join("away.img");
+    std::fs::rename(&backing, &away).unwrap();
+    signal(d.pid(), libc::SIGCONT);
+    serving_pid(&api, pid);
+    common::wait_until(
+        "the cache to be unavailable",
+        Duration::from_secs(30),
+        || drive_state(&api, "wb").as_deref() == Some("unavailable"),
+    );
+    let info = d.cli().args(["cache", "info", "wb"]).output().unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.contains("kept across the restart waits"), "{info}");
+    std::fs::rename(&away, &backing).unwrap();
+    wait_ready(&api, "wb");
+    let mut back = vec![0u8; 1 << 20];
+    client(&d.uri("wb")).read(3 << 20, &mut back).unwrap();
+    assert!(back == written, "the kept write did not reach the backing");
+    assert!(d
+        .log()
+        .contains("of dirty data kept across the restart written back to"));
+}
+
+/// A FUSE attachment (`ramd attach`) across kill -9 of the serving
+/// process and `ramd upgrade`: its mount stays, a reader of the file
+/// (direct I/O: every read reaches ramd) blocks through the gap and goes
+/// on without an error (the next process resumes the kept session and the
+/// kernel sends again what the dead one had read: FUSE_NOTIFY_RESEND),
+/// every read matches what was written through the file.
+#[test]
+fn a_fuse_attachment_is_served_again_across_kills_and_an_upgrade() {
+    use std::os::unix::fs::FileExt;
+    if !common::require(&["fusermount3"]) || !Path::new("/dev/fuse").exists() {
+        return;
+    }
+    let d = supervised("db=16M");
+    let api = d.api_socket().to_owned();
+    let (mut pid, _) = serving_pid(&api, 0);
+    let mnt = d.dir().join("fuse");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let out = d
+        .cli()
+        .args(["attach", "db", mnt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = mnt.join("db");
+    let data = common::random_bytes(4 << 20, 31);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)
+        .unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    let new = d.dir().join("ramd-new");
+    std::fs::copy(env!("CARGO_BIN_EXE_ramd"), &new).unwrap();
+    for cycle in 0..cycles().min(20) + 1 {
+        // A reader running through the gap.
+        let (stop, reads, bad) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(std::sync::Mutex::new(None::<String>)),
+        );
+        let reader = {
+            let (f, data) = (f.try_clone().unwrap(), data.clone());
+            let (stop, reads, bad) = (stop.clone(), reads.clone(), bad.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                for i in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let off = (i * 7919 * 4096) % (data.len() as u64 - buf.len() as u64);
+                    let off = off / 4096 * 4096;
+                    match f.read_at(&mut buf, off) {
+                        Ok(n) if n == buf.len() && buf == data[off as usize..off as usize + n] => {}
+                        other => {
+                            *bad.lock().unwrap() = Some(format!("read at {off}: {other:?}"));
+                            return;
+                        }
+                    }
+                    reads.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        common::wait_until("reads through FUSE", Duration::from_secs(30), || {
+            reads.load(Ordering::SeqCst) > 10
+        });
+        let upgrade = cycle == 0;
+        if upgrade {
+            let out = d
+                .cli()
+                .args(["upgrade", "--binary", new.to_str().unwrap()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ramd upgrade: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            signal(pid as u32, libc::SIGKILL);
+        }
+        pid = serving_pid(&api, pid).0;
+        let before = reads.load(Ordering::SeqCst);
+        common::wait_until(
+            "reads through FUSE after the restart",
+            Duration::from_secs(30),
+            || reads.load(Ordering::SeqCst) > before + 10 || bad.lock().unwrap().is_some(),
+        );
+        stop.store(true, Ordering::SeqCst);
+        reader.join().unwrap();
+        let failed = bad.lock().unwrap().take();
+        if let Some(e) = failed {
+            panic!(
+                "cycle {cycle} (upgrade: {upgrade}): a read through the FUSE file failed: {e}\n{}",
+                d.log()
+            );
+        }
+    }
+    // Written through the file after the restarts: the drive has it.
+    let tail = common::random_bytes(1 << 20, 32);
+    f.write_all_at(&tail, 8 << 20).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    client(&d.uri("db")).read(8 << 20, &mut back).unwrap();
+    assert!(
+        back == tail,
+        "a write through the resumed FUSE file did not reach the drive"
+    );
+    drop(f);
+    let out = d
+        .cli()
+        .args(["detach", mnt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(d
+        .log()
+        .contains("attachment kept across a restart of the serving process: served again"));
+}
+
 /// The inode of a file (a unix socket's).
 fn inode(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;

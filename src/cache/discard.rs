@@ -79,13 +79,12 @@ impl Inner {
         if from == bstart && to == bstart + self.blen(b) {
             self.invalidate_locked(s, g);
         } else {
-            if g.state == State::Dirty {
-                let whole = self.unit_masks(b, from - bstart, to - bstart).0;
-                self.keep_dirty(s, b, g.valid | whole);
-            }
             self.zero_in(s, from - bstart, to - from);
             g.valid |= self.unit_masks(b, from - bstart, to - bstart).0;
             g.gen += 1;
+            if g.state == State::Dirty {
+                self.keep_dirty(s, b, g.valid);
+            }
         }
     }
 }

@@ -17,11 +17,14 @@
 //! write-back of the dirty data (bounded by the cache's dirty limits).
 //!
 //! Order (the engine keeps it, under the slot's write lock):
-//! - before the bytes of a slot that is or becomes dirty change, its
-//!   shadow says dirty, with the units about to be written: a kill in the
-//!   middle leaves the slot dirty, with old or new bytes in those units
-//!   (a torn write in flight, as on a disk), never a unit the backing
-//!   would lack;
+//! - after the bytes of a slot that is or becomes dirty changed, and
+//!   before the write is acknowledged, its shadow says dirty with the
+//!   units it holds (the shadow's units are always a subset of the
+//!   slot's valid ones). Units not dirty before are shadowed only once
+//!   their bytes are in: a kill in the middle leaves them out (the
+//!   backing keeps its older bytes: the write was not acknowledged);
+//!   units already dirty may be caught half-written by a kill, old and
+//!   new bytes of the write in flight, as on a disk;
 //! - a slot is shadowed clean only after its data reached the backing (a
 //!   write-back that found it unchanged) or was superseded there (a zero
 //!   or trim that covers it wholly, after the backing did it);

@@ -70,9 +70,9 @@ impl Inner {
                     // Units the write covers in part and the cache lacks.
                     self.fill_units(b, s, &mut g, need)?;
                 }
-                self.keep_dirty(s, b, g.valid | touched);
                 self.copy_in(s, off, piece);
                 g.valid |= touched;
+                self.keep_dirty(s, b, g.valid);
                 g.gen += 1;
                 if g.state == State::Clean {
                     self.mark_dirty(s, &mut g);
@@ -101,9 +101,9 @@ impl Inner {
                             return Err(e);
                         }
                     }
-                    self.keep_dirty(c.slot, b, c.g.valid | touched);
                     self.copy_in(c.slot, off, piece);
                     c.g.valid |= touched;
+                    self.keep_dirty(c.slot, b, c.g.valid);
                     self.publish(c, State::Dirty);
                     self.stats.add(Ctr::WriteMisses, 1);
                     return Ok(());
@@ -147,8 +147,6 @@ impl Inner {
                 let bstart = self.block_start(b);
                 let from = offset.max(bstart);
                 let to = end.min(bstart + self.bs);
-                let whole = self.unit_masks(b, from - bstart, to - bstart).0;
-                self.keep_dirty(s, b, g.valid | whole);
                 self.copy_in(
                     s,
                     from - bstart,
@@ -159,6 +157,7 @@ impl Inner {
                 // has all of them).
                 g.valid |= self.unit_masks(b, from - bstart, to - bstart).0;
                 g.gen += 1;
+                self.keep_dirty(s, b, g.valid);
             } else {
                 self.invalidate_locked(s, &mut g);
             }

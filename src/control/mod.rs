@@ -66,6 +66,7 @@ pub mod config;
 pub mod dirs;
 pub mod drives;
 pub mod fds;
+pub mod kept_attachments;
 pub mod ledger;
 pub mod listen_addr;
 pub mod lock;

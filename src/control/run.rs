@@ -23,7 +23,6 @@ use super::sampler::Sampler;
 use super::snapshots::Snapshots;
 use super::tokens::Tokens;
 use super::{Daemon, DaemonArgs, DaemonError, Settings};
-use crate::fuse::Attachments;
 use crate::handover::listeners;
 use crate::nbd::access::AccessTable;
 use crate::nbd::tls::{TlsMode, TlsSettings};
@@ -178,15 +177,16 @@ fn create_declared(
     restore_stored(&drives, settings);
     drives.forget_unclaimed_kept();
     drives.keep_metrics();
-    // Dirty data caches left when the last serving process was killed
-    // goes to its backings before any cache opens over them.
-    crate::control::caches::kept::write_back_kept(&settings.state_dir.join("cache-rescue"));
     // Caches after every drive: a name both declare goes to the drive.
     let caches = Arc::new(Caches::new(
         ledger.clone(),
         settings.metrics,
         drives.access_table(),
     ));
+    // Dirty data caches left when the last serving process was killed
+    // goes to its backings before any cache opens over them.
+    let rescue_root = settings.state_dir.join("cache-rescue");
+    caches.take_kept(&rescue_root);
     let cache_origin = settings
         .config_path
         .clone()
@@ -204,6 +204,7 @@ fn create_declared(
                     })
             })?;
     }
+    caches.settle_orphans(&rescue_root, None);
     Ok((drives, caches))
 }
 
@@ -679,7 +680,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let daemon = Arc::new(Daemon {
         ledger,
         drives: drives.clone(),
-        attachments: Attachments::new(),
+        attachments: crate::control::kept_attachments::attachments(),
         ublk: crate::ublk::Devices::new(&settings.runtime_dir),
         settings: settings.clone(),
         tcp_addrs,
@@ -1011,11 +1012,13 @@ pub fn wait_restores(drives: &Drives) {
 }
 
 /// At exit: unmounts the FUSE attachments, removes the ublk devices
-/// (left to the next process when stopping for an upgrade: they wait,
-/// quiesced, and it recovers them as after a crash).
+/// (both left to the next process when stopping for an upgrade: ublk
+/// devices wait, quiesced, and it recovers them as after a crash; FUSE
+/// sessions are resumed from what the keeper holds).
 fn detach_all(daemon: &Daemon) {
-    daemon.attachments.shutdown();
-    if crate::handover::serving::get().is_some_and(|s| s.upgrading()) {
+    let upgrading = crate::handover::serving::get().is_some_and(|s| s.upgrading());
+    daemon.attachments.shutdown(upgrading);
+    if upgrading {
         tracing::info!("upgrade: ublk devices stay for the next process");
         return;
     }
@@ -1079,6 +1082,14 @@ fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
             };
             d.ublk.recover(&drive, &|| d.attachments.reserve_id());
             attach_configured_ublk(&d, &drive);
+            // FUSE sessions a keeper held, over drives or caches.
+            let attachable = |name: &str| {
+                drive(name).map(|(x, _)| x).or_else(|| {
+                    let c = d.caches.get(name).ok().filter(|c| c.live().is_some())?;
+                    Some(c as Arc<dyn crate::fuse::Attachable>)
+                })
+            };
+            crate::control::kept_attachments::resume(&d.attachments, &attachable);
         })
         .map(drop)
         .map_err(DaemonError::Start)

@@ -43,6 +43,7 @@ mod uring;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -190,10 +191,32 @@ struct Attachment {
     threads: Threads,
 }
 
+/// A session kept across a restart of the serving process (issue 31):
+/// its `/dev/fuse` descriptors (every queue's: the kernel ends the
+/// requests of a descriptor closed for good, not of one a keeper holds)
+/// and how to recognise its mount.
+pub struct KeptSession {
+    pub fds: Vec<OwnedFd>,
+    pub mount_id: Option<u64>,
+    pub dev: Option<u64>,
+}
+
+/// Someone who keeps FUSE sessions beyond this process (a supervisor,
+/// through `control::kept_attachments`). Attachments know nothing of it
+/// but these calls.
+pub trait SessionKeeper: Send + Sync {
+    /// A new attachment's session, right after it is mounted.
+    fn keep(&self, info: &AttachmentInfo, session: &KeptSession);
+    /// The attachment at `mountpoint` is gone (detached, unmounted).
+    fn forget(&self, mountpoint: &Path);
+}
+
 /// Every attachment of the daemon.
 #[derive(Default)]
 pub struct Attachments {
     inner: Mutex<Inner>,
+    /// Keeps the sessions across restarts, when set (once).
+    keeper: std::sync::OnceLock<Arc<dyn SessionKeeper>>,
 }
 
 #[derive(Default)]
@@ -240,12 +263,43 @@ impl Attachments {
     /// Mounts `drive` at `mountpoint`: an existing, empty directory that
     /// is not a mount point, nor `/`; `force` allows a non-empty directory
     /// or a mount point (whose contents the attachment hides until detach).
+    /// With a keeper set ([`Attachments::set_keeper`]), the session goes to
+    /// it at once, for the next process ([`Attachments::resume`]).
     pub fn attach(
         &self,
         drive: Arc<dyn Attachable>,
         mountpoint: &Path,
         force: bool,
     ) -> Result<AttachmentInfo, AttachError> {
+        let keeper = self.keeper.get();
+        let (info, session) = self.attach_kept(drive, mountpoint, force, keeper.is_some())?;
+        if let (Some(k), Some(s)) = (keeper, &session) {
+            k.keep(&info, s);
+        }
+        Ok(info)
+    }
+
+    /// Sets who keeps the sessions (a second keeper is ignored).
+    pub fn set_keeper(&self, keeper: Arc<dyn SessionKeeper>) {
+        let _ = self.keeper.set(keeper);
+    }
+
+    /// Tells the keeper an attachment is gone.
+    fn forget_kept(&self, mountpoint: &Path) {
+        if let Some(k) = self.keeper.get() {
+            k.forget(mountpoint);
+        }
+    }
+
+    /// [`Attachments::attach`]; with `keep`, also the session for a keeper
+    /// ([`Attachments::resume`] in the next process).
+    fn attach_kept(
+        &self,
+        drive: Arc<dyn Attachable>,
+        mountpoint: &Path,
+        force: bool,
+        keep: bool,
+    ) -> Result<(AttachmentInfo, Option<KeptSession>), AttachError> {
         let mountpoint = canonical_dir(mountpoint)?;
         let mut inner = self.inner.lock();
         if let Some(a) = inner
@@ -259,7 +313,10 @@ impl Attachments {
         let export = drive
             .export()
             .ok_or_else(|| Failure::NotServing(drive.name().to_owned()))?;
-        let (threads, path) = mount_and_serve(DriveFs::new(export), &mountpoint, drive.name())?;
+        let mut fds = Vec::new();
+        let kept = keep.then_some(&mut fds);
+        let (threads, path) =
+            mount_and_serve(DriveFs::new(export), &mountpoint, drive.name(), kept)?;
         let name = drive.name().to_owned();
         let source = source_of(&name);
         let mount_id = mountinfo::read().ok().and_then(|mounts| {
@@ -289,6 +346,56 @@ impl Attachments {
             },
         );
         tracing::info!(drive = %name, mountpoint = %mountpoint.display(), "attached");
+        let session = keep.then_some(KeptSession { fds, mount_id, dev });
+        Ok((info, session))
+    }
+
+    /// Serves again an attachment the last serving process made at
+    /// `mountpoint` and a keeper kept: if its mount is still there, the
+    /// kept session resumes (`session::resume`); otherwise it is refused
+    /// (NotFound: nothing to serve).
+    pub fn resume(
+        &self,
+        drive: Arc<dyn Attachable>,
+        mountpoint: &Path,
+        session: KeptSession,
+    ) -> Result<AttachmentInfo, AttachError> {
+        let export = drive
+            .export()
+            .ok_or_else(|| Failure::NotServing(drive.name().to_owned()))?;
+        let name = drive.name().to_owned();
+        let mounts = mountinfo::read().map_err(Failure::Mountinfo)?;
+        let mounted = mounts.iter().any(|m| {
+            m.mount_point == mountpoint
+                && is_ours(m, &source_of(&name))
+                && session.mount_id.map_or(true, |id| id == m.mount_id)
+        });
+        if !mounted {
+            return Err(AttachError::NotFound(0));
+        }
+        let mut inner = self.inner.lock();
+        let (threads, path) = session::resume(Arc::new(DriveFs::new(export)), session.fds, &name)
+            .map_err(Failure::Thread)?;
+        inner.next_id += 1;
+        let info = AttachmentInfo {
+            id: inner.next_id,
+            drive: name.clone(),
+            file: mountpoint.join(&name),
+            mountpoint: mountpoint.to_owned(),
+            path,
+        };
+        drive.attached_at().lock().push(mountpoint.to_owned());
+        inner.by_id.insert(
+            info.id,
+            Attachment {
+                info: info.clone(),
+                drive,
+                mount_id: session.mount_id,
+                dev: session.dev,
+                threads,
+            },
+        );
+        tracing::info!(drive = %name, mountpoint = %mountpoint.display(), "attachment kept across a restart of the serving process: served again");
         Ok(info)
     }
 
@@ -322,6 +429,7 @@ impl Attachments {
         }
         let mut a = inner.by_id.remove(&id).expect("present above");
         drop(inner);
+        self.forget_kept(&a.info.mountpoint);
         finish(&mut a);
         tracing::info!(drive = %a.info.drive, mountpoint = %a.info.mountpoint.display(), "detached");
         Ok(a.info)
@@ -344,12 +452,21 @@ impl Attachments {
     /// At daemon exit: unmounts everything; a busy mount is detached lazily
     /// (it disappears from the namespace; I/O through a loop device still
     /// using it fails once the daemon has exited).
-    pub fn shutdown(&self) {
+    ///
+    /// With `leave_mounted` (an upgrade: the next process resumes them from
+    /// what a keeper holds) nothing is unmounted.
+    pub fn shutdown(&self, leave_mounted: bool) {
         let all: Vec<Attachment> = std::mem::take(&mut self.inner.lock().by_id)
             .into_values()
             .collect();
+        if leave_mounted {
+            // The threads end with the process; the keeper holds the
+            // sessions' descriptors, so the mounts stay connected.
+            return;
+        }
         for mut a in all {
             let mp = a.info.mountpoint.clone();
+            self.forget_kept(&mp);
             match mount_state(&a) {
                 Ok(MountState::Ours) => {}
                 Ok(MountState::Gone) => {
@@ -391,13 +508,14 @@ fn mount_and_serve(
     fs: DriveFs,
     mp: &Path,
     name: &str,
+    kept: Option<&mut Vec<OwnedFd>>,
 ) -> Result<(Threads, session::Path), AttachError> {
     let failed = |source| Failure::Mount {
         mountpoint: mp.to_owned(),
         source,
     };
     let dev = mount::mount(mp, &source_of(name), is_root(), user_allow_other()).map_err(failed)?;
-    match session::start(Arc::new(fs), dev, name) {
+    match session::start(Arc::new(fs), dev, name, kept) {
         Ok(started) => Ok(started),
         Err(e) => {
             // The threads that started end with the mount.

@@ -102,14 +102,31 @@ pub fn default_queues() -> usize {
 /// classic reader left for INIT, FORGET and INTERRUPT; otherwise classic
 /// queue threads only. A failure on the way is logged in one line and
 /// falls back to the classic path, with the mount intact.
+///
+/// With `kept` (a session a supervisor keeps across a kill of this
+/// process: [`resume`]) the classic path is used and a duplicate of every
+/// queue's descriptor goes into `kept`.
 pub fn start(
     fs: Arc<DriveFs>,
     dev: OwnedFd,
     name: &str,
+    kept: Option<&mut Vec<OwnedFd>>,
 ) -> io::Result<(Vec<JoinHandle<io::Result<()>>>, Path)> {
     let queues = default_queues();
     let mut lead = Queue::new(dev, &fs);
     let mut prepared = None;
+    if kept.is_some() {
+        // No ring: a ring's state cannot be handed to another process.
+        if readable_within(lead.fd.as_fd(), INIT_WAIT_MS)? {
+            if let Some(n) = lead.read()? {
+                lead.serve(&fs, n)?;
+            }
+        }
+        let threads = start_classic(fs, lead, queues, name, kept)?;
+        let path = Path::Classic { queues };
+        tracing::info!(drive = name, "FUSE session: {path} (kept across restarts)");
+        return Ok((threads, path));
+    }
     if readable_within(lead.fd.as_fd(), INIT_WAIT_MS)? {
         if let Some(n) = lead.read()? {
             match proto::decode(&lead.buf[..n]) {
@@ -159,8 +176,46 @@ pub fn start(
         Path::Uring { .. } => 1,
         Path::Classic { .. } => queues,
     };
-    threads.extend(start_classic(fs, lead, readers, name)?);
+    threads.extend(start_classic(fs, lead, readers, name, None)?);
     tracing::info!(drive = name, "FUSE session: {path}");
+    Ok((threads, path))
+}
+
+/// `FUSE_NOTIFY_RESEND` (linux/fuse.h, 6.9+): the kernel queues again the
+/// requests a dead server had read and not answered.
+const FUSE_NOTIFY_RESEND: i32 = 7;
+
+/// Serves a session another process started and a supervisor kept
+/// ([`start`] with `kept`): the kernel is asked to send again what the
+/// dead process had read but not answered, then a queue thread per kept
+/// descriptor serves, as before. Without resend (kernels before 6.9)
+/// those requests stay unanswered (their I/O hangs; logged).
+pub fn resume(
+    fs: Arc<DriveFs>,
+    fds: Vec<OwnedFd>,
+    name: &str,
+) -> io::Result<(Vec<JoinHandle<io::Result<()>>>, Path)> {
+    let lead = fds
+        .first()
+        .ok_or_else(|| io::Error::other("a kept FUSE session without its descriptors"))?;
+    let mut head = [0u8; 16];
+    head[..4].copy_from_slice(&16u32.to_le_bytes());
+    head[4..8].copy_from_slice(&FUSE_NOTIFY_RESEND.to_le_bytes());
+    if let Err(e) = rustix::io::write(lead, &head) {
+        tracing::warn!(drive = name, "the kernel did not take FUSE_NOTIFY_RESEND ({e}; Linux 6.9+): requests in flight when the last process died stay unanswered");
+    }
+    let queues = fds.len();
+    let mut threads = Vec::with_capacity(queues);
+    for (i, fd) in fds.into_iter().enumerate() {
+        let q = Queue::new(fd, &fs);
+        let fs = fs.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("fuse-{name}-{i}"))
+            .spawn(move || q.run(&fs))?;
+        threads.push(t);
+    }
+    let path = Path::Classic { queues };
+    tracing::info!(drive = name, "FUSE session resumed: {path}");
     Ok((threads, path))
 }
 
@@ -206,12 +261,18 @@ fn start_classic(
     lead: Queue,
     queues: usize,
     name: &str,
+    kept: Option<&mut Vec<OwnedFd>>,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
     let mut all = Vec::with_capacity(queues);
     for _ in 1..queues.max(1) {
         all.push(Queue::new(clone_fd(lead.fd.as_fd())?, &fs));
     }
     all.insert(0, lead);
+    if let Some(kept) = kept {
+        for q in &all {
+            kept.push(q.fd.try_clone()?);
+        }
+    }
     let mut threads = Vec::with_capacity(all.len());
     for (i, q) in all.into_iter().enumerate() {
         let fs = fs.clone();

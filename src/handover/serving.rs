@@ -33,6 +33,8 @@ pub const LISTENER_PREFIX: &str = "listen/";
 /// The key prefix of caches' kept dirty data (`control::caches::kept`),
 /// kept apart from the drives' entries.
 pub const CACHE_PREFIX: &str = "cache/";
+/// The key prefix of kept FUSE sessions (`control::kept_attachments`).
+pub const ATTACH_PREFIX: &str = "attach/";
 /// The link's descriptor number, set by the supervisor.
 pub const FD_ENV: &str = "RAMD_HANDOVER_FD";
 /// How many times the supervisor restarted the serving process.
@@ -78,8 +80,9 @@ pub struct Serving {
     /// Listening sockets handed back, by key, until bound again
     /// (`super::listeners`).
     listeners: Mutex<HashMap<String, (OwnedFd, Vec<u8>)>>,
-    /// Caches' kept dirty data handed back, until written back.
-    caches: Mutex<Vec<Entry>>,
+    /// Caches' kept dirty data and FUSE sessions handed back, until
+    /// their owners take them ([`Serving::take_kept`]).
+    side: Mutex<Vec<Entry>>,
 }
 
 static SERVING: OnceLock<Serving> = OnceLock::new();
@@ -184,9 +187,9 @@ impl Serving {
         last_reason: Option<String>,
         entries: Vec<Entry>,
     ) -> Serving {
-        let (caches, entries): (Vec<Entry>, Vec<Entry>) = entries
+        let (side, entries): (Vec<Entry>, Vec<Entry>) = entries
             .into_iter()
-            .partition(|e| e.key.starts_with(CACHE_PREFIX));
+            .partition(|e| e.key.starts_with(CACHE_PREFIX) || e.key.starts_with(ATTACH_PREFIX));
         let (listeners, handed_back): (Vec<Entry>, Vec<Entry>) = entries
             .into_iter()
             .partition(|e| e.key.starts_with(LISTENER_PREFIX));
@@ -203,13 +206,19 @@ impl Serving {
             upgrading: AtomicBool::new(false),
             handed_back: Mutex::new(Some(handed_back)),
             listeners: Mutex::new(listeners),
-            caches: Mutex::new(caches),
+            side: Mutex::new(side),
         }
     }
 
-    /// The caches' kept dirty data handed back at start (once).
-    pub fn take_kept_caches(&self) -> Vec<Entry> {
-        std::mem::take(&mut *self.caches.lock().unwrap_or_else(|e| e.into_inner()))
+    /// The entries under `prefix` ([`CACHE_PREFIX`], [`ATTACH_PREFIX`])
+    /// handed back at start (once).
+    pub fn take_kept(&self, prefix: &str) -> Vec<Entry> {
+        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
+        let (taken, rest) = std::mem::take(&mut *side)
+            .into_iter()
+            .partition(|e| e.key.starts_with(prefix));
+        *side = rest;
+        taken
     }
 
     /// True when systemd's descriptor store is the keeper (no supervisor

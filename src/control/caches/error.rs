@@ -23,6 +23,10 @@ pub enum BackingRefused {
     /// It holds nothing.
     #[error("backing {backing} is empty (size 0): nothing to cache")]
     Empty { backing: String },
+    /// Dirty data a killed serving process kept for it is not written
+    /// back yet (`kept.rs`).
+    #[error(transparent)]
+    KeptWaits(#[from] super::kept::KeptWaits),
 }
 
 impl BackingRefused {
@@ -32,6 +36,7 @@ impl BackingRefused {
             BackingRefused::Open { kind, .. } => *kind,
             BackingRefused::Shared { .. } => BackingErrorKind::Busy,
             BackingRefused::Empty { .. } => BackingErrorKind::Invalid,
+            BackingRefused::KeptWaits(_) => BackingErrorKind::Unreachable,
         }
     }
 }

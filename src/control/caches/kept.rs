@@ -1,22 +1,30 @@
 //! Caches' dirty data kept across a kill -9 of the serving process
 //! (issue 31, docs/restart.md; the engine's side is `cache::keep`).
 //!
-//! Under a supervisor (or systemd's descriptor store) every cache keeps
-//! its slots and the shadow of its dirty ones in memfds, registered as
-//! `cache/NAME` with the backing they belong to, before the cache's
-//! export is published. The next serving process does not adopt caches:
-//! at start, before any cache opens, it writes every kept dirty range
-//! back to the backing named in the entry and flushes it; the caches then
-//! start cold over backings that hold every acknowledged write. When the
-//! backing cannot take it (gone, refusing), the dirty data goes to a
+//! Under a supervisor (or systemd's descriptor store) every write-back
+//! cache keeps its slots and the shadow of its dirty ones in memfds,
+//! registered as `cache/NAME` with the backing they belong to, before the
+//! cache's export is published. The next serving process does not adopt
+//! caches: at start ([`Caches::take_kept`]) it writes every kept dirty
+//! range back to the backing named in the entry and flushes it; the
+//! caches then start cold over backings that hold every acknowledged
+//! write.
+//!
+//! When the backing cannot take it yet (an NBD server still starting, a
+//! disk not attached), the kept data waits, held by the keeper: the cache
+//! of that name does not open (it is `unavailable`, and the reopener
+//! retries with its backoff, the write-back first: `Caches::open`), so
+//! nothing reads stale data from the backing or writes there before the
+//! kept data lands. Kept data of a cache nobody declares any more (an
+//! API cache), or of a cache deleted while its data waits, goes to a
 //! rescue directory (`STATE_DIR/cache-rescue/NAME-UNIXTIME`, the format a
-//! shutdown uses: `shutdown.rs`) and the log says so; only when even that
-//! fails does the entry stay with the keeper, for the next start.
+//! shutdown uses: `shutdown.rs`) when its backing refuses it.
 //!
 //! Invariants: an entry is forgotten only after its data reached the
-//! backing (flushed) or a rescue directory (synced); a deleted cache's
-//! entry is forgotten with it (its close wrote the data back, or the
-//! delete was told to drop it).
+//! backing (flushed) or a rescue directory (synced); a cache opens only
+//! when no kept data of its name waits; a deleted cache's entry is
+//! forgotten with it (its close wrote the data back, or the delete was
+//! told to drop it).
 
 use std::path::Path;
 use std::time::Duration;
@@ -85,19 +93,99 @@ impl Caches {
     }
 }
 
-/// At start, before any cache opens: writes the dirty data every kept
-/// cache left back to its backing (or to a rescue directory under
-/// `rescue_root`), then forgets it (module docs).
-pub fn write_back_kept(rescue_root: &Path) {
-    let Some(serving) = serving::get() else {
-        return;
-    };
-    for entry in serving.take_kept_caches() {
-        write_back_one(serving, entry, rescue_root);
+/// Kept dirty data waiting for its backing (module docs).
+pub struct Waiting {
+    key: String,
+    blob: Blob,
+    keep: CacheKeep,
+}
+
+/// Why a cache stays closed: its kept data waits for the backing.
+#[derive(Debug, thiserror::Error)]
+#[error("{bytes} of dirty data kept across the restart waits for this backing, which refuses it ({error}): the cache opens once it is written back")]
+pub struct KeptWaits {
+    bytes: String,
+    error: String,
+}
+
+impl Caches {
+    /// At start, before any cache opens: takes every cache's kept dirty
+    /// data from the keeper and writes it back; what its backing refuses
+    /// waits for the cache of its name (module docs).
+    pub fn take_kept(&self, rescue_root: &Path) {
+        let Some(serving) = serving::get() else {
+            return;
+        };
+        *self.rescue_root.lock() = Some(rescue_root.to_owned());
+        for entry in serving.take_kept(CACHE_PREFIX) {
+            if let Some(w) = waiting(entry) {
+                let name = w.blob.name.clone();
+                if let Err(refused) = settle(serving, w) {
+                    self.kept.lock().insert(name, refused.0);
+                }
+            }
+        }
+    }
+
+    /// Before cache `name` opens: writes back the kept data that waits
+    /// for it, if any; an error (the cache stays closed) while its
+    /// backing refuses.
+    pub(super) fn write_back_waiting(&self, name: &str) -> Result<(), KeptWaits> {
+        let Some(serving) = serving::get() else {
+            return Ok(());
+        };
+        let Some(w) = self.kept.lock().remove(name) else {
+            return Ok(());
+        };
+        settle(serving, w).map_err(|refused| {
+            let (w, error) = *refused;
+            let bytes = format_size(w.dirty_bytes());
+            self.kept.lock().insert(name.to_owned(), w);
+            KeptWaits { bytes, error }
+        })
+    }
+
+    /// Kept data no cache will write back: of cache `only` (deleted), or,
+    /// without it, of every name no cache has (after the declared caches
+    /// were created). Written back, or saved to a rescue directory under
+    /// `rescue_root` when the backing refuses.
+    pub fn settle_orphans(&self, rescue_root: &Path, only: Option<&str>) {
+        let Some(serving) = serving::get() else {
+            return;
+        };
+        let names: Vec<String> = {
+            let map = self.map.lock();
+            let kept = self.kept.lock();
+            kept.keys()
+                .filter(|n| only.map_or(!map.contains_key(*n), |o| o == n.as_str()))
+                .cloned()
+                .collect()
+        };
+        for name in names {
+            let Some(w) = self.kept.lock().remove(&name) else {
+                continue;
+            };
+            if let Err(refused) = settle(serving, w) {
+                let (w, error) = *refused;
+                if rescue(&w.keep, &w.blob, rescue_root, &error) {
+                    let _ = serving.forget(&w.key);
+                } else {
+                    self.kept.lock().insert(name, w);
+                }
+            }
+        }
     }
 }
 
-fn write_back_one(serving: &Serving, entry: Entry, rescue_root: &Path) {
+impl Waiting {
+    fn dirty_bytes(&self) -> u64 {
+        self.keep.for_each_dirty(&mut |_, _| Ok(())).unwrap_or(0)
+    }
+}
+
+/// An entry as kept data; None (logged, left with the keeper) when this
+/// build cannot read it.
+fn waiting(entry: Entry) -> Option<Waiting> {
     let key = entry.key.clone();
     let blob: Blob = match serde_json::from_slice(&entry.blob) {
         Ok(b)
@@ -113,42 +201,50 @@ fn write_back_one(serving: &Serving, entry: Entry, rescue_root: &Path) {
         }
         _ => {
             tracing::error!(entry = %key, "a cache's kept memory this build cannot read: left with the keeper");
-            return;
+            return None;
         }
     };
-    let name = blob.name.clone();
     let mut fds = entry.fds.into_iter();
     let keep = match (fds.next(), fds.next()) {
         (Some(data), Some(shadow)) => CacheKeep::open(data, shadow),
         _ => Err(std::io::Error::other("its descriptors are missing")),
     };
-    let keep = match keep {
-        Ok(k) => k,
+    match keep {
+        Ok(keep) => Some(Waiting { key, blob, keep }),
         Err(e) => {
-            tracing::error!(cache = %name, "the memory cache '{name}' kept across the restart cannot be read ({e}): left with the keeper");
-            return;
-        }
-    };
-    let started = std::time::Instant::now();
-    let written = open_backing(&blob.backing, &blob.options())
-        .map_err(|e| e.to_string())
-        .and_then(|b| write_back(&keep, &*b).map_err(|e| e.to_string()));
-    match written {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(
-            cache = %name,
-            "cache '{name}': {} of dirty data kept across the restart written back to {} and flushed in {:.2}s",
-            format_size(n),
-            blob.backing,
-            started.elapsed().as_secs_f64()
-        ),
-        Err(error) => {
-            if !rescue(&keep, &blob, rescue_root, &error) {
-                return;
-            }
+            tracing::error!(cache = %blob.name, "the memory cache '{}' kept across the restart cannot be read ({e}): left with the keeper", blob.name);
+            None
         }
     }
-    let _ = serving.forget(&key);
+}
+
+/// Writes kept data back to its backing, flushes it and forgets the
+/// entry; gives the data back with the error when the backing refuses.
+fn settle(serving: &Serving, w: Waiting) -> Result<(), Box<(Waiting, String)>> {
+    let name = &w.blob.name;
+    let started = std::time::Instant::now();
+    let written = open_backing(&w.blob.backing, &w.blob.options())
+        .map_err(|e| e.to_string())
+        .and_then(|b| write_back(&w.keep, &*b).map_err(|e| e.to_string()));
+    match written {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(
+                    cache = %name,
+                    "cache '{name}': {} of dirty data kept across the restart written back to {} and flushed in {:.2}s",
+                    format_size(n),
+                    w.blob.backing,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            let _ = serving.forget(&w.key);
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(cache = %name, "cache '{name}': dirty data kept across the restart cannot be written back to {} yet ({e}); it waits, and the cache stays closed until it is written back", w.blob.backing);
+            Err(Box::new((w, e)))
+        }
+    }
 }
 
 /// Writes every kept dirty run to `backing` and flushes it.

@@ -273,6 +273,11 @@ pub struct Caches {
     /// The access rules of every export, shared with the drives and read
     /// by the NBD and NVMe/TCP servers at every decision.
     access: Arc<AccessTable>,
+    /// Dirty data a killed serving process kept, waiting for its backing
+    /// (`kept.rs`), by cache name.
+    kept: Mutex<std::collections::HashMap<String, kept::Waiting>>,
+    /// Where kept data no cache will take is rescued (`kept.rs`).
+    rescue_root: Mutex<Option<PathBuf>>,
 }
 
 /// No cache by this name.
@@ -330,6 +335,8 @@ impl Caches {
             sampler: Sampler::new(),
             reopener: reopen::Reopener::default(),
             access,
+            kept: Mutex::new(std::collections::HashMap::new()),
+            rescue_root: Mutex::new(None),
         }
     }
 
@@ -470,10 +477,21 @@ impl Caches {
     /// Removes an entry and gives its name back to the ledger, with its
     /// budget and export.
     fn forget(&self, entry: &Arc<CacheEntry>) {
-        let mut map = self.map.lock();
-        if map.get(&entry.name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
-            map.remove(&entry.name);
+        let removed = {
+            let mut map = self.map.lock();
+            let ours = map.get(&entry.name).is_some_and(|e| Arc::ptr_eq(e, entry));
+            if ours {
+                map.remove(&entry.name);
+            }
+            ours
+        };
+        if removed {
             self.forget_kept_cache(&entry.name);
+            // Kept data that waited for this cache: nobody retries it now.
+            let root = self.rescue_root.lock().clone();
+            if let Some(root) = root {
+                self.settle_orphans(&root, Some(&entry.name));
+            }
         }
         // Still under the claim: nobody else's rules are dropped.
         self.access.set(&entry.name, AccessRules::default());
@@ -484,6 +502,10 @@ impl Caches {
     /// Ready. On error the entry's state is left for the caller to settle.
     fn open(&self, entry: &Arc<CacheEntry>) -> Result<(), CachesError> {
         let spec = &entry.spec;
+        // Kept dirty data of this cache lands before anything reads the
+        // backing through it (`kept.rs`).
+        self.write_back_waiting(&entry.name)
+            .map_err(error::BackingRefused::from)?;
         let backing = open_backing(&spec.backing, &spec.options).map_err(backing_error)?;
         let size = backing.size();
         if size == 0 {
@@ -504,8 +526,10 @@ impl Caches {
             .into());
         }
         self.ledger.repromise(&entry.claim, &Promise::Bytes(need))?;
-        // In memfds a keeper holds, when there is one (`kept.rs`).
-        let kept = crate::handover::serving::get().is_some();
+        // In memfds a keeper holds, when there is one (`kept.rs`): only
+        // write-back caches hold data the backing lacks.
+        let kept =
+            crate::handover::serving::get().is_some() && spec.config.mode == cache::Mode::WriteBack;
         let budget = Some(self.ledger.budget().clone());
         let cache = Arc::new(
             Cache::with_keep(backing, spec.config.clone(), budget, kept).map_err(backing_error)?,
