@@ -6,7 +6,8 @@
 //! reconnects to the same namespace, every file matches its checksum and
 //! fsck is clean; and a persistent drive (ext4 over ublk, nothing synced
 //! since its creation) across a kill, then restored by an unsupervised
-//! daemon from its state directory alone. The script is tests/guest-scripts/supervise.sh,
+//! daemon from its state directory alone; a compressed drive (ext4 over
+//! ublk) across a kill. The script is tests/guest-scripts/supervise.sh,
 //! runnable by hand with guest.sh.
 
 mod common;

@@ -16,7 +16,9 @@
 #   ext4 over ublk: kill -9 during fio, the memory and its dirty set are
 #   adopted (nothing restored), fio goes on, files intact; after a clean
 #   stop, a daemon *without* a supervisor restores it from its state
-#   directory alone: every file there.
+#   directory alone: every file there;
+# - a compressed drive with ext4 over ublk: kill -9 during fio, its arena
+#   and tables' shadow adopted, fio goes on, files intact, fsck clean.
 # tests/guest_supervise.rs runs it; by hand:
 #
 #   scripts/guest.sh run -e RAMD=$PWD/target/debug/ramd tests/guest-scripts/supervise.sh
@@ -105,6 +107,7 @@ modprobe ublk_drv || fail "modprobe ublk_drv"
 modprobe nvme-tcp || fail "modprobe nvme-tcp"
 PDRIVE="pd=128M,persist,durability=periodic,sync-interval=1h"
 "$RAMD" daemon --supervise --no-config --drive db=256M --drive nv=128M --drive "$PDRIVE" \
+    --drive cz=128M,compress=lz4 \
     --state-dir /tmp/ramd-state --nvme-listen "$ADDR:$PORT" >>/tmp/ramd.log 2>&1 &
 sup_pid=$!
 pid=$(wait_serving 0)
@@ -186,6 +189,21 @@ verify_tree /mnt/p /tmp/p.sha "persistent drive after kill -9"
 umount /mnt/p
 e2fsck -fn "$pdev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the persistent drive"; }
 "$RAMD" detach pd >/dev/null
+
+log "compressed drive over ublk: kill -9 during fio"
+cdev=$("$RAMD" attach cz --ublk)
+fresh_fs "$cdev" /mnt/c /tmp/c.sha
+start_fio load4 /mnt/c 16M 12
+sleep 3
+kill -KILL "$pid"
+pid=$(wait_serving "$pid")
+wait "$fio_pid" || { cat /tmp/fio-load4.out; fail "fio (with verify) on the compressed drive across the kill failed"; }
+ok "compressed drive adopted; fio with verify went on across the kill"
+echo 3 >/proc/sys/vm/drop_caches
+verify_tree /mnt/c /tmp/c.sha "compressed drive after kill -9"
+umount /mnt/c
+e2fsck -fn "$cdev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the compressed drive"; }
+"$RAMD" detach cz >/dev/null
 
 kill -TERM "$sup_pid"
 wait "$sup_pid" || fail "the supervisor did not exit 0 on SIGTERM"
