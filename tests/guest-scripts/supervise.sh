@@ -10,7 +10,8 @@
 #   the same namespace (same NGUID: the same memory), files intact, fsck
 #   clean;
 # - `ramd upgrade` to another binary during fio on the ublk device: the
-#   device is taken over by the new binary, fio with verify goes on;
+#   device is taken over by the new binary, fio with verify goes on; and
+#   with ext4 mounted over NVMe/TCP: the host reconnects, files intact;
 # - `ramd info` counts the restarts and says why;
 # - a persistent drive (durability=periodic, no sync before the kill) with
 #   ext4 over ublk: kill -9 during fio, the memory and its dirty set are
@@ -164,14 +165,22 @@ echo 3 >/proc/sys/vm/drop_caches
 verify_tree /mnt/n /tmp/n.sha "NVMe/TCP after kill -9 and reconnect"
 now=$(cat "/sys/block/${ndev#/dev/}/nguid" 2>/dev/null || cat "/sys/block/${ndev#/dev/}/wwid")
 [ "$now" = "$nguid" ] || fail "the namespace changed identity ($nguid -> $now)"
+log "NVMe/TCP: ramd upgrade with ext4 mounted"
+"$RAMD" upgrade --binary /tmp/ramd-new >/tmp/upgrade2.out 2>&1 || { cat /tmp/upgrade2.out; fail "ramd upgrade (NVMe/TCP)"; }
+pid=$(serving_pid)
+echo 3 >/proc/sys/vm/drop_caches
+verify_tree /mnt/n /tmp/n.sha "NVMe/TCP after ramd upgrade and reconnect"
+echo more >/mnt/n/after-upgrade && sync || fail "a write over NVMe/TCP after the upgrade failed"
+now=$(cat "/sys/block/${ndev#/dev/}/nguid" 2>/dev/null || cat "/sys/block/${ndev#/dev/}/wwid")
+[ "$now" = "$nguid" ] || fail "the namespace changed identity across the upgrade ($nguid -> $now)"
 umount /mnt/n
 e2fsck -fn "$ndev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck after kill -9"; }
 ok "same namespace ($nguid), e2fsck clean"
 nvme disconnect -n "$nqn" >/dev/null
 
 info=$("$RAMD" info)
-[[ $info == *"supervisor"*"3 restart(s), last: signal 9"* ]] || fail "ramd info does not count the restarts: $info"
-ok "ramd info: 3 restarts (2 kills, 1 upgrade), last signal 9"
+[[ $info == *"supervisor"*"4 restart(s), last: upgrade"* ]] || fail "ramd info does not count the restarts: $info"
+ok "ramd info: 4 restarts (2 kills, 2 upgrades), last an upgrade"
 
 log "persistent drive over ublk: kill -9 during fio, nothing synced since"
 pdev=$("$RAMD" attach pd --ublk)
