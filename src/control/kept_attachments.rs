@@ -36,8 +36,14 @@ struct Blob {
     dev: Option<u64>,
 }
 
-fn key(mountpoint: &Path) -> String {
-    format!("{ATTACH_PREFIX}{}", mountpoint.display())
+/// The entry's key: the mount's id and the mountpoint (an attachment
+/// made over a kept one at the same place has its own).
+fn key(mountpoint: &Path, mount_id: Option<u64>) -> String {
+    format!(
+        "{ATTACH_PREFIX}{}/{}",
+        mount_id.unwrap_or(0),
+        mountpoint.display()
+    )
 }
 
 /// Sends sessions to the keeper.
@@ -53,16 +59,22 @@ impl SessionKeeper for Keeper {
             mount_id: session.mount_id,
             dev: session.dev,
         };
-        let bytes = serde_json::to_vec(&blob).expect("a blob serializes");
+        let bytes = match serde_json::to_vec(&blob) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(drive = %info.drive, "the attachment at {} cannot be kept (a restart would end it): {e}", info.mountpoint.display());
+                return;
+            }
+        };
         let fds: Vec<_> = session.fds.iter().map(std::os::fd::AsFd::as_fd).collect();
-        if let Err(e) = s.put(&key(&info.mountpoint), &bytes, &fds) {
+        if let Err(e) = s.put(&key(&info.mountpoint, session.mount_id), &bytes, &fds) {
             tracing::error!(drive = %info.drive, "the keeper could not be told about the attachment at {} (a restart would end it): {e}", info.mountpoint.display());
         }
     }
 
-    fn forget(&self, mountpoint: &Path) {
+    fn forget(&self, mountpoint: &Path, mount_id: Option<u64>) {
         if let Some(s) = serving::get() {
-            let _ = s.forget(&key(mountpoint));
+            let _ = s.forget(&key(mountpoint, mount_id));
         }
     }
 }
@@ -116,7 +128,11 @@ fn resume_one(
     if blob.version != BLOB_VERSION {
         return Err(ResumeError::Version(blob.version));
     }
-    let drive = lookup(&blob.drive).ok_or_else(|| ResumeError::NoDrive(blob.drive.clone()))?;
+    let Some(drive) = lookup(&blob.drive) else {
+        // Nothing will serve the mount again: it goes, not left ENOTCONN.
+        attachments.drop_kept_mount(&blob.drive, &blob.mountpoint, blob.mount_id);
+        return Err(ResumeError::NoDrive(blob.drive));
+    };
     let session = KeptSession {
         fds: entry.fds,
         mount_id: blob.mount_id,
@@ -125,6 +141,10 @@ fn resume_one(
     match attachments.resume(drive, &blob.mountpoint, session) {
         Ok(_) => Ok(()),
         Err(crate::fuse::AttachError::NotFound(_)) => Err(ResumeError::Unmounted(blob.mountpoint)),
-        Err(e) => Err(ResumeError::Attach(e)),
+        Err(e @ crate::fuse::AttachError::AlreadyAttached(_)) => Err(ResumeError::Attach(e)),
+        Err(e) => {
+            attachments.drop_kept_mount(&blob.drive, &blob.mountpoint, blob.mount_id);
+            Err(ResumeError::Attach(e))
+        }
     }
 }

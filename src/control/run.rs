@@ -204,7 +204,7 @@ fn create_declared(
                     })
             })?;
     }
-    caches.settle_orphans(&rescue_root, None);
+    caches.settle_waiting(&rescue_root, caches::kept::Waiters::Orphans);
     Ok((drives, caches))
 }
 
@@ -730,9 +730,7 @@ pub fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // No client can write any more: save every persistent drive, and
     // write every cache back (bounded, loud).
     drives.shutdown_persistent();
-    let outcomes = daemon
-        .caches
-        .shutdown(&settings.state_dir.join("cache-rescue"));
+    let outcomes = stop_caches(&daemon.caches, &settings.state_dir.join("cache-rescue"));
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     if !listeners::keep_socket_files() {
         remove_if_socket(&settings.api_socket);
@@ -810,6 +808,16 @@ fn stop_nbd(
 
 /// Stops the NVMe/TCP target (hosts see their connections drop and
 /// reconnect to the next daemon) and waits for its connections to end.
+/// Writes every cache back (bounded, loud): kept cache data still waiting
+/// for its backing too, unless the next process takes it (an upgrade),
+/// since the keeper ends with this stop.
+fn stop_caches(caches: &Caches, rescue_root: &Path) -> Vec<(String, caches::shutdown::Outcome)> {
+    if !crate::handover::serving::get().is_some_and(|s| s.upgrading()) {
+        caches.settle_waiting(rescue_root, caches::kept::Waiters::All);
+    }
+    caches.shutdown(rescue_root)
+}
+
 fn stop_nvme(nvme: Option<super::nvme_listen::RunningNvme>) {
     if let Some(n) = nvme {
         n.shutdown.shutdown();
@@ -877,6 +885,9 @@ fn announce(d: &Arc<Daemon>) {
     // Ready: take over the ublk devices an earlier ramd left behind.
     if let Err(e) = recover_ublk(d) {
         tracing::error!("cannot start recovering ublk devices: {e}");
+    }
+    if let Err(e) = resume_fuse(d) {
+        tracing::error!("cannot start resuming FUSE attachments: {e}");
     }
     announce_supervised();
     let s = &d.settings;
@@ -1025,6 +1036,40 @@ fn detach_all(daemon: &Daemon) {
     daemon.ublk.shutdown();
 }
 
+/// Resumes the FUSE sessions a keeper held (`kept_attachments`), on a
+/// thread of its own: each waits (10 minutes at most) for its drive's
+/// restore or its cache's backing.
+fn resume_fuse(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+    let d = daemon.clone();
+    std::thread::Builder::new()
+        .name("fuse-resume".into())
+        .spawn(move || {
+            let attachable = |name: &str| -> Option<Arc<dyn crate::fuse::Attachable>> {
+                let deadline = Instant::now() + WAIT;
+                loop {
+                    if let Ok(x) = d.drives.get_ready(name) {
+                        return Some(x);
+                    }
+                    if let Ok(c) = d.caches.get(name) {
+                        if c.live().is_some() {
+                            return Some(c);
+                        }
+                    } else if d.drives.get(name).is_err() {
+                        return None;
+                    }
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            };
+            crate::control::kept_attachments::resume(&d.attachments, &attachable);
+        })
+        .map(drop)
+        .map_err(DaemonError::Start)
+}
+
 /// Attaches the drives the config marks `attach = "ublk"` that have no
 /// device yet (none was recovered for them); a failure is logged with
 /// what to do, and the daemon serves on without the device.
@@ -1082,14 +1127,6 @@ fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
             };
             d.ublk.recover(&drive, &|| d.attachments.reserve_id());
             attach_configured_ublk(&d, &drive);
-            // FUSE sessions a keeper held, over drives or caches.
-            let attachable = |name: &str| {
-                drive(name).map(|(x, _)| x).or_else(|| {
-                    let c = d.caches.get(name).ok().filter(|c| c.live().is_some())?;
-                    Some(c as Arc<dyn crate::fuse::Attachable>)
-                })
-            };
-            crate::control::kept_attachments::resume(&d.attachments, &attachable);
         })
         .map(drop)
         .map_err(DaemonError::Start)

@@ -207,8 +207,9 @@ pub struct KeptSession {
 pub trait SessionKeeper: Send + Sync {
     /// A new attachment's session, right after it is mounted.
     fn keep(&self, info: &AttachmentInfo, session: &KeptSession);
-    /// The attachment at `mountpoint` is gone (detached, unmounted).
-    fn forget(&self, mountpoint: &Path);
+    /// The attachment at `mountpoint` (its mount `mount_id`) is gone
+    /// (detached, unmounted).
+    fn forget(&self, mountpoint: &Path, mount_id: Option<u64>);
 }
 
 /// Every attachment of the daemon.
@@ -285,9 +286,26 @@ impl Attachments {
     }
 
     /// Tells the keeper an attachment is gone.
-    fn forget_kept(&self, mountpoint: &Path) {
+    fn forget_kept(&self, a: &Attachment) {
         if let Some(k) = self.keeper.get() {
-            k.forget(mountpoint);
+            k.forget(&a.info.mountpoint, a.mount_id);
+        }
+    }
+
+    /// A kept session that will not be served again: its mount (if it is
+    /// still ours, `mount_id`) is detached lazily, so nothing is left
+    /// that answers ENOTCONN.
+    pub fn drop_kept_mount(&self, drive: &str, mountpoint: &Path, mount_id: Option<u64>) {
+        let Ok(mounts) = mountinfo::read() else {
+            return;
+        };
+        let ours = mounts.iter().any(|m| {
+            m.mount_point == mountpoint
+                && is_ours(m, &source_of(drive))
+                && mount_id.map_or(true, |id| id == m.mount_id)
+        });
+        if ours {
+            let _ = unmount(mountpoint, true);
         }
     }
 
@@ -374,6 +392,14 @@ impl Attachments {
             return Err(AttachError::NotFound(0));
         }
         let mut inner = self.inner.lock();
+        if let Some(a) = inner
+            .by_id
+            .values()
+            .find(|a| a.info.mountpoint == mountpoint)
+        {
+            // Attached again there meanwhile (over the kept one).
+            return Err(AttachError::AlreadyAttached(a.info.clone()));
+        }
         let (threads, path) = session::resume(Arc::new(DriveFs::new(export)), session.fds, &name)
             .map_err(Failure::Thread)?;
         inner.next_id += 1;
@@ -429,7 +455,7 @@ impl Attachments {
         }
         let mut a = inner.by_id.remove(&id).expect("present above");
         drop(inner);
-        self.forget_kept(&a.info.mountpoint);
+        self.forget_kept(&a);
         finish(&mut a);
         tracing::info!(drive = %a.info.drive, mountpoint = %a.info.mountpoint.display(), "detached");
         Ok(a.info)
@@ -460,13 +486,15 @@ impl Attachments {
             .into_values()
             .collect();
         if leave_mounted {
-            // The threads end with the process; the keeper holds the
-            // sessions' descriptors, so the mounts stay connected.
+            // The threads answer nothing more and end with the process;
+            // the keeper holds the sessions' descriptors, so the mounts
+            // stay connected and the next process resumes them.
+            session::freeze();
             return;
         }
         for mut a in all {
             let mp = a.info.mountpoint.clone();
-            self.forget_kept(&mp);
+            self.forget_kept(&a);
             match mount_state(&a) {
                 Ok(MountState::Ours) => {}
                 Ok(MountState::Gone) => {

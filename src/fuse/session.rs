@@ -185,6 +185,18 @@ pub fn start(
 /// requests a dead server had read and not answered.
 const FUSE_NOTIFY_RESEND: i32 = 7;
 
+/// Set when this process stops for an upgrade with its sessions kept:
+/// queue threads answer nothing more (a request read now stays on its
+/// descriptor's processing list, which the keeper holds, and the next
+/// process has the kernel send it again) while the drives close.
+static FROZEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Stops every queue thread of this process from answering (see
+/// [`FROZEN`]); for an upgrade, before the drives and caches close.
+pub fn freeze() {
+    FROZEN.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Serves a session another process started and a supervisor kept
 /// ([`start`] with `kept`): the kernel is asked to send again what the
 /// dead process had read but not answered, then a queue thread per kept
@@ -199,8 +211,8 @@ pub fn resume(
         .first()
         .ok_or_else(|| io::Error::other("a kept FUSE session without its descriptors"))?;
     let mut head = [0u8; 16];
-    head[..4].copy_from_slice(&16u32.to_le_bytes());
-    head[4..8].copy_from_slice(&FUSE_NOTIFY_RESEND.to_le_bytes());
+    head[..4].copy_from_slice(&16u32.to_ne_bytes());
+    head[4..8].copy_from_slice(&FUSE_NOTIFY_RESEND.to_ne_bytes());
     if let Err(e) = rustix::io::write(lead, &head) {
         tracing::warn!(drive = name, "the kernel did not take FUSE_NOTIFY_RESEND ({e}; Linux 6.9+): requests in flight when the last process died stay unanswered");
     }
@@ -323,6 +335,9 @@ impl Queue {
     /// Serves requests until the mount is gone (Ok) or the device fails.
     fn run(mut self, fs: &DriveFs) -> io::Result<()> {
         while let Some(n) = self.read()? {
+            if FROZEN.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
             if !self.serve(fs, n)? {
                 return Ok(());
             }

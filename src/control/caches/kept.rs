@@ -134,6 +134,7 @@ impl Caches {
         let Some(serving) = serving::get() else {
             return Ok(());
         };
+        let _settling = self.settling.lock();
         let Some(w) = self.kept.lock().remove(name) else {
             return Ok(());
         };
@@ -145,19 +146,23 @@ impl Caches {
         })
     }
 
-    /// Kept data no cache will write back: of cache `only` (deleted), or,
-    /// without it, of every name no cache has (after the declared caches
-    /// were created). Written back, or saved to a rescue directory under
-    /// `rescue_root` when the backing refuses.
-    pub fn settle_orphans(&self, rescue_root: &Path, only: Option<&str>) {
+    /// Kept data no cache will write back (`which`): written back, or
+    /// saved to a rescue directory under `rescue_root` when the backing
+    /// refuses.
+    pub fn settle_waiting(&self, rescue_root: &Path, which: Waiters<'_>) {
         let Some(serving) = serving::get() else {
             return;
         };
+        let _settling = self.settling.lock();
         let names: Vec<String> = {
             let map = self.map.lock();
             let kept = self.kept.lock();
             kept.keys()
-                .filter(|n| only.map_or(!map.contains_key(*n), |o| o == n.as_str()))
+                .filter(|n| match which {
+                    Waiters::Named(o) => o == n.as_str(),
+                    Waiters::Orphans => !map.contains_key(*n),
+                    Waiters::All => true,
+                })
                 .cloned()
                 .collect()
         };
@@ -175,6 +180,17 @@ impl Caches {
             }
         }
     }
+}
+
+/// Which waiting kept data [`Caches::settle_waiting`] settles.
+#[derive(Debug, Clone, Copy)]
+pub enum Waiters<'a> {
+    /// That cache's (it was deleted).
+    Named(&'a str),
+    /// Of every name no cache has (after the declared caches are made).
+    Orphans,
+    /// All of it (a stop that is not an upgrade: the keeper ends too).
+    All,
 }
 
 impl Waiting {

@@ -278,6 +278,9 @@ pub struct Caches {
     kept: Mutex<std::collections::HashMap<String, kept::Waiting>>,
     /// Where kept data no cache will take is rescued (`kept.rs`).
     rescue_root: Mutex<Option<PathBuf>>,
+    /// Held while kept data is being written back (`kept.rs`), so a
+    /// delete never forgets data a failed write-back is about to give back.
+    settling: Mutex<()>,
 }
 
 /// No cache by this name.
@@ -337,6 +340,7 @@ impl Caches {
             access,
             kept: Mutex::new(std::collections::HashMap::new()),
             rescue_root: Mutex::new(None),
+            settling: Mutex::new(()),
         }
     }
 
@@ -486,11 +490,21 @@ impl Caches {
             ours
         };
         if removed {
-            self.forget_kept_cache(&entry.name);
-            // Kept data that waited for this cache: nobody retries it now.
+            // Kept data that waits for this cache (its entry with the
+            // keeper *is* that data): nobody retries it now, so it is
+            // written back or rescued, which forgets the entry. Otherwise
+            // the engine's entry is forgotten here.
+            let waits = {
+                let _settling = self.settling.lock();
+                let waits = self.kept.lock().contains_key(&entry.name);
+                if !waits {
+                    self.forget_kept_cache(&entry.name);
+                }
+                waits
+            };
             let root = self.rescue_root.lock().clone();
-            if let Some(root) = root {
-                self.settle_orphans(&root, Some(&entry.name));
+            if let (true, Some(root)) = (waits, root) {
+                self.settle_waiting(&root, kept::Waiters::Named(&entry.name));
             }
         }
         // Still under the claim: nobody else's rules are dropped.
