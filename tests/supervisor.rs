@@ -540,13 +540,10 @@ fn a_compressed_drive_loses_no_acknowledged_write_across_kills() {
     );
 }
 
-/// A write-back cache over a file, its writes kept dirty (no age or
-/// level write-back), across kill -9: the next serving process writes the
-/// kept dirty data back to the file before the cache opens again
-/// (`control::caches::kept`), so every acknowledged write reads back
-/// through the (cold) cache.
-#[test]
-fn a_write_back_caches_dirty_data_survives_kills() {
+/// A supervised daemon with one write-back cache, `wb`, over a 16 MiB
+/// file whose writes stay dirty (no age or level write-back); the temp
+/// dir holding the file, and its path.
+fn write_back_cache() -> (Daemon, tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("backing.img");
     std::fs::File::create(&backing)
@@ -564,7 +561,17 @@ fn a_write_back_caches_dirty_data_survives_kills() {
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let mut d = Daemon::launch(&args, &[]);
+    (Daemon::launch(&args, &[]), dir, backing)
+}
+
+/// A write-back cache over a file, its writes kept dirty (no age or
+/// level write-back), across kill -9: the next serving process writes the
+/// kept dirty data back to the file before the cache opens again
+/// (`control::caches::kept`), so every acknowledged write reads back
+/// through the (cold) cache.
+#[test]
+fn a_write_back_caches_dirty_data_survives_kills() {
+    let (mut d, _dir, _) = write_back_cache();
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
     wait_ready(&api, "wb");
@@ -584,24 +591,7 @@ fn a_write_back_caches_dirty_data_survives_kills() {
 /// kept data back first, then opens the cache: every acknowledged write.
 #[test]
 fn a_caches_kept_data_waits_for_its_backing() {
-    let dir = tempfile::tempdir().unwrap();
-    let backing = dir.path().join("backing.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    let cfg = dir.path().join("ramd.toml");
-    let text = format!(
-        "[[cache]]\nname = \"wb\"\nbacking = \"{}\"\nsize = \"8M\"\nmode = \"writeback\"\n\
-         max_dirty_age = \"1h\"\ndirty_high = 100\ndirty_low = 90\n",
-        backing.display()
-    );
-    std::fs::write(&cfg, text).unwrap();
-    let args: Vec<String> = ["daemon", "--supervise", "--config", cfg.to_str().unwrap()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let d = Daemon::launch(&args, &[]);
+    let (d, dir, backing) = write_back_cache();
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
     wait_ready(&api, "wb");

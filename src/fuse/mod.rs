@@ -226,6 +226,39 @@ struct Inner {
     by_id: BTreeMap<u64, Attachment>,
 }
 
+impl Inner {
+    /// Records a new attachment of `drive` at `mountpoint`, its mount's
+    /// (id, device); returns its info.
+    fn register(
+        &mut self,
+        drive: Arc<dyn Attachable>,
+        mountpoint: &Path,
+        path: session::Path,
+        (mount_id, dev): (Option<u64>, Option<u64>),
+        threads: Threads,
+    ) -> AttachmentInfo {
+        self.next_id += 1;
+        let name = drive.name().to_owned();
+        let info = AttachmentInfo {
+            id: self.next_id,
+            file: mountpoint.join(&name),
+            drive: name,
+            mountpoint: mountpoint.to_owned(),
+            path,
+        };
+        drive.attached_at().lock().push(mountpoint.to_owned());
+        let a = Attachment {
+            info: info.clone(),
+            drive,
+            mount_id,
+            dev,
+            threads,
+        };
+        self.by_id.insert(info.id, a);
+        info
+    }
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -296,15 +329,7 @@ impl Attachments {
     /// still ours, `mount_id`) is detached lazily, so nothing is left
     /// that answers ENOTCONN.
     pub fn drop_kept_mount(&self, drive: &str, mountpoint: &Path, mount_id: Option<u64>) {
-        let Ok(mounts) = mountinfo::read() else {
-            return;
-        };
-        let ours = mounts.iter().any(|m| {
-            m.mount_point == mountpoint
-                && is_ours(m, &source_of(drive))
-                && mount_id.map_or(true, |id| id == m.mount_id)
-        });
-        if ours {
+        if kept_mount_there(drive, mountpoint, mount_id).unwrap_or(false) {
             let _ = unmount(mountpoint, true);
         }
     }
@@ -344,25 +369,7 @@ impl Attachments {
         });
         // Served by the threads just started (which need no lock of ours).
         let dev = std::fs::metadata(&mountpoint).ok().map(|m| m.dev());
-        inner.next_id += 1;
-        let info = AttachmentInfo {
-            id: inner.next_id,
-            drive: name.clone(),
-            file: mountpoint.join(&name),
-            mountpoint: mountpoint.clone(),
-            path,
-        };
-        drive.attached_at().lock().push(mountpoint.clone());
-        inner.by_id.insert(
-            info.id,
-            Attachment {
-                info: info.clone(),
-                drive,
-                mount_id,
-                dev,
-                threads,
-            },
-        );
+        let info = inner.register(drive, &mountpoint, path, (mount_id, dev), threads);
         tracing::info!(drive = %name, mountpoint = %mountpoint.display(), "attached");
         let session = keep.then_some(KeptSession { fds, mount_id, dev });
         Ok((info, session))
@@ -382,13 +389,7 @@ impl Attachments {
             .export()
             .ok_or_else(|| Failure::NotServing(drive.name().to_owned()))?;
         let name = drive.name().to_owned();
-        let mounts = mountinfo::read().map_err(Failure::Mountinfo)?;
-        let mounted = mounts.iter().any(|m| {
-            m.mount_point == mountpoint
-                && is_ours(m, &source_of(&name))
-                && session.mount_id.map_or(true, |id| id == m.mount_id)
-        });
-        if !mounted {
+        if !kept_mount_there(&name, mountpoint, session.mount_id)? {
             return Err(AttachError::NotFound(0));
         }
         let mut inner = self.inner.lock();
@@ -402,25 +403,8 @@ impl Attachments {
         }
         let (threads, path) = session::resume(Arc::new(DriveFs::new(export)), session.fds, &name)
             .map_err(Failure::Thread)?;
-        inner.next_id += 1;
-        let info = AttachmentInfo {
-            id: inner.next_id,
-            drive: name.clone(),
-            file: mountpoint.join(&name),
-            mountpoint: mountpoint.to_owned(),
-            path,
-        };
-        drive.attached_at().lock().push(mountpoint.to_owned());
-        inner.by_id.insert(
-            info.id,
-            Attachment {
-                info: info.clone(),
-                drive,
-                mount_id: session.mount_id,
-                dev: session.dev,
-                threads,
-            },
-        );
+        let ids = (session.mount_id, session.dev);
+        let info = inner.register(drive, mountpoint, path, ids, threads);
         tracing::info!(drive = %name, mountpoint = %mountpoint.display(), "attachment kept across a restart of the serving process: served again");
         Ok(info)
     }
@@ -551,6 +535,21 @@ fn mount_and_serve(
             Err(Failure::Thread(e).into())
         }
     }
+}
+
+/// Whether `drive`'s mount `mount_id` (any of its mounts, without one)
+/// is at `mountpoint`.
+fn kept_mount_there(
+    drive: &str,
+    mountpoint: &Path,
+    mount_id: Option<u64>,
+) -> Result<bool, AttachError> {
+    let mounts = mountinfo::read().map_err(Failure::Mountinfo)?;
+    Ok(mounts.iter().any(|m| {
+        m.mount_point == mountpoint
+            && is_ours(m, &source_of(drive))
+            && mount_id.map_or(true, |id| id == m.mount_id)
+    }))
 }
 
 /// The FUSE source (`fsname`) of `name`'s attachments.
