@@ -227,6 +227,18 @@ struct Inner {
 }
 
 impl Inner {
+    /// Refuses a mountpoint an attachment uses already.
+    fn free_at(&self, mountpoint: &Path) -> Result<(), AttachError> {
+        match self
+            .by_id
+            .values()
+            .find(|a| a.info.mountpoint == mountpoint)
+        {
+            Some(a) => Err(AttachError::AlreadyAttached(a.info.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// Records a new attachment of `drive` at `mountpoint`, its mount's
     /// (id, device); returns its info.
     fn register(
@@ -345,13 +357,7 @@ impl Attachments {
     ) -> Result<(AttachmentInfo, Option<KeptSession>), AttachError> {
         let mountpoint = canonical_dir(mountpoint)?;
         let mut inner = self.inner.lock();
-        if let Some(a) = inner
-            .by_id
-            .values()
-            .find(|a| a.info.mountpoint == mountpoint)
-        {
-            return Err(AttachError::AlreadyAttached(a.info.clone()));
-        }
+        inner.free_at(&mountpoint)?;
         check_free(&mountpoint, force)?;
         let export = drive
             .export()
@@ -393,14 +399,8 @@ impl Attachments {
             return Err(AttachError::NotFound(0));
         }
         let mut inner = self.inner.lock();
-        if let Some(a) = inner
-            .by_id
-            .values()
-            .find(|a| a.info.mountpoint == mountpoint)
-        {
-            // Attached again there meanwhile (over the kept one).
-            return Err(AttachError::AlreadyAttached(a.info.clone()));
-        }
+        // Not attached again there meanwhile (over the kept one).
+        inner.free_at(mountpoint)?;
         let (threads, path) = session::resume(Arc::new(DriveFs::new(export)), session.fds, &name)
             .map_err(Failure::Thread)?;
         let ids = (session.mount_id, session.dev);
