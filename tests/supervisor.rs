@@ -292,6 +292,22 @@ fn a_killed_supervisor_leaves_the_serving_process_serving() {
 /// which is rolled back to the previous binary with nothing lost and the
 /// command exiting 1 with the reason; refused for a file that is not
 /// ramd (422) and without a supervisor (409).
+/// `ramd upgrade --binary BINARY`, which must succeed; its output.
+#[track_caller]
+fn upgrade_to(d: &Daemon, binary: &Path) -> std::process::Output {
+    let out = d
+        .cli()
+        .args(["upgrade", "--binary", binary.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ramd upgrade: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[test]
 fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
     let d = supervised("db=16M");
@@ -305,16 +321,7 @@ fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
     common::wait_until("acknowledged writes", Duration::from_secs(60), || {
         writer.acks() > 0
     });
-    let out = d
-        .cli()
-        .args(["upgrade", "--binary", new.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ramd upgrade: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = upgrade_to(&d, &new);
     assert!(String::from_utf8_lossy(&out.stdout).contains("upgraded: pid"));
     let (mut acked, n) = writer.finish();
     assert!(n > 0, "no write was acknowledged before the upgrade");
@@ -700,16 +707,7 @@ fn a_fuse_attachment_is_served_again_across_kills_and_an_upgrade() {
         });
         let upgrade = cycle == 0;
         if upgrade {
-            let out = d
-                .cli()
-                .args(["upgrade", "--binary", new.to_str().unwrap()])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "ramd upgrade: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            upgrade_to(&d, &new);
         } else {
             signal(pid as u32, libc::SIGKILL);
         }

@@ -34,8 +34,7 @@
 //! they equal the backing's, so that costs bytes, never correctness.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::store::memfd;
@@ -58,15 +57,8 @@ pub struct Geometry {
 pub struct CacheKeep {
     data: OwnedFd,
     shadow_fd: OwnedFd,
-    words: NonNull<AtomicU64>,
-    len_words: usize,
+    shadow: memfd::SharedWords,
 }
-
-// SAFETY: the shadow is shared memory touched only through atomics, and
-// the mapping lives as long as the value.
-unsafe impl Send for CacheKeep {}
-// SAFETY: as above.
-unsafe impl Sync for CacheKeep {}
 
 impl CacheKeep {
     /// Fresh memfds for a cache of `g` (the data memfd sized for every
@@ -113,39 +105,20 @@ impl CacheKeep {
         Ok(k)
     }
 
-    fn map(data: OwnedFd, shadow: OwnedFd, slots: usize) -> io::Result<CacheKeep> {
+    fn map(data: OwnedFd, shadow_fd: OwnedFd, slots: usize) -> io::Result<CacheKeep> {
         let len_words = HEADER_WORDS + 2 * slots;
-        memfd::grow_to(shadow.as_fd(), len_words * 8).map_err(io::Error::from)?;
-        // SAFETY: a fresh shared mapping of the whole shadow file (that
-        // long, sealed against shrinking); checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len_words * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                shadow.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let words = NonNull::new(p.cast::<AtomicU64>()).expect("mmap returned null");
+        memfd::grow_to(shadow_fd.as_fd(), len_words * 8).map_err(io::Error::from)?;
+        let shadow = memfd::SharedWords::map(shadow_fd.as_fd(), 0, len_words)?;
         Ok(CacheKeep {
             data,
-            shadow_fd: shadow,
-            words,
-            len_words,
+            shadow_fd,
+            shadow,
         })
     }
 
     #[inline]
     fn word(&self, i: usize) -> &AtomicU64 {
-        assert!(i < self.len_words);
-        // SAFETY: inside the mapping (checked), alive as long as `self`;
-        // AtomicU64 has the size and alignment of u64.
-        unsafe { &*self.words.as_ptr().add(i) }
+        &self.shadow.words()[i]
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -186,24 +159,19 @@ impl CacheKeep {
         }
     }
 
-    /// Calls `f(backing offset, bytes)` for every kept dirty run, in slot
-    /// order; returns the bytes handed over.
-    pub fn for_each_dirty(
-        &self,
-        f: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-    ) -> io::Result<u64> {
+    /// The kept dirty runs, in slot order: (slot, backing offset of the
+    /// block, run start and end in the block). Reads only the shadow.
+    fn dirty_runs(&self) -> Vec<(u32, u64, u64, u64)> {
         let g = self.geometry();
         let unit = 1u64 << g.unit_shift;
-        let mut buf = vec![0u8; g.block_bytes as usize];
-        let mut total = 0;
+        let mut runs = Vec::new();
         for s in 0..g.slots {
             let at = HEADER_WORDS + 2 * s as usize;
             let w = self.word(at).load(Ordering::Acquire);
             if w & DIRTY == 0 {
                 continue;
             }
-            let block = (w & !DIRTY) - 1;
-            let start = block * g.block_bytes;
+            let start = ((w & !DIRTY) - 1) * g.block_bytes;
             let blen = g.block_bytes.min(g.size_bytes.saturating_sub(start));
             let mut rest = self.word(at + 1).load(Ordering::Acquire);
             while rest != 0 {
@@ -215,24 +183,38 @@ impl CacheKeep {
                 } else {
                     u64::MAX << (first + run)
                 };
-                if from >= to {
-                    continue;
+                if from < to {
+                    runs.push((s, start, from, to));
                 }
-                let part = &mut buf[from as usize..to as usize];
-                rustix::io::pread(&self.data, &mut *part, s as u64 * g.block_bytes + from)?;
-                f(start + from, part)?;
-                total += to - from;
             }
         }
-        Ok(total)
+        runs
     }
-}
 
-impl Drop for CacheKeep {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of `len_words` words; nothing borrows it
-        // beyond `self`.
-        unsafe { libc::munmap(self.words.as_ptr().cast(), self.len_words * 8) };
+    /// Bytes of kept dirty data (from the shadow alone).
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_runs()
+            .iter()
+            .map(|&(_, _, from, to)| to - from)
+            .sum()
+    }
+
+    /// Calls `f(backing offset, bytes)` for every kept dirty run, in slot
+    /// order; returns the bytes handed over.
+    pub fn for_each_dirty(
+        &self,
+        f: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        let bs = self.geometry().block_bytes;
+        let mut buf = vec![0u8; bs as usize];
+        let mut total = 0;
+        for (s, start, from, to) in self.dirty_runs() {
+            let part = &mut buf[from as usize..to as usize];
+            rustix::io::pread(&self.data, &mut *part, s as u64 * bs + from)?;
+            f(start + from, part)?;
+            total += to - from;
+        }
+        Ok(total)
     }
 }
 

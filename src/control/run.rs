@@ -1036,6 +1036,24 @@ fn detach_all(daemon: &Daemon) {
     daemon.ublk.shutdown();
 }
 
+/// Asks `f` every 100 ms until it answers (`Some`: found, or `None`: not
+/// there), for `limit` at most (then None).
+fn wait_answer<T>(
+    limit: std::time::Duration,
+    mut f: impl FnMut() -> Option<Option<T>>,
+) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(answer) = f() {
+            return answer;
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Resumes the FUSE sessions a keeper held (`kept_attachments`), on a
 /// thread of its own: each waits (10 minutes at most) for its drive's
 /// restore or its cache's backing.
@@ -1046,23 +1064,20 @@ fn resume_fuse(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
         .name("fuse-resume".into())
         .spawn(move || {
             let attachable = |name: &str| -> Option<Arc<dyn crate::fuse::Attachable>> {
-                let deadline = Instant::now() + WAIT;
-                loop {
-                    if let Ok(x) = d.drives.get_ready(name) {
-                        return Some(x);
-                    }
-                    if let Ok(c) = d.caches.get(name) {
-                        if c.live().is_some() {
-                            return Some(c);
+                wait_answer(
+                    WAIT,
+                    || -> Option<Option<Arc<dyn crate::fuse::Attachable>>> {
+                        if let Ok(x) = d.drives.get_ready(name) {
+                            return Some(Some(x));
                         }
-                    } else if d.drives.get(name).is_err() {
-                        return None;
-                    }
-                    if Instant::now() >= deadline {
-                        return None;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
+                        match d.caches.get(name) {
+                            Ok(c) if c.live().is_some() => Some(Some(c)),
+                            Ok(_) => None,
+                            Err(_) if d.drives.get(name).is_ok() => None,
+                            Err(_) => Some(None),
+                        }
+                    },
+                )
             };
             crate::control::kept_attachments::resume(&d.attachments, &attachable);
         })
@@ -1108,22 +1123,18 @@ fn recover_ublk(daemon: &Arc<Daemon>) -> Result<(), DaemonError> {
         .name("ublk-recover".into())
         .spawn(move || {
             let drive = |name: &str| {
-                let deadline = Instant::now() + DRIVE_WAIT;
-                loop {
-                    match d.drives.get_ready(name) {
-                        Ok(x) => {
-                            // Its data outlived the old ramd: on disk, or
-                            // in a memfd a supervisor kept.
-                            let persistent = x.persist.is_some() || d.drives.adopted_at_start(name);
-                            let x: Arc<dyn crate::fuse::Attachable> = x;
-                            return Some((x, persistent));
-                        }
-                        Err(_) if d.drives.get(name).is_ok() && Instant::now() < deadline => {
-                            std::thread::sleep(std::time::Duration::from_millis(100));
-                        }
-                        Err(_) => return None,
+                wait_answer(DRIVE_WAIT, || match d.drives.get_ready(name) {
+                    Ok(x) => {
+                        // Its data outlived the old ramd: on disk, or in a
+                        // memfd a supervisor kept.
+                        let persistent = x.persist.is_some() || d.drives.adopted_at_start(name);
+                        let x: Arc<dyn crate::fuse::Attachable> = x;
+                        Some(Some((x, persistent)))
                     }
-                }
+                    // Still restoring: ask again.
+                    Err(_) if d.drives.get(name).is_ok() => None,
+                    Err(_) => Some(None),
+                })
             };
             d.ublk.recover(&drive, &|| d.attachments.reserve_id());
             attach_configured_ublk(&d, &drive);

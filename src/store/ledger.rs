@@ -41,8 +41,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::memfd;
@@ -55,52 +54,12 @@ pub const PAGE_WORDS: usize = PAGE / 8;
 const MAGIC: u64 = u64::from_le_bytes(*b"ramd_lg1");
 
 /// One mapped ledger page, unmapped on drop.
-pub struct LedgerPage {
-    ptr: NonNull<AtomicU64>,
-}
+pub type LedgerPage = memfd::SharedWords;
 
-// SAFETY: the page is shared memory accessed only through atomics.
-unsafe impl Send for LedgerPage {}
-// SAFETY: as above.
-unsafe impl Sync for LedgerPage {}
-
-impl LedgerPage {
-    fn map(fd: BorrowedFd<'_>, index: usize) -> io::Result<LedgerPage> {
-        memfd::grow_to(fd, (index + 1) * PAGE).map_err(io::Error::from)?;
-        // SAFETY: a fresh shared mapping of a page inside the file (grown
-        // above, and the file cannot shrink: it is sealed); checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                (index * PAGE) as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<AtomicU64>()).expect("mmap returned null");
-        Ok(LedgerPage { ptr })
-    }
-
-    /// The page's words.
-    #[inline]
-    pub fn words(&self) -> &[AtomicU64] {
-        // SAFETY: the mapping is PAGE bytes, page aligned, alive as long as
-        // `self`; AtomicU64 has the size and alignment of u64.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), PAGE_WORDS) }
-    }
-}
-
-impl Drop for LedgerPage {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of PAGE bytes; nothing borrows it (the
-        // borrows of `words` end with `self`).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PAGE) };
-    }
+/// Maps ledger page `index` of `fd`, growing the file to hold it.
+fn map_page(fd: BorrowedFd<'_>, index: usize) -> io::Result<LedgerPage> {
+    memfd::grow_to(fd, (index + 1) * PAGE).map_err(io::Error::from)?;
+    memfd::SharedWords::map(fd, index * PAGE, PAGE_WORDS)
 }
 
 /// A store's ledger (see the module docs).
@@ -113,7 +72,7 @@ impl Ledger {
     /// A new ledger for a drive of `size_bytes`.
     pub fn create(size_bytes: u64) -> io::Result<Ledger> {
         let fd = memfd::create_named(c"ramd-ledger").map_err(io::Error::from)?;
-        let header = LedgerPage::map(fd.as_fd(), 0)?;
+        let header = map_page(fd.as_fd(), 0)?;
         header.words()[1].store(size_bytes, Ordering::Release);
         header.words()[0].store(MAGIC, Ordering::Release);
         Ok(Ledger { fd, header })
@@ -122,7 +81,7 @@ impl Ledger {
     /// The ledger another process kept; refused when it is not one.
     pub fn adopt(fd: OwnedFd) -> io::Result<Ledger> {
         memfd::check(fd.as_fd(), PAGE).map_err(io::Error::from)?;
-        let header = LedgerPage::map(fd.as_fd(), 0)?;
+        let header = map_page(fd.as_fd(), 0)?;
         if header.words()[0].load(Ordering::Acquire) != MAGIC {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -139,7 +98,7 @@ impl Ledger {
 
     /// Segment `index`'s page: dirty words first, then pending words.
     pub fn segment(&self, index: usize) -> io::Result<Arc<LedgerPage>> {
-        LedgerPage::map(self.fd.as_fd(), 1 + index).map(Arc::new)
+        map_page(self.fd.as_fd(), 1 + index).map(Arc::new)
     }
 
     /// The smallest size since the last saved cut.

@@ -60,6 +60,8 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
 
 /// The seals every drive memfd carries (see the module docs).
 pub const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
@@ -157,6 +159,62 @@ pub fn check(fd: BorrowedFd<'_>, len: usize) -> Result<(), MemfdError> {
         return Err(MemfdError::NotSealed { found: seals });
     }
     Ok(())
+}
+
+/// 64-bit words of a memfd mapped shared (`MAP_NORESERVE`: nothing is
+/// committed but what is touched), unmapped on drop; the metadata that
+/// kept drives share with whoever maps the same file after them (the
+/// dirty ledger, a compressed drive's meta, a cache's shadow). Only
+/// touched through atomics.
+pub struct SharedWords {
+    ptr: NonNull<AtomicU64>,
+    len: usize,
+}
+
+// SAFETY: shared memory touched only through atomics, mapped as long as
+// the value lives.
+unsafe impl Send for SharedWords {}
+// SAFETY: as above.
+unsafe impl Sync for SharedWords {}
+
+impl SharedWords {
+    /// Maps `words` words of `fd` from byte `offset` (page aligned); the
+    /// file must be that long already (it is sealed against shrinking).
+    pub fn map(fd: BorrowedFd<'_>, offset: usize, words: usize) -> io::Result<SharedWords> {
+        // SAFETY: a fresh shared mapping of a range inside the file at a
+        // kernel-chosen address; checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                words * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<AtomicU64>()).expect("mmap returned null");
+        Ok(SharedWords { ptr, len: words })
+    }
+
+    /// The words.
+    #[inline]
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is `len` words, page aligned, alive as long
+        // as `self`; AtomicU64 has the size and alignment of u64.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` words; nothing borrows it beyond
+        // `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len * 8) };
+    }
 }
 
 /// The data runs of the file's first `len` bytes, as `[start, end)` byte

@@ -92,6 +92,25 @@ start_fio() { # name dir size seconds: 4 KiB random writes with verify in
     fio_pid=$!
 }
 
+kill_during_fio() { # drive dir manifest load what: ext4 over a ublk device
+    # of the drive (left in $ublk_dev), kill -9 of the serving process
+    # during fio with verify; fio goes on, every file matches, fsck is
+    # clean; the device detached
+    ublk_dev=$("$RAMD" attach "$1" --ublk)
+    fresh_fs "$ublk_dev" "$2" "$3"
+    start_fio "$4" "$2" 16M 12
+    sleep 3
+    kill -KILL "$pid"
+    pid=$(wait_serving "$pid")
+    wait "$fio_pid" || { cat "/tmp/fio-$4.out"; fail "fio (with verify) on the $5 across the kill failed"; }
+    ok "$5: fio with verify went on across the kill"
+    echo 3 >/proc/sys/vm/drop_caches
+    verify_tree "$2" "$3" "$5 after kill -9"
+    umount "$2"
+    e2fsck -fn "$ublk_dev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the $5"; }
+    "$RAMD" detach "$1" >/dev/null
+}
+
 dev_of() { # nqn: its namespace's block device, waited for (20 s)
     local i b
     for i in $(seq 200); do
@@ -183,36 +202,14 @@ info=$("$RAMD" info)
 ok "ramd info: 4 restarts (2 kills, 2 upgrades), last an upgrade"
 
 log "persistent drive over ublk: kill -9 during fio, nothing synced since"
-pdev=$("$RAMD" attach pd --ublk)
-fresh_fs "$pdev" /mnt/p /tmp/p.sha
-start_fio load3 /mnt/p 16M 12
-sleep 3
-kill -KILL "$pid"
-pid=$(wait_serving "$pid")
-wait "$fio_pid" || { cat /tmp/fio-load3.out; fail "fio (with verify) on the persistent drive across the kill failed"; }
+kill_during_fio pd /mnt/p /tmp/p.sha load3 "persistent drive"
+pdev=$ublk_dev
 grep "kept across a restart of the serving process: its memory adopted" /tmp/ramd.log >/dev/null ||
     fail "the persistent drive was not adopted"
-ok "persistent drive adopted (not restored); fio with verify went on across the kill"
-echo 3 >/proc/sys/vm/drop_caches
-verify_tree /mnt/p /tmp/p.sha "persistent drive after kill -9"
-umount /mnt/p
-e2fsck -fn "$pdev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the persistent drive"; }
-"$RAMD" detach pd >/dev/null
+ok "persistent drive adopted (not restored)"
 
 log "compressed drive over ublk: kill -9 during fio"
-cdev=$("$RAMD" attach cz --ublk)
-fresh_fs "$cdev" /mnt/c /tmp/c.sha
-start_fio load4 /mnt/c 16M 12
-sleep 3
-kill -KILL "$pid"
-pid=$(wait_serving "$pid")
-wait "$fio_pid" || { cat /tmp/fio-load4.out; fail "fio (with verify) on the compressed drive across the kill failed"; }
-ok "compressed drive adopted; fio with verify went on across the kill"
-echo 3 >/proc/sys/vm/drop_caches
-verify_tree /mnt/c /tmp/c.sha "compressed drive after kill -9"
-umount /mnt/c
-e2fsck -fn "$cdev" >/tmp/fsck.log 2>&1 || { cat /tmp/fsck.log >&2; fail "e2fsck of the compressed drive"; }
-"$RAMD" detach cz >/dev/null
+kill_during_fio cz /mnt/c /tmp/c.sha load4 "compressed drive"
 
 kill -TERM "$sup_pid"
 wait "$sup_pid" || fail "the supervisor did not exit 0 on SIGTERM"

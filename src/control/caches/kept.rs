@@ -140,7 +140,7 @@ impl Caches {
         };
         settle(serving, w).map_err(|refused| {
             let (w, error) = *refused;
-            let bytes = format_size(w.dirty_bytes());
+            let bytes = format_size(w.keep.dirty_bytes());
             self.kept.lock().insert(name.to_owned(), w);
             KeptWaits { bytes, error }
         })
@@ -191,12 +191,6 @@ pub enum Waiters<'a> {
     Orphans,
     /// All of it (a stop that is not an upgrade: the keeper ends too).
     All,
-}
-
-impl Waiting {
-    fn dirty_bytes(&self) -> u64 {
-        self.keep.for_each_dirty(&mut |_, _| Ok(())).unwrap_or(0)
-    }
 }
 
 /// An entry as kept data; None (logged, left with the keeper) when this

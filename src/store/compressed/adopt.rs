@@ -358,9 +358,7 @@ mod tests {
         let algo = Algorithm::Zstd { level: 1 };
         let a = CompressedStore::adopt(half, f, algo, None, budget(), false).unwrap();
         model.truncate(half as usize);
-        model[(half as usize)..].fill(0);
         let end = (half / 4096 * 4096) as usize;
-        model[half as usize..].fill(0);
         let mut tail = vec![0u8; 4096];
         tail[..(half as usize - end)].copy_from_slice(&model[end..half as usize]);
         assert_holds(&a, &model);

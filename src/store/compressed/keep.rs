@@ -49,8 +49,7 @@
 //! grows under the locks that write it.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::store::memfd;
@@ -122,14 +121,8 @@ pub struct Owner {
 pub struct Keep {
     arena: OwnedFd,
     meta_fd: OwnedFd,
-    words: NonNull<AtomicU64>,
+    meta: memfd::SharedWords,
 }
-
-// SAFETY: the mapping is shared memory touched only through atomics, and
-// lives as long as the value.
-unsafe impl Send for Keep {}
-// SAFETY: as above.
-unsafe impl Sync for Keep {}
 
 impl Keep {
     /// Fresh, empty memfds for a drive whose arena maps regions of
@@ -162,35 +155,17 @@ impl Keep {
     }
 
     fn map(arena: OwnedFd, meta_fd: OwnedFd) -> Result<Keep, KeepError> {
-        // SAFETY: a fresh shared mapping of the whole meta file (which is
-        // that long and sealed against shrinking); checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                META_WORDS * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_NORESERVE,
-                meta_fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error().into());
-        }
-        let words = NonNull::new(p.cast::<AtomicU64>()).expect("mmap returned null");
+        let meta = memfd::SharedWords::map(meta_fd.as_fd(), 0, META_WORDS)?;
         Ok(Keep {
             arena,
             meta_fd,
-            words,
+            meta,
         })
     }
 
     #[inline]
     fn word(&self, i: usize) -> &AtomicU64 {
-        assert!(i < META_WORDS);
-        // SAFETY: `i` is inside the mapping (checked), which lives as long
-        // as `self`; AtomicU64 has the size and alignment of u64.
-        unsafe { &*self.words.as_ptr().add(i) }
+        &self.meta.words()[i]
     }
 
     /// The arena's memfd.
@@ -306,14 +281,6 @@ impl Keep {
             meta: self.meta_fd.try_clone()?,
             ledger: None,
         })
-    }
-}
-
-impl Drop for Keep {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of META_WORDS words; nothing borrows it
-        // beyond `self`.
-        unsafe { libc::munmap(self.words.as_ptr().cast(), META_WORDS * 8) };
     }
 }
 
