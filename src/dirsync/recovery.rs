@@ -116,7 +116,16 @@ pub fn timestamp_name(unix_s: u64) -> String {
 
 /// Parses [`timestamp_name`] (with an optional `-N` suffix) back.
 pub fn parse_timestamp_name(name: &str) -> Option<u64> {
-    let base = name.split('-').next()?;
+    parse_copy_name(name).map(|(t, _)| t)
+}
+
+/// A copy's name as (seconds, sequence): `BASE` is sequence 1, `BASE-N`
+/// sequence N (N >= 2), so copies of one second sort by N as a number.
+fn parse_copy_name(name: &str) -> Option<(u64, u32)> {
+    let (base, seq) = match name.split_once('-') {
+        None => (name, 1),
+        Some((base, n)) => (base, n.parse::<u32>().ok().filter(|n| *n >= 2)?),
+    };
     let b = base.as_bytes();
     if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
         return None;
@@ -128,7 +137,7 @@ pub fn parse_timestamp_name(name: &str) -> Option<u64> {
         return None;
     }
     let days = days_from_civil(y as i64, mo as u32, d as u32);
-    Some(days as u64 * 86_400 + h * 3600 + mi * 60 + s)
+    Some((days as u64 * 86_400 + h * 3600 + mi * 60 + s, seq))
 }
 
 // Howard Hinnant's civil calendar algorithms (proleptic Gregorian).
@@ -156,20 +165,53 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 
 /// Complete recovery copies in `dir`, oldest first.
 pub fn list_copies(dir: &Path) -> Vec<RecoveryCopy> {
-    let mut v: Vec<RecoveryCopy> = std::fs::read_dir(dir)
+    sorted_copies(dir).into_iter().map(|(_, c)| c).collect()
+}
+
+/// Complete recovery copies with their sequence within their second,
+/// oldest first.
+fn sorted_copies(dir: &Path) -> Vec<(u32, RecoveryCopy)> {
+    let mut v: Vec<(u32, RecoveryCopy)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            Some(RecoveryCopy {
-                created_unix_s: parse_timestamp_name(&name)?,
-                path: e.path(),
-            })
+            let (created_unix_s, seq) = parse_copy_name(e.file_name().to_str()?)?;
+            let path = e.path();
+            Some((
+                seq,
+                RecoveryCopy {
+                    path,
+                    created_unix_s,
+                },
+            ))
         })
         .collect();
-    v.sort_by(|a, b| (a.created_unix_s, &a.path).cmp(&(b.created_unix_s, &b.path)));
+    v.sort_by_key(|(seq, c)| (c.created_unix_s, *seq));
     v
+}
+
+/// The name of the next copy: dated `now_unix_s`, but never before the
+/// newest copy (a clock set back, say by NTP after boot, must not make
+/// the new copy the oldest, which pruning would delete at once).
+fn next_copy_name(dir: &Path, now_unix_s: u64) -> String {
+    let (t, mut seq) = match sorted_copies(dir).last() {
+        Some((seq, newest)) if newest.created_unix_s >= now_unix_s => {
+            (newest.created_unix_s, seq + 1)
+        }
+        _ => (now_unix_s, 1),
+    };
+    let base = timestamp_name(t);
+    loop {
+        let name = match seq {
+            1 => base.clone(),
+            n => format!("{base}-{n}"),
+        };
+        if !dir.join(&name).exists() {
+            return name;
+        }
+        seq += 1;
+    }
 }
 
 /// Copies `src` into a new dated copy under `dir` (durably); returns its
@@ -188,13 +230,7 @@ pub fn make_copy(
         .mode(super::state::PRIVATE_DIR_MODE)
         .create(dir)
         .map_err(io("create", dir))?;
-    let base = timestamp_name(now_unix_s);
-    let mut name = base.clone();
-    let mut n = 1;
-    while dir.join(&name).exists() {
-        n += 1;
-        name = format!("{base}-{n}");
-    }
+    let name = next_copy_name(dir, now_unix_s);
     let final_path = dir.join(&name);
     let partial = dir.join(format!("{name}.partial"));
     if partial.exists() {
@@ -295,6 +331,34 @@ mod tests {
             [200, 300]
         );
         assert_eq!(std::fs::read(left[1].path.join("f")).unwrap(), b"data");
+    }
+
+    #[test]
+    fn a_clock_set_back_never_makes_the_new_copy_the_oldest() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        let rec = d.path().join("rec");
+        let mut made = Vec::new();
+        // Eleven copies in one second (sequence 10 sorts after 9), then
+        // the clock goes back.
+        for (i, t) in [500u64; 11].into_iter().chain([400, 300]).enumerate() {
+            std::fs::write(src.join("f"), i.to_string()).unwrap();
+            let (path, _) = make_copy(&src, &rec, t).unwrap();
+            made.push(path);
+            let left = list_copies(&rec);
+            assert_eq!(left.last().unwrap().path, *made.last().unwrap(), "copy {i}");
+            prune(&rec, 2);
+            let left = list_copies(&rec);
+            assert_eq!(
+                std::fs::read(left.last().unwrap().path.join("f")).unwrap(),
+                i.to_string().as_bytes()
+            );
+        }
+        assert_eq!(made[10].file_name().unwrap(), "19700101T000820Z-11");
+        assert_eq!(made[12].file_name().unwrap(), "19700101T000820Z-13");
+        assert_eq!(parse_timestamp_name("19700101T000820Z-1"), None);
+        assert_eq!(parse_timestamp_name("19700101T000820Z-x"), None);
     }
 
     #[test]

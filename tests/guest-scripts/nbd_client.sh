@@ -173,10 +173,21 @@ rm -f /tmp/probe.result
 probe=$!
 for i in $(seq 100); do kill -0 "$probe" 2>/dev/null || break; sleep 0.1; done
 [ -e /tmp/probe.result ] && fail "a write to the dead device's filesystem succeeded"
-umount /mnt/pdb 2>/dev/null || umount -l /mnt/pdb
-umount /mnt/db 2>/dev/null || umount -l /mnt/db
+# An unmount may block in the kernel: ext4 writes its journal to the dead
+# device and nbd holds those writes until the disconnect fails them; so the
+# unmounts run in the background and the disconnects free them.
+(umount /mnt/pdb 2>/dev/null || umount -l /mnt/pdb) &
+um_pdb=$!
+(umount /mnt/db 2>/dev/null || umount -l /mnt/db) &
+um_db=$!
 nbd-client -d /dev/nbd1 >/dev/null
 nbd-client -d /dev/nbd0 >/dev/null
+for i in $(seq 300); do
+    kill -0 "$um_pdb" 2>/dev/null || kill -0 "$um_db" 2>/dev/null || break
+    sleep 0.1
+done
+kill -0 "$um_pdb" 2>/dev/null && fail "umount /mnt/pdb still hangs 30 s after nbd-client -d"
+kill -0 "$um_db" 2>/dev/null && fail "umount /mnt/db still hangs 30 s after nbd-client -d"
 wait_detached /dev/nbd1
 wait_detached /dev/nbd0
 # The disconnect fails whatever the probe still waited for.
