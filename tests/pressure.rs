@@ -57,6 +57,12 @@ impl Drop for Cgroup {
     }
 }
 
+fn drive_json(d: &Daemon, name: &str) -> serde_json::Value {
+    let (status, body) = d.http("GET", &format!("/v1/drives/{name}"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
 fn health(d: &Daemon) -> serde_json::Value {
     let (status, body) = d.http("GET", "/v1/health", None);
     assert_eq!(status, 200, "{body}");
@@ -348,4 +354,63 @@ fn lz4_zstd_drives_recompress_when_another_process_needs_the_memory() {
     run(tool("nbdcopy").arg(d.uri("z")).arg(&back)).ok();
     let got = std::fs::read(&back).unwrap();
     assert!(got[..data.len()] == data[..], "the drive's data changed");
+}
+
+/// A persistent drive restored while another process in the cgroup holds
+/// the memory its data needs (a restart that meets the dead process's
+/// memory still being freed): the restore is refused for the host's
+/// memory, waits (`waiting_for_memory`, the reason shown), and starts
+/// again once that process ends; the data comes back whole.
+#[test]
+fn a_restore_the_memory_refuses_waits_for_it_and_starts_again() {
+    if !require(&["nbdcopy"]) {
+        return;
+    }
+    let cgroup = Cgroup::new("restore", LIMIT_BYTES);
+    let tmp = tempfile::Builder::new()
+        .prefix("ramd-pressure-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let data = tmp.path().join("data.img");
+    std::fs::write(&data, random_bytes(160 << 20, 23)).unwrap();
+    let mut d = daemon_in(&cgroup, tmp.path(), &[]);
+    let create = [
+        "create",
+        "p",
+        "--size",
+        "160M",
+        "--persist",
+        "--durability",
+        "flush",
+    ];
+    run(d.cli().args(create)).ok();
+    run(tool("nbdcopy").arg(&data).arg(d.uri("p"))).ok();
+    run(d.cli().args(["delete", "p", "--keep-data"])).ok();
+
+    // 420 of the cgroup's 640 MiB taken: less than the data's 160 MiB
+    // left above the 128 MiB reserve.
+    let hog = Hog::start(&cgroup, 420 << 20);
+    run(d.cli().args(["create", "p", "--persist", "--no-wait"])).ok();
+    let mut v = serde_json::Value::Null;
+    wait_until("the restore to wait for memory", WAIT_TIMEOUT, || {
+        v = drive_json(&d, "p");
+        v["persist"]["restore"]["phase"] == "waiting_for_memory"
+    });
+    assert_eq!(v["state"], "restoring", "{v}");
+    let why = v["persist"]["restore"]["error"].to_string();
+    assert!(why.contains("short of memory"), "{v}");
+    assert!(d.log().contains("restore attempt 1 refused"), "{}", d.log());
+
+    // The other process ends: the restore starts again and serves.
+    hog.end();
+    wait_until("the restore to end", WAIT_TIMEOUT, || {
+        v = drive_json(&d, "p");
+        v["state"] != "restoring"
+    });
+    assert_eq!(v["state"], "ready", "{v}\n{}", d.log());
+    assert_eq!(v["persist"]["restore"]["phase"], "done", "{v}");
+    let copy = tmp.path().join("copy.img");
+    run(tool("nbdcopy").arg(d.uri("p")).arg(&copy)).ok();
+    assert!(same_files(&data, &copy), "the restored drive lost data");
+    assert!(d.terminate().success());
 }

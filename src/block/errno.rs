@@ -35,7 +35,7 @@ impl Errno {
     pub fn of(e: &Error) -> Errno {
         match e {
             Error::OutOfRange { .. } => Errno::Inval,
-            Error::NoSpace(_) => Errno::NoSpace,
+            Error::NoSpace(_) | Error::HostShort => Errno::NoSpace,
             Error::ReadOnly => Errno::ReadOnly,
             Error::Invalid(_) => Errno::Inval,
             Error::NotSupported(_) => Errno::NotSup,

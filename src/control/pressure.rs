@@ -312,6 +312,7 @@ impl Pressure {
             self.relieve(&r, t);
         }
         budget.set_host_cap_bytes(host_cap(budget.used_bytes(), &r, t, now));
+        budget.set_host_short(now);
         if now == was {
             return;
         }

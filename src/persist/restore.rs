@@ -707,7 +707,8 @@ impl<F: StorageFile, M: SyncStore> LoadShared<'_, F, M> {
             match stored {
                 Ok(k) => pos += k as u64,
                 Err(crate::block::backend::Error::Io(e)) => return Err(e),
-                Err(e) => return Err(std::io::Error::other(e.to_string())),
+                // Kept typed: `load_error` gives it back as `Error::Store`.
+                Err(e) => return Err(std::io::Error::other(e)),
             }
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(());
@@ -721,7 +722,7 @@ impl<F: StorageFile, M: SyncStore> LoadShared<'_, F, M> {
             self.check(p, &entries[i..i + self.eb], &mut pd, got < PAGE_BYTES, bad);
             self.store
                 .write(whole_end, &pd[..(end - whole_end) as usize], false)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                .map_err(std::io::Error::other)?;
         }
         self.progress.add(end - off);
         self.loaded_bytes.fetch_add(end - off, Ordering::Relaxed);
@@ -769,6 +770,21 @@ impl<F: StorageFile, M: SyncStore> LoadShared<'_, F, M> {
             }
             bad.push((p, detail));
         }
+    }
+}
+
+/// A load worker's error: the RAM store's own (a memory limit, the host
+/// short of memory) as [`Error::Store`], so callers can tell it from a
+/// failed read of `path`.
+fn load_error(path: &str, e: std::io::Error) -> Error {
+    use crate::block::backend::Error as StoreError;
+    if !e.get_ref().is_some_and(|inner| inner.is::<StoreError>()) {
+        return io_err("read", path.to_owned())(e);
+    }
+    match e.into_inner().map(|inner| inner.downcast::<StoreError>()) {
+        Some(Ok(store)) => Error::Store(*store),
+        Some(Err(other)) => io_err("read", path.to_owned())(std::io::Error::other(other)),
+        None => io_err("read", path.to_owned())(std::io::ErrorKind::Other.into()),
     }
 }
 
@@ -870,7 +886,7 @@ fn load_image<S: Storage, M: SyncStore>(
             let (b, e) = w.join().expect("a load worker panicked");
             bad.extend(b);
             if first_error.is_none() {
-                first_error = e.map(|e| io_err("read", ipath.clone())(e));
+                first_error = e.map(|e| load_error(&ipath, e));
             }
         }
         (bad, first_error)

@@ -14,18 +14,12 @@
 //! New pages then get ENOSPC before the host would swap or call the OOM
 //! killer, even between two readings. Frees are always taken.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Fraction of `MemAvailable` (at daemon start) used as the default
 /// daemon-wide budget. RAM drives exist to use memory, but the rest of the
 /// system (page cache, the programs using the drive) must keep room.
 pub const DEFAULT_BUDGET_PERCENT: u64 = 75;
-
-/// What a refused reservation says while the host is short of memory.
-pub const PRESSURE_REFUSAL: &str =
-    "the host is short of memory (see `ramd info`: memory pressure), so ramd \
-     refuses new pages until it recovers; free memory elsewhere, trim or delete drives, or \
-     change the thresholds (docs/memory.md, \"Memory pressure\")";
 
 /// A byte counter with a hard limit.
 #[derive(Debug)]
@@ -36,6 +30,8 @@ pub struct MemoryBudget {
     host_cap_bytes: AtomicU64,
     /// Reservations the host cap refused (the limit alone would not have).
     refused_under_pressure: AtomicU64,
+    /// The watcher's last word: the host is short of memory.
+    host_short: AtomicBool,
 }
 
 impl MemoryBudget {
@@ -46,6 +42,7 @@ impl MemoryBudget {
             used_bytes: AtomicU64::new(0),
             host_cap_bytes: AtomicU64::new(u64::MAX),
             refused_under_pressure: AtomicU64::new(0),
+            host_short: AtomicBool::new(false),
         }
     }
 
@@ -111,6 +108,25 @@ impl MemoryBudget {
     /// Sets the host cap; see the module docs.
     pub fn set_host_cap_bytes(&self, cap: u64) {
         self.host_cap_bytes.store(cap, Ordering::Relaxed);
+    }
+
+    /// Records whether the host is short of memory (the watcher's state,
+    /// with its hysteresis), for work that waits until it recovers.
+    pub fn set_host_short(&self, short: bool) {
+        self.host_short.store(short, Ordering::Relaxed);
+    }
+
+    /// Whether the host was short of memory at the watcher's last reading.
+    pub fn host_short(&self) -> bool {
+        self.host_short.load(Ordering::Relaxed)
+    }
+
+    /// What can still be reserved now: the smaller of the limit and the
+    /// host cap, less what is in use.
+    pub fn room_bytes(&self) -> u64 {
+        self.limit_bytes()
+            .min(self.host_cap_bytes())
+            .saturating_sub(self.used_bytes())
     }
 
     /// The host cap (`u64::MAX`: none).

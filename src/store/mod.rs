@@ -844,7 +844,7 @@ impl StoreState {
         if !self.global_mem.try_reserve(bytes) {
             self.drive_mem.release(bytes);
             if self.global_mem.is_host_capped(bytes) {
-                return Err(Error::NoSpace(budget::PRESSURE_REFUSAL.to_owned()));
+                return Err(Error::HostShort);
             }
             return Err(Error::NoSpace(format!(
                 "daemon memory budget of {} bytes reached ({} in use)",

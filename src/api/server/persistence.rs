@@ -103,6 +103,10 @@ fn restore_info(r: &RestoreRecord) -> Option<RestoreInfo> {
             }),
             ..blank("done")
         },
+        RestoreRecord::WaitingForMemory { error, .. } => RestoreInfo {
+            error: Some(error.clone()),
+            ..blank("waiting_for_memory")
+        },
         RestoreRecord::Failed(e) => RestoreInfo {
             error: Some(e.clone()),
             ..blank("failed")

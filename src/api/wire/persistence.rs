@@ -89,7 +89,8 @@ pub struct PersistStatusInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RestoreInfo {
     /// `queued`, `verifying`, `loading_image`, `replaying`,
-    /// `checkpointing`, `done`, `failed`.
+    /// `checkpointing`, `waiting_for_memory` (the host was short of memory:
+    /// the restore starts again when it recovers), `done`, `failed`.
     pub phase: String,
     pub done_bytes: u64,
     pub total_bytes: u64,

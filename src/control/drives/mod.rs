@@ -1342,6 +1342,63 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_the_hosts_memory_refuses_waits_for_it_and_starts_again() {
+        let state = tempfile::tempdir().unwrap();
+        let make =
+            || Arc::new(Drives::new(ledger(1 << 30), true).with_state_dir(state.path().to_owned()));
+        let r = make();
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        d.export.backend.write(4096, b"kept", false).unwrap();
+        d.export.backend.flush().unwrap();
+        r.delete("p", false, true).unwrap();
+
+        // The watcher's word: short, no room above what drives hold.
+        let r = make();
+        r.budget().set_host_short(true);
+        r.budget().set_host_cap_bytes(0);
+        r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let d = loop {
+            let d = r.get("p").unwrap();
+            let record = d.persist.as_ref().unwrap().restore.lock().clone();
+            match record {
+                RestoreRecord::WaitingForMemory { attempt: 1, error } => {
+                    assert!(error.contains("short of memory"), "{error}");
+                    break d;
+                }
+                RestoreRecord::Failed(e) => panic!("failed at once: {e}"),
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "never waited: {record:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(*d.state.lock(), DriveState::Restoring);
+        let text = d.export.unavailable().unwrap();
+        assert!(text.contains("waiting for the host's memory"), "{text}");
+        assert_eq!(
+            r.budget().used_bytes(),
+            0,
+            "the refused attempt's pages are freed"
+        );
+
+        // Still short a while: it keeps waiting (no second attempt yet).
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(matches!(
+            &*d.persist.as_ref().unwrap().restore.lock(),
+            RestoreRecord::WaitingForMemory { attempt: 1, .. }
+        ));
+        // The host recovers: the restore starts again and serves the data.
+        r.budget().set_host_cap_bytes(u64::MAX);
+        r.budget().set_host_short(false);
+        let d = wait_state(&r, "p");
+        assert!(d.is_ready(), "{:?}", d.state.lock());
+        let mut buf = [0u8; 4];
+        d.export.backend.read(4096, &mut buf).unwrap();
+        assert_eq!(&buf, b"kept");
+        r.shutdown_persistent();
+    }
+
+    #[test]
     fn persistent_drives_restore_keep_or_drop_their_data() {
         let state = tempfile::tempdir().unwrap();
         let make =

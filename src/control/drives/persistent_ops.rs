@@ -18,8 +18,17 @@ use super::{
 };
 use crate::block::backend::Backend;
 use crate::control::ledger::{now_unix_s, Claim, Kind, Origin, Promise};
-use crate::persist::{Durability, RestoreOptions, RestoreProgress, SyncReport};
+use crate::persist::{Durability, RestoreOptions, RestoreProgress, RestoreReport, SyncReport};
 use crate::size::format_size;
+
+/// Attempts of a restore that the host's memory shortage refuses.
+const MEMORY_ATTEMPTS: u32 = 4;
+/// How long a restore waits in all for the host's memory to recover.
+const MEMORY_WAIT: Duration = Duration::from_secs(600);
+/// Room that stopped growing this long counts as all that will come.
+const MEMORY_SETTLE: Duration = Duration::from_secs(10);
+/// Growth of the room that counts as memory still being freed.
+const MEMORY_GROWTH: u64 = 16 << 20;
 
 /// The drive map, locked.
 type DrivesGuard<'a> = parking_lot::MutexGuard<'a, BTreeMap<String, Arc<Drive>>>;
@@ -251,30 +260,10 @@ impl Drives {
         let Some(p) = placeholder.persist.clone() else {
             return;
         };
-        let turn = self.restore_turn.lock();
-        if !self.is_current(placeholder) {
-            return;
-        }
-        let progress = Arc::new(RestoreProgress::new());
-        *p.restore.lock() = RestoreRecord::Running(progress.clone());
-        let pspec = p.spec.lock().clone();
         let started = Instant::now();
-        let memory = persistent::Memory {
-            mem_limit_bytes: placeholder.mem_limit_bytes(),
-            compress: placeholder.compress(),
-            lock_memory: placeholder.lock_memory,
-            shared_memory: kept::supervised(),
+        let Some(result) = self.open_until_memory_lets(placeholder, &p, opts, kept) else {
+            return;
         };
-        let result = persistent::open(
-            &p.dir,
-            &pspec,
-            opts,
-            &progress,
-            memory,
-            self.budget().clone(),
-            kept,
-        );
-        drop(turn);
         let mut drives = self.drives.lock();
         if !self.is_current_locked(&drives, placeholder)
             || self.shutting_down.load(Ordering::SeqCst)
@@ -332,6 +321,106 @@ impl Drives {
         p.save_settings(&drive.spec());
         p.start_scheduler(&pd, &drive.name);
         drop(drives);
+    }
+
+    /// Opens `placeholder`'s state directory (restore or adoption) in its
+    /// turn; a restore refused because the host is short of memory waits
+    /// until memory comes back ([`Drives::wait_for_memory`]) and starts
+    /// again, up to [`MEMORY_ATTEMPTS`] attempts within [`MEMORY_WAIT`] (a
+    /// restart after a kill -9 meets the dead process's memory still being
+    /// freed). None when the drive was replaced (deleted) meanwhile.
+    fn open_until_memory_lets(
+        &self,
+        placeholder: &Arc<Drive>,
+        p: &Arc<Persistence>,
+        opts: RestoreOptions,
+        mut kept: Option<Kept>,
+    ) -> Option<Result<(DiskDrive, RestoreReport), persistent::DiskError>> {
+        let deadline = Instant::now() + MEMORY_WAIT;
+        for attempt in 1.. {
+            let adopting = kept.is_some();
+            let progress = Arc::new(RestoreProgress::new());
+            let result = {
+                let _turn = self.restore_turn.lock();
+                if !self.is_current(placeholder) {
+                    return None;
+                }
+                *p.restore.lock() = RestoreRecord::Running(progress.clone());
+                self.open_once(placeholder, p, opts, &progress, kept.take())
+            };
+            let error = match &result {
+                Err(e) if e.is_host_short() && !adopting && attempt < MEMORY_ATTEMPTS => e,
+                _ => return Some(result),
+            };
+            tracing::warn!(drive = %placeholder.name,
+                "restore attempt {attempt} refused: {error}; starting again when the host's memory comes back (at most {MEMORY_ATTEMPTS} attempts within {} s)",
+                MEMORY_WAIT.as_secs());
+            *p.restore.lock() = RestoreRecord::WaitingForMemory {
+                attempt,
+                error: error.to_string(),
+            };
+            if !self.wait_for_memory(placeholder, deadline, progress.total_bytes()) {
+                return Some(result);
+            }
+        }
+        unreachable!("the attempts end the loop")
+    }
+
+    /// One open of the state directory.
+    fn open_once(
+        &self,
+        placeholder: &Drive,
+        p: &Persistence,
+        opts: RestoreOptions,
+        progress: &RestoreProgress,
+        kept: Option<Kept>,
+    ) -> Result<(DiskDrive, RestoreReport), persistent::DiskError> {
+        let pspec = p.spec.lock().clone();
+        let memory = persistent::Memory {
+            mem_limit_bytes: placeholder.mem_limit_bytes(),
+            compress: placeholder.compress(),
+            lock_memory: placeholder.lock_memory,
+            shared_memory: kept::supervised(),
+        };
+        persistent::open(
+            &p.dir,
+            &pspec,
+            opts,
+            progress,
+            memory,
+            self.budget().clone(),
+            kept,
+        )
+    }
+
+    /// Waits until memory came back for a restore of `needed` bytes (what
+    /// its image and journal hold; a compressed drive needs less): the
+    /// host is not short and the budget has that much room, or it is not
+    /// short and its room stopped growing for [`MEMORY_SETTLE`] (whatever
+    /// was being freed is freed; the attempt may fit anyway). False at the
+    /// deadline, at shutdown, or when the drive was deleted meanwhile.
+    fn wait_for_memory(&self, placeholder: &Arc<Drive>, deadline: Instant, needed: u64) -> bool {
+        // One reading at least after the refused attempt freed its pages.
+        std::thread::sleep(crate::control::pressure::INTERVAL);
+        let budget = self.budget();
+        let (mut best, mut since) = (0u64, Instant::now());
+        loop {
+            if self.shutting_down.load(Ordering::SeqCst) || !self.is_current(placeholder) {
+                return false;
+            }
+            let room = budget.room_bytes();
+            if budget.host_short() {
+                (best, since) = (0, Instant::now());
+            } else if room >= needed || since.elapsed() >= MEMORY_SETTLE {
+                return true;
+            } else if room > best.saturating_add(MEMORY_GROWTH) {
+                (best, since) = (room, Instant::now());
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Grows (or, when no data would be lost, shrinks) a restored drive to

@@ -678,6 +678,7 @@ impl Inner {
                 d.limit_bytes(),
                 d.used_bytes()
             )),
+            NoPage::Budget if g.is_host_capped(PAGE) => Error::HostShort,
             NoPage::Budget => Error::NoSpace(format!(
                 "daemon memory budget of {} bytes reached ({} in use)",
                 g.limit_bytes(),

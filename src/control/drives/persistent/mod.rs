@@ -143,6 +143,19 @@ pub enum DiskError {
     Engine(#[from] crate::persist::Error),
 }
 
+impl DiskError {
+    /// True when the RAM store refused pages because the host is short of
+    /// memory: a restore that meets it may succeed once the host recovers.
+    pub fn is_host_short(&self) -> bool {
+        matches!(
+            self,
+            DiskError::Engine(crate::persist::Error::Store(
+                crate::block::backend::Error::HostShort
+            ))
+        )
+    }
+}
+
 fn read_key(spec: &PersistSpec) -> Result<Option<Key>, DiskError> {
     spec.key_file
         .as_deref()
@@ -350,6 +363,9 @@ pub enum RestoreRecord {
     Queued,
     /// Running; the progress is shared with the restore thread.
     Running(Arc<RestoreProgress>),
+    /// Attempt `attempt` was refused because the host is short of memory
+    /// (`error`); the next starts when it recovers.
+    WaitingForMemory { attempt: u32, error: String },
     /// Finished: what it did.
     Done(RestoreReport),
     /// Refused with this error (the drive is failed).
@@ -420,6 +436,9 @@ impl Persistence {
                 let pct = (done * 100).checked_div(total).unwrap_or(0);
                 format!("{} {pct}%", phase_name(p.phase()).replace('_', " "))
             }
+            RestoreRecord::WaitingForMemory { attempt, .. } => format!(
+                "waiting for the host's memory: attempt {attempt} was refused because the host is short of memory; it starts again when it recovers"
+            ),
             RestoreRecord::Done(_) => "restored".into(),
             RestoreRecord::Failed(e) => e.clone(),
         }
