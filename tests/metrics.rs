@@ -59,6 +59,11 @@ fn counters_move_by_exactly_the_io_issued() {
     let before = totals(&d, "ram0");
     let other_before = totals(&d, "other");
     python(WORKLOAD, &[&d.uri("ram0")]).ok();
+    // A reply is counted once it is sent: the client may have it first.
+    wait_until("the connection to end", WAIT_TIMEOUT, || {
+        let (s, body) = d.http("GET", "/v1/drives/ram0/stats", None);
+        s == 200 && serde_json::from_str::<Value>(&body).unwrap()["connections"] == 0
+    });
     let after = totals(&d, "ram0");
     for (op, ops, bytes) in [
         ("write", 13, 10 * 4096 + 512 + (2 << 20)),

@@ -220,6 +220,13 @@ pub async fn push<S: ChunkSource + ?Sized>(
             return Err(e);
         }
     };
+    let created_ms = match after_newest(remote, &opts.drive, created_ms).await {
+        Ok(ms) => ms,
+        Err(e) => {
+            let _ = lease.release().await;
+            return Err(e);
+        }
+    };
     let manifest = Manifest {
         drive: opts.drive.clone(),
         label: opts.label.clone(),
@@ -253,6 +260,18 @@ pub async fn push<S: ChunkSource + ?Sized>(
     report.bytes_uploaded += bytes.len() as u64;
     report.id = Some(id);
     Ok(report)
+}
+
+/// `created_ms`, or just after the drive's newest snapshot when that is
+/// dated later: a clock set back (NTP after boot, another host's clock)
+/// must not make the new snapshot the oldest, which `keep_last` deletes
+/// first and `latest` passes over.
+async fn after_newest(remote: &Remote, drive: &str, created_ms: u64) -> Result<u64, SnapshotError> {
+    let ids = super::restore::list_snapshots(remote, Some(drive)).await?;
+    Ok(match ids.last() {
+        Some(newest) if newest.created_ms >= created_ms => newest.created_ms + 1,
+        _ => created_ms,
+    })
 }
 
 /// Reads, checks and uploads every chunk; returns the manifest's entries.
@@ -325,4 +344,42 @@ async fn upload_all<S: ChunkSource + ?Sized>(
         progress(&p);
     }
     Ok((entries, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clock_set_back_never_makes_the_new_snapshot_the_oldest() {
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let remote = Remote::from_store(store, "mem");
+        let data = vec![7u8; 1 << 20];
+        let opts = PushOptions::new("d");
+        let push_one = || async {
+            let mut src = BufferSource(&data);
+            push(&remote, &mut src, &opts, &mut |_: &_| {})
+                .await
+                .unwrap()
+                .id
+                .unwrap()
+        };
+        let first = push_one().await;
+        // A snapshot dated an hour ahead, as if the clock went back since.
+        let ahead = SnapshotId {
+            created_ms: first.created_ms + 3_600_000,
+            ..first.clone()
+        };
+        let manifest = remote.get(&first.object_name()).await.unwrap().unwrap();
+        remote
+            .put(&ahead.object_name(), manifest.to_vec())
+            .await
+            .unwrap();
+        let next = push_one().await;
+        assert_eq!(next.created_ms, ahead.created_ms + 1);
+        let listed = super::super::restore::list_snapshots(&remote, Some("d"))
+            .await
+            .unwrap();
+        assert_eq!(listed.last(), Some(&next), "{listed:?}");
+    }
 }

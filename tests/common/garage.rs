@@ -46,11 +46,12 @@ pub fn find_garage() -> Option<PathBuf> {
     on_path.chain(cargo).find(|p| p.is_file())
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free loopback port")
-        .port()
+/// Three distinct free loopback ports (all bound at once while chosen).
+fn free_ports() -> (u16, u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
+    let held = [bind(), bind(), bind()];
+    let port = |i: usize| held[i].local_addr().expect("a bound address").port();
+    (port(0), port(1), port(2))
 }
 
 /// 32 random bytes as hex (the RPC secret) from the system generator.
@@ -162,7 +163,7 @@ impl Garage {
     /// Writes the config with fresh free ports (and a new RPC secret),
     /// then [`Garage::launch`]es.
     fn new_ports_and_launch(&mut self) -> Result<(), String> {
-        let (rpc, s3, admin) = (free_port(), free_port(), free_port());
+        let (rpc, s3, admin) = free_ports();
         let d = self.dir.path().display();
         std::fs::write(
             &self.config,

@@ -493,6 +493,11 @@ impl Daemon {
         if !self.args.iter().any(|a| a == "--state-dir") {
             cmd.arg("--state-dir").arg(self.dir.path().join("state"));
         }
+        // Its own runtime directory: daemons of tests running in parallel
+        // must not take over each other's ublk records or directories.
+        if !self.args.iter().any(|a| a == "--runtime-dir") {
+            cmd.arg("--runtime-dir").arg(self.dir.path().join("run"));
+        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }

@@ -42,6 +42,15 @@ fail() {
     exit 1
 }
 
+log_has() { # PATTERN: waits up to 10 s for it in ramd's log (written by its own thread)
+    local i
+    for i in $(seq 100); do
+        grep -q -- "$1" /tmp/ramd.log && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
 serving_pid() {
     "$RAMD" info --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null
 }
@@ -146,7 +155,7 @@ for i in $(seq 300); do
     "$RAMD" attach --list 2>/dev/null | grep "$dev" >/dev/null && break
     sleep 0.1
 done
-grep "recovered" /tmp/ramd.log >/dev/null || fail "no ublk recovery in the log"
+log_has "recovered" || fail "no ublk recovery in the log"
 ok "serving process $pid took $dev over"
 wait "$fio_pid" || { cat /tmp/fio-load.out; fail "fio (with verify) across the kill failed"; }
 ok "fio with verify went on across the kill"
@@ -204,7 +213,7 @@ ok "ramd info: 4 restarts (2 kills, 2 upgrades), last an upgrade"
 log "persistent drive over ublk: kill -9 during fio, nothing synced since"
 kill_during_fio pd /mnt/p /tmp/p.sha load3 "persistent drive"
 pdev=$ublk_dev
-grep "kept across a restart of the serving process: its memory adopted" /tmp/ramd.log >/dev/null ||
+log_has "kept across a restart of the serving process: its memory adopted" ||
     fail "the persistent drive was not adopted"
 ok "persistent drive adopted (not restored)"
 

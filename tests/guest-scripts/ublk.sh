@@ -27,6 +27,15 @@ fail() {
     exit 1
 }
 
+log_has() { # PATTERN: waits up to 10 s for it in ramd's log (written by its own thread)
+    local i
+    for i in $(seq 100); do
+        grep -q -- "$1" /tmp/ramd.log && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
 start_ramd() {
     "$RAMD" daemon --no-config --drive db=256M --drive ro=64M,read-only \
         --drive pdb=256M,persist,durability=flush >>/tmp/ramd.log 2>&1 &
@@ -162,7 +171,7 @@ for i in $(seq 300); do
     sleep 0.1
 done
 shows "$pdev" "$RAMD" attach --list || fail "the restarted ramd did not take $pdev over"
-grep -q "recovered" /tmp/ramd.log || fail "no recovery in the log"
+log_has "recovered" || fail "no recovery in the log"
 ok "restarted ramd recovered $pdev"
 wait "$fio_pid" || { cat /tmp/fio-load.out; fail "fio across the restart failed"; }
 ok "fio finished across the restart ($(grep -o 'IOPS=[^,]*' /tmp/fio-load.out))"
@@ -202,7 +211,7 @@ done
 listed=$("$RAMD" attach --list --json)
 grep -q '"drive": *"cfg"' <<<"$listed" || fail "the device is not cfg's: $listed"
 if grep -q '"drive": *"plain"' <<<"$listed"; then fail "drive plain got a device it did not ask for"; fi
-grep -q "attached as $cdev (config" /tmp/ramd.log || fail "the start log does not say cfg was attached"
+log_has "attached as $cdev (config" || fail "the start log does not say cfg was attached"
 ok "drive cfg attached at start as $cdev"
 kill "$ramd_pid"
 wait "$ramd_pid" 2>/dev/null || true
