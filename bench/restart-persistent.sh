@@ -41,6 +41,7 @@ start() { # [--supervise]: the daemon, in the background; its pid in $pid
 served() { until nbdinfo --size "$uri" >/dev/null 2>&1; do sleep 0.005; done; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 med() { printf '%s\n' "$@" | sort -n | sed -n "$(( (runs + 1) / 2 ))p"; }
+waited=()
 echo "| drive size | supervised: kill -9 to served (median of $runs) | runs (ms) | unsupervised: kill -9, start, restore, served (median) | runs (ms) |"
 echo "|---|---|---|---|---|"
 for size in $sizes; do
@@ -79,4 +80,10 @@ for size in $sizes; do
     wait "$pid" 2>/dev/null || true
     pid=
     echo "| $size | $(med "${sup[@]}") ms | ${sup[*]} | $(med "${plain[@]}") ms | ${plain[*]} |"
+    # Restores the host's memory refused (the killed process's memory not
+    # yet freed) wait and start again (docs/persistence.md): say how many.
+    waited+=("$size: $(grep -c "restore attempt .* refused" "$dir/ramd.log" || true)")
+    : >"$dir/ramd.log"
 done
+echo
+echo "unsupervised restore attempts refused for the host's memory (each waited, then started again): ${waited[*]}"

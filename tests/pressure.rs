@@ -398,7 +398,7 @@ fn a_restore_the_memory_refuses_waits_for_it_and_starts_again() {
     });
     assert_eq!(v["state"], "restoring", "{v}");
     let why = v["persist"]["restore"]["error"].to_string();
-    assert!(why.contains("short of memory"), "{v}");
+    assert!(why.contains("memory is down to the reserve"), "{v}");
     assert!(d.log().contains("restore attempt 1 refused"), "{}", d.log());
 
     // The other process ends: the restore starts again and serves.

@@ -87,7 +87,7 @@ pub enum Error {
     /// New pages were refused because the host is short of memory (the
     /// memory-pressure watcher's cap): unlike [`Error::NoSpace`], this
     /// passes when the host recovers.
-    #[error("out of memory for this drive: the host is short of memory (see `ramd info`: memory pressure), so ramd refuses new pages until it recovers; free memory elsewhere, trim or delete drives, or change the thresholds (docs/memory.md, \"Memory pressure\")")]
+    #[error("out of memory for this drive: the host's memory is down to the reserve ramd leaves it or short (see `ramd info`: memory pressure), so ramd refuses new pages until memory is freed; free memory elsewhere, trim or delete drives, or change the thresholds (docs/memory.md, \"Memory pressure\")")]
     HostShort,
     /// The drive is read-only.
     #[error("the drive is read-only")]

@@ -250,6 +250,10 @@ fn persist_rows(p: &PersistInfo, rows: &mut Vec<(String, String)>) {
             match r.phase.as_str() {
                 "done" => r.summary.clone().unwrap_or_else(|| "done".into()),
                 "failed" => format!("failed: {}", r.error.as_deref().unwrap_or("?")),
+                "waiting_for_memory" => format!(
+                    "waiting for the host's memory to start again: {}",
+                    r.error.as_deref().unwrap_or("?")
+                ),
                 phase => format!(
                     "{} {} of {}",
                     phase.replace('_', " "),

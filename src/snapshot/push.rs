@@ -210,19 +210,19 @@ pub async fn push<S: ChunkSource + ?Sized>(
     let created_ms = now_ms();
     remote.check().await?;
     let mut lease = Lease::acquire(remote, LeaseKind::Push, opts.lease.clone()).await?;
-    let result = upload_all(remote, source, opts, geometry, progress).await;
-    let (entries, mut report) = match result {
+    // Dated at the start, as the snapshots listed then: a push of the same
+    // drive from elsewhere that ends first is not passed over.
+    let result = match after_newest(remote, &opts.drive, created_ms).await {
+        Ok(created_ms) => upload_all(remote, source, opts, geometry, progress)
+            .await
+            .map(|r| (created_ms, r)),
+        Err(e) => Err(e),
+    };
+    let (created_ms, (entries, mut report)) = match result {
         Ok(r) => r,
         Err(e) => {
             // Best effort: a lease left behind only delays GC until it
             // goes stale (or this owner's next lease deletes it).
-            let _ = lease.release().await;
-            return Err(e);
-        }
-    };
-    let created_ms = match after_newest(remote, &opts.drive, created_ms).await {
-        Ok(ms) => ms,
-        Err(e) => {
             let _ = lease.release().await;
             return Err(e);
         }
@@ -265,13 +265,21 @@ pub async fn push<S: ChunkSource + ?Sized>(
 /// `created_ms`, or just after the drive's newest snapshot when that is
 /// dated later: a clock set back (NTP after boot, another host's clock)
 /// must not make the new snapshot the oldest, which `keep_last` deletes
-/// first and `latest` passes over.
+/// first and `latest` passes over. A newest dated well ahead (a clock that
+/// was wrong then) drags the new one's date along; that is logged.
 async fn after_newest(remote: &Remote, drive: &str, created_ms: u64) -> Result<u64, SnapshotError> {
     let ids = super::restore::list_snapshots(remote, Some(drive)).await?;
-    Ok(match ids.last() {
-        Some(newest) if newest.created_ms >= created_ms => newest.created_ms + 1,
-        _ => created_ms,
-    })
+    let Some(newest) = ids.last().filter(|n| n.created_ms >= created_ms) else {
+        return Ok(created_ms);
+    };
+    if newest.created_ms - created_ms > 60_000 {
+        tracing::warn!(
+            newest = %newest,
+            ahead_s = (newest.created_ms - created_ms) / 1000,
+            "the drive's newest snapshot is dated ahead of this host's clock: the new one is dated just after it, so it stays the newest"
+        );
+    }
+    Ok(newest.created_ms + 1)
 }
 
 /// Reads, checks and uploads every chunk; returns the manifest's entries.

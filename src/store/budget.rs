@@ -21,6 +21,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 /// system (page cache, the programs using the drive) must keep room.
 pub const DEFAULT_BUDGET_PERCENT: u64 = 75;
 
+/// What refused a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The budget's limit.
+    Limit,
+    /// The host cap (the host is short of memory, or at its reserve).
+    HostCap,
+}
+
 /// A byte counter with a hard limit.
 #[derive(Debug)]
 pub struct MemoryBudget {
@@ -56,6 +65,12 @@ impl MemoryBudget {
     /// limit.
     #[inline]
     pub fn try_reserve(&self, bytes: u64) -> bool {
+        self.reserve(bytes).is_ok()
+    }
+
+    /// Reserves `bytes`, or says what refused it (nothing reserved then).
+    #[inline]
+    pub fn reserve(&self, bytes: u64) -> Result<(), Refusal> {
         let limit = self.limit_bytes.load(Ordering::Relaxed);
         let cap = self.host_cap_bytes.load(Ordering::Relaxed);
         let mut capped = false;
@@ -70,7 +85,11 @@ impl MemoryBudget {
         if capped {
             self.refused_under_pressure.fetch_add(1, Ordering::Relaxed);
         }
-        ok
+        match (ok, capped) {
+            (true, _) => Ok(()),
+            (false, true) => Err(Refusal::HostCap),
+            (false, false) => Err(Refusal::Limit),
+        }
     }
 
     /// Reserves `bytes` allowing the limit and the host cap to be passed

@@ -841,9 +841,9 @@ impl StoreState {
                 self.drive_mem.used_bytes()
             )));
         }
-        if !self.global_mem.try_reserve(bytes) {
+        if let Err(refusal) = self.global_mem.reserve(bytes) {
             self.drive_mem.release(bytes);
-            if self.global_mem.is_host_capped(bytes) {
+            if refusal == budget::Refusal::HostCap {
                 return Err(Error::HostShort);
             }
             return Err(Error::NoSpace(format!(

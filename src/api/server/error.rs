@@ -70,11 +70,15 @@ impl From<SpecError> for ApiError {
 
 impl From<DriveError> for ApiError {
     fn from(e: DriveError) -> Self {
+        use crate::block::backend::Error as StoreError;
         use DriveError as R;
         let (status, code) = match &e {
             R::Spec(s) => return s.clone().into(),
             R::Ledger(l) => return l.into(),
             R::DataBeyondSize(_) => (StatusCode::CONFLICT, "data_beyond_size"),
+            R::Store(StoreError::NoSpace(_) | StoreError::HostShort) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "no_memory")
+            }
             R::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
             R::NotReady(_) => (StatusCode::CONFLICT, "drive_not_ready"),
             R::NotPersistent(_) => (StatusCode::CONFLICT, "not_persistent"),

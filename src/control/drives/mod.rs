@@ -297,6 +297,16 @@ impl Drive {
         *self.state.lock() == DriveState::Ready
     }
 
+    /// True while its restore waits for the host's memory.
+    pub fn waits_for_memory(&self) -> bool {
+        self.persist.as_ref().is_some_and(|p| {
+            matches!(
+                *p.restore.lock(),
+                persistent::RestoreRecord::WaitingForMemory { .. }
+            )
+        })
+    }
+
     /// The spec that would make this drive again (for settings files and
     /// restores).
     fn spec(&self) -> DriveSpec {
@@ -767,7 +777,9 @@ impl Drives {
     /// A persistent drive: with `keep_data`, its last writes are saved
     /// (sync and checkpoint) and the state directory stays (a failed sync
     /// puts the drive back and returns the error); without, the state
-    /// directory is removed. A restoring drive cannot be deleted.
+    /// directory is removed. A restoring drive cannot be deleted, unless
+    /// its restore waits for the host's memory (nothing reads its state
+    /// directory then; the restore thread sees it gone and ends).
     /// Returns the drive and how many connections were closed.
     pub fn delete(
         &self,
@@ -780,7 +792,7 @@ impl Drives {
         if keep_data && drive.persist.is_none() {
             return Err(DriveError::NotPersistent(name.to_owned()));
         }
-        if *drive.state.lock() == DriveState::Restoring {
+        if *drive.state.lock() == DriveState::Restoring && !drive.waits_for_memory() {
             return Err(error::NotReady::DeleteWhileRestoring {
                 name: name.to_owned(),
             }
@@ -1363,7 +1375,7 @@ mod tests {
             let record = d.persist.as_ref().unwrap().restore.lock().clone();
             match record {
                 RestoreRecord::WaitingForMemory { attempt: 1, error } => {
-                    assert!(error.contains("short of memory"), "{error}");
+                    assert!(error.contains("memory is down to the reserve"), "{error}");
                     break d;
                 }
                 RestoreRecord::Failed(e) => panic!("failed at once: {e}"),
@@ -1393,6 +1405,25 @@ mod tests {
         let d = wait_state(&r, "p");
         assert!(d.is_ready(), "{:?}", d.state.lock());
         let mut buf = [0u8; 4];
+        d.export.backend.read(4096, &mut buf).unwrap();
+        assert_eq!(&buf, b"kept");
+        r.delete("p", false, true).unwrap();
+
+        // A drive waiting for memory can be deleted; its data stays.
+        r.budget().set_host_short(true);
+        r.budget().set_host_cap_bytes(r.budget().used_bytes());
+        r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !r.get("p").unwrap().waits_for_memory() {
+            assert!(Instant::now() < deadline, "never waited");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        r.delete("p", false, true).unwrap();
+        assert!(r.get("p").is_err());
+        r.budget().set_host_cap_bytes(u64::MAX);
+        r.budget().set_host_short(false);
+        r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        let d = wait_state(&r, "p");
         d.export.backend.read(4096, &mut buf).unwrap();
         assert_eq!(&buf, b"kept");
         r.shutdown_persistent();

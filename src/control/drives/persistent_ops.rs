@@ -338,18 +338,24 @@ impl Drives {
     ) -> Option<Result<(DiskDrive, RestoreReport), persistent::DiskError>> {
         let deadline = Instant::now() + MEMORY_WAIT;
         for attempt in 1.. {
-            let adopting = kept.is_some();
             let progress = Arc::new(RestoreProgress::new());
             let result = {
                 let _turn = self.restore_turn.lock();
-                if !self.is_current(placeholder) {
-                    return None;
+                {
+                    // Under the map's lock: a delete of a drive waiting
+                    // for memory sees it either waiting or running.
+                    let drives = self.drives.lock();
+                    if !self.is_current_locked(&drives, placeholder) {
+                        return None;
+                    }
+                    *p.restore.lock() = RestoreRecord::Running(progress.clone());
                 }
-                *p.restore.lock() = RestoreRecord::Running(progress.clone());
                 self.open_once(placeholder, p, opts, &progress, kept.take())
             };
             let error = match &result {
-                Err(e) if e.is_host_short() && !adopting && attempt < MEMORY_ATTEMPTS => e,
+                // An adoption never asks for pages; one that fell back to
+                // a restore did, and the next attempt is that restore.
+                Err(e) if e.is_host_short() && attempt < MEMORY_ATTEMPTS => e,
                 _ => return Some(result),
             };
             tracing::warn!(drive = %placeholder.name,
@@ -359,6 +365,9 @@ impl Drives {
                 attempt,
                 error: error.to_string(),
             };
+            // Read again, the files' cached pages would turn active, which
+            // the watcher counts as taken (in a memory cgroup).
+            persistent::drop_page_cache(&p.dir);
             if !self.wait_for_memory(placeholder, deadline, progress.total_bytes()) {
                 return Some(result);
             }
@@ -400,16 +409,18 @@ impl Drives {
     /// was being freed is freed; the attempt may fit anyway). False at the
     /// deadline, at shutdown, or when the drive was deleted meanwhile.
     fn wait_for_memory(&self, placeholder: &Arc<Drive>, deadline: Instant, needed: u64) -> bool {
-        // One reading at least after the refused attempt freed its pages.
-        std::thread::sleep(crate::control::pressure::INTERVAL);
         let budget = self.budget();
+        // One reading at least after the refused attempt freed its pages.
+        let first_reading = Instant::now() + crate::control::pressure::INTERVAL;
         let (mut best, mut since) = (0u64, Instant::now());
         loop {
             if self.shutting_down.load(Ordering::SeqCst) || !self.is_current(placeholder) {
                 return false;
             }
             let room = budget.room_bytes();
-            if budget.host_short() {
+            if Instant::now() < first_reading {
+                since = Instant::now();
+            } else if budget.host_short() {
                 (best, since) = (0, Instant::now());
             } else if room >= needed || since.elapsed() >= MEMORY_SETTLE {
                 return true;

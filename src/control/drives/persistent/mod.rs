@@ -143,6 +143,19 @@ pub enum DiskError {
     Engine(#[from] crate::persist::Error),
 }
 
+/// Asks the kernel to drop the state directory's files from the page
+/// cache (clean pages only: nothing unsaved is lost), after a restore the
+/// host's memory refused.
+pub fn drop_page_cache(dir: &Path) {
+    use std::os::fd::AsRawFd;
+    let files = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for f in files.filter_map(|e| std::fs::File::open(e.path()).ok()) {
+        // SAFETY: advice on a descriptor this function owns for the call;
+        // it changes no memory of this process.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
 impl DiskError {
     /// True when the RAM store refused pages because the host is short of
     /// memory: a restore that meets it may succeed once the host recovers.
@@ -437,7 +450,7 @@ impl Persistence {
                 format!("{} {pct}%", phase_name(p.phase()).replace('_', " "))
             }
             RestoreRecord::WaitingForMemory { attempt, .. } => format!(
-                "waiting for the host's memory: attempt {attempt} was refused because the host is short of memory; it starts again when it recovers"
+                "waiting for the host's memory: attempt {attempt} was refused for it (see `ramd info`: memory pressure); it starts again once memory is freed"
             ),
             RestoreRecord::Done(_) => "restored".into(),
             RestoreRecord::Failed(e) => e.clone(),
