@@ -636,6 +636,61 @@ fn a_caches_kept_data_waits_for_its_backing() {
         .contains("of dirty data kept across the restart written back to"));
 }
 
+/// Kept dirty data waits for its backing, not only for its cache's name:
+/// a cache renamed in the configuration while the serving process was
+/// dead (same backing, gone for now) stays unavailable until the old
+/// name's kept data is written back, then serves it; the old name's data
+/// is not taken for an orphan's and rescued aside.
+#[test]
+fn a_renamed_cache_waits_for_the_kept_data_of_its_backing() {
+    let (d, dir, backing) = write_back_cache();
+    let api = d.api_socket().to_owned();
+    let (pid, _) = serving_pid(&api, 0);
+    wait_ready(&api, "wb");
+    let written = common::random_bytes(1 << 20, 43);
+    client(&d.uri("wb"))
+        .write(5 << 20, &written, false)
+        .unwrap();
+    signal(d.pid(), libc::SIGSTOP);
+    signal(pid as u32, libc::SIGKILL);
+    common::wait_until(
+        "the serving process to die",
+        Duration::from_secs(30),
+        || dead(pid),
+    );
+    let away = dir.path().join("away.img");
+    std::fs::rename(&backing, &away).unwrap();
+    let cfg = dir.path().join("ramd.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, text.replace("name = \"wb\"", "name = \"renamed\"")).unwrap();
+    signal(d.pid(), libc::SIGCONT);
+    serving_pid(&api, pid);
+    common::wait_until(
+        "the renamed cache to be unavailable",
+        Duration::from_secs(30),
+        || drive_state(&api, "renamed").as_deref() == Some("unavailable"),
+    );
+    let info = d.cli().args(["cache", "info", "renamed"]).output().unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.contains("of cache 'wb' kept across the restart waits"),
+        "{info}"
+    );
+    std::fs::rename(&away, &backing).unwrap();
+    wait_ready(&api, "renamed");
+    let mut back = vec![0u8; 1 << 20];
+    client(&d.uri("renamed")).read(5 << 20, &mut back).unwrap();
+    assert!(
+        back == written,
+        "the old name's kept write did not reach the backing"
+    );
+    assert!(
+        !d.log().contains("could NOT be written back"),
+        "{}",
+        d.log()
+    );
+}
+
 /// A FUSE attachment (`ramd attach`) across kill -9 of the serving
 /// process and `ramd upgrade`: its mount stays, a reader of the file
 /// (direct I/O: every read reaches ramd) blocks through the gap and goes

@@ -15,15 +15,16 @@
 //! of that name does not open (it is `unavailable`, and the reopener
 //! retries with its backoff, the write-back first: `Caches::open`), so
 //! nothing reads stale data from the backing or writes there before the
-//! kept data lands. Kept data of a cache nobody declares any more (an
-//! API cache), or of a cache deleted while its data waits, goes to a
-//! rescue directory (`STATE_DIR/cache-rescue/NAME-UNIXTIME`, the format a
+//! kept data lands; a cache over the same backing under another name (a
+//! renamed one) waits for it too. Kept data of a cache nobody declares
+//! any more and no cache's backing is (an API cache), or of a cache
+//! deleted while its data waits, goes to a rescue directory (`STATE_DIR/cache-rescue/NAME-UNIXTIME`, the format a
 //! shutdown uses: `shutdown.rs`) when its backing refuses it.
 //!
 //! Invariants: an entry is forgotten only after its data reached the
 //! backing (flushed) or a rescue directory (synced); a cache opens only
-//! when no kept data of its name waits; a deleted cache's entry is
-//! forgotten with it (its close wrote the data back, or the delete was
+//! when no kept data of its name or of its backing waits; a deleted
+//! cache's entry is forgotten with it (its close wrote the data back, or the delete was
 //! told to drop it).
 
 use std::path::Path;
@@ -102,8 +103,9 @@ pub struct Waiting {
 
 /// Why a cache stays closed: its kept data waits for the backing.
 #[derive(Debug, thiserror::Error)]
-#[error("{bytes} of dirty data kept across the restart waits for this backing, which refuses it ({error}): the cache opens once it is written back")]
+#[error("{bytes} of dirty data of cache '{of}' kept across the restart waits for this backing, which refuses it ({error}): the cache opens once it is written back")]
 pub struct KeptWaits {
+    of: String,
     bytes: String,
     error: String,
 }
@@ -127,23 +129,35 @@ impl Caches {
         }
     }
 
-    /// Before cache `name` opens: writes back the kept data that waits
-    /// for it, if any; an error (the cache stays closed) while its
-    /// backing refuses.
-    pub(super) fn write_back_waiting(&self, name: &str) -> Result<(), KeptWaits> {
+    /// Before cache `name` opens over `backing`: writes back the kept
+    /// data that waits for it, and that of any cache over the same backing
+    /// (one renamed in the configuration, say), if any; an error (the cache
+    /// stays closed) while the backing refuses.
+    pub(super) fn write_back_waiting(&self, name: &str, backing: &str) -> Result<(), KeptWaits> {
         let Some(serving) = serving::get() else {
             return Ok(());
         };
         let _settling = self.settling.lock();
-        let Some(w) = self.kept.lock().remove(name) else {
-            return Ok(());
-        };
-        settle(serving, w).map_err(|refused| {
-            let (w, error) = *refused;
-            let bytes = format_size(w.keep.dirty_bytes());
-            self.kept.lock().insert(name.to_owned(), w);
-            KeptWaits { bytes, error }
-        })
+        let same = identify(backing);
+        let names: Vec<String> = self
+            .kept
+            .lock()
+            .iter()
+            .filter(|(n, w)| n.as_str() == name || identify(&w.blob.backing) == same)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for of in names {
+            let Some(w) = self.kept.lock().remove(&of) else {
+                continue;
+            };
+            if let Err(refused) = settle(serving, w) {
+                let (w, error) = *refused;
+                let bytes = format_size(w.keep.dirty_bytes());
+                self.kept.lock().insert(of.clone(), w);
+                return Err(KeptWaits { of, bytes, error });
+            }
+        }
+        Ok(())
     }
 
     /// Kept data no cache will write back (`which`): written back, or
@@ -157,13 +171,19 @@ impl Caches {
         let names: Vec<String> = {
             let map = self.map.lock();
             let kept = self.kept.lock();
-            kept.keys()
-                .filter(|n| match which {
+            let backings: Vec<_> = match which {
+                Waiters::Orphans => map.values().map(|e| identify(&e.spec.backing)).collect(),
+                _ => Vec::new(),
+            };
+            kept.iter()
+                .filter(|(n, w)| match which {
                     Waiters::Named(o) => o == n.as_str(),
-                    Waiters::Orphans => !map.contains_key(*n),
+                    Waiters::Orphans => {
+                        !map.contains_key(*n) && !backings.contains(&identify(&w.blob.backing))
+                    }
                     Waiters::All => true,
                 })
-                .cloned()
+                .map(|(n, _)| n.clone())
                 .collect()
         };
         for name in names {
@@ -187,7 +207,8 @@ impl Caches {
 pub enum Waiters<'a> {
     /// That cache's (it was deleted).
     Named(&'a str),
-    /// Of every name no cache has (after the declared caches are made).
+    /// Of every name no cache has, over a backing no cache has (after
+    /// the declared caches are made, and after a delete).
     Orphans,
     /// All of it (a stop that is not an upgrade: the keeper ends too).
     All,

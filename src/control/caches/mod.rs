@@ -503,8 +503,12 @@ impl Caches {
                 waits
             };
             let root = self.rescue_root.lock().clone();
-            if let (true, Some(root)) = (waits, root) {
-                self.settle_waiting(&root, kept::Waiters::Named(&entry.name));
+            if let (true, Some(root)) = (waits, &root) {
+                self.settle_waiting(root, kept::Waiters::Named(&entry.name));
+            }
+            // Kept data of another name that waited for this backing.
+            if let Some(root) = &root {
+                self.settle_waiting(root, kept::Waiters::Orphans);
             }
         }
         // Still under the claim: nobody else's rules are dropped.
@@ -518,7 +522,7 @@ impl Caches {
         let spec = &entry.spec;
         // Kept dirty data of this cache lands before anything reads the
         // backing through it (`kept.rs`).
-        self.write_back_waiting(&entry.name)
+        self.write_back_waiting(&entry.name, &spec.backing)
             .map_err(error::BackingRefused::from)?;
         let backing = open_backing(&spec.backing, &spec.options).map_err(backing_error)?;
         let size = backing.size();
