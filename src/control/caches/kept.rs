@@ -98,6 +98,9 @@ impl Caches {
 pub struct Waiting {
     key: String,
     blob: Blob,
+    /// The backing's identity (`identify`), taken once when read: the
+    /// matching with caches happens under locks, without file system calls.
+    backing_id: String,
     keep: CacheKeep,
 }
 
@@ -129,23 +132,16 @@ impl Caches {
         }
     }
 
-    /// Before cache `name` opens over `backing`: writes back the kept
-    /// data that waits for it, and that of any cache over the same backing
-    /// (one renamed in the configuration, say), if any; an error (the cache
-    /// stays closed) while the backing refuses.
-    pub(super) fn write_back_waiting(&self, name: &str, backing: &str) -> Result<(), KeptWaits> {
+    /// Before cache `name` opens over the backing `backing_id` identifies:
+    /// writes back the kept data that waits for it, and that of any cache
+    /// over the same backing (one renamed in the configuration, say), if
+    /// any; an error (the cache stays closed) while the backing refuses.
+    pub(super) fn write_back_waiting(&self, name: &str, backing_id: &str) -> Result<(), KeptWaits> {
         let Some(serving) = serving::get() else {
             return Ok(());
         };
         let _settling = self.settling.lock();
-        let same = identify(backing);
-        let names: Vec<String> = self
-            .kept
-            .lock()
-            .iter()
-            .filter(|(n, w)| n.as_str() == name || identify(&w.blob.backing) == same)
-            .map(|(n, _)| n.clone())
-            .collect();
+        let names = self.waiting_for(name, backing_id);
         for of in names {
             let Some(w) = self.kept.lock().remove(&of) else {
                 continue;
@@ -160,10 +156,21 @@ impl Caches {
         Ok(())
     }
 
+    /// The names of kept data that waits for cache `name` or for the
+    /// backing `backing_id`.
+    pub(super) fn waiting_for(&self, name: &str, backing_id: &str) -> Vec<String> {
+        self.kept
+            .lock()
+            .iter()
+            .filter(|(n, w)| n.as_str() == name || w.backing_id == backing_id)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Kept data no cache will write back (`which`): written back, or
     /// saved to a rescue directory under `rescue_root` when the backing
     /// refuses.
-    pub fn settle_waiting(&self, rescue_root: &Path, which: Waiters<'_>) {
+    pub fn settle_waiting(&self, rescue_root: &Path, which: Waiters) {
         let Some(serving) = serving::get() else {
             return;
         };
@@ -171,16 +178,12 @@ impl Caches {
         let names: Vec<String> = {
             let map = self.map.lock();
             let kept = self.kept.lock();
-            let backings: Vec<_> = match which {
-                Waiters::Orphans => map.values().map(|e| identify(&e.spec.backing)).collect(),
-                _ => Vec::new(),
+            let has_cache = |n: &String, w: &Waiting| {
+                map.contains_key(n) || map.values().any(|e| e.backing_id == w.backing_id)
             };
             kept.iter()
                 .filter(|(n, w)| match which {
-                    Waiters::Named(o) => o == n.as_str(),
-                    Waiters::Orphans => {
-                        !map.contains_key(*n) && !backings.contains(&identify(&w.blob.backing))
-                    }
+                    Waiters::Orphans => !has_cache(n, w),
                     Waiters::All => true,
                 })
                 .map(|(n, _)| n.clone())
@@ -204,11 +207,10 @@ impl Caches {
 
 /// Which waiting kept data [`Caches::settle_waiting`] settles.
 #[derive(Debug, Clone, Copy)]
-pub enum Waiters<'a> {
-    /// That cache's (it was deleted).
-    Named(&'a str),
+pub enum Waiters {
     /// Of every name no cache has, over a backing no cache has (after
-    /// the declared caches are made, and after a delete).
+    /// the declared caches are made, and after a delete of a cache such
+    /// data waited for).
     Orphans,
     /// All of it (a stop that is not an upgrade: the keeper ends too).
     All,
@@ -241,7 +243,12 @@ fn waiting(entry: Entry) -> Option<Waiting> {
         _ => Err(std::io::Error::other("its descriptors are missing")),
     };
     match keep {
-        Ok(keep) => Some(Waiting { key, blob, keep }),
+        Ok(keep) => Some(Waiting {
+            key,
+            backing_id: identify(&blob.backing).1,
+            blob,
+            keep,
+        }),
         Err(e) => {
             tracing::error!(cache = %blob.name, "the memory cache '{}' kept across the restart cannot be read ({e}): left with the keeper", blob.name);
             None

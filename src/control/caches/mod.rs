@@ -301,10 +301,28 @@ fn identify(backing: &str) -> (BackingKind, String) {
                 Ok(m) if m.file_type().is_block_device() => BackingKind::BlockDevice,
                 _ => BackingKind::File,
             };
-            let id = std::fs::canonicalize(&p).unwrap_or(p);
-            (kind, id.display().to_string())
+            (kind, canonical(p).display().to_string())
         }
         Err(_) => (BackingKind::File, backing.to_owned()),
+    }
+}
+
+/// `p` with every link resolved; for a file that is missing (moved away
+/// for now) its directory resolved and its name kept, so that the same
+/// file named two ways still matches.
+fn canonical(p: std::path::PathBuf) -> std::path::PathBuf {
+    if let Ok(c) = std::fs::canonicalize(&p) {
+        return c;
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => match std::fs::canonicalize(match dir.as_os_str().is_empty() {
+            true => std::path::Path::new("."),
+            false => dir,
+        }) {
+            Ok(d) => d.join(name),
+            Err(_) => p,
+        },
+        _ => p,
     }
 }
 
@@ -496,19 +514,15 @@ impl Caches {
             // the engine's entry is forgotten here.
             let waits = {
                 let _settling = self.settling.lock();
-                let waits = self.kept.lock().contains_key(&entry.name);
-                if !waits {
+                if !self.kept.lock().contains_key(&entry.name) {
                     self.forget_kept_cache(&entry.name);
                 }
-                waits
+                !self.waiting_for(&entry.name, &entry.backing_id).is_empty()
             };
+            // Now nobody's (unless another cache has its backing).
             let root = self.rescue_root.lock().clone();
-            if let (true, Some(root)) = (waits, &root) {
-                self.settle_waiting(root, kept::Waiters::Named(&entry.name));
-            }
-            // Kept data of another name that waited for this backing.
-            if let Some(root) = &root {
-                self.settle_waiting(root, kept::Waiters::Orphans);
+            if let (true, Some(root)) = (waits, root) {
+                self.settle_waiting(&root, kept::Waiters::Orphans);
             }
         }
         // Still under the claim: nobody else's rules are dropped.
@@ -522,7 +536,7 @@ impl Caches {
         let spec = &entry.spec;
         // Kept dirty data of this cache lands before anything reads the
         // backing through it (`kept.rs`).
-        self.write_back_waiting(&entry.name, &spec.backing)
+        self.write_back_waiting(&entry.name, &entry.backing_id)
             .map_err(error::BackingRefused::from)?;
         let backing = open_backing(&spec.backing, &spec.options).map_err(backing_error)?;
         let size = backing.size();
@@ -830,6 +844,21 @@ mod tests {
         let drives = Arc::new(Drives::new(ledger.clone(), true));
         let access = drives.access_table();
         (Arc::new(Caches::new(ledger, true, access)), drives)
+    }
+
+    #[test]
+    fn a_backing_is_the_same_however_named_even_while_it_is_missing() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
+        let (a, b) = (real.join("img"), d.path().join("link/img"));
+        let id = |p: &std::path::Path| identify(p.to_str().unwrap()).1;
+        // Missing (moved away for now): still one backing.
+        assert_eq!(id(&a), id(&b));
+        std::fs::write(&a, b"x").unwrap();
+        assert_eq!(id(&a), id(&b));
+        assert_eq!(id(&b), a.canonicalize().unwrap().display().to_string());
     }
 
     fn file(dir: &std::path::Path, name: &str, len: u64) -> String {
