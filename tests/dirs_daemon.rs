@@ -919,17 +919,7 @@ fn kill_9_the_daemon_during_syncs_many_times() {
         ],
     );
     let id = v["id"].as_str().unwrap().to_owned();
-    let seed = std::env::var("RAMD_KILL9_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-        | 1;
-    eprintln!("kill -9 test seed {seed} (replay with RAMD_KILL9_SEED={seed})");
+    let seed = common::seed_from_env("RAMD_KILL9_SEED", "kill -9 test");
     let mut rng = seed;
     let mut next = || {
         rng ^= rng << 13;

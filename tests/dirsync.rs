@@ -681,17 +681,7 @@ fn kill_9_during_syncs_leaves_every_file_old_or_new() {
         None,
     )
     .unwrap();
-    let seed = std::env::var("RAMD_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("crash test seed {seed} (replay with RAMD_CRASH_SEED={seed})");
+    let seed = common::seed_from_env("RAMD_CRASH_SEED", "crash test");
     let mut rng = ramd::sim::Rng::seed(seed);
     let mut base = 0u64;
     let (mut mid_sync, mut rounds) = (0, 0);

@@ -192,18 +192,7 @@ impl Rng {
 }
 
 fn seed() -> u64 {
-    let s = std::env::var("RAMD_KILL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("kill seed: {s} (replay with RAMD_KILL_SEED={s})");
-    s
+    common::seed_from_env("RAMD_KILL_SEED", "kill")
 }
 
 /// GET /v1/drives/NAME as JSON.

@@ -592,21 +592,9 @@ fn a_write_back_caches_dirty_data_survives_kills() {
     );
 }
 
-/// Kept dirty data whose backing is gone when the next serving process
-/// starts waits for it: the cache stays unavailable (nothing reads the
-/// stale backing), and once the backing is back the reopener writes the
-/// kept data back first, then opens the cache: every acknowledged write.
-#[test]
-fn a_caches_kept_data_waits_for_its_backing() {
-    let (d, dir, backing) = write_back_cache();
-    let api = d.api_socket().to_owned();
-    let (pid, _) = serving_pid(&api, 0);
-    wait_ready(&api, "wb");
-    let written = common::random_bytes(1 << 20, 41);
-    client(&d.uri("wb"))
-        .write(3 << 20, &written, false)
-        .unwrap();
-    // The backing disappears while the serving process is dead.
+/// Kills serving process `pid` with the supervisor stopped, runs
+/// `meanwhile` in the gap, then lets the supervisor start the next one.
+fn kill_with_the_supervisor_stopped<T>(d: &Daemon, pid: u64, meanwhile: impl FnOnce() -> T) -> T {
     signal(d.pid(), libc::SIGSTOP);
     signal(pid as u32, libc::SIGKILL);
     common::wait_until(
@@ -614,26 +602,34 @@ fn a_caches_kept_data_waits_for_its_backing() {
         Duration::from_secs(30),
         || dead(pid),
     );
-    let away = dir.path().join("away.img");
-    std::fs::rename(&backing, &away).unwrap();
+    let out = meanwhile();
     signal(d.pid(), libc::SIGCONT);
-    serving_pid(&api, pid);
-    common::wait_until(
-        "the cache to be unavailable",
-        Duration::from_secs(30),
-        || drive_state(&api, "wb").as_deref() == Some("unavailable"),
-    );
-    let info = d.cli().args(["cache", "info", "wb"]).output().unwrap();
-    let info = String::from_utf8_lossy(&info.stdout);
-    assert!(info.contains("kept across the restart waits"), "{info}");
-    std::fs::rename(&away, &backing).unwrap();
-    wait_ready(&api, "wb");
-    let mut back = vec![0u8; 1 << 20];
-    client(&d.uri("wb")).read(3 << 20, &mut back).unwrap();
-    assert!(back == written, "the kept write did not reach the backing");
-    assert!(d
-        .log()
-        .contains("of dirty data kept across the restart written back to"));
+    out
+}
+
+/// The same, moving `backing` away in the gap (returns where) and
+/// running `meanwhile` then.
+fn kill_with_the_backing_away(
+    d: &Daemon,
+    pid: u64,
+    backing: &Path,
+    meanwhile: impl FnOnce(),
+) -> std::path::PathBuf {
+    kill_with_the_supervisor_stopped(d, pid, || {
+        let away = backing.with_file_name("away.img");
+        std::fs::rename(backing, &away).unwrap();
+        meanwhile();
+        away
+    })
+}
+
+/// Kept dirty data whose backing is gone when the next serving process
+/// starts waits for it: the cache stays unavailable (nothing reads the
+/// stale backing), and once the backing is back the reopener writes the
+/// kept data back first, then opens the cache: every acknowledged write.
+#[test]
+fn a_caches_kept_data_waits_for_its_backing() {
+    kept_data_waits_for_its_backing(None);
 }
 
 /// Kept dirty data waits for its backing, not only for its cache's name:
@@ -643,52 +639,50 @@ fn a_caches_kept_data_waits_for_its_backing() {
 /// is not taken for an orphan's and rescued aside.
 #[test]
 fn a_renamed_cache_waits_for_the_kept_data_of_its_backing() {
+    kept_data_waits_for_its_backing(Some("renamed"));
+}
+
+/// Writes to cache `wb`, kills the serving process with its backing moved
+/// away (and the cache renamed in the configuration to `renamed`, when
+/// given), checks the cache waits, brings the backing back, reads.
+fn kept_data_waits_for_its_backing(renamed: Option<&str>) {
     let (d, dir, backing) = write_back_cache();
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
     wait_ready(&api, "wb");
-    let written = common::random_bytes(1 << 20, 43);
+    let written = common::random_bytes(1 << 20, 41);
     client(&d.uri("wb"))
-        .write(5 << 20, &written, false)
+        .write(3 << 20, &written, false)
         .unwrap();
-    signal(d.pid(), libc::SIGSTOP);
-    signal(pid as u32, libc::SIGKILL);
-    common::wait_until(
-        "the serving process to die",
-        Duration::from_secs(30),
-        || dead(pid),
-    );
-    let away = dir.path().join("away.img");
-    std::fs::rename(&backing, &away).unwrap();
-    let cfg = dir.path().join("ramd.toml");
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, text.replace("name = \"wb\"", "name = \"renamed\"")).unwrap();
-    signal(d.pid(), libc::SIGCONT);
+    let away = kill_with_the_backing_away(&d, pid, &backing, || {
+        if let Some(new) = renamed {
+            let cfg = dir.path().join("ramd.toml");
+            let text = std::fs::read_to_string(&cfg).unwrap();
+            let text = text.replace("name = \"wb\"", &format!("name = \"{new}\""));
+            std::fs::write(&cfg, text).unwrap();
+        }
+    });
+    let name = renamed.unwrap_or("wb");
     serving_pid(&api, pid);
     common::wait_until(
-        "the renamed cache to be unavailable",
+        "the cache to be unavailable",
         Duration::from_secs(30),
-        || drive_state(&api, "renamed").as_deref() == Some("unavailable"),
+        || drive_state(&api, name).as_deref() == Some("unavailable"),
     );
-    let info = d.cli().args(["cache", "info", "renamed"]).output().unwrap();
+    let info = d.cli().args(["cache", "info", name]).output().unwrap();
     let info = String::from_utf8_lossy(&info.stdout);
     assert!(
         info.contains("of cache 'wb' kept across the restart waits"),
         "{info}"
     );
     std::fs::rename(&away, &backing).unwrap();
-    wait_ready(&api, "renamed");
+    wait_ready(&api, name);
     let mut back = vec![0u8; 1 << 20];
-    client(&d.uri("renamed")).read(5 << 20, &mut back).unwrap();
-    assert!(
-        back == written,
-        "the old name's kept write did not reach the backing"
-    );
-    assert!(
-        !d.log().contains("could NOT be written back"),
-        "{}",
-        d.log()
-    );
+    client(&d.uri(name)).read(3 << 20, &mut back).unwrap();
+    assert!(back == written, "the kept write did not reach the backing");
+    let log = d.log();
+    assert!(log.contains("of dirty data kept across the restart written back to"));
+    assert!(!log.contains("could NOT be written back"), "{log}");
 }
 
 /// A FUSE attachment (`ramd attach`) across kill -9 of the serving
@@ -837,16 +831,12 @@ fn connections_made_while_the_serving_process_is_dead_wait_for_the_next_one() {
     let (pid, _) = serving_pid(&api, 0);
     client(&d.uri("db")).write(0, &data(5), false).unwrap();
     let (nbd_ino, api_ino) = (inode(d.socket()), inode(&api));
-    signal(d.pid(), libc::SIGSTOP);
-    signal(pid as u32, libc::SIGKILL);
-    common::wait_until(
-        "the serving process to die",
-        Duration::from_secs(30),
-        || dead(pid),
-    );
-    let nbd = std::os::unix::net::UnixStream::connect(d.socket());
-    let health_conn = std::os::unix::net::UnixStream::connect(&api);
-    signal(d.pid(), libc::SIGCONT);
+    let (nbd, health_conn) = kill_with_the_supervisor_stopped(&d, pid, || {
+        (
+            std::os::unix::net::UnixStream::connect(d.socket()),
+            std::os::unix::net::UnixStream::connect(&api),
+        )
+    });
     let mut nbd = nbd.expect("an NBD connection was refused while the serving process was dead");
     let mut h =
         health_conn.expect("an API connection was refused while the serving process was dead");

@@ -355,6 +355,24 @@ pub fn signal(pid: u32, sig: libc::c_int) {
     unsafe { libc::kill(pid, sig) };
 }
 
+/// A random test's seed: `$var` when set (to replay a run), else from the
+/// clock; printed with how to replay it. Never even (xorshift needs a
+/// non-zero state).
+pub fn seed_from_env(var: &str, what: &str) -> u64 {
+    let seed = std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+        | 1;
+    eprintln!("{what} seed {seed} (replay with {var}={seed})");
+    seed
+}
+
 /// Deterministic pseudo-random bytes from `ramd::sim::Rng`: incompressible
 /// test data without a `rand` dependency, reproducible from the seed.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
