@@ -230,12 +230,7 @@ fn kill_9_of_the_serving_process_loses_no_acknowledged_write() {
         .args(["create", "gone", "--size", "8M"])
         .output()
         .unwrap();
-    let w = d
-        .cli()
-        .args(["access", "api1", "--allow-network", "unix"])
-        .output()
-        .unwrap();
-    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    common::run(d.cli().args(["access", "api1", "--allow-network", "unix"])).ok();
     client(&d.uri("api1"))
         .write(4096, &data(77), false)
         .unwrap();
@@ -286,28 +281,21 @@ fn a_killed_supervisor_leaves_the_serving_process_serving() {
     );
 }
 
+/// `ramd upgrade --binary BINARY`, which must succeed; its output.
+fn upgrade_to(d: &Daemon, binary: &Path) -> common::Output {
+    common::run(
+        d.cli()
+            .args(["upgrade", "--binary", binary.to_str().unwrap()]),
+    )
+    .ok()
+}
+
 /// `ramd upgrade`: under a writer, to a copy of this binary (every
 /// acknowledged write there after, the restart counted as an upgrade);
 /// to a "binary" that answers `--version` like ramd but fails at start,
 /// which is rolled back to the previous binary with nothing lost and the
 /// command exiting 1 with the reason; refused for a file that is not
 /// ramd (422) and without a supervisor (409).
-/// `ramd upgrade --binary BINARY`, which must succeed; its output.
-#[track_caller]
-fn upgrade_to(d: &Daemon, binary: &Path) -> std::process::Output {
-    let out = d
-        .cli()
-        .args(["upgrade", "--binary", binary.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ramd upgrade: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 #[test]
 fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
     let d = supervised("db=16M");
@@ -322,7 +310,7 @@ fn ramd_upgrade_hands_over_and_rolls_back_a_binary_that_fails() {
         writer.acks() > 0
     });
     let out = upgrade_to(&d, &new);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("upgraded: pid"));
+    assert!(out.stdout.contains("upgraded: pid"));
     let (mut acked, n) = writer.finish();
     assert!(n > 0, "no write was acknowledged before the upgrade");
     let (pid2, h) = serving_pid(&api, pid);
@@ -389,8 +377,7 @@ fn a_grown_drive_comes_back_grown_with_its_data() {
     let d = supervised("db=16M");
     let api = d.api_socket().to_owned();
     let (pid, _) = serving_pid(&api, 0);
-    let r = d.cli().args(["resize", "db", "40M"]).output().unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    common::run(d.cli().args(["resize", "db", "40M"])).ok();
     client(&d.uri("db"))
         .write(30 << 20, &data(9), false)
         .unwrap();
@@ -702,16 +689,7 @@ fn a_fuse_attachment_is_served_again_across_kills_and_an_upgrade() {
     let (mut pid, _) = serving_pid(&api, 0);
     let mnt = d.dir().join("fuse");
     std::fs::create_dir_all(&mnt).unwrap();
-    let out = d
-        .cli()
-        .args(["attach", "db", mnt.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run(d.cli().args(["attach", "db", mnt.to_str().unwrap()])).ok();
     let file = mnt.join("db");
     let data = common::random_bytes(4 << 20, 31);
     let f = std::fs::OpenOptions::new()
@@ -787,16 +765,7 @@ fn a_fuse_attachment_is_served_again_across_kills_and_an_upgrade() {
         "a write through the resumed FUSE file did not reach the drive"
     );
     drop(f);
-    let out = d
-        .cli()
-        .args(["detach", mnt.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run(d.cli().args(["detach", mnt.to_str().unwrap()])).ok();
     assert!(d
         .log()
         .contains("attachment kept across a restart of the serving process: served again"));
@@ -859,12 +828,7 @@ fn connections_made_while_the_serving_process_is_dead_wait_for_the_next_one() {
     assert_eq!(body["supervisor"]["restarts"].as_u64(), Some(1));
     assert_eq!((inode(d.socket()), inode(&api)), (nbd_ino, api_ino));
     // An upgrade (to the same binary) serves the same sockets too.
-    let up = d.cli().args(["upgrade"]).output().unwrap();
-    assert!(
-        up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    common::run(d.cli().args(["upgrade"])).ok();
     assert_eq!((inode(d.socket()), inode(&api)), (nbd_ino, api_ino));
     let mut buf = vec![0u8; BLOCK];
     client(&d.uri("db")).read(0, &mut buf).unwrap();
@@ -899,12 +863,7 @@ fn io_counts_survive_an_upgrade_and_a_kill() {
     drop(c);
     let before = counts(&d, "db");
     assert!(before.0 >= 50 && before.1 >= 1, "{before:?}");
-    let up = d.cli().args(["upgrade"]).output().unwrap();
-    assert!(
-        up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    common::run(d.cli().args(["upgrade"])).ok();
     assert_eq!(
         counts(&d, "db"),
         before,

@@ -54,9 +54,6 @@ fn poll_restore(client: &Client, mut d: DriveInfo) -> Result<DriveInfo, CliError
     let bar = ProgressBar::new(0).with_style(bar_style());
     while d.state == "restoring" {
         if let Some(r) = d.persist.as_ref().and_then(|p| p.restore.as_ref()) {
-            if r.phase == "waiting_for_memory" {
-                bar.set_message("waiting for memory");
-            }
             bar.set_length(r.total_bytes);
             bar.set_position(r.done_bytes);
             bar.set_message(format!("restoring: {}", r.phase.replace('_', " ")));

@@ -777,14 +777,9 @@ impl<F: StorageFile, M: SyncStore> LoadShared<'_, F, M> {
 /// short of memory) as [`Error::Store`], so callers can tell it from a
 /// failed read of `path`.
 fn load_error(path: &str, e: std::io::Error) -> Error {
-    use crate::block::backend::Error as StoreError;
-    if !e.get_ref().is_some_and(|inner| inner.is::<StoreError>()) {
-        return io_err("read", path.to_owned())(e);
-    }
-    match e.into_inner().map(|inner| inner.downcast::<StoreError>()) {
-        Some(Ok(store)) => Error::Store(*store),
-        Some(Err(other)) => io_err("read", path.to_owned())(std::io::Error::other(other)),
-        None => io_err("read", path.to_owned())(std::io::ErrorKind::Other.into()),
+    match e.downcast::<crate::block::backend::Error>() {
+        Ok(store) => Error::Store(store),
+        Err(e) => io_err("read", path.to_owned())(e),
     }
 }
 

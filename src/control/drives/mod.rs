@@ -1260,13 +1260,18 @@ mod tests {
     }
 
     fn wait_state(r: &Drives, name: &str) -> Arc<Drive> {
+        wait_for(&format!("the restore of {name} to end"), || {
+            *r.get(name).unwrap().state.lock() != DriveState::Restoring
+        });
+        r.get(name).unwrap()
+    }
+
+    /// Polls `cond` until it holds (60 s at most).
+    #[track_caller]
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let d = r.get(name).unwrap();
-            if *d.state.lock() != DriveState::Restoring {
-                return d;
-            }
-            assert!(Instant::now() < deadline, "restore of {name} never ended");
+        while !cond() {
+            assert!(Instant::now() < deadline, "waited 60 s for {what}");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -1368,22 +1373,19 @@ mod tests {
         let r = make();
         r.budget().set_host_short(true);
         r.budget().set_host_cap_bytes(0);
-        r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let d = loop {
-            let d = r.get("p").unwrap();
-            let record = d.persist.as_ref().unwrap().restore.lock().clone();
-            match record {
-                RestoreRecord::WaitingForMemory { attempt: 1, error } => {
-                    assert!(error.contains("memory is down to the reserve"), "{error}");
-                    break d;
-                }
-                RestoreRecord::Failed(e) => panic!("failed at once: {e}"),
-                _ => {}
+        let d = r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
+        let record = || d.persist.as_ref().unwrap().restore.lock().clone();
+        wait_for("the restore to wait for memory", || match record() {
+            RestoreRecord::Failed(e) => panic!("failed at once: {e}"),
+            r => matches!(r, RestoreRecord::WaitingForMemory { .. }),
+        });
+        match record() {
+            RestoreRecord::WaitingForMemory { attempt: 1, error } => {
+                assert!(error.contains("memory is down to the reserve"), "{error}");
             }
-            assert!(Instant::now() < deadline, "never waited: {record:?}");
-            std::thread::sleep(Duration::from_millis(5));
-        };
+            r => panic!("{r:?}"),
+        }
+        let d = r.get("p").unwrap();
         assert_eq!(*d.state.lock(), DriveState::Restoring);
         let text = d.export.unavailable().unwrap();
         assert!(text.contains("waiting for the host's memory"), "{text}");
@@ -1413,11 +1415,9 @@ mod tests {
         r.budget().set_host_short(true);
         r.budget().set_host_cap_bytes(r.budget().used_bytes());
         r.create(&persistent("p", 1 << 20), Origin::Api).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !r.get("p").unwrap().waits_for_memory() {
-            assert!(Instant::now() < deadline, "never waited");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the restore to wait for memory", || {
+            r.get("p").unwrap().waits_for_memory()
+        });
         r.delete("p", false, true).unwrap();
         assert!(r.get("p").is_err());
         r.budget().set_host_cap_bytes(u64::MAX);
